@@ -1,0 +1,51 @@
+# queueflow developer tasks. Needs python3 (3.10+), plus Java 17+ and Maven for the local Kafka
+# broker (started by the pytest session fixture, so `make test` needs nothing else running).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+LINT_PATHS := $(wildcard queueflow tests examples bench)
+
+.DEFAULT_GOAL := help
+.PHONY: help venv test lint demo broker-start broker-stop broker-status clean
+
+help:
+	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
+	@echo "make test          run the test suite (starts a throwaway local Kafka broker)"
+	@echo "make lint          ruff check + ruff format --check"
+	@echo "make demo          run examples.demo"
+	@echo "make broker-start  start the local broker (./.queueflow/broker, 127.0.0.1:9092)"
+	@echo "make broker-stop   stop it (data kept; 'queueflow broker start --fresh' wipes it)"
+	@echo "make clean         remove $(VENV), caches and build artifacts"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+
+demo: venv
+	$(BIN)/python -m examples.demo
+
+broker-start: venv
+	$(BIN)/queueflow broker start
+
+broker-stop: venv
+	$(BIN)/queueflow broker stop
+
+broker-status: venv
+	$(BIN)/queueflow broker status
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

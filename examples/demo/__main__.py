@@ -1,0 +1,200 @@
+"""``make demo``: share groups on real input, end to end, on a real Kafka broker.
+
+1. start the local broker (or use ``$QUEUEFLOW_BROKER``);
+2. create a 2-partition topic and enqueue one record per Python source file of the standard
+   library and of the installed site-packages (key: the path, value: the file's bytes);
+3. start 4 Faust worker processes (more workers than partitions): 2 with role ``all``
+   (coordinator, share-partition leaders and the share agent) and 2 consumer-only (role
+   ``member``); each parses files with ``ast`` and REJECTs those that don't parse;
+4. print progress, then a summary whose last line is one JSON object;
+5. check itself against a direct ``ast.parse`` of every file, and exit non-zero on a mismatch;
+6. stop the workers and the broker it started.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from queueflow.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
+
+PARTITIONS = 2
+WORKERS = (("all", 0), ("all", 1), ("member", 2), ("member", 3))
+MAX_FILE_BYTES = 8 * 1024 * 1024
+TIMEOUT_S = 900
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def source_files() -> list[Path]:
+    """Every .py file of the standard library (without the base interpreter's site-packages)
+    and of this environment's site-packages, de-duplicated by real path."""
+    paths = sysconfig.get_paths()
+    stdlib = Path(paths["stdlib"]).resolve()
+    site = {Path(paths["purelib"]).resolve(), Path(paths["platlib"]).resolve()}
+    found: dict[Path, Path] = {}
+    for p in stdlib.rglob("*.py"):
+        if "site-packages" not in p.relative_to(stdlib).parts:
+            found.setdefault(p.resolve(), p)
+    for root in site:
+        for p in root.rglob("*.py"):
+            found.setdefault(p.resolve(), p)
+    return sorted(p for p in found.values() if p.is_file())
+
+
+def parses(source: bytes) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+async def enqueue(bootstrap: str, topic: str, files: list[Path]) -> dict[str, bool]:
+    """Produce one record per file; return path → whether ``ast.parse`` accepts it."""
+    expected: dict[str, bool] = {}
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=MAX_FILE_BYTES + 4096,
+                                linger_ms=5, compression_type=None)  # fmt: skip
+    await producer.start()
+    try:
+        pending = []
+        for path in files:
+            data = path.read_bytes()
+            if len(data) > MAX_FILE_BYTES:
+                continue
+            expected[str(path)] = parses(data)
+            pending.append(await producer.send(topic, data, key=str(path).encode()))
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return expected
+
+
+def read_ledger(paths: list[Path]) -> list[dict[str, object]]:
+    entries = []
+    for path in paths:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    entries.append(json.loads(line))
+    return entries
+
+
+def main() -> int:
+    run_id = uuid.uuid4().hex[:8]
+    run_dir = ROOT / ".queueflow" / "demo" / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    broker: LocalBroker | None = None
+    bootstrap = bootstrap_from_env()
+    workers: list[subprocess.Popen[bytes]] = []
+    started = time.monotonic()
+    try:
+        if bootstrap is None:
+            port, cport = find_free_ports(2)
+            broker = LocalBroker(
+                ROOT / ".queueflow" / "demo-broker", port=port, controller_port=cport
+            )
+            print(f"starting the local Kafka broker on 127.0.0.1:{port} ...", flush=True)
+            broker.start()
+            bootstrap = broker.bootstrap
+        topic = f"demo-files-{run_id}"
+        create_topic(bootstrap, topic, PARTITIONS,
+                     config={"max.message.bytes": str(MAX_FILE_BYTES + 4096)})  # fmt: skip
+        files = source_files()
+        print(f"enqueueing {len(files)} Python source files to {topic} ({PARTITIONS} partitions)",
+              flush=True)  # fmt: skip
+        expected = asyncio.run(enqueue(bootstrap, topic, files))
+        ledgers = []
+        for role, i in WORKERS:
+            ledger = run_dir / f"worker-{i}.jsonl"
+            ledgers.append(ledger)
+            env = dict(
+                os.environ, QUEUEFLOW_ROLE=role, DEMO_TOPIC=topic, DEMO_RESULTS=str(ledger),
+                DEMO_BROKER=f"kafka://{bootstrap}", DEMO_APP_ID=f"queueflow-demo-{run_id}",
+            )  # fmt: skip
+            (web_port,) = find_free_ports(1)
+            log = open(run_dir / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed by the child
+            workers.append(subprocess.Popen(
+                [sys.executable, "-m", "faust", "-A", "examples.demo.app",
+                 "--datadir", str(run_dir / f"worker-{i}"), "worker", "-l", "warn",
+                 "--web-port", str(web_port)],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+        print(f"started {len(workers)} workers: "
+              + ", ".join(f"#{i} {role}" for role, i in WORKERS), flush=True)  # fmt: skip
+        deadline = time.monotonic() + TIMEOUT_S
+        done: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            entries = read_ledger(ledgers)
+            done = {str(e["path"]): str(e["outcome"]) for e in entries if e["outcome"] != "RELEASE"}
+            outcomes = Counter(done.values())
+            elapsed = time.monotonic() - started
+            print(f"  {elapsed:6.1f}s  {len(done)}/{len(expected)} done  accepted="
+                  f"{outcomes['ACCEPT']} rejected={outcomes['REJECT']}", flush=True)  # fmt: skip
+            dead = [w for w in workers if w.poll() is not None]
+            if dead:
+                print(f"a worker exited early (code {dead[0].returncode}); see {run_dir}")
+                return 1
+            if len(done) >= len(expected):
+                break
+        seconds = round(time.monotonic() - started, 1)
+        entries = read_ledger(ledgers)
+        outcomes = Counter(done.values())
+        summary = {
+            "records": len(expected),
+            "accepted": outcomes["ACCEPT"],
+            "rejected": outcomes["REJECT"],
+            "released": sum(1 for e in entries if e["outcome"] == "RELEASE"),
+            "redelivered": sum(1 for e in entries if int(e["delivery_count"]) > 1),
+            "workers": len(workers),
+            "partitions": PARTITIONS,
+            "seconds": seconds,
+        }
+        rejected = {p for p, o in done.items() if o == "REJECT"}
+        should_reject = {p for p, ok in expected.items() if not ok}
+        problems = []
+        if rejected != should_reject:
+            problems.append(f"rejected files differ from ast.parse failures: "
+                            f"extra={sorted(rejected - should_reject)[:5]} "
+                            f"missing={sorted(should_reject - rejected)[:5]}")  # fmt: skip
+        if summary["accepted"] + summary["rejected"] != summary["records"]:
+            problems.append(f"accepted + rejected = {summary['accepted'] + summary['rejected']}, "
+                            f"records = {summary['records']}")  # fmt: skip
+        per_worker = Counter(str(e["pid"]) for e in entries)
+        print(f"files per worker process: {sorted(per_worker.values(), reverse=True)}")
+        print("files rejected (ast.parse fails):")
+        for path in sorted(rejected):
+            print(f"  {path}")
+        for problem in problems:
+            print(f"CHECK FAILED: {problem}")
+        if not problems:
+            print("check passed: rejected == ast.parse failures, accepted + rejected == records")
+        print(json.dumps(summary))
+        return 1 if problems else 0
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        for w in workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

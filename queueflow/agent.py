@@ -1,0 +1,370 @@
+"""``@share_agent``: a handler that processes records of a share group, one outcome per record.
+
+A :class:`ShareAgent` is a :class:`mode.Service` started by the Faust worker. It joins the share
+group as a member, runs one fetch loop per assigned share-partition and ``concurrency`` handler
+tasks, and acknowledges every record with the handler's outcome:
+
+==============================  ==========================================================
+handler does                    outcome
+==============================  ==========================================================
+returns ``None`` or ``ACCEPT``  ACCEPT: the record is Acknowledged
+returns ``RELEASE``             RELEASE: delivered again (Archived at the delivery limit)
+returns ``REJECT``              REJECT: Archived, never delivered again
+raises                          RELEASE, with an error log line naming the record
+returns anything else           RELEASE, with an error log line saying what was returned
+value can't be deserialized     REJECT, with an error log line
+==============================  ==========================================================
+
+Acknowledgements are batched per share-partition and ride along with that share-partition's next
+ShareFetch; one batch is applied atomically by the leader. Faust's own offset tracking is not
+used at all (see faust-streaming issue #606).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import mode
+import structlog
+
+from queueflow.acks import AcknowledgementBuffer
+from queueflow.client import MemberClient, ShareRecord, bootstrap_servers
+from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.share.partition import AcknowledgeType
+
+if TYPE_CHECKING:
+    from queueflow.app import App
+
+log = structlog.get_logger("queueflow.agent")
+
+Handler = Callable[[ShareRecord], Awaitable[Any]]
+_OUTCOMES = {AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT}
+
+
+def outcome_of(result: Any) -> AcknowledgeType | None:
+    """Map a handler's return value to an acknowledge type; ``None`` if it is not one."""
+    if result is None:
+        return AcknowledgeType.ACCEPT
+    if isinstance(result, AcknowledgeType) and result in _OUTCOMES:
+        return result
+    return None
+
+
+class AgentStats:
+    """Counters of one share agent in this process ."""
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.accepted = 0
+        self.released = 0
+        self.rejected = 0
+        self.redelivered = 0
+        self.handler_errors = 0
+        self.undecodable = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
+
+
+class ShareAgent(mode.Service):
+    """A share-group member that runs ``handler`` on each record.
+
+    Args:
+        app: the queueflow app.
+        handler: ``async def handler(record: ShareRecord) -> ACCEPT | RELEASE | REJECT | None``.
+        topic: the source topic (a Faust topic; its key/value types and serializers decode
+            records).
+        group: the share group id.
+        concurrency: handler tasks in this process.
+        name: the agent's name (defaults to the handler's qualified name).
+        lock_duration_ms: this member's acquisition lock duration (ms), bounded by
+            ``group.share.max.record.lock.duration.ms``; ``None`` uses the group's.
+
+    Raises:
+        ConfigurationError: concurrency < 1 or a lock duration out of range (at declaration);
+            an unknown topic (at start-up).
+    """
+
+    def __init__(
+        self,
+        app: App,
+        handler: Handler,
+        topic: Any,
+        group: str,
+        concurrency: int = 1,
+        name: str | None = None,
+        lock_duration_ms: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigurationError(f"share_agent concurrency={concurrency}; must be >= 1")
+        settings = app.share_settings
+        if lock_duration_ms is not None and not (
+            1000 <= lock_duration_ms <= settings.max_record_lock_duration_ms
+        ):
+            raise ConfigurationError(
+                f"share_agent lock_duration_ms={lock_duration_ms} is out of range; allowed "
+                f"[1000..{settings.max_record_lock_duration_ms}] "
+                "(group.share.max.record.lock.duration.ms)"
+            )
+        self.app = app
+        self.handler = handler
+        self.topic = topic
+        self.topic_name: str = topic if isinstance(topic, str) else topic.get_topic_name()
+        self.group = group
+        self.concurrency = concurrency
+        self.name = name or f"{handler.__module__}.{handler.__qualname__}"
+        self.lock_duration_ms = lock_duration_ms
+        self.stats = AgentStats()
+        self.client: MemberClient | None = None
+        self._queue: asyncio.Queue[ShareRecord] = asyncio.Queue()
+        self._acks = AcknowledgementBuffer()
+        self._outstanding = 0
+        self._room = asyncio.Condition()
+        self._fetchers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._running: set[asyncio.Task[None]] = set()  # handler calls in progress
+        self._stopping = False
+        self._log = log.bind(group=group, agent=self.name)
+        super().__init__(**kwargs)
+
+    def __call__(self, record: ShareRecord) -> Awaitable[Any]:
+        """Call the handler directly (for unit tests of the handler itself)."""
+        return self.handler(record)
+
+    @property
+    def high_water(self) -> int:
+        """Records this process keeps acquired at most: enough to keep every handler busy."""
+        return max(2 * self.concurrency, 1)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def on_start(self) -> None:
+        self.client = MemberClient(
+            bootstrap_servers(self.app.conf.broker), self.app.share_namespace, self.group,
+            [self.topic_name], self.app.share_settings, client_id=f"{self.app.conf.id}:{self.name}",
+        )  # fmt: skip
+        await self.client.start()
+        for i in range(self.concurrency):
+            self.add_future(self._worker(i))
+        self.add_future(self._supervise())
+        self._log.info("share_agent_started", topic=self.topic_name,
+                       member_id=self.client.member_id,
+                       concurrency=self.concurrency)  # fmt: skip
+
+    async def on_stop(self) -> None:
+        """Graceful drain (seed 004): stop fetching, let running handlers finish within
+        ``queueflow.shutdown.timeout.ms``, release what was not started, flush acknowledgements
+        and leave the group (the leaders release anything still held)."""
+        started = time.monotonic()
+        self._stopping = True
+        for task in self._fetchers.values():
+            task.cancel()
+        while not self._queue.empty():
+            record = self._queue.get_nowait()
+            self._acks.add((record.topic, record.partition), record.offset, AcknowledgeType.RELEASE)
+            self.stats.released += 1
+        if self._running:
+            timeout = self.app.share_settings.shutdown_timeout_ms / 1000
+            _done, pending = await asyncio.wait(self._running, timeout=timeout)
+            if pending:
+                self._log.warning("drain_timeout", unfinished=len(pending), timeout_s=timeout)
+        await self._flush_all()
+        if self.client is not None:
+            await self.client.close(leave=True)
+        self._log.info("share_agent_drained", drain_ms=int((time.monotonic() - started) * 1000),
+                       **self.stats.as_dict())  # fmt: skip
+
+    # -- fetching --------------------------------------------------------------------------
+    async def _supervise(self) -> None:
+        """Start and stop one fetch loop per assigned share-partition; send acknowledgements
+        of share-partitions no longer assigned (their records finished after a reassignment)."""
+        assert self.client is not None
+        while not self._stopping:
+            wanted = set(self.client.assignment)
+            for tp in wanted - set(self._fetchers):
+                self._fetchers[tp] = asyncio.create_task(self._fetch_loop(tp))
+            for tp in set(self._fetchers) - wanted:
+                task = self._fetchers.pop(tp)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                await self.client.drop_reader(*tp)
+            for tp in self._acks.partitions():
+                if tp not in self._fetchers:
+                    await self._flush(tp)
+            self.client.assignment_changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.client.assignment_changed.wait(), timeout=0.5)
+
+    async def _reserve(self, tp: tuple[str, int]) -> int:
+        """Wait for room under :attr:`high_water` (or for acknowledgements to linger long
+        enough), then reserve it; returns how many records to acquire."""
+        linger_s = self.app.share_settings.acknowledgement_linger_ms / 1000
+        async with self._room:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._room.wait_for(lambda: self._outstanding < self.high_water),
+                    timeout=linger_s if self._acks.pending(tp) else None,
+                )
+            want = min(max(self.high_water - self._outstanding, 0),
+                       self.app.share_settings.max_poll_records)  # fmt: skip
+            self._outstanding += want
+            return want
+
+    async def _unreserve(self, count: int) -> None:
+        if count:
+            async with self._room:
+                self._outstanding -= count
+                self._room.notify_all()
+
+    async def _fetch_loop(self, tp: tuple[str, int]) -> None:
+        backoff = 0.005
+        while not self._stopping:
+            want = await self._reserve(tp)
+            try:
+                delivered = await self._fetch_once(tp, want)
+            except asyncio.CancelledError:
+                await self._unreserve(want)
+                raise
+            except Exception as exc:  # keep fetching whatever goes wrong; say what it was
+                self._log.warning("share_fetch_failed", topic=tp[0], partition=tp[1],
+                                  error=repr(exc))  # fmt: skip
+                delivered = -1
+            await self._unreserve(want - max(delivered, 0))
+            if delivered > 0:
+                backoff = 0.005
+            elif want or delivered < 0:
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0 if delivered < 0 else 0.2)
+
+    async def _fetch_once(self, tp: tuple[str, int], want: int) -> int:
+        """One ShareFetch with the pending acknowledgements of ``tp`` riding along.
+
+        Returns:
+            records queued for the handlers (0 when none were acquired), -1 on an error.
+        """
+        assert self.client is not None
+        acks = self._acks.take(tp)
+        if want == 0 and not acks:
+            return 0
+        try:
+            response = await self.client.share_fetch(
+                tp[0], tp[1], want, acks, self.lock_duration_ms
+            )
+        except Exception:
+            self._acks.restore(tp, acks)  # the leader may not have seen them: send them again
+            raise
+        if response.ack_error != ErrorCode.NONE.value:
+            self._log.warning("acknowledgement_refused", topic=tp[0], partition=tp[1],
+                              error=response.ack_error, detail=response.ack_error_message,
+                              note="these records will be delivered again")  # fmt: skip
+        if response.error != ErrorCode.NONE.value:
+            self._log.error("share_fetch_error", topic=tp[0], partition=tp[1],
+                            error=response.error, detail=response.error_message)  # fmt: skip
+            return -1
+        if not response.acquired:
+            return 0
+        try:
+            records, gaps = await self.client.read_records(tp[0], tp[1], response.acquired)
+        except Exception:
+            # Give the records back rather than let them sit until their locks expire.
+            for first, last, _count in response.acquired:
+                for offset in range(first, last + 1):
+                    self._acks.add(tp, offset, AcknowledgeType.RELEASE)
+            raise
+        for offset in gaps:
+            self._acks.add(tp, offset, AcknowledgeType.GAP)
+        for record in records:
+            self.stats.delivered += 1
+            if record.delivery_count > 1:
+                self.stats.redelivered += 1
+            self._queue.put_nowait(record)
+        return len(records)
+
+    async def _flush(self, tp: tuple[str, int]) -> None:
+        acks = self._acks.take(tp)
+        if acks and self.client is not None:
+            try:
+                response = await self.client.share_fetch(tp[0], tp[1], 0, acks)
+                if response.ack_error != ErrorCode.NONE.value:
+                    self._log.warning("acknowledgement_refused", topic=tp[0], partition=tp[1],
+                                      error=response.ack_error)  # fmt: skip
+            except ShareGroupError as exc:
+                self._log.warning("acknowledgement_flush_failed", error=str(exc))
+
+    async def _flush_all(self) -> None:
+        for tp in self._acks.partitions():
+            await self._flush(tp)
+
+    # -- handling --------------------------------------------------------------------------
+    async def _worker(self, index: int) -> None:
+        while True:
+            record = await self._queue.get()
+            task = asyncio.create_task(self._handle_one(record))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            # asyncio.wait, unlike await, leaves the handler running if this worker is
+            # cancelled: on_stop decides how long handlers may take.
+            await asyncio.wait({task})
+
+    async def _handle_one(self, record: ShareRecord) -> None:
+        outcome = await self._process(record)
+        self._acks.add((record.topic, record.partition), record.offset, outcome)
+        async with self._room:
+            self._outstanding -= 1
+            self._room.notify_all()
+
+    def _decode(self, record: ShareRecord) -> None:
+        topic = self.topic
+        if isinstance(topic, str):
+            return
+        serializers = self.app.serializers
+        record.value = serializers.loads_value(
+            topic.value_type, record.raw_value, serializer=topic.value_serializer
+        )
+        if record.key is not None:
+            with contextlib.suppress(Exception):
+                record.key = serializers.loads_key(
+                    topic.key_type, record.key, serializer=topic.key_serializer
+                )
+
+    async def _process(self, record: ShareRecord) -> AcknowledgeType:
+        where = {"group": self.group, "topic": record.topic, "partition": record.partition,
+                 "offset": record.offset, "delivery_count": record.delivery_count}  # fmt: skip
+        try:
+            self._decode(record)
+        except Exception as exc:
+            self.stats.undecodable += 1
+            self.stats.rejected += 1
+            self._log.error("undecodable_record_rejected", error=repr(exc), **where)
+            return AcknowledgeType.REJECT
+        try:
+            result = await self.handler(record)
+        except asyncio.CancelledError:
+            self.stats.released += 1
+            raise
+        except Exception as exc:
+            self.stats.handler_errors += 1
+            self.stats.released += 1
+            self._log.error("handler_raised_record_released", error=repr(exc), exc_info=True,
+                            **where)  # fmt: skip
+            return AcknowledgeType.RELEASE
+        outcome = outcome_of(result)
+        if outcome is None:
+            self.stats.handler_errors += 1
+            self.stats.released += 1
+            self._log.error(
+                "handler_returned_invalid_outcome_record_released", returned=repr(result)[:200],
+                expected="queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None", **where,
+            )  # fmt: skip
+            return AcknowledgeType.RELEASE
+        if outcome is AcknowledgeType.ACCEPT:
+            self.stats.accepted += 1
+        elif outcome is AcknowledgeType.RELEASE:
+            self.stats.released += 1
+        else:
+            self.stats.rejected += 1
+        return outcome

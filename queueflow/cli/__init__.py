@@ -1,0 +1,23 @@
+"""The ``queueflow`` command line (entry point ``queueflow = "queueflow.cli:cli"``).
+
+Each subcommand lives in its own module under ``queueflow/cli/`` and attaches itself to
+:data:`cli` on import (``@cli.group()`` / ``@cli.command()``); register it by importing it at the
+bottom of this file.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="queueflow")
+def cli() -> None:
+    """queueflow: KIP-932 share groups (queues for Kafka) on faust-streaming + aiokafka."""
+
+
+# Subcommand modules: import each one here so that it registers itself on `cli`, e.g.
+# `from queueflow.cli import broker, worker, groups`.
+from queueflow.cli import broker  # noqa: E402
+
+__all__ = ["broker", "cli"]

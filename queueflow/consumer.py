@@ -1,0 +1,289 @@
+"""``ShareConsumer``: a plain share-group client for scripts, mirroring KIP-932's
+``KafkaShareConsumer`` (subscribe, poll, acknowledge, commit_sync/commit_async, close).
+
+It is asynchronous, like aiokafka's consumer::
+
+    consumer = ShareConsumer("my-group", app_id="thumbnails", bootstrap_servers="localhost:9092")
+    await consumer.subscribe(["jobs"])
+    while True:
+        for record in await consumer.poll(timeout_ms=1000):
+            handle(record)                 # implicit mode: the next poll ACCEPTs the batch
+    await consumer.close()
+
+With ``acknowledgement_mode="explicit"`` every record returned by :meth:`ShareConsumer.poll`
+must be acknowledged (:meth:`ShareConsumer.acknowledge`) before the next poll, or the poll raises
+:class:`IllegalStateError` (KIP-932 "Acknowledgement modes"). Acknowledgements ride along with the
+next poll, or are sent at once by :meth:`commit_sync` / :meth:`commit_async`.
+
+``app_id`` is the id of the queueflow app whose leader workers serve the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from queueflow.acks import AcknowledgementBuffer
+from queueflow.client import MemberClient, ShareRecord, bootstrap_servers
+from queueflow.errors import ConfigurationError, ErrorCode, QueueflowError, ShareGroupError
+from queueflow.settings import ShareGroupSettings
+from queueflow.share.partition import AcknowledgeType
+
+TopicPartition = tuple[str, int]
+CommitCallback = Callable[[dict[TopicPartition, set[int]], Exception | None], Any]
+
+
+class IllegalStateError(QueueflowError):
+    """The consumer was used out of order (e.g. explicit mode polled with unacknowledged
+    records, or used after close)."""
+
+
+class ShareConsumer:
+    """A member of a share group.
+
+    Args:
+        group: the share group id.
+        app_id: id of the queueflow app whose leaders serve this group.
+        bootstrap_servers: ``host:port[,host:port]`` or a ``kafka://`` URL.
+        acknowledgement_mode: ``"implicit"`` (default) or ``"explicit"``
+            (``share.acknowledgement.mode``).
+        max_poll_records: records acquired per share-partition per poll.
+        lock_duration_ms: this consumer's acquisition lock duration, or ``None`` for the group's.
+        settings: share-group settings overrides.
+
+    Raises:
+        ConfigurationError: an invalid mode or setting.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        app_id: str,
+        bootstrap_servers: str = "localhost:9092",
+        acknowledgement_mode: str = "implicit",
+        max_poll_records: int | None = None,
+        lock_duration_ms: int | None = None,
+        settings: ShareGroupSettings | Mapping[str, Any] | None = None,
+        client_id: str = "queueflow-share-consumer",
+    ) -> None:
+        if acknowledgement_mode not in ("implicit", "explicit"):
+            raise ConfigurationError(
+                f"share.acknowledgement.mode={acknowledgement_mode!r}; use 'implicit' or 'explicit'"
+            )
+        self.group = group
+        self.app_id = app_id
+        self.bootstrap = _bootstrap(bootstrap_servers)
+        self.mode = acknowledgement_mode
+        self.settings = (
+            settings if isinstance(settings, ShareGroupSettings)
+            else ShareGroupSettings.load(settings)
+        )  # fmt: skip
+        self.max_poll_records = max_poll_records or self.settings.max_poll_records
+        self.lock_duration_ms = lock_duration_ms
+        self.client_id = client_id
+        self._client: MemberClient | None = None
+        self._acks = AcknowledgementBuffer()
+        self._delivered: dict[tuple[str, int, int], ShareRecord] = {}
+        self._callback: CommitCallback | None = None
+        self._closed = False
+
+    @property
+    def member_id(self) -> str | None:
+        """This member's id once subscribed."""
+        return None if self._client is None else self._client.member_id
+
+    def assignment(self) -> set[TopicPartition]:
+        """The share-partitions the coordinator assigned to this member."""
+        return set() if self._client is None else set(self._client.assignment)
+
+    async def subscribe(self, topics: Iterable[str]) -> None:
+        """Join the share group subscribed to ``topics`` (exact names; no patterns).
+
+        Raises:
+            ConfigurationError: a topic doesn't exist.
+            ShareGroupError: no coordinator answered (no leader worker running for ``app_id``).
+        """
+        self._check_open()
+        if self._client is not None:
+            await self._client.close(leave=True)
+        self._client = MemberClient(self.bootstrap, self.app_id, self.group, topics,
+                                    self.settings, self.client_id)  # fmt: skip
+        await self._client.start()
+
+    def set_acknowledgement_commit_callback(self, callback: CommitCallback | None) -> None:
+        """``callback(offsets: {(topic, partition): {offset, ...}}, exception or None)`` runs
+        after each acknowledgement batch a leader answers."""
+        self._callback = callback
+
+    def acknowledge(
+        self, record: ShareRecord, kind: AcknowledgeType = AcknowledgeType.ACCEPT
+    ) -> None:
+        """Acknowledge a record returned by the last poll (sent with the next poll or commit).
+
+        Raises:
+            IllegalStateError: the record was not delivered by the last poll, or was already
+                acknowledged.
+            ConfigurationError: ``kind`` is not ACCEPT, RELEASE or REJECT.
+        """
+        self._check_open()
+        if kind not in (AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT):
+            raise ConfigurationError(f"acknowledge type {kind!r}; use ACCEPT, RELEASE or REJECT")
+        if self._delivered.pop((record.topic, record.partition, record.offset), None) is None:
+            raise IllegalStateError(
+                f"{record.topic}[{record.partition}]@{record.offset} was not returned by the last "
+                "poll or is already acknowledged"
+            )
+        self._acks.add((record.topic, record.partition), record.offset, kind)
+
+    async def poll(self, timeout_ms: int = 1000) -> list[ShareRecord]:
+        """Fetch records from the assigned share-partitions.
+
+        In implicit mode, records of the previous poll not yet acknowledged are ACCEPTed first.
+
+        Args:
+            timeout_ms: the longest to wait for records, in ms.
+
+        Returns:
+            Records, each share-partition's in increasing offset order; [] on timeout.
+
+        Raises:
+            IllegalStateError: explicit mode with unacknowledged records, or not subscribed.
+        """
+        client = self._require_client()
+        self._settle_previous()
+        deadline = time.monotonic() + timeout_ms / 1000
+        backoff = 0.005
+        while True:
+            tps = sorted(client.assignment | set(self._acks.partitions()))
+            results = await asyncio.gather(*(self._fetch(tp, tp in client.assignment)
+                                             for tp in tps))  # fmt: skip
+            records = [r for batch in results for r in batch]
+            if records or time.monotonic() >= deadline:
+                for r in records:
+                    self._delivered[(r.topic, r.partition, r.offset)] = r
+                return records
+            await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+            backoff = min(backoff * 2, 0.1)
+
+    async def _fetch(self, tp: TopicPartition, assigned: bool) -> list[ShareRecord]:
+        client = self._require_client()
+        acks = self._acks.take(tp)
+        want = self.max_poll_records if assigned else 0
+        if not acks and not want:
+            return []
+        try:
+            response = await client.share_fetch(tp[0], tp[1], want, acks, self.lock_duration_ms)
+        except ShareGroupError:
+            self._acks.restore(tp, acks)  # the leader may not have seen them: send them again
+            raise
+        error = None
+        if response.ack_error != ErrorCode.NONE.value:
+            error = ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
+        self._report(tp, acks, error)
+        if not response.acquired:
+            return []
+        try:
+            records, gaps = await client.read_records(tp[0], tp[1], response.acquired)
+        except Exception:
+            # Give the records back rather than let them sit until their locks expire.
+            for first, last, _count in response.acquired:
+                for offset in range(first, last + 1):
+                    self._acks.add(tp, offset, AcknowledgeType.RELEASE)
+            raise
+        for offset in gaps:
+            self._acks.add(tp, offset, AcknowledgeType.GAP)
+        return records
+
+    def _report(self, tp: TopicPartition, acks: list[Any], error: Exception | None) -> None:
+        if self._callback is not None and acks:
+            offsets = {o for first, last, _ in acks for o in range(first, last + 1)}
+            self._callback({tp: offsets}, error)
+
+    def _settle_previous(self) -> None:
+        if not self._delivered:
+            return
+        if self.mode == "explicit":
+            raise IllegalStateError(
+                f"{len(self._delivered)} records from the last poll are not acknowledged; in "
+                "explicit mode acknowledge every record before polling again"
+            )
+        for topic, partition, offset in list(self._delivered):
+            self._acks.add((topic, partition), offset, AcknowledgeType.ACCEPT)
+        self._delivered.clear()
+
+    async def commit_sync(
+        self, timeout_ms: int | None = None
+    ) -> dict[TopicPartition, Exception | None]:
+        """Send pending acknowledgements now and wait for the leaders' answers.
+
+        In implicit mode this first ACCEPTs the records of the last poll.
+
+        Returns:
+            ``{(topic, partition): None or the error}`` for each share-partition acknowledged.
+        """
+        client = self._require_client()
+        if self.mode == "implicit":
+            self._settle_previous()
+        results: dict[TopicPartition, Exception | None] = {}
+
+        async def one(tp: TopicPartition) -> None:
+            acks = self._acks.take(tp)
+            try:
+                response = await client.share_fetch(tp[0], tp[1], 0, acks)
+                results[tp] = (
+                    None if response.ack_error == ErrorCode.NONE.value
+                    else ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
+                )  # fmt: skip
+            except ShareGroupError as exc:
+                results[tp] = exc
+            self._report(tp, acks, results[tp])
+
+        work = asyncio.gather(*(one(tp) for tp in self._acks.partitions()))
+        if timeout_ms is None:
+            await work
+        else:
+            await asyncio.wait_for(work, timeout_ms / 1000)
+        return results
+
+    def commit_async(self) -> asyncio.Task[dict[TopicPartition, Exception | None]]:
+        """Send pending acknowledgements without waiting; results go to the commit callback."""
+        return asyncio.ensure_future(self.commit_sync())
+
+    async def close(self) -> None:
+        """Acknowledge what is pending, release the records not acknowledged, and leave.
+
+        In implicit mode the records of the last poll are released, not accepted (as
+        ``KafkaShareConsumer.close`` does); explicit acknowledgements already given are sent.
+        """
+        if self._closed:
+            return
+        if self._client is not None:
+            for topic, partition, offset in list(self._delivered):
+                self._acks.add((topic, partition), offset, AcknowledgeType.RELEASE)
+            self._delivered.clear()
+            await self.commit_sync()
+            await self._client.close(leave=True)
+        self._closed = True
+
+    async def __aenter__(self) -> ShareConsumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise IllegalStateError("this ShareConsumer is closed")
+
+    def _require_client(self) -> MemberClient:
+        self._check_open()
+        if self._client is None:
+            raise IllegalStateError("call subscribe() before poll() or commit")
+        return self._client
+
+
+def _bootstrap(value: str) -> str:
+    return bootstrap_servers(value)

@@ -1,0 +1,179 @@
+"""The share-group coordinator: a Faust agent on ``<app>-share-coordinator``.
+
+It handles ShareGroupHeartbeat requests (join, heartbeat, leave) and clock ticks with the pure
+:class:`~queueflow.share.group.ShareGroup` state machine, keeps group metadata in the
+``share-groups`` Faust table (so a new coordinator picks up where the old one stopped), and tells
+share-partition leaders to release the records of members that left or timed out
+(:class:`~queueflow.protocol.ReleaseMember`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiokafka.admin import AIOKafkaAdminClient
+
+from queueflow import protocol, topics
+from queueflow.client import existing_partition_counts, now_ms
+from queueflow.errors import ShareGroupError
+from queueflow.leader import raw_table
+from queueflow.share.assignor import TopicPartition
+from queueflow.share.group import ShareGroup
+
+if TYPE_CHECKING:
+    from faust.types import EventT, StreamT
+
+    from queueflow.app import App
+
+log = structlog.get_logger("queueflow.coordinator")
+
+
+class TopicMetadata:
+    """Partition counts of topics, cached for ``ttl_s`` seconds."""
+
+    def __init__(self, bootstrap: str, ttl_s: float = 5.0) -> None:
+        self.bootstrap = bootstrap
+        self.ttl_s = ttl_s
+        self._admin: AIOKafkaAdminClient | None = None
+        self._counts: dict[str, tuple[float, int]] = {}
+
+    async def partition_counts(self, names: list[str]) -> dict[str, int]:
+        """Partition counts of the existing topics among ``names``."""
+        now = time.monotonic()
+        stale = [n for n in names if n not in self._counts or now - self._counts[n][0] > self.ttl_s]
+        if stale:
+            if self._admin is None:
+                self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+                await self._admin.start()
+            for name, count in (await existing_partition_counts(self._admin, stale)).items():
+                self._counts[name] = (now, count)
+        return {n: self._counts[n][1] for n in names if n in self._counts}
+
+    async def close(self) -> None:
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
+
+
+class ShareGroupCoordinator:
+    """Coordinator of every share group whose coordinator partition this worker owns."""
+
+    def __init__(self, app: App, metadata: TopicMetadata) -> None:
+        self.app = app
+        self.metadata = metadata
+        self.topic = app.topic(
+            topics.coordinator_topic(app.share_namespace), internal=True,
+            partitions=topics.COORDINATOR_PARTITIONS, key_serializer="raw",
+            value_serializer="raw", config=topics.CONTROL_TOPIC_CONFIG,
+        )  # fmt: skip
+        self.table = raw_table(app, topics.GROUPS_TABLE, partitions=topics.COORDINATOR_PARTITIONS)
+        self.groups: dict[str, ShareGroup] = {}
+        self.agent = app.agent(self.topic, name="share-group-coordinator")(self._run)
+
+    def revoke(self, partitions: set[int]) -> None:
+        """Forget groups whose coordinator partition moved away."""
+        for group_id in [g for g in self.groups if topics.coordinator_partition(g) in partitions]:
+            del self.groups[group_id]
+
+    async def _run(self, stream: StreamT[Any]) -> None:
+        async for event in stream.events():
+            try:
+                await self._handle(event)
+            except Exception:
+                log.exception("coordinator_request_failed")
+
+    def _group(self, group_id: str) -> ShareGroup:
+        group = self.groups.get(group_id)
+        if group is None:
+            s = self.app.share_settings
+            raw = self.table.get(group_id.encode())
+            if raw is None:
+                group = ShareGroup(group_id, s.session_timeout_ms, s.max_size)
+            else:
+                group = ShareGroup.from_dict(group_id, json.loads(raw), s.session_timeout_ms,
+                                             s.max_size, now_ms())  # fmt: skip
+            self.groups[group_id] = group
+        return group
+
+    def _persist(self, group: ShareGroup) -> None:
+        self.table[group.group_id.encode()] = json.dumps(group.to_dict()).encode()
+
+    async def _handle(self, event: EventT[Any]) -> None:
+        try:
+            message = protocol.decode(event.value)
+        except ShareGroupError as exc:
+            log.error("undecodable_coordinator_request", error=str(exc))
+            return
+        now = now_ms()
+        if isinstance(message, protocol.Tick):
+            for group in list(self.groups.values()):
+                released = group.expire(now)
+                if released:
+                    for member_id, _ in released:
+                        log.warning("member_session_expired", group=group.group_id,
+                                    member_id=member_id,
+                                    session_timeout_ms=group.session_timeout_ms)  # fmt: skip
+                    self._persist(group)
+                    await self._release(group, released, "session timeout")
+            return
+        if not isinstance(message, protocol.HeartbeatRequest):
+            log.error("unexpected_coordinator_message", kind=message.kind)
+            return
+        response = protocol.HeartbeatResponse(
+            member_id=message.member_id, request_id=message.request_id,
+            heartbeat_interval_ms=self.app.share_settings.heartbeat_interval_ms,
+        )  # fmt: skip
+        try:
+            group = self._group(message.group)
+        except ShareGroupError as exc:  # corrupt group metadata: answer, don't go silent
+            log.error("share_group_refused", group=message.group, error=str(exc))
+            response.error, response.error_message = exc.code.value, exc.message
+            await self._reply(message, response)
+            return
+        epoch_before, members_before = group.group_epoch, len(group.members)
+        try:
+            counts = await self.metadata.partition_counts(list(message.subscribed_topics))
+            result = group.heartbeat(
+                message.member_id, message.member_epoch, message.subscribed_topics, now, counts,
+                message.client_id, message.host,
+            )  # fmt: skip
+            response.member_epoch = result.member_epoch
+            response.assignment = {}
+            for t, p in result.assignment:
+                response.assignment.setdefault(t, []).append(p)
+            if result.released:
+                await self._release(group, result.released, "member left")
+        except ShareGroupError as exc:
+            response.error, response.error_message = exc.code.value, exc.message
+        if group.group_epoch != epoch_before or len(group.members) != members_before:
+            self._persist(group)
+            log.info("share_group_epoch", group=group.group_id, group_epoch=group.group_epoch,
+                     members=len(group.members), state=group.state.value)  # fmt: skip
+        await self._reply(message, response)
+
+    async def _reply(
+        self, request: protocol.HeartbeatRequest, response: protocol.HeartbeatResponse
+    ) -> None:
+        await self.app.reply_topic.send(
+            key=request.member_id.encode(), value=protocol.encode(response),
+            partition=request.reply_partition,
+        )  # fmt: skip
+
+    async def _release(
+        self, group: ShareGroup, released: list[tuple[str, list[TopicPartition]]], reason: str
+    ) -> None:
+        """Tell the leaders of every partition of the group's topics to release the members'
+        records (a member may hold records of partitions it was assigned earlier)."""
+        names = sorted(group.partitions)
+        for member_id, _assignment in released:
+            for name in names:
+                for partition in range(group.partitions[name]):
+                    message = protocol.ReleaseMember(group.group_id, name, partition, member_id,
+                                                     reason)  # fmt: skip
+                    await self.app.producer.send(
+                        topics.fetch_topic(self.app.share_namespace, name), None,
+                        protocol.encode(message), partition, None, None,
+                    )  # fmt: skip

@@ -1,0 +1,192 @@
+"""Durable share-partition state: snapshots plus deltas in a key-value table.
+
+KIP-932 "Managing durable share-partition state" (later revision: ShareSnapshot/ShareUpdate).
+A :class:`DurableSharePartition` pairs a :class:`~queueflow.share.partition.SharePartition` with
+a table (in production a Faust table on RocksDB with a compacted changelog; in tests a dict):
+
+* ``S/<group>/<partition>`` holds the latest full snapshot, with its snapshot epoch and the
+  leader's state epoch;
+* ``D/<group>/<partition>/<snapshot epoch>/<delta index>`` holds each delta written since.
+  Every delta has its own key, so log compaction keeps everything replay needs;
+* after ``share.coordinator.snapshot.update.records.per.snapshot`` deltas the next write is a
+  full snapshot with the snapshot epoch + 1, and the superseded deltas are deleted (tombstones).
+
+Recovery reads the snapshot and its deltas in index order and replays them; replay is idempotent.
+A new leader bumps the state epoch and writes a fresh snapshot at once.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from queueflow.share.partition import SharePartition, SharePartitionConfig
+from queueflow.share.state import (
+    ShareSnapshot,
+    decode_snapshot,
+    decode_update,
+    encode_snapshot,
+    encode_update,
+    replay,
+)
+
+
+class StateTable(Protocol):
+    """The slice of a Faust table (or a dict) the durable state needs: bytes keys and values."""
+
+    def get(self, key: bytes, default: None = None) -> bytes | None: ...
+    def __setitem__(self, key: bytes, value: bytes) -> None: ...
+    def __delitem__(self, key: bytes) -> None: ...
+
+
+def snapshot_key(group: str, partition: int) -> bytes:
+    """Table key of a share-partition's snapshot."""
+    return f"S/{group}/{partition}".encode()
+
+
+def delta_key(group: str, partition: int, snapshot_epoch: int, index: int) -> bytes:
+    """Table key of one delta; unique per (snapshot epoch, index) so compaction keeps it."""
+    return f"D/{group}/{partition}/{snapshot_epoch:010d}/{index:06d}".encode()
+
+
+class DurableSharePartition:
+    """A share-partition engine whose changes are written to a table as deltas and snapshots.
+
+    Build with :meth:`load` (existing state) or :meth:`create` (a new share-partition).
+
+    Args:
+        group / topic / partition: the share-partition.
+        engine: the engine.
+        table: where state lives.
+        updates_per_snapshot: deltas between two snapshots (0: snapshot on every write).
+        snapshot_epoch / state_epoch / leader_epoch: epochs of the state as loaded.
+    """
+
+    def __init__(
+        self,
+        group: str,
+        topic: str,
+        partition: int,
+        engine: SharePartition,
+        table: StateTable,
+        updates_per_snapshot: int,
+        snapshot_epoch: int = 0,
+        state_epoch: int = 0,
+        leader_epoch: int = 0,
+        delta_index: int = 0,
+    ) -> None:
+        self.group = group
+        self.topic = topic
+        self.partition = partition
+        self.engine = engine
+        self.table = table
+        self.updates_per_snapshot = updates_per_snapshot
+        self.snapshot_epoch = snapshot_epoch
+        self.state_epoch = state_epoch
+        self.leader_epoch = leader_epoch
+        self.delta_index = delta_index
+        self.writes = 0
+
+    @property
+    def where(self) -> str:
+        """``group=G topic=T partition=P``, for errors and logs."""
+        return f"group={self.group} topic={self.topic} partition={self.partition}"
+
+    @classmethod
+    def load(
+        cls,
+        table: StateTable,
+        group: str,
+        topic: str,
+        partition: int,
+        config: SharePartitionConfig,
+        updates_per_snapshot: int,
+        leader_epoch: int = 0,
+    ) -> DurableSharePartition | None:
+        """Restore a share-partition from its snapshot and deltas; ``None`` if it has no state.
+
+        The restored leader takes the next state epoch and writes a fresh snapshot, so its
+        predecessor's deltas are superseded. Records that were Acquired come back Available.
+
+        Raises:
+            CorruptStateError: a snapshot or delta is corrupt or of an unknown version; the
+                message names the group, topic and partition.
+        """
+        where = f"group={group} topic={topic} partition={partition}"
+        raw = table.get(snapshot_key(group, partition))
+        if raw is None:
+            return None
+        snapshot = decode_snapshot(raw, where=where)
+        updates = []
+        index = 0
+        while delta := table.get(delta_key(group, partition, snapshot.snapshot_epoch, index)):
+            update, _epoch, _state_epoch, _index = decode_update(delta, where=where)
+            updates.append(update)
+            index += 1
+        start, batches = replay(snapshot, updates)
+        engine = SharePartition.restore(config, start, batches)
+        durable = cls(
+            group, topic, partition, engine, table, updates_per_snapshot,
+            snapshot_epoch=snapshot.snapshot_epoch, state_epoch=snapshot.state_epoch + 1,
+            leader_epoch=leader_epoch, delta_index=index,
+        )  # fmt: skip
+        durable.write_snapshot()
+        return durable
+
+    @classmethod
+    def create(
+        cls,
+        table: StateTable,
+        group: str,
+        topic: str,
+        partition: int,
+        config: SharePartitionConfig,
+        updates_per_snapshot: int,
+        start_offset: int,
+        leader_epoch: int = 0,
+    ) -> DurableSharePartition:
+        """Initialise a new share-partition at ``start_offset`` (KIP-932 "Managing the SPSO and
+        SPEO") and write its first snapshot."""
+        engine = SharePartition(config, start_offset)
+        durable = cls(group, topic, partition, engine, table, updates_per_snapshot,
+                      snapshot_epoch=-1, state_epoch=0, leader_epoch=leader_epoch)  # fmt: skip
+        durable.write_snapshot()
+        return durable
+
+    def persist(self) -> bool:
+        """Write what changed since the last call as one delta (or a snapshot when due).
+
+        Returns:
+            True if anything was written.
+        """
+        update = self.engine.take_changes()
+        if update is None:
+            return False
+        if update.reset or self.delta_index >= self.updates_per_snapshot:
+            self.write_snapshot()
+        else:
+            self.table[delta_key(self.group, self.partition, self.snapshot_epoch,
+                                 self.delta_index)] = encode_update(
+                update, snapshot_epoch=self.snapshot_epoch, state_epoch=self.state_epoch,
+                delta_index=self.delta_index,
+            )  # fmt: skip
+            self.delta_index += 1
+        self.writes += 1
+        return True
+
+    def write_snapshot(self) -> None:
+        """Write a full snapshot with the next snapshot epoch and drop the superseded deltas."""
+        old_epoch, old_count = self.snapshot_epoch, self.delta_index
+        self.engine.take_changes()
+        start, batches = self.engine.snapshot()
+        self.snapshot_epoch += 1
+        self.table[snapshot_key(self.group, self.partition)] = encode_snapshot(
+            ShareSnapshot(
+                snapshot_epoch=self.snapshot_epoch, state_epoch=self.state_epoch,
+                leader_epoch=self.leader_epoch, start_offset=start, batches=batches,
+            )
+        )  # fmt: skip
+        for index in range(old_count):
+            key = delta_key(self.group, self.partition, old_epoch, index)
+            if self.table.get(key) is not None:
+                del self.table[key]
+        self.delta_index = 0

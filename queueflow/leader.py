@@ -1,0 +1,270 @@
+"""Share-partition leaders: a Faust agent per source topic that serves ShareFetch requests.
+
+The worker that owns partition ``p`` of the request topic ``<app>-share-fetch-<topic>`` (which is
+co-partitioned with ``<topic>`` and with the state table's changelog) leads every share-partition
+``(group, <topic>, p)``. Leadership therefore moves with Faust's rebalances, the state is local to
+the leader (RocksDB), and every state change happens inside a Faust stream event of partition
+``p``, which is what Faust tables require.
+
+Per request, in order (KIP-932 "ShareFetch API"): expire elapsed locks, apply the piggy-backed
+acknowledgements atomically, acquire up to ``max_records`` records, write the state change as one
+delta, answer on the reply topic. The engine (:mod:`queueflow.share.partition`) owns the rules;
+this module owns the I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from queueflow import protocol, topics
+from queueflow.client import now_ms
+from queueflow.durable import DurableSharePartition
+from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
+from queueflow.share.partition import (
+    AcknowledgementBatch,
+    AcknowledgeType,
+    SharePartitionConfig,
+)
+
+if TYPE_CHECKING:
+    from faust.types import EventT, StreamT
+
+    from queueflow.app import App
+
+log = structlog.get_logger("queueflow.leader")
+
+
+def engine_config(app: App) -> SharePartitionConfig:
+    """The engine limits from the app's share-group settings."""
+    s = app.share_settings
+    return SharePartitionConfig(
+        max_in_flight_records=s.partition_max_record_locks,
+        delivery_count_limit=s.delivery_count_limit,
+        record_lock_duration_ms=s.record_lock_duration_ms,
+        max_record_lock_duration_ms=s.max_record_lock_duration_ms,
+    )
+
+
+def raw_table(app: App, name: str, partitions: int | None = None) -> Any:
+    """A Faust table with bytes keys and values (queueflow encodes its own records)."""
+    table = app.Table(name, partitions=partitions)
+    # Faust derives serializers from key_type/value_type (json). The changelog topic decodes
+    # during recovery, so it needs raw serializers too.
+    for obj in (table, table.changelog_topic):
+        obj.key_serializer = "raw"
+        obj.value_serializer = "raw"
+    return table
+
+
+class LogOffsets:
+    """Log start and end offsets of source partitions, from a group-less consumer."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._consumer: AIOKafkaConsumer | None = None
+        self.end: dict[TopicPartition, int] = {}
+
+    async def _client(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            self._consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap, enable_auto_commit=False
+            )
+            await self._consumer.start()
+        return self._consumer
+
+    async def log_end(self, tp: TopicPartition) -> int:
+        """Refresh and return the high watermark of ``tp``."""
+        consumer = await self._client()
+        self.end[tp] = (await consumer.end_offsets([tp]))[tp]
+        return self.end[tp]
+
+    async def log_start(self, tp: TopicPartition) -> int:
+        """The log start offset of ``tp``."""
+        consumer = await self._client()
+        return (await consumer.beginning_offsets([tp]))[tp]
+
+    async def close(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+
+class ShareLeader:
+    """The share-partition leaders of one source topic on this worker.
+
+    Args:
+        app: the queueflow app (role ``all`` or ``leader``).
+        topic: the source topic name.
+    """
+
+    def __init__(self, app: App, topic: str, offsets: LogOffsets) -> None:
+        self.app = app
+        self.topic = topic
+        self.offsets = offsets
+        self.config = engine_config(app)
+        self.fetch_topic = app.topic(
+            topics.fetch_topic(app.share_namespace, topic), internal=True,
+            key_serializer="raw", value_serializer="raw", config=topics.CONTROL_TOPIC_CONFIG,
+        )  # fmt: skip
+        self.table = raw_table(app, topics.state_table(topic))
+        self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
+        self.refused: dict[tuple[str, int], CorruptStateError] = {}
+        self.agent = app.agent(self.fetch_topic, name=f"share-leader-{topic}")(self._run)
+        self._log = log.bind(topic=topic)
+
+    def set_partition_count(self, count: int) -> None:
+        """Co-partition the request topic and the state table with the source topic.
+
+        Called once at start-up, before Faust declares the topics.
+        """
+        self.fetch_topic.partitions = count
+        self.table.partitions = count
+        self.table.changelog_topic.partitions = count
+
+    def revoke(self, partitions: set[int]) -> None:
+        """Forget the share-partitions of revoked partitions; their new leader restores them."""
+        for key in [k for k in self.partitions if k[1] in partitions]:
+            del self.partitions[key]
+        for key in [k for k in self.refused if k[1] in partitions]:
+            del self.refused[key]
+
+    async def _run(self, stream: StreamT[Any]) -> None:
+        async for event in stream.events():
+            try:
+                await self._handle(event)
+            except Exception:  # never let one bad request stop the leader
+                self._log.exception("leader_request_failed", partition=event.message.partition)
+
+    async def _handle(self, event: EventT[Any]) -> None:
+        partition = event.message.partition
+        try:
+            message = protocol.decode(event.value)
+        except ShareGroupError as exc:
+            self._log.error("undecodable_request", partition=partition, error=str(exc))
+            return
+        now = now_ms()
+        if isinstance(message, protocol.Tick):
+            for (_group, p), durable in self.partitions.items():
+                if p == partition and durable.engine.expire_locks(now):
+                    durable.persist()
+        elif isinstance(message, protocol.ReleaseMember):
+            durable = await self._share_partition(message.group, partition)
+            released = durable.engine.release_member(message.member_id, now)
+            if released:
+                durable.persist()
+                self._log.info("member_records_released", group=message.group,
+                               partition=partition, member_id=message.member_id,
+                               records=released, reason=message.reason)  # fmt: skip
+        elif isinstance(message, protocol.ShareFetchRequest):
+            response = await self._share_fetch(message, partition, now)
+            await self.app.reply_topic.send(
+                key=message.member_id.encode(), value=protocol.encode(response),
+                partition=message.reply_partition,
+            )  # fmt: skip
+
+    async def _share_partition(self, group: str, partition: int) -> DurableSharePartition:
+        key = (group, partition)
+        durable = self.partitions.get(key)
+        if durable is not None:
+            return durable
+        if key in self.refused:
+            raise self.refused[key]
+        try:
+            durable = DurableSharePartition.load(
+                self.table, group, self.topic, partition, self.config,
+                self.app.share_settings.snapshot_update_records_per_snapshot,
+            )  # fmt: skip
+        except CorruptStateError as exc:
+            self.refused[key] = exc
+            self._log.error("share_partition_refused", group=group, partition=partition,
+                            error=str(exc))  # fmt: skip
+            raise
+        if durable is None:
+            tp = TopicPartition(self.topic, partition)
+            if self.app.share_settings.auto_offset_reset == "earliest":
+                start = await self.offsets.log_start(tp)
+            else:
+                start = await self.offsets.log_end(tp)
+            durable = DurableSharePartition.create(
+                self.table, group, self.topic, partition, self.config,
+                self.app.share_settings.snapshot_update_records_per_snapshot, start,
+            )  # fmt: skip
+            self._log.info("share_partition_initialised", group=group, partition=partition,
+                           start_offset=start)  # fmt: skip
+        else:
+            self._log.info("share_partition_restored", group=group, partition=partition,
+                           start_offset=durable.engine.start_offset,
+                           end_offset=durable.engine.end_offset,
+                           state_epoch=durable.state_epoch)  # fmt: skip
+        self.partitions[key] = durable
+        return durable
+
+    async def _share_fetch(
+        self, request: protocol.ShareFetchRequest, partition: int, now: int
+    ) -> protocol.ShareFetchResponse:
+        response = protocol.ShareFetchResponse(
+            member_id=request.member_id, request_id=request.request_id, topic=self.topic,
+            partition=partition,
+        )  # fmt: skip
+        try:
+            durable = await self._share_partition(request.group, partition)
+        except CorruptStateError as exc:
+            response.error, response.error_message = exc.code.value, exc.message
+            return response
+        engine = durable.engine
+        engine.expire_locks(now)
+        if request.acks:
+            try:
+                engine.acknowledge(
+                    request.member_id,
+                    [AcknowledgementBatch(first, last, tuple(AcknowledgeType(t) for t in types))
+                     for first, last, types in request.acks],
+                    now,
+                )  # fmt: skip
+            except (ShareGroupError, ValueError) as exc:
+                code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST
+                response.ack_error, response.ack_error_message = code.value, str(exc)
+        if request.max_records > 0 and now < request.deadline_ms:
+            tp = TopicPartition(self.topic, partition)
+            log_end = self.offsets.end.get(tp, 0)
+            try:
+                acquired = engine.acquire(request.member_id, request.max_records, log_end, now,
+                                          request.lock_duration_ms)  # fmt: skip
+                if not acquired and engine.end_offset >= log_end:
+                    log_end = await self.offsets.log_end(tp)
+                    acquired = engine.acquire(request.member_id, request.max_records, log_end,
+                                              now, request.lock_duration_ms)  # fmt: skip
+            except ShareGroupError as exc:
+                response.error, response.error_message = exc.code.value, exc.message
+                acquired = []
+            response.acquired = [(a.first_offset, a.last_offset, a.delivery_count)
+                                 for a in acquired]  # fmt: skip
+        durable.persist()
+        return response
+
+
+class LeaderTicker:
+    """Sends :class:`~queueflow.protocol.Tick` events into the request partitions this worker
+    owns, so lock expiry and session expiry run inside stream events of those partitions."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def tick(self) -> None:
+        """Send one tick to every owned request partition (called by a Faust timer)."""
+        owned = self.app.assignor.assigned_actives()
+        names = {
+            leader.fetch_topic.get_topic_name(): leader
+            for leader in self.app.share_leaders.values()
+        }
+        names[topics.coordinator_topic(self.app.share_namespace)] = None
+        payload = protocol.encode(protocol.Tick(sent_ms=now_ms()))
+        for tp in owned:
+            if tp.topic in names:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self.app.producer.send(tp.topic, None, payload, tp.partition, None, None)

@@ -1,0 +1,50 @@
+"""KIP-932 share-partition engine: record states, acknowledgements and durable state.
+
+Pure and synchronous; see :mod:`queueflow.share.partition` and :mod:`queueflow.share.state`.
+"""
+
+from __future__ import annotations
+
+from queueflow.share.partition import (
+    AcknowledgementBatch,
+    AcknowledgeType,
+    AcquiredRecords,
+    RecordView,
+    RunView,
+    SharePartition,
+    SharePartitionConfig,
+)
+from queueflow.share.state import (
+    STATE_FORMAT_VERSION,
+    RecordState,
+    ShareSnapshot,
+    ShareUpdate,
+    StateBatch,
+    decode_snapshot,
+    decode_update,
+    encode_snapshot,
+    encode_update,
+    merge_batches,
+    replay,
+)
+
+__all__ = [
+    "STATE_FORMAT_VERSION",
+    "AcknowledgeType",
+    "AcknowledgementBatch",
+    "AcquiredRecords",
+    "RecordState",
+    "RecordView",
+    "RunView",
+    "SharePartition",
+    "SharePartitionConfig",
+    "ShareSnapshot",
+    "ShareUpdate",
+    "StateBatch",
+    "decode_snapshot",
+    "decode_update",
+    "encode_snapshot",
+    "encode_update",
+    "merge_batches",
+    "replay",
+]

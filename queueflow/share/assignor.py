@@ -1,0 +1,91 @@
+"""The share-group assignor: Kafka's final SimpleAssignor behaviour, as a pure function.
+
+KIP-932 "Share group membership" / Kafka 4.x ``SimpleHomogeneousAssignmentBuilder``:
+
+* balance comes before stickiness: the assignment sizes of any two members differ by at most one;
+* with no more members than partitions, each partition goes to exactly one member, as in a
+  consumer group;
+* with more members than partitions, each partition is shared by about members ÷ partitions
+  members (``ceil`` or ``floor``), and every member gets one partition.
+
+Among balanced assignments it keeps a member's previous partitions where it can (stickiness),
+which keeps in-flight records with the member that acquired them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+#: A share-partition: (topic, partition).
+TopicPartition = tuple[str, int]
+
+
+def assign(
+    members: Mapping[str, Sequence[str]],
+    partitions: Mapping[str, int],
+    previous: Mapping[str, Sequence[TopicPartition]] | None = None,
+) -> dict[str, list[TopicPartition]]:
+    """Assign share-partitions to members.
+
+    Args:
+        members: member id → subscribed topic names.
+        partitions: topic → partition count (topics unknown to the cluster are absent).
+        previous: member id → its current assignment, for stickiness.
+
+    Returns:
+        member id → sorted list of (topic, partition). Every member appears, possibly with [].
+    """
+    previous = previous or {}
+    result: dict[str, list[TopicPartition]] = {m: [] for m in members}
+    topics = sorted({t for subs in members.values() for t in subs if t in partitions})
+    for topic in topics:
+        subscribers = sorted(m for m, subs in members.items() if topic in subs)
+        tps = [(topic, p) for p in range(partitions[topic])]
+        for member, assigned in _assign_topic(subscribers, tps, previous).items():
+            result[member].extend(assigned)
+    return {m: sorted(tps) for m, tps in result.items()}
+
+
+def _assign_topic(
+    members: list[str], tps: list[TopicPartition], previous: Mapping[str, Sequence[TopicPartition]]
+) -> dict[str, list[TopicPartition]]:
+    if not members or not tps:
+        return {m: [] for m in members}
+    n_members, n_parts = len(members), len(tps)
+    if n_members > n_parts:
+        # Each partition gets floor or ceil of M/P members; each member exactly one partition.
+        quota = {tp: n_members // n_parts + (1 if i < n_members % n_parts else 0)
+                 for i, tp in enumerate(tps)}  # fmt: skip
+        out: dict[str, list[TopicPartition]] = {}
+        pending: list[str] = []
+        for m in members:
+            kept = next((tp for tp in previous.get(m, ()) if quota.get(tp, 0) > 0), None)
+            if kept is None:
+                pending.append(m)
+            else:
+                quota[kept] -= 1
+                out[m] = [kept]
+        for m in pending:
+            tp = max(tps, key=lambda t: quota[t])
+            quota[tp] -= 1
+            out[m] = [tp]
+        return out
+    # Each partition to exactly one member; sizes differ by at most one.
+    base, extra = divmod(n_parts, n_members)
+    capacity = {m: base + (1 if i < extra else 0) for i, m in enumerate(members)}
+    owner: dict[TopicPartition, str] = {}
+    valid = set(tps)
+    for m in members:
+        for tp in previous.get(m, ()):
+            if tp in valid and tp not in owner and capacity[m] > 0:
+                owner[tp] = m
+                capacity[m] -= 1
+    free = [tp for tp in tps if tp not in owner]
+    for m in members:
+        while capacity[m] > 0 and free:
+            owner[free.pop(0)] = m
+            capacity[m] -= 1
+    out = {m: [] for m in members}
+    for tp, m in owner.items():
+        out[m].append(tp)
+    return out

@@ -1,0 +1,255 @@
+"""Share-group membership: the coordinator's pure state machine (KIP-932 "Share group membership").
+
+A :class:`ShareGroup` holds the members, their subscriptions and assignments, the group epoch and
+the assignment epoch. The coordinator agent feeds it heartbeats, leaves and clock ticks, and
+persists :meth:`ShareGroup.to_dict` in a Faust table. Time is passed in (``now_ms``).
+
+Rules implemented here:
+
+* member epoch 0 joins, -1 leaves; the member id is chosen by the member (a UUID);
+* any change of membership, subscriptions or partition counts bumps the group epoch, and the
+  assignment is recomputed by the SimpleAssignor (:mod:`queueflow.share.assignor`); the
+  assignment epoch follows it and never moves backwards;
+* a member silent for longer than ``group.share.session.timeout.ms`` is removed, and the leaders
+  release its records;
+* the group is EMPTY with no members, STABLE with members, DEAD once deleted;
+* ``group.share.max.size`` bounds the number of members (``GROUP_MAX_SIZE_REACHED``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.share.assignor import TopicPartition, assign
+
+
+class GroupState(enum.Enum):
+    """``ShareGroup.ShareGroupState`` of Kafka 4.x (no preparing/reconciling states)."""
+
+    EMPTY = "Empty"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@dataclass(slots=True)
+class Member:
+    """One share-group member as the coordinator sees it."""
+
+    member_id: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignment: list[TopicPartition] = field(default_factory=list)
+    last_heartbeat_ms: int = 0
+    client_id: str = ""
+    host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    """What the coordinator answers, plus what the leaders must release.
+
+    Attributes:
+        member_epoch: the member's epoch after this heartbeat (-1 after a leave).
+        assignment: the member's share-partitions.
+        released: (member id, share-partitions) whose records the leaders must release.
+    """
+
+    member_epoch: int
+    assignment: list[TopicPartition]
+    released: list[tuple[str, list[TopicPartition]]]
+
+
+class ShareGroup:
+    """Membership and assignment of one share group.
+
+    Args:
+        group_id: the share group id.
+        session_timeout_ms: ``group.share.session.timeout.ms``.
+        max_size: ``group.share.max.size``.
+    """
+
+    def __init__(self, group_id: str, session_timeout_ms: int, max_size: int) -> None:
+        self.group_id = group_id
+        self.session_timeout_ms = session_timeout_ms
+        self.max_size = max_size
+        self.members: dict[str, Member] = {}
+        self.group_epoch = 0
+        self.assignment_epoch = 0
+        self.partitions: dict[str, int] = {}
+        self.dead = False
+
+    @property
+    def state(self) -> GroupState:
+        """EMPTY, STABLE or DEAD."""
+        if self.dead:
+            return GroupState.DEAD
+        return GroupState.STABLE if self.members else GroupState.EMPTY
+
+    def subscribed_topics(self) -> set[str]:
+        """Every topic some member subscribes to."""
+        return {t for m in self.members.values() for t in m.subscribed_topics}
+
+    def heartbeat(
+        self,
+        member_id: str,
+        member_epoch: int,
+        subscribed_topics: Sequence[str],
+        now_ms: int,
+        partitions: Mapping[str, int],
+        client_id: str = "",
+        host: str = "",
+    ) -> HeartbeatResult:
+        """Handle a ShareGroupHeartbeat.
+
+        Args:
+            member_id: the member's id.
+            member_epoch: 0 to join, -1 to leave, else the epoch the member last received.
+            subscribed_topics: topic names the member subscribes to.
+            now_ms: current time in ms.
+            partitions: topic → partition count for (at least) the subscribed topics.
+
+        Raises:
+            ShareGroupError: ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a member
+                the group doesn't know (it must rejoin with epoch 0); ``GROUP_MAX_SIZE_REACHED``;
+                ``GROUP_ID_NOT_FOUND`` if the group was deleted.
+        """
+        if self.dead:
+            raise ShareGroupError(
+                ErrorCode.GROUP_ID_NOT_FOUND, f"share group {self.group_id!r} was deleted"
+            )
+        if member_epoch == -1:
+            released = self.leave(member_id)
+            return HeartbeatResult(-1, [], released)
+        member = self.members.get(member_id)
+        if member is None:
+            if member_epoch != 0:
+                raise ShareGroupError(
+                    ErrorCode.UNKNOWN_MEMBER_ID,
+                    f"member {member_id} is not in share group {self.group_id!r} (it may have "
+                    "timed out); rejoin with member epoch 0",
+                )
+            if len(self.members) >= self.max_size:
+                raise ShareGroupError(
+                    ErrorCode.GROUP_MAX_SIZE_REACHED,
+                    f"share group {self.group_id!r} has {len(self.members)} members, the "
+                    f"group.share.max.size limit",
+                )
+            member = Member(member_id, 0, tuple(sorted(subscribed_topics)))
+            self.members[member_id] = member
+            changed = True
+        else:
+            topics = tuple(sorted(subscribed_topics))
+            changed = topics != member.subscribed_topics
+            member.subscribed_topics = topics
+        member.last_heartbeat_ms = now_ms
+        member.client_id = client_id or member.client_id
+        member.host = host or member.host
+        wanted = {t: n for t, n in partitions.items() if t in self.subscribed_topics()}
+        if wanted != {t: n for t, n in self.partitions.items() if t in wanted}:
+            changed = True
+        self.partitions.update(wanted)
+        released: list[tuple[str, list[TopicPartition]]] = []
+        if changed:
+            released = self._rebalance()
+        return HeartbeatResult(member.member_epoch, list(member.assignment), released)
+
+    def leave(self, member_id: str) -> list[tuple[str, list[TopicPartition]]]:
+        """Remove a member that leaves; returns what the leaders must release."""
+        member = self.members.pop(member_id, None)
+        if member is None:
+            return []
+        released = [(member_id, list(member.assignment))]
+        return released + self._rebalance()
+
+    def expire(self, now_ms: int) -> list[tuple[str, list[TopicPartition]]]:
+        """Remove members silent for longer than the session timeout.
+
+        Returns:
+            (member id, its share-partitions) for each removed member.
+        """
+        expired = [
+            m for m in self.members.values()
+            if now_ms - m.last_heartbeat_ms > self.session_timeout_ms
+        ]  # fmt: skip
+        released: list[tuple[str, list[TopicPartition]]] = []
+        for m in expired:
+            released.append((m.member_id, list(m.assignment)))
+            del self.members[m.member_id]
+        if expired:
+            released += self._rebalance()
+        return released
+
+    def touch_all(self, now_ms: int) -> None:
+        """Give every member a fresh session (after coordinator failover: the new coordinator
+        can't know when they last heartbeated)."""
+        for m in self.members.values():
+            m.last_heartbeat_ms = now_ms
+
+    def _rebalance(self) -> list[tuple[str, list[TopicPartition]]]:
+        self.group_epoch += 1
+        target = assign(
+            {m.member_id: m.subscribed_topics for m in self.members.values()},
+            self.partitions,
+            {m.member_id: m.assignment for m in self.members.values()},
+        )
+        self.assignment_epoch = max(self.assignment_epoch, self.group_epoch)
+        for m in self.members.values():
+            m.assignment = target[m.member_id]
+            m.member_epoch = self.group_epoch
+        # Partitions move between members, but records stay acquired by whoever holds them:
+        # nothing to release on a plain reassignment.
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        """The durable form (stored in the coordinator's Faust table)."""
+        return {
+            "v": 1,
+            "group_epoch": self.group_epoch,
+            "assignment_epoch": self.assignment_epoch,
+            "dead": self.dead,
+            "partitions": self.partitions,
+            "members": [
+                [m.member_id, m.member_epoch, list(m.subscribed_topics),
+                 [list(tp) for tp in m.assignment], m.client_id, m.host]
+                for m in self.members.values()
+            ],
+        }  # fmt: skip
+
+    @classmethod
+    def from_dict(
+        cls,
+        group_id: str,
+        data: Mapping[str, Any],
+        session_timeout_ms: int,
+        max_size: int,
+        now_ms: int,
+    ) -> ShareGroup:
+        """Rebuild a group from :meth:`to_dict`; every member gets a fresh session at ``now_ms``.
+
+        Raises:
+            ShareGroupError: ``CORRUPT_STATE`` naming the group when ``data`` is malformed.
+        """
+        group = cls(group_id, session_timeout_ms, max_size)
+        try:
+            if data.get("v") != 1:
+                raise ValueError(f"unknown version {data.get('v')!r}, expected 1")
+            group.group_epoch = int(data["group_epoch"])
+            group.assignment_epoch = int(data["assignment_epoch"])
+            group.dead = bool(data["dead"])
+            group.partitions = {str(t): int(n) for t, n in data["partitions"].items()}
+            for mid, epoch, topics, tps, client_id, host in data["members"]:
+                group.members[mid] = Member(
+                    mid, int(epoch), tuple(topics), [(str(t), int(p)) for t, p in tps],
+                    now_ms, client_id, host,
+                )  # fmt: skip
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ShareGroupError(
+                ErrorCode.CORRUPT_STATE,
+                f"share group {group_id!r}: durable group metadata is corrupt ({exc}); "
+                'see docs/operations.md, "Corrupt state", for how to inspect and repair it',
+            ) from None
+        return group

@@ -1,0 +1,975 @@
+"""The share-partition engine: KIP-932 record states for one share-partition.
+
+A :class:`SharePartition` manages the in-flight records of one topic-partition in one share group
+(KIP-932 "In-flight records"): the records from the share-partition start offset (SPSO) up to, but
+not including, the share-partition end offset (SPEO). It hands Available records to consumers
+under a time-limited acquisition lock, applies their acknowledgements, releases expired locks,
+moves the SPSO forwards and produces the durable form of its state.
+
+Every KIP-932 rule for one share-partition lives in this module. It is pure and synchronous: no
+I/O, no Kafka, no clocks. Time is always passed in as ``now_ms`` (milliseconds); the caller
+decides when to call :meth:`SharePartition.expire_locks` (see
+:meth:`SharePartition.next_lock_deadline`).
+
+Memory: records are kept as *runs* of consecutive offsets with equal (state, delivery count,
+owner, lock deadline), in a sorted list searched with :mod:`bisect`. A batch fetched and
+acknowledged together costs one run however many records it holds (KIP-932 "Batching").
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import sys
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from queueflow.errors import (
+    ConfigurationError,
+    CorruptStateError,
+    InvalidRecordStateError,
+    InvalidRequestError,
+)
+from queueflow.share.state import (
+    PERSISTED_STATES,
+    RecordState,
+    ShareUpdate,
+    StateBatch,
+    merge_batches,
+)
+
+__all__ = [
+    "AcknowledgeType",
+    "AcknowledgementBatch",
+    "AcquiredRecords",
+    "RecordState",
+    "RecordView",
+    "RunView",
+    "SharePartition",
+    "SharePartitionConfig",
+    "StateBatch",
+]
+
+_AVAILABLE = RecordState.AVAILABLE
+_ACQUIRED = RecordState.ACQUIRED
+_ACKNOWLEDGED = RecordState.ACKNOWLEDGED
+_ARCHIVED = RecordState.ARCHIVED
+
+#: Smallest acquisition lock a consumer may ask for (``group.share.record.lock.duration.ms`` min).
+MIN_LOCK_DURATION_MS = 1000
+
+
+class AcknowledgeType(enum.IntEnum):
+    """How a consumer acknowledges a record (KIP-932 ShareAcknowledge ``AcknowledgeTypes``).
+
+    Wire values as in Kafka's ``AcknowledgeType`` (notes §4.2); ``GAP`` (0) marks an offset that
+    has no record, e.g. removed by compaction or a transaction marker.
+    """
+
+    GAP = 0
+    ACCEPT = 1
+    RELEASE = 2
+    REJECT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class AcquiredRecords:
+    """Records acquired for a consumer: ``first_offset..last_offset`` (inclusive).
+
+    All records of the range have ``delivery_count`` (KIP-932 ShareFetch ``AcquiredRecords``).
+    """
+
+    first_offset: int
+    last_offset: int
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class AcknowledgementBatch:
+    """Acknowledgement of ``first_offset..last_offset`` (inclusive) by one consumer.
+
+    ``acknowledge_types`` holds one type for the whole range, or exactly one per offset
+    (``last_offset - first_offset + 1`` entries), as in KIP-932 ShareAcknowledge
+    ``AcknowledgementBatches``.
+    """
+
+    first_offset: int
+    last_offset: int
+    acknowledge_types: tuple[AcknowledgeType, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordView:
+    """The state of one offset, as seen by :meth:`SharePartition.record`.
+
+    Attributes:
+        state: the record state.
+        delivery_count: delivery attempts so far.
+        member_id: the owning member if ``ACQUIRED``, else None.
+        lock_deadline_ms: when the acquisition lock elapses (ms) if ``ACQUIRED``, else None.
+    """
+
+    state: RecordState
+    delivery_count: int
+    member_id: str | None
+    lock_deadline_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A maximal run of in-flight records ``first_offset..last_offset`` (inclusive) in one state.
+
+    Attributes are as in :class:`RecordView`; see :meth:`SharePartition.in_flight`.
+    """
+
+    first_offset: int
+    last_offset: int
+    state: RecordState
+    delivery_count: int
+    member_id: str | None
+    lock_deadline_ms: int | None
+
+
+def _check_range(name: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigurationError(
+            f"{name} must be an integer in {low}..{high}, got {value!r} ({type(value).__name__})"
+        )
+    if not low <= value <= high:
+        raise ConfigurationError(
+            f"{name}={value} is out of range: allowed {low}..{high} (inclusive)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SharePartitionConfig:
+    """Limits of one share-partition (broker configs, notes §2.1; KIP-932 "In-flight records").
+
+    Attributes:
+        max_in_flight_records: ``group.share.partition.max.record.locks``; SPEO - SPSO never
+            exceeds it. Allowed 100..10000, default 2000.
+        delivery_count_limit: ``group.share.delivery.count.limit``; a record whose delivery fails
+            this many times is archived. Allowed 2..10, default 5.
+        record_lock_duration_ms: ``group.share.record.lock.duration.ms``; acquisition lock
+            duration in ms. Allowed 1000..3600000 and at most ``max_record_lock_duration_ms``,
+            default 30000.
+        max_record_lock_duration_ms: ``group.share.max.record.lock.duration.ms``; upper bound (ms)
+            for a lock duration a consumer asks for. Allowed 30000..3600000, default 60000.
+
+    Raises:
+        ConfigurationError: on construction (see :meth:`validate`).
+    """
+
+    max_in_flight_records: int = 2000
+    delivery_count_limit: int = 5
+    record_lock_duration_ms: int = 30000
+    max_record_lock_duration_ms: int = 60000
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every setting against its allowed range.
+
+        Raises:
+            ConfigurationError: naming the KIP-932/Kafka setting, the value and the allowed range.
+        """
+        _check_range(
+            "group.share.partition.max.record.locks", self.max_in_flight_records, 100, 10000
+        )
+        _check_range("group.share.delivery.count.limit", self.delivery_count_limit, 2, 10)
+        _check_range(
+            "group.share.record.lock.duration.ms", self.record_lock_duration_ms, 1000, 3600000
+        )
+        _check_range(
+            "group.share.max.record.lock.duration.ms",
+            self.max_record_lock_duration_ms,
+            30000,
+            3600000,
+        )
+        if self.record_lock_duration_ms > self.max_record_lock_duration_ms:
+            raise ConfigurationError(
+                f"group.share.record.lock.duration.ms={self.record_lock_duration_ms} is out of "
+                f"range: allowed 1000..{self.max_record_lock_duration_ms} (it must not exceed "
+                "group.share.max.record.lock.duration.ms)"
+            )
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """Consecutive records ``first..last`` with equal state, count, owner and lock deadline."""
+
+    first: int
+    last: int
+    state: RecordState
+    count: int
+    member: str | None
+    deadline: int | None
+
+
+@dataclass(slots=True, eq=False)
+class _LockGroup:
+    """The records Acquired with one lock deadline: how many, and the ranges they were acquired
+    in (a superset of where they still are, used by :meth:`SharePartition.expire_locks`)."""
+
+    count: int = 0
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+
+def _run_first(run: _Run) -> int:
+    return run.first
+
+
+def _same(a: _Run, b: _Run) -> bool:
+    return (
+        a.state is b.state
+        and a.count == b.count
+        and a.member == b.member
+        and a.deadline == b.deadline
+    )
+
+
+# A transformation of one run: returns the new (state, count, member, deadline), or None to keep it.
+_Transform = Callable[[_Run], tuple[RecordState, int, str | None, int | None] | None]
+
+
+class SharePartition:
+    """The in-flight records of one share-partition and every KIP-932 rule that governs them.
+
+    Args:
+        config: limits (see :class:`SharePartitionConfig`).
+        start_offset: initial SPSO (>= 0); the SPEO starts equal to it.
+
+    Raises:
+        InvalidRequestError: ``start_offset`` is negative.
+
+    KIP-932 "In-flight records", "Record delivery and acknowledgement", "Managing the SPSO and
+    SPEO" and "Managing durable share-partition state".
+    """
+
+    __slots__ = (
+        "_config",
+        "_dirty",
+        "_end",
+        "_heap",
+        "_hint",
+        "_locks",
+        "_n_acquired",
+        "_n_available",
+        "_reset_pending",
+        "_runs",
+        "_start",
+        "_taken_start",
+    )
+
+    def __init__(self, config: SharePartitionConfig, start_offset: int) -> None:
+        if start_offset < 0:
+            raise InvalidRequestError(f"start offset must be >= 0, got {start_offset}")
+        self._config = config
+        self._start = start_offset  # SPSO
+        self._end = start_offset  # SPEO (exclusive)
+        # Runs cover [SPSO, SPEO) exactly, in offset order, without gaps.
+        self._runs: list[_Run] = []
+        self._n_acquired = 0
+        self._n_available = 0
+        # No in-flight record below this offset is Available (where acquire starts looking).
+        self._hint = start_offset
+        # Lock deadline (ms) -> records Acquired with it; a heap of deadlines, lazily cleaned.
+        self._locks: dict[int, _LockGroup] = {}
+        self._heap: list[int] = []
+        # Durability: offset intervals changed since the last take_changes().
+        self._dirty: list[tuple[int, int]] = []
+        self._taken_start = start_offset
+        self._reset_pending = False
+
+    # ----------------------------------------------------------------------------------------
+    # Views
+    # ----------------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> SharePartitionConfig:
+        """The limits this share-partition enforces."""
+        return self._config
+
+    @property
+    def start_offset(self) -> int:
+        """The share-partition start offset (SPSO): the first in-flight offset."""
+        return self._start
+
+    @property
+    def end_offset(self) -> int:
+        """The share-partition end offset (SPEO), exclusive: the first offset not yet in flight."""
+        return self._end
+
+    @property
+    def acquired_count(self) -> int:
+        """Number of in-flight records in the ``ACQUIRED`` state."""
+        return self._n_acquired
+
+    @property
+    def available_count(self) -> int:
+        """Number of in-flight records (SPSO..SPEO-1) in the ``AVAILABLE`` state."""
+        return self._n_available
+
+    @property
+    def in_flight_count(self) -> int:
+        """Number of in-flight records: SPEO - SPSO."""
+        return self._end - self._start
+
+    @property
+    def run_count(self) -> int:
+        """Number of runs the in-flight records are stored as (a memory measure)."""
+        return len(self._runs)
+
+    def record(self, offset: int) -> RecordView:
+        """The state of the record at ``offset``.
+
+        Offsets below the SPSO are reported as ``ARCHIVED`` with delivery count 0 (KIP-932 "All
+        records before the SPSO are in Archived state"; their state is no longer tracked).
+        Offsets at or after the SPEO are ``AVAILABLE`` with count 0 ("All records after the SPEO
+        are in Available state, but not yet being delivered to consumers").
+        """
+        if offset < self._start:
+            return RecordView(_ARCHIVED, 0, None, None)
+        if offset >= self._end:
+            return RecordView(_AVAILABLE, 0, None, None)
+        r = self._runs[self._index(offset)]
+        return RecordView(r.state, r.count, r.member, r.deadline)
+
+    def in_flight(self) -> Iterator[RunView]:
+        """Maximal runs of in-flight records, in offset order, covering SPSO..SPEO-1 exactly."""
+        for r in list(self._runs):
+            yield RunView(r.first, r.last, r.state, r.count, r.member, r.deadline)
+
+    def next_lock_deadline(self) -> int | None:
+        """The earliest acquisition lock deadline (ms), or None if no record is ``ACQUIRED``.
+
+        Call :meth:`expire_locks` with ``now_ms`` at or after it.
+        """
+        heap = self._heap
+        while heap and heap[0] not in self._locks:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    # ----------------------------------------------------------------------------------------
+    # Acquire (KIP-932 "Record delivery and acknowledgement": Available -> Acquired)
+    # ----------------------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        member_id: str,
+        max_records: int,
+        log_end_offset: int,
+        now_ms: int,
+        lock_duration_ms: int | None = None,
+    ) -> list[AcquiredRecords]:
+        """Acquire up to ``max_records`` Available records for ``member_id``.
+
+        Walks from the SPSO: first in-flight records that are Available again (released or
+        timed out), then new records from the SPEO up to ``log_end_offset``. Never acquires
+        Acquired, Acknowledged or Archived records, and never lets SPEO - SPSO exceed
+        ``max_in_flight_records``. Each acquired record's delivery count goes up by 1 and it is
+        locked for the member until ``now_ms + lock_duration_ms``.
+
+        Args:
+            member_id: the acquiring share-group member (non-empty).
+            max_records: the most records to acquire (>= 1).
+            log_end_offset: exclusive end of the records in the log; a value below the SPEO
+                means "no new records".
+            now_ms: the current time in ms.
+            lock_duration_ms: the consumer's own lock duration in ms, 1000 ..
+                ``max_record_lock_duration_ms``; None for ``record_lock_duration_ms``.
+
+        Returns:
+            Acquired ranges of equal delivery count, in increasing offset order (maybe empty).
+
+        Raises:
+            InvalidRequestError: empty member id, ``max_records < 1`` or a lock duration out of
+                range. Nothing changes.
+
+        KIP-932 "Record delivery and acknowledgement", "In-flight records", "Batching".
+        """
+        if not member_id:
+            raise InvalidRequestError("member id must be a non-empty string")
+        if max_records < 1:
+            raise InvalidRequestError(f"max records must be >= 1, got {max_records}")
+        cfg = self._config
+        if lock_duration_ms is None:
+            lock_duration_ms = cfg.record_lock_duration_ms
+        elif not MIN_LOCK_DURATION_MS <= lock_duration_ms <= cfg.max_record_lock_duration_ms:
+            raise InvalidRequestError(
+                f"lock duration {lock_duration_ms} ms is out of range: allowed "
+                f"{MIN_LOCK_DURATION_MS}..{cfg.max_record_lock_duration_ms} ms "
+                "(group.share.max.record.lock.duration.ms)"
+            )
+        member = sys.intern(member_id)
+        deadline = now_ms + lock_duration_ms
+        remaining = max_records
+        ranges: list[tuple[int, int, int]] = []  # (first, last, delivery count)
+        runs = self._runs
+
+        # KIP-932 "Record delivery and acknowledgement": the leader "starts at the SPSO and finds
+        # Available records"; each moves to Acquired and its delivery count is bumped.
+        if self._n_available:
+            lock = self._lock_group(deadline)
+            to_see = self._n_available
+            lo = hi = -1
+            i = self._index(max(self._hint, self._start))
+            while i < len(runs) and remaining > 0 and to_see > 0:
+                r = runs[i]
+                if r.state is _AVAILABLE:
+                    n = r.last - r.first + 1
+                    to_see -= n
+                    if n > remaining:
+                        self._split_at(r.first + remaining)
+                        n = remaining
+                    self._retag(r, _ACQUIRED, r.count + 1, member, deadline)
+                    ranges.append((r.first, r.last, r.count))
+                    lock.ranges.append((r.first, r.last))
+                    self._mark_dirty(r.first, r.last)
+                    remaining -= n
+                    if lo < 0:
+                        lo = i
+                    hi = i
+                i += 1
+            # Every Available record before runs[i] has just been acquired.
+            self._hint = runs[i].first if i < len(runs) else self._end
+            if lo >= 0:
+                self._merge_window(lo - 1, hi + 1)
+            self._drop_if_unused(deadline)
+
+        # Then new records from the SPEO. KIP-932 "In-flight records": the distance between the
+        # SPSO and SPEO is bounded by group.share.partition.max.record.locks.
+        if remaining > 0:
+            stop = min(
+                max(log_end_offset, self._end),
+                self._start + cfg.max_in_flight_records,
+                self._end + remaining,
+            )
+            if stop > self._end:
+                first, last = self._end, stop - 1
+                lock = self._lock_group(deadline)
+                run = _Run(first, last, _AVAILABLE, 0, None, None)
+                self._n_available += last - first + 1
+                runs.append(run)
+                self._end = stop
+                # "The first time a record is acquired, its delivery count is 1."
+                self._retag(run, _ACQUIRED, 1, member, deadline)
+                ranges.append((first, last, 1))
+                lock.ranges.append((first, last))
+                self._mark_dirty(first, last)
+                self._merge_window(len(runs) - 2, len(runs) - 1)
+
+        # Returned ranges are in increasing offset order (KIP-932 "Ordering").
+        out: list[AcquiredRecords] = []
+        for first, last, count in ranges:
+            if out and out[-1].last_offset + 1 == first and out[-1].delivery_count == count:
+                out[-1] = AcquiredRecords(out[-1].first_offset, last, count)
+            else:
+                out.append(AcquiredRecords(first, last, count))
+        return out
+
+    # ----------------------------------------------------------------------------------------
+    # Acknowledge (KIP-932 "Record delivery and acknowledgement": Acquired -> ...)
+    # ----------------------------------------------------------------------------------------
+
+    def acknowledge(
+        self, member_id: str, batches: Sequence[AcknowledgementBatch], now_ms: int
+    ) -> None:
+        """Apply a consumer's acknowledgements atomically, then advance the SPSO.
+
+        ``ACCEPT`` -> Acknowledged; ``REJECT`` -> Archived; ``GAP`` -> Archived (no record at that
+        offset); ``RELEASE`` -> Available, or Archived once the delivery count has reached
+        ``delivery_count_limit``. The acquisition lock is cleared.
+
+        Args:
+            member_id: the acknowledging member.
+            batches: ordered, non-overlapping batches within SPSO..SPEO-1.
+            now_ms: the current time in ms (acknowledgements are accepted until the lock is
+                expired by :meth:`expire_locks`).
+
+        Raises:
+            InvalidRequestError: batches unordered or overlapping, ``first_offset >
+                last_offset``, a bad number of acknowledge types or an unknown type, or offsets
+                outside SPSO..SPEO-1.
+            InvalidRecordStateError: an offset is not Acquired by ``member_id``.
+            On any error nothing changes.
+
+        KIP-932 "Client programming interface": "the share-partition leader guarantees that
+        acknowledgements for the records in a batch are performed atomically".
+        """
+        del now_ms  # Locks elapse only through expire_locks(); see its docstring.
+        plan = self._validate_acks(member_id, batches)
+        # Everything is valid: apply. Nothing below can fail.
+        for first, last, ack in plan:
+            self._apply(first, last, self._ack_transform(ack))
+        self._advance()
+
+    def _validate_acks(
+        self, member_id: str, batches: Sequence[AcknowledgementBatch]
+    ) -> list[tuple[int, int, AcknowledgeType]]:
+        """Check a whole ShareAcknowledge request; return (first, last, type) segments."""
+        plan: list[tuple[int, int, AcknowledgeType]] = []
+        prev_last: int | None = None
+        for b in batches:
+            first, last = b.first_offset, b.last_offset
+            if first > last:
+                raise InvalidRequestError(f"acknowledgement batch {first}..{last}: first > last")
+            if prev_last is not None and first <= prev_last:
+                raise InvalidRequestError(
+                    f"acknowledgement batch {first}..{last} overlaps or precedes the previous "
+                    f"batch ending at {prev_last}; batches must be ordered and non-overlapping"
+                )
+            prev_last = last
+            if first < self._start or last >= self._end:
+                raise InvalidRequestError(
+                    f"acknowledgement batch {first}..{last} is outside the in-flight records "
+                    f"{self._start}..{self._end - 1}"
+                )
+            types = b.acknowledge_types
+            if len(types) != 1 and len(types) != last - first + 1:
+                raise InvalidRequestError(
+                    f"acknowledgement batch {first}..{last} has {len(types)} acknowledge types; "
+                    f"expected 1 or {last - first + 1} (one per offset)"
+                )
+            try:
+                acks = [AcknowledgeType(t) for t in types]
+            except (ValueError, TypeError) as exc:
+                raise InvalidRequestError(
+                    f"acknowledgement batch {first}..{last}: unknown acknowledge type ({exc})"
+                ) from None
+            if len(acks) == 1:
+                plan.append((first, last, acks[0]))
+            else:
+                seg_start = first
+                for k in range(1, len(acks) + 1):
+                    if k == len(acks) or acks[k] is not acks[k - 1]:
+                        plan.append((seg_start, first + k - 1, acks[k - 1]))
+                        seg_start = first + k
+        # KIP-932 ShareAcknowledge INVALID_RECORD_STATE: only the member holding the acquisition
+        # lock can acknowledge a record.
+        runs = self._runs
+        for first, last, _ in plan:
+            i = self._index(first)
+            while i < len(runs) and runs[i].first <= last:
+                r = runs[i]
+                if r.state is not _ACQUIRED or r.member != member_id:
+                    lo, hi = max(r.first, first), min(r.last, last)
+                    held = "Acquired by another member" if r.state is _ACQUIRED else r.state.name
+                    raise InvalidRecordStateError(
+                        f"records {lo}..{hi} are not Acquired by member {member_id!r} "
+                        f"(they are {held}); the lock may have expired or the records were "
+                        "acknowledged already"
+                    )
+                i += 1
+        return plan
+
+    def _ack_transform(self, ack: AcknowledgeType) -> _Transform:
+        if ack is AcknowledgeType.ACCEPT:
+            return lambda r: (_ACKNOWLEDGED, r.count, None, None)
+        if ack is AcknowledgeType.RELEASE:
+            return self._release_transform
+        # REJECT: "rejected by consumer as unprocessable" -> Archived. GAP: the offset holds no
+        # record (KIP-932 "unmaterialized record batch" gaps) -> Archived.
+        return lambda r: (_ARCHIVED, r.count, None, None)
+
+    def _release_transform(self, r: _Run) -> tuple[RecordState, int, None, None]:
+        # KIP-932 state diagram: a failed delivery attempt (released, or lock elapsed) goes back to
+        # Available "if (delivery count < group.share.delivery.count.limit)", else Archived.
+        if r.count >= self._config.delivery_count_limit:
+            return (_ARCHIVED, r.count, None, None)
+        return (_AVAILABLE, r.count, None, None)
+
+    # ----------------------------------------------------------------------------------------
+    # Releases: member gone, lock elapsed (KIP-932 "Record delivery and acknowledgement")
+    # ----------------------------------------------------------------------------------------
+
+    def release_member(self, member_id: str, now_ms: int) -> int:
+        """Release every record Acquired by ``member_id``, as if it had acknowledged ``RELEASE``.
+
+        Used when a member leaves or is removed from the share group. Records go back to
+        Available, or to Archived at the delivery count limit; then the SPSO advances.
+
+        Args:
+            member_id: the member.
+            now_ms: the current time in ms (unused: release does not depend on time).
+
+        Returns:
+            The number of records released (Available or Archived).
+
+        KIP-932 "Record delivery and acknowledgement"; "Client programming interface":
+        ``close()`` "releases any remaining acquired records". Cost: O(runs).
+        """
+        del now_ms
+        if not self._n_acquired:
+            return 0
+        targets = [
+            (r.first, r.last) for r in self._runs if r.state is _ACQUIRED and r.member == member_id
+        ]
+
+        def transform(r: _Run) -> tuple[RecordState, int, None, None] | None:
+            if r.state is _ACQUIRED and r.member == member_id:
+                return self._release_transform(r)
+            return None
+
+        released = 0
+        for first, last in targets:
+            released += self._apply(first, last, transform)
+        self._advance()
+        return released
+
+    def expire_locks(self, now_ms: int) -> int:
+        """Release every Acquired record whose lock deadline is at or before ``now_ms``.
+
+        Records go back to Available, or to Archived at the delivery count limit; then the SPSO
+        advances. Cost: O(expired runs + log runs); O(1) when nothing has expired.
+
+        Args:
+            now_ms: the current time in ms.
+
+        Returns:
+            The number of records whose lock elapsed.
+
+        KIP-932 "Record delivery and acknowledgement": "acquisition lock elapsed".
+        """
+        heap = self._heap
+        expired = 0
+        while heap and heap[0] <= now_ms:
+            deadline = heapq.heappop(heap)
+            group = self._locks.get(deadline)
+            if group is None:
+                continue  # stale heap entry: every record with this deadline was settled
+
+            def transform(r: _Run, d: int = deadline) -> tuple[RecordState, int, None, None] | None:
+                if r.state is _ACQUIRED and r.deadline == d:
+                    return self._release_transform(r)
+                return None
+
+            for first, last in list(group.ranges):
+                first = max(first, self._start)
+                last = min(last, self._end - 1)
+                if first <= last:
+                    expired += self._apply(first, last, transform)
+            self._locks.pop(deadline, None)  # already gone when its count reached 0
+        if expired:
+            self._advance()
+        return expired
+
+    # ----------------------------------------------------------------------------------------
+    # Admin reset (KIP-932 "Managing the SPSO and SPEO")
+    # ----------------------------------------------------------------------------------------
+
+    def reset_start_offset(self, offset: int) -> None:
+        """Reset the SPSO to ``offset``, discarding all in-flight state and delivery counts.
+
+        Afterwards SPSO = SPEO = ``offset``; the next :meth:`take_changes` is a full replacement
+        (``ShareUpdate.reset=True``).
+
+        Args:
+            offset: the new SPSO (>= 0).
+
+        Raises:
+            InvalidRequestError: ``offset`` is negative, or a record is Acquired (the share group
+                must be empty). Nothing changes.
+
+        KIP-932 "Managing the SPSO and SPEO": resetting is for "an empty share group with no
+        active members" and "discards all of the in-flight record state and delivery counts".
+        """
+        if offset < 0:
+            raise InvalidRequestError(f"start offset must be >= 0, got {offset}")
+        if self._n_acquired:
+            raise InvalidRequestError(
+                f"cannot reset the start offset: {self._n_acquired} records are Acquired by "
+                "members; the share group must be empty (stop its consumers or wait for their "
+                "locks to elapse)"
+            )
+        self._runs.clear()
+        self._locks.clear()
+        self._heap.clear()
+        self._dirty.clear()
+        self._n_available = 0
+        self._start = self._end = self._hint = offset
+        self._reset_pending = True
+
+    # ----------------------------------------------------------------------------------------
+    # Durability (KIP-932 "Managing durable share-partition state")
+    # ----------------------------------------------------------------------------------------
+
+    def snapshot(self) -> tuple[int, tuple[StateBatch, ...]]:
+        """The durable form of the whole state: ``(SPSO, batches)``.
+
+        Batches hold Acknowledged and Archived runs and Available runs with a non-zero delivery
+        count. Acquired records are persisted as Available with their (already incremented)
+        delivery count: Acquired is never persisted and comes back as Available after a restart,
+        and bumping the count at acquisition means a crash cannot under-count deliveries of a
+        poison record. Available records with count 0 are omitted. Adjacent equal batches are
+        merged.
+
+        KIP-932 "Managing durable share-partition state"; notes §11.2.
+        """
+        return self._start, self._persisted(self._start, self._end - 1)
+
+    def take_changes(self) -> ShareUpdate | None:
+        """The durable change since the previous call, or None if nothing changed.
+
+        Returns:
+            ``ShareUpdate(start_offset=SPSO, batches=...)`` whose batches are the durable form
+            (as in :meth:`snapshot`) of every in-flight offset changed since the previous call.
+            After :meth:`reset_start_offset` it is a full replacement with ``reset=True``.
+            Applying the updates in order to the previous durable state (see
+            ``queueflow.share.state.replay``) gives :meth:`snapshot`.
+
+        KIP-932 "Managing durable share-partition state"; notes §11.3 (ShareUpdate).
+        """
+        if self._reset_pending:
+            update = ShareUpdate(self._start, self.snapshot()[1], reset=True)
+        elif not self._dirty and self._start == self._taken_start:
+            return None
+        else:
+            batches: list[StateBatch] = []
+            for first, last in self._merged_dirty():
+                first = max(first, self._start)
+                last = min(last, self._end - 1)
+                if first <= last:
+                    batches.extend(self._persisted(first, last))
+            update = ShareUpdate(self._start, merge_batches(batches))
+        self._dirty.clear()
+        self._taken_start = self._start
+        self._reset_pending = False
+        return update
+
+    @classmethod
+    def restore(
+        cls, config: SharePartitionConfig, start_offset: int, batches: Iterable[StateBatch]
+    ) -> SharePartition:
+        """Rebuild a share-partition from durable state, e.g. on a new leader.
+
+        Args:
+            config: limits.
+            start_offset: the durable SPSO (>= 0).
+            batches: ordered, non-overlapping durable batches (states Available, Acknowledged,
+                Archived); parts below ``start_offset`` are ignored. Offsets between batches are
+                Available with delivery count 0.
+
+        Returns:
+            A share-partition with SPSO = ``start_offset`` (advanced past any Acknowledged or
+            Archived prefix) and SPEO = max(``start_offset``, last batch end + 1). Restored
+            records have no owner and no lock, and there are no pending changes (apart from an
+            SPSO advanced past a finished prefix).
+
+        Raises:
+            CorruptStateError: a batch is unordered, overlapping, Acquired or has a negative
+                delivery count.
+            InvalidRequestError: ``start_offset`` is negative.
+
+        KIP-932 "Managing durable share-partition state": "the Acquired state is not persisted".
+        """
+        sp = cls(config, start_offset)
+        runs = sp._runs
+        end = start_offset
+        prev_last = -1
+        for b in batches:
+            if b.first_offset > b.last_offset or b.first_offset <= prev_last:
+                raise CorruptStateError(
+                    f"cannot restore batch {b.first_offset}..{b.last_offset}: batches must be "
+                    "ordered and non-overlapping with first <= last"
+                )
+            if b.state not in PERSISTED_STATES or b.delivery_count < 0:
+                raise CorruptStateError(
+                    f"cannot restore batch {b.first_offset}..{b.last_offset}: state "
+                    f"{b.state!r} / delivery count {b.delivery_count} is not a durable state"
+                )
+            prev_last = b.last_offset
+            if b.last_offset < start_offset:
+                continue
+            first = max(b.first_offset, start_offset)
+            if first > end:  # offsets between batches are Available, never delivered
+                runs.append(_Run(end, first - 1, _AVAILABLE, 0, None, None))
+            state = RecordState(b.state)
+            if state is _AVAILABLE and b.delivery_count >= config.delivery_count_limit:
+                # Acquired at the limit when the old leader stopped (the bump is persisted at
+                # acquisition): that delivery attempt ended without an acknowledgement, exactly
+                # like a lock expiry, so the record is Archived rather than delivered again.
+                state = RecordState.ARCHIVED
+                sp._mark_dirty(first, b.last_offset)
+            runs.append(_Run(first, b.last_offset, state, b.delivery_count, None, None))
+            end = b.last_offset + 1
+        sp._end = end
+        for r in runs:
+            if r.state is _AVAILABLE:
+                sp._n_available += r.last - r.first + 1
+        sp._merge_window(0, len(runs) - 1)
+        archived_at_limit = bool(sp._dirty)
+        sp._advance()
+        if not archived_at_limit:
+            sp._dirty.clear()
+        return sp
+
+    # ----------------------------------------------------------------------------------------
+    # Internals
+    # ----------------------------------------------------------------------------------------
+
+    def _index(self, offset: int) -> int:
+        """Index of the run holding ``offset`` (SPSO <= offset < SPEO)."""
+        return bisect_right(self._runs, offset, key=_run_first) - 1
+
+    def _split_at(self, offset: int) -> int:
+        """Make ``offset`` the first offset of a run; return that run's index.
+
+        ``offset`` must be in SPSO..SPEO; for the SPEO the result is ``len(runs)``.
+        """
+        runs = self._runs
+        if offset >= self._end:
+            return len(runs)
+        i = self._index(offset)
+        r = runs[i]
+        if r.first == offset:
+            return i
+        right = _Run(offset, r.last, r.state, r.count, r.member, r.deadline)
+        if right.last == offset:
+            right.last = offset  # share one int object for single-record runs
+        r.last = offset - 1
+        if r.last == r.first:
+            r.last = r.first
+        runs.insert(i + 1, right)
+        return i + 1
+
+    def _merge_window(self, lo: int, hi: int) -> None:
+        """Merge adjacent equal runs among indices ``lo..hi`` (inclusive, clamped)."""
+        runs = self._runs
+        lo = max(lo, 0)
+        hi = min(hi, len(runs) - 1)
+        if hi <= lo:
+            return
+        merged: list[_Run] = [runs[lo]]
+        for k in range(lo + 1, hi + 1):
+            r = runs[k]
+            p = merged[-1]
+            if _same(p, r):
+                p.last = r.last
+            else:
+                merged.append(r)
+        if len(merged) != hi - lo + 1:
+            runs[lo : hi + 1] = merged
+
+    def _apply(self, first: int, last: int, transform: _Transform) -> int:
+        """Apply ``transform`` to every run in ``first..last``; return the records changed."""
+        runs = self._runs
+        i = self._split_at(first)
+        j = self._split_at(last + 1)
+        changed = 0
+        for k in range(i, j):
+            r = runs[k]
+            new = transform(r)
+            if new is not None:
+                self._retag(r, *new)
+                changed += r.last - r.first + 1
+        if changed:
+            self._mark_dirty(first, last)
+        self._merge_window(i - 1, j)
+        return changed
+
+    def _retag(
+        self,
+        r: _Run,
+        state: RecordState,
+        count: int,
+        member: str | None,
+        deadline: int | None,
+    ) -> None:
+        """Change one run, keeping the per-state counters and lock groups in step."""
+        n = r.last - r.first + 1
+        if r.state is _ACQUIRED:
+            self._n_acquired -= n
+            assert r.deadline is not None
+            group = self._locks[r.deadline]
+            group.count -= n
+            if group.count == 0:
+                del self._locks[r.deadline]
+        elif r.state is _AVAILABLE:
+            self._n_available -= n
+        if state is _ACQUIRED:
+            assert deadline is not None
+            self._n_acquired += n
+            self._locks[deadline].count += n
+        elif state is _AVAILABLE:
+            self._n_available += n
+            if r.first < self._hint:
+                self._hint = r.first
+        r.state = state
+        r.count = count
+        r.member = member
+        r.deadline = deadline
+
+    def _lock_group(self, deadline: int) -> _LockGroup:
+        group = self._locks.get(deadline)
+        if group is None:
+            group = self._locks[deadline] = _LockGroup()
+            heapq.heappush(self._heap, deadline)
+            if len(self._heap) > 2 * len(self._locks) + 64:  # drop stale heap entries
+                self._heap = list(self._locks)
+                heapq.heapify(self._heap)
+        return group
+
+    def _drop_if_unused(self, deadline: int) -> None:
+        group = self._locks.get(deadline)
+        if group is not None and group.count == 0:
+            del self._locks[deadline]
+
+    def _advance(self) -> None:
+        """Move the SPSO past the prefix of Acknowledged and Archived records.
+
+        KIP-932 state diagram: Acknowledged -> Archived when "SPSO moves past record"; records
+        before the SPSO are no longer in flight.
+        """
+        runs = self._runs
+        k = 0
+        while k < len(runs) and (runs[k].state is _ACKNOWLEDGED or runs[k].state is _ARCHIVED):
+            k += 1
+        if k:
+            del runs[:k]
+            self._start = runs[0].first if runs else self._end
+
+    def _mark_dirty(self, first: int, last: int) -> None:
+        dirty = self._dirty
+        if dirty:
+            pf, pl = dirty[-1]
+            if first <= pl + 1 and last >= pf - 1:
+                dirty[-1] = (min(pf, first), max(pl, last))
+                return
+        dirty.append((first, last))
+        if len(dirty) > 4096:
+            self._dirty = self._merged_dirty()
+
+    def _merged_dirty(self) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for first, last in sorted(self._dirty):
+            if out and first <= out[-1][1] + 1:
+                if last > out[-1][1]:
+                    out[-1] = (out[-1][0], last)
+            else:
+                out.append((first, last))
+        return out
+
+    def _persisted(self, first: int, last: int) -> tuple[StateBatch, ...]:
+        """Durable batches for the in-flight offsets ``first..last`` (see :meth:`snapshot`)."""
+        runs = self._runs
+        if first > last or not runs:
+            return ()
+        out: list[StateBatch] = []
+        i = self._index(first)
+        while i < len(runs) and runs[i].first <= last:
+            r = runs[i]
+            i += 1
+            state = _AVAILABLE if r.state is _ACQUIRED else r.state
+            if state is _AVAILABLE and r.count == 0:
+                continue
+            out.append(StateBatch(max(r.first, first), min(r.last, last), state, r.count))
+        return merge_batches(out)
+
+    def __repr__(self) -> str:
+        return (
+            f"SharePartition(spso={self._start}, speo={self._end}, runs={len(self._runs)}, "
+            f"acquired={self._n_acquired}, available={self._n_available})"
+        )

@@ -1,0 +1,454 @@
+"""Durable share-partition state: records, their codec and replay.
+
+KIP-932 "Managing durable share-partition state": for each share-partition the cluster must be
+able to recover the share-partition start offset (SPSO), the state of the in-flight records and
+the delivery counts of records whose delivery failed. The Acquired state is never persisted.
+
+The final Kafka design (notes §11) stores this as a full ``ShareSnapshot`` followed by
+``ShareUpdate`` deltas, each holding ranges (``StateBatch``) rather than per-record entries. This
+module defines those records, a compact versioned JSON encoding of them, and :func:`replay`, which
+folds a snapshot and its updates back into ``(start_offset, batches)``.
+
+Everything here is pure: no I/O, no clocks.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from bisect import bisect_left
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from queueflow.errors import CorruptStateError
+
+__all__ = [
+    "PERSISTED_STATES",
+    "STATE_FORMAT_VERSION",
+    "RecordState",
+    "ShareSnapshot",
+    "ShareUpdate",
+    "StateBatch",
+    "decode_snapshot",
+    "decode_update",
+    "encode_snapshot",
+    "encode_update",
+    "merge_batches",
+    "replay",
+]
+
+#: Version of the JSON encoding written by :func:`encode_snapshot` / :func:`encode_update`.
+STATE_FORMAT_VERSION = 1
+
+
+class RecordState(enum.IntEnum):
+    """State of one record of a share-partition (KIP-932 "In-flight records").
+
+    The values are the ``DeliveryState`` wire values of ``ShareSnapshotValue.StateBatches``
+    (notes §11.2). ``ACQUIRED`` exists only in memory: it is never persisted.
+    """
+
+    AVAILABLE = 0
+    ACQUIRED = 1
+    ACKNOWLEDGED = 2
+    ARCHIVED = 4
+
+
+#: States that may appear in durable state (KIP-932: "the Acquired state is not persisted").
+PERSISTED_STATES: frozenset[RecordState] = frozenset(
+    {RecordState.AVAILABLE, RecordState.ACKNOWLEDGED, RecordState.ARCHIVED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StateBatch:
+    """A persisted run of records ``first_offset..last_offset`` (inclusive) with one state.
+
+    Attributes:
+        first_offset: first offset of the run (>= 0).
+        last_offset: last offset of the run, inclusive (>= ``first_offset``).
+        state: ``AVAILABLE``, ``ACKNOWLEDGED`` or ``ARCHIVED``; never ``ACQUIRED``.
+        delivery_count: number of delivery attempts so far (>= 0).
+
+    KIP-932 "Managing durable share-partition state"; ``StateBatches`` in notes §11.2.
+    """
+
+    first_offset: int
+    last_offset: int
+    state: RecordState
+    delivery_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShareSnapshot:
+    """Full durable state of one share-partition (Kafka's ``ShareSnapshotValue``, notes §11.2).
+
+    Attributes:
+        snapshot_epoch: incremented for each new snapshot of the share-partition (>= 0).
+        state_epoch: epoch of the share-partition state; bumped by a reset (>= 0).
+        leader_epoch: leader epoch of the writer (>= -1; -1 means unknown).
+        start_offset: the SPSO (>= 0).
+        batches: ordered, non-overlapping persisted batches at or above ``start_offset``.
+    """
+
+    snapshot_epoch: int
+    state_epoch: int
+    leader_epoch: int
+    start_offset: int
+    batches: tuple[StateBatch, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShareUpdate:
+    """A delta of one share-partition's durable state (Kafka's ``ShareUpdateValue``, notes §11.2).
+
+    Attributes:
+        start_offset: the SPSO after the change; ``-1`` means unchanged (as in Kafka's schema).
+            The engine always writes the actual SPSO.
+        batches: ordered, non-overlapping batches; each overwrites the range it covers.
+        reset: if true, discard all earlier state before applying this update (an admin reset of
+            the SPSO, KIP-932 "Managing the SPSO and SPEO").
+
+    The persistence layer adds the snapshot epoch and the delta index (see :func:`encode_update`).
+    """
+
+    start_offset: int
+    batches: tuple[StateBatch, ...]
+    reset: bool = False
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------------------------
+
+_ADVICE = (
+    "refusing to serve this share-partition; inspect the changelog record or reset the share "
+    "group's offsets with `queueflow share-groups reset-offsets`"
+)
+
+
+def _batches_to_json(batches: Sequence[StateBatch]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for b in batches:
+        if b.state not in PERSISTED_STATES:
+            raise ValueError(
+                f"cannot persist batch {b.first_offset}..{b.last_offset} in state {b.state!r}: "
+                "only Available, Acknowledged and Archived are persisted (KIP-932)"
+            )
+        out.append([int(b.first_offset), int(b.last_offset), int(b.state), int(b.delivery_count)])
+    return out
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def encode_snapshot(s: ShareSnapshot) -> bytes:
+    """Encode a :class:`ShareSnapshot` as compact JSON bytes (format version 1).
+
+    Layout: ``{"v":1,"t":"snapshot","snapshot_epoch":E,"state_epoch":S,"leader_epoch":L,
+    "start_offset":O,"batches":[[first,last,state,count],...]}``.
+
+    Raises:
+        ValueError: a batch is in the ``ACQUIRED`` state, which is never persisted.
+    """
+    return _dumps(
+        {
+            "v": STATE_FORMAT_VERSION,
+            "t": "snapshot",
+            "snapshot_epoch": int(s.snapshot_epoch),
+            "state_epoch": int(s.state_epoch),
+            "leader_epoch": int(s.leader_epoch),
+            "start_offset": int(s.start_offset),
+            "batches": _batches_to_json(s.batches),
+        }
+    )
+
+
+def encode_update(
+    u: ShareUpdate, *, snapshot_epoch: int, state_epoch: int, delta_index: int
+) -> bytes:
+    """Encode a :class:`ShareUpdate` as compact JSON bytes (format version 1).
+
+    Args:
+        u: the update, as returned by ``SharePartition.take_changes()``.
+        snapshot_epoch: epoch of the snapshot this update follows.
+        state_epoch: state epoch of the share-partition.
+        delta_index: position of this update after its snapshot (0, 1, ...).
+
+    Layout: ``{"v":1,"t":"update","snapshot_epoch":E,"state_epoch":S,"delta_index":D,
+    "start_offset":O,"reset":false,"batches":[[first,last,state,count],...]}``.
+
+    Raises:
+        ValueError: a batch is in the ``ACQUIRED`` state, which is never persisted.
+    """
+    return _dumps(
+        {
+            "v": STATE_FORMAT_VERSION,
+            "t": "update",
+            "snapshot_epoch": int(snapshot_epoch),
+            "state_epoch": int(state_epoch),
+            "delta_index": int(delta_index),
+            "start_offset": int(u.start_offset),
+            "reset": bool(u.reset),
+            "batches": _batches_to_json(u.batches),
+        }
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding (validates everything; any problem is a CorruptStateError naming `where`)
+# --------------------------------------------------------------------------------------------
+
+
+def _corrupt(where: str, problem: str) -> CorruptStateError:
+    return CorruptStateError(f"corrupt share-partition state for {where}: {problem}; {_ADVICE}")
+
+
+def _load(data: bytes, where: str, kind: str) -> dict[str, Any]:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise _corrupt(where, f"expected bytes, got {type(data).__name__}")
+    try:
+        obj = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise _corrupt(where, f"the {kind} record is not valid UTF-8 JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise _corrupt(where, f"the {kind} record is a JSON {type(obj).__name__}, not an object")
+    if "v" not in obj:
+        raise _corrupt(where, f"the {kind} record has no format version field 'v'")
+    version = obj["v"]
+    if version != STATE_FORMAT_VERSION or isinstance(version, bool):
+        raise CorruptStateError(
+            f"unknown share-partition state format version {version!r} for {where} "
+            f"(this queueflow supports version {STATE_FORMAT_VERSION}); it was probably written "
+            f"by a newer queueflow: upgrade queueflow, or {_ADVICE}"
+        )
+    if obj.get("t") != kind:
+        raise _corrupt(where, f"expected record type 't'={kind!r}, found {obj.get('t')!r}")
+    return obj
+
+
+def _int_field(obj: dict[str, Any], name: str, where: str, minimum: int) -> int:
+    if name not in obj:
+        raise _corrupt(where, f"missing field {name!r}")
+    value = obj[name]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _corrupt(where, f"field {name!r} must be an integer, found {value!r}")
+    if value < minimum:
+        raise _corrupt(where, f"field {name!r} must be >= {minimum}, found {value}")
+    return value
+
+
+def _batches_field(obj: dict[str, Any], where: str) -> tuple[StateBatch, ...]:
+    if "batches" not in obj:
+        raise _corrupt(where, "missing field 'batches'")
+    raw = obj["batches"]
+    if not isinstance(raw, list):
+        raise _corrupt(where, f"field 'batches' must be a list, found {type(raw).__name__}")
+    out: list[StateBatch] = []
+    prev_last = -1
+    for i, item in enumerate(raw):
+        if (
+            not isinstance(item, list)
+            or len(item) != 4
+            or any(not isinstance(x, int) or isinstance(x, bool) for x in item)
+        ):
+            raise _corrupt(
+                where,
+                f"batch #{i} must be a list [first, last, state, count] of integers, "
+                f"found {item!r}",
+            )
+        first, last, state, count = item
+        if first < 0 or first > last:
+            raise _corrupt(where, f"batch #{i} has an invalid range {first}..{last}")
+        if state not in (0, 2, 4):
+            raise _corrupt(
+                where,
+                f"batch #{i} ({first}..{last}) has state {state}; persisted states are "
+                "0 (Available), 2 (Acknowledged) and 4 (Archived)",
+            )
+        if count < 0:
+            raise _corrupt(where, f"batch #{i} ({first}..{last}) has delivery count {count} < 0")
+        if first <= prev_last:
+            raise _corrupt(
+                where,
+                f"batch #{i} ({first}..{last}) overlaps or precedes the previous batch "
+                f"(which ends at {prev_last}); batches must be ordered and non-overlapping",
+            )
+        prev_last = last
+        out.append(StateBatch(first, last, RecordState(state), count))
+    return tuple(out)
+
+
+def decode_snapshot(data: bytes, *, where: str) -> ShareSnapshot:
+    """Decode and validate bytes written by :func:`encode_snapshot`.
+
+    Args:
+        data: the encoded record.
+        where: names the share-partition for error messages, e.g. ``"group=G topic=T partition=P"``.
+
+    Raises:
+        CorruptStateError: the bytes are not valid JSON, are of an unknown format version, are
+            not a snapshot, or hold invalid fields (negative offsets or counts, a state other than
+            0/2/4, ``first > last``, unordered or overlapping batches). The message names
+            ``where``, the problem and what to do.
+    """
+    obj = _load(data, where, "snapshot")
+    return ShareSnapshot(
+        snapshot_epoch=_int_field(obj, "snapshot_epoch", where, 0),
+        state_epoch=_int_field(obj, "state_epoch", where, 0),
+        leader_epoch=_int_field(obj, "leader_epoch", where, -1),
+        start_offset=_int_field(obj, "start_offset", where, 0),
+        batches=_batches_field(obj, where),
+    )
+
+
+def decode_update(data: bytes, *, where: str) -> tuple[ShareUpdate, int, int, int]:
+    """Decode and validate bytes written by :func:`encode_update`.
+
+    Args:
+        data: the encoded record.
+        where: names the share-partition for error messages, e.g. ``"group=G topic=T partition=P"``.
+
+    Returns:
+        ``(update, snapshot_epoch, state_epoch, delta_index)``.
+
+    Raises:
+        CorruptStateError: as for :func:`decode_snapshot`; also a non-boolean ``reset`` or a
+            ``start_offset`` below -1.
+    """
+    obj = _load(data, where, "update")
+    snapshot_epoch = _int_field(obj, "snapshot_epoch", where, 0)
+    state_epoch = _int_field(obj, "state_epoch", where, 0)
+    delta_index = _int_field(obj, "delta_index", where, 0)
+    start_offset = _int_field(obj, "start_offset", where, -1)
+    reset = obj.get("reset", False)
+    if not isinstance(reset, bool):
+        raise _corrupt(where, f"field 'reset' must be true or false, found {reset!r}")
+    update = ShareUpdate(start_offset=start_offset, batches=_batches_field(obj, where), reset=reset)
+    return update, snapshot_epoch, state_epoch, delta_index
+
+
+# --------------------------------------------------------------------------------------------
+# Replay
+# --------------------------------------------------------------------------------------------
+
+
+def _check_batches(batches: Sequence[StateBatch], where: str) -> None:
+    prev_last = -1
+    for b in batches:
+        if b.first_offset < 0 or b.first_offset > b.last_offset:
+            raise _corrupt(where, f"batch {b.first_offset}..{b.last_offset} has an invalid range")
+        if b.first_offset <= prev_last:
+            raise _corrupt(
+                where,
+                f"batch {b.first_offset}..{b.last_offset} overlaps or precedes the previous "
+                "batch; batches must be ordered and non-overlapping",
+            )
+        if b.state not in PERSISTED_STATES:
+            raise _corrupt(where, f"batch {b.first_offset}..{b.last_offset} is {b.state!r}")
+        if b.delivery_count < 0:
+            raise _corrupt(where, f"batch {b.first_offset}..{b.last_offset} has a negative count")
+        prev_last = b.last_offset
+
+
+def _overlay(old: list[StateBatch], new: Sequence[StateBatch]) -> list[StateBatch]:
+    """Return ``old`` with every range covered by ``new`` replaced by ``new``'s batches."""
+    if not new:
+        return old
+    if not old:
+        return list(new)
+    new_lasts = [b.last_offset for b in new]
+    pieces: list[StateBatch] = []
+    for o in old:
+        cur = o.first_offset
+        # First new batch that ends at or after the start of o.
+        j = bisect_left(new_lasts, cur)
+        while cur <= o.last_offset:
+            if j >= len(new) or new[j].first_offset > o.last_offset:
+                pieces.append(StateBatch(cur, o.last_offset, o.state, o.delivery_count))
+                break
+            n = new[j]
+            if n.first_offset > cur:
+                pieces.append(StateBatch(cur, n.first_offset - 1, o.state, o.delivery_count))
+            cur = n.last_offset + 1
+            j += 1
+    pieces.extend(new)
+    pieces.sort(key=lambda b: b.first_offset)
+    return pieces
+
+
+def merge_batches(batches: Iterable[StateBatch]) -> tuple[StateBatch, ...]:
+    """Merge adjacent contiguous batches with equal state and delivery count.
+
+    Args:
+        batches: ordered, non-overlapping batches.
+    """
+    out: list[StateBatch] = []
+    for b in batches:
+        if out:
+            p = out[-1]
+            if (
+                p.last_offset + 1 == b.first_offset
+                and p.state == b.state
+                and p.delivery_count == b.delivery_count
+            ):
+                out[-1] = StateBatch(p.first_offset, b.last_offset, p.state, p.delivery_count)
+                continue
+        out.append(b)
+    return tuple(out)
+
+
+def _drop_below(batches: list[StateBatch], start: int) -> list[StateBatch]:
+    out: list[StateBatch] = []
+    for b in batches:
+        if b.last_offset < start:
+            continue
+        if b.first_offset < start:
+            b = StateBatch(start, b.last_offset, b.state, b.delivery_count)
+        out.append(b)
+    return out
+
+
+def replay(
+    snapshot: ShareSnapshot | None,
+    updates: Iterable[ShareUpdate],
+    *,
+    where: str = "share-partition",
+) -> tuple[int, tuple[StateBatch, ...]]:
+    """Fold a snapshot and the updates written after it into ``(start_offset, batches)``.
+
+    Each update overwrites the ranges its batches cover and sets the start offset (unless it is
+    -1, "unchanged"); an update with ``reset=True`` first discards everything. Batches below the
+    resulting start offset are dropped and adjacent equal batches are merged, so the result is
+    canonical and replay is idempotent: applying an update twice gives the same state.
+
+    Args:
+        snapshot: the latest snapshot, or None if there is none (start offset 0 until an update
+            sets one).
+        updates: the updates written after ``snapshot``, in order.
+        where: names the share-partition for error messages.
+
+    Returns:
+        ``(start_offset, batches)``; pass them to ``SharePartition.restore``.
+
+    Raises:
+        CorruptStateError: a batch is malformed (unordered, overlapping, Acquired, negative).
+
+    KIP-932 "Managing durable share-partition state"; notes §11.3.
+    """
+    start = 0
+    batches: list[StateBatch] = []
+    if snapshot is not None:
+        _check_batches(snapshot.batches, where)
+        start = snapshot.start_offset
+        batches = list(snapshot.batches)
+    for u in updates:
+        _check_batches(u.batches, where)
+        if u.reset:
+            batches = []
+        if u.start_offset >= 0:
+            start = u.start_offset
+        batches = _drop_below(_overlay(batches, u.batches), start)
+    return start, merge_batches(_drop_below(batches, start))

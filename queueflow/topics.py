@@ -1,0 +1,57 @@
+"""Names and configs of queueflow's internal topics.
+
+For an app with id ``A``:
+
+=================================  =================  ============================================
+topic                              partitions         carries
+=================================  =================  ============================================
+``A-share-fetch-<topic>``          as ``<topic>``     ShareFetch/ShareAcknowledge requests, ticks
+``A-share-coordinator``            1                  ShareGroupHeartbeat requests, ticks
+``A-share-replies``                16                 responses, keyed by member id
+``A-share-state-<topic>-changelog``  as ``<topic>``   share-partition state (Faust table)
+``A-share-groups-changelog``       1                  group metadata (Faust table)
+=================================  =================  ============================================
+
+The request topics are co-partitioned with the source topic, so Faust's assignor gives partition
+``p`` of the request topic and of the state changelog to the same worker: that worker is the
+share-partition leader for every share group on ``(<topic>, p)``.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+#: Partitions of the reply topic; a member reads one of them, chosen at random.
+REPLY_PARTITIONS = 16
+#: Partitions of the coordinator topic.
+COORDINATOR_PARTITIONS = 1
+#: Control topics hold short-lived requests and replies only.
+CONTROL_TOPIC_CONFIG = {"retention.ms": str(3600 * 1000), "cleanup.policy": "delete"}
+
+
+def fetch_topic(namespace: str, topic: str) -> str:
+    """The request topic of the share-partition leaders of ``topic``."""
+    return f"{namespace}-share-fetch-{topic}"
+
+
+def coordinator_topic(namespace: str) -> str:
+    """The request topic of the share-group coordinator."""
+    return f"{namespace}-share-coordinator"
+
+
+def reply_topic(namespace: str) -> str:
+    """The topic leaders and the coordinator answer on."""
+    return f"{namespace}-share-replies"
+
+
+def state_table(topic: str) -> str:
+    """The Faust table holding the share-partition state of ``topic``."""
+    return f"share-state-{topic}"
+
+
+GROUPS_TABLE = "share-groups"
+
+
+def coordinator_partition(group: str) -> int:
+    """The coordinator partition that owns ``group`` (stable across processes)."""
+    return zlib.crc32(group.encode()) % COORDINATOR_PARTITIONS

@@ -1,0 +1,99 @@
+"""Shared pytest fixtures: one Kafka broker per test session.
+
+* ``kafka_bootstrap`` (session): bootstrap ``host:port`` of the broker under test. With
+  ``QUEUEFLOW_BROKER=host:port`` set, that existing cluster is used; otherwise ONE
+  :class:`~queueflow.broker.LocalBroker` is started on free ports with its data under pytest's
+  tmp dir, and stopped when the session ends. It is only started if a test asks for it.
+* ``local_broker`` (session): that LocalBroker, or None when the cluster is external; for tests
+  that stop, restart or kill the broker (skip them when it is None). A test that stops or kills
+  it must start it again before returning (same ports, data kept).
+* ``topic_factory`` (function): ``topic_factory(partitions=1, *, prefix=None, config=None)``
+  creates a uniquely named topic and returns its name once every partition has a leader.
+
+Tests under ``tests/integration/`` are marked ``integration`` automatically
+(``pytest -m "not integration"`` runs only the fast ones).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from queueflow.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
+from queueflow.errors import BrokerError
+
+#: Seconds the session broker may take from JVM launch to serving (typically ~10 s).
+BROKER_START_TIMEOUT_S = 120.0
+#: Seconds a topic may take to be created and get leaders.
+TOPIC_TIMEOUT_S = 30.0
+
+_INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _INTEGRATION_DIR in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker | None]:
+    """The session's LocalBroker (started), or None when ``QUEUEFLOW_BROKER`` is set."""
+    if bootstrap_from_env():
+        yield None
+        return
+    data_dir = tmp_path_factory.mktemp("kafka")
+    broker: LocalBroker | None = None
+    for attempt in range(3):  # a free port can be taken between choosing and binding it
+        port, controller_port = find_free_ports(2)
+        broker = LocalBroker(data_dir, port=port, controller_port=controller_port)
+        try:
+            broker.start(timeout_s=BROKER_START_TIMEOUT_S)
+            break
+        except BrokerError as exc:
+            if attempt == 2 or "already in use" not in str(exc):
+                raise
+            broker.wipe()
+            data_dir.mkdir(parents=True, exist_ok=True)
+    assert broker is not None
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(local_broker: LocalBroker | None) -> str:
+    """Bootstrap ``host:port`` of the Kafka cluster under test."""
+    external = bootstrap_from_env()
+    if external:
+        return external
+    assert local_broker is not None
+    return local_broker.bootstrap
+
+
+@pytest.fixture
+def topic_factory(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Callable[..., str]:
+    """Return ``make(partitions=1, *, prefix=None, config=None) -> topic name``.
+
+    Names are ``qf-<prefix or test name>-<random>``, so nothing needs deleting. ``config`` is a
+    mapping of topic configs. Raises BrokerError if the topic has no leaders within
+    :data:`TOPIC_TIMEOUT_S` seconds.
+    """
+
+    def make(
+        partitions: int = 1,
+        *,
+        prefix: str | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> str:
+        base = re.sub(r"[^a-zA-Z0-9._-]+", "-", prefix or request.node.name).strip("-")[:80]
+        name = f"qf-{base}-{uuid.uuid4().hex[:10]}"
+        create_topic(kafka_bootstrap, name, partitions, config=config, timeout_s=TOPIC_TIMEOUT_S)
+        return name
+
+    return make
