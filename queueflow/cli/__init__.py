@@ -18,6 +18,6 @@ def cli() -> None:
 
 # Subcommand modules: import each one here so that it registers itself on `cli`, e.g.
 # `from queueflow.cli import broker, worker, groups`.
-from queueflow.cli import broker  # noqa: E402
+from queueflow.cli import broker, leader  # noqa: E402
 
-__all__ = ["broker", "cli"]
+__all__ = ["broker", "cli", "leader"]

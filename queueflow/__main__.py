@@ -1,0 +1,5 @@
+"""``python -m queueflow`` runs the ``queueflow`` command line."""
+
+from queueflow.cli import cli
+
+cli()
