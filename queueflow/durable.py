@@ -118,7 +118,9 @@ class DurableSharePartition:
         snapshot = decode_snapshot(raw, where=where)
         updates = []
         index = 0
-        while delta := table.get(delta_key(group, partition, snapshot.snapshot_epoch, index)):
+        while (
+            delta := table.get(delta_key(group, partition, snapshot.snapshot_epoch, index))
+        ) is not None:
             update, _epoch, _state_epoch, _index = decode_update(delta, where=where)
             updates.append(update)
             index += 1

@@ -169,14 +169,14 @@ def decode(data: bytes | str | dict[str, Any]) -> Message:
         body = data if isinstance(data, dict) else json.loads(data)
         cls = _KINDS[body["kind"]]
         message = cls(**body)
+        if isinstance(message, ShareFetchRequest):
+            message.acks = [(int(a), int(b), tuple(int(t) for t in c)) for a, b, c in message.acks]
+        elif isinstance(message, ShareFetchResponse):
+            message.acquired = [(int(a), int(b), int(c)) for a, b, c in message.acquired]
     except (ValueError, KeyError, TypeError) as exc:
         preview = repr(data)[:120]
         raise InvalidRequestError(
             f"undecodable queueflow control message {preview}: {exc!r}; "
             "is a different queueflow version writing to this topic?"
         ) from None
-    if isinstance(message, ShareFetchRequest):
-        message.acks = [(int(a), int(b), tuple(int(t) for t in c)) for a, b, c in message.acks]
-    elif isinstance(message, ShareFetchResponse):
-        message.acquired = [(int(a), int(b), int(c)) for a, b, c in message.acquired]
     return message

@@ -119,7 +119,7 @@ class ShareGroupSettings:
     """Validated share-group settings (KIP-932 "Configuration").
 
     Build with keywords (``ShareGroupSettings(delivery_count_limit=3)``) or
-    :meth:`from_mapping` with KIP-932 names (``{"group.share.delivery.count.limit": 3}``);
+    :meth:`load` with KIP-932 names (``{"group.share.delivery.count.limit": 3}``);
     anything not given comes from its environment variable, then its default.
 
     Raises:
@@ -178,8 +178,9 @@ class ShareGroupSettings:
         return cls(**values)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            _BY_ATTR[f.name].parse(getattr(self, f.name), "arguments")
+        for f in fields(self):  # convert and check values given to the constructor directly
+            value = _BY_ATTR[f.name].parse(getattr(self, f.name), "arguments")
+            object.__setattr__(self, f.name, value)
         if self.record_lock_duration_ms > self.max_record_lock_duration_ms:
             raise ConfigurationError(
                 f"group.share.record.lock.duration.ms={self.record_lock_duration_ms} exceeds "

@@ -41,17 +41,23 @@ def assign(
     for topic in topics:
         subscribers = sorted(m for m, subs in members.items() if topic in subs)
         tps = [(topic, p) for p in range(partitions[topic])]
-        for member, assigned in _assign_topic(subscribers, tps, previous).items():
+        totals = {m: len(result[m]) for m in subscribers}
+        for member, assigned in _assign_topic(subscribers, tps, previous, totals).items():
             result[member].extend(assigned)
     return {m: sorted(tps) for m, tps in result.items()}
 
 
 def _assign_topic(
-    members: list[str], tps: list[TopicPartition], previous: Mapping[str, Sequence[TopicPartition]]
+    members: list[str],
+    tps: list[TopicPartition],
+    previous: Mapping[str, Sequence[TopicPartition]],
+    totals: Mapping[str, int],
 ) -> dict[str, list[TopicPartition]]:
     if not members or not tps:
         return {m: [] for m in members}
     n_members, n_parts = len(members), len(tps)
+    valid = set(tps)
+    held = {m: [tp for tp in previous.get(m, ()) if tp in valid] for m in members}
     if n_members > n_parts:
         # Each partition gets floor or ceil of M/P members; each member exactly one partition.
         quota = {tp: n_members // n_parts + (1 if i < n_members % n_parts else 0)
@@ -59,7 +65,7 @@ def _assign_topic(
         out: dict[str, list[TopicPartition]] = {}
         pending: list[str] = []
         for m in members:
-            kept = next((tp for tp in previous.get(m, ()) if quota.get(tp, 0) > 0), None)
+            kept = next((tp for tp in held[m] if quota[tp] > 0), None)
             if kept is None:
                 pending.append(m)
             else:
@@ -70,18 +76,20 @@ def _assign_topic(
             quota[tp] -= 1
             out[m] = [tp]
         return out
-    # Each partition to exactly one member; sizes differ by at most one.
+    # Each partition to exactly one member; sizes differ by at most one. The members that get
+    # one extra are those with the fewest partitions of earlier topics (balance across topics),
+    # then those already holding more of this topic (stickiness).
     base, extra = divmod(n_parts, n_members)
-    capacity = {m: base + (1 if i < extra else 0) for i, m in enumerate(members)}
+    order = sorted(members, key=lambda m: (totals.get(m, 0), -len(held[m]), m))
+    capacity = {m: base + (1 if i < extra else 0) for i, m in enumerate(order)}
     owner: dict[TopicPartition, str] = {}
-    valid = set(tps)
-    for m in members:
-        for tp in previous.get(m, ()):
-            if tp in valid and tp not in owner and capacity[m] > 0:
+    for m in order:
+        for tp in held[m]:
+            if tp not in owner and capacity[m] > 0:
                 owner[tp] = m
                 capacity[m] -= 1
     free = [tp for tp in tps if tp not in owner]
-    for m in members:
+    for m in order:
         while capacity[m] > 0 and free:
             owner[free.pop(0)] = m
             capacity[m] -= 1

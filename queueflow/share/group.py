@@ -246,7 +246,7 @@ class ShareGroup:
                     mid, int(epoch), tuple(topics), [(str(t), int(p)) for t, p in tps],
                     now_ms, client_id, host,
                 )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ShareGroupError(
                 ErrorCode.CORRUPT_STATE,
                 f"share group {group_id!r}: durable group metadata is corrupt ({exc}); "

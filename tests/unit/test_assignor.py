@@ -172,12 +172,6 @@ def test_previous_partitions_beyond_partition_count_are_ignored() -> None:
     assert result["b"] == [("t", 1)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: for members <= partitions the extra (ceil) slots go to the first members in "
-    "sorted order, not to members that already hold more; a member loses a partition although "
-    "a balanced assignment keeping it exists",
-)
 def test_stickiness_when_new_member_sorts_first() -> None:
     # "a" owns t-0 and t-1; "0" joins (3 partitions, 2 members -> sizes 2 and 1). The balanced
     # assignment {"a": [t-0, t-1], "0": [t-2]} keeps all of a's partitions.
@@ -207,12 +201,6 @@ def test_multiple_topics_previous_of_each_topic_is_kept() -> None:
     assert assign(members, {"x": 4, "y": 2}, first) == first
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: topics are balanced one at a time and the extra partition of each topic goes "
-    "to the same (first) member, so with two topics of 3 partitions and 2 members the sizes "
-    "are 4 and 2, not 3 and 3",
-)
 def test_balance_over_all_topics_with_homogeneous_subscriptions() -> None:
     result = assign({"a": ["t1", "t2"], "b": ["t1", "t2"]}, {"t1": 3, "t2": 3})
     assert max(sizes(result)) - min(sizes(result)) <= 1

@@ -333,12 +333,6 @@ def test_corrupt_delta_raises_naming_the_share_partition(value: bytes) -> None:
     assert table == before  # nothing was written
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: load() stops reading deltas at the first falsy value, so an empty delta value "
-    "is taken for the end of the deltas (later deltas are silently dropped) instead of raising "
-    "CorruptStateError",
-)
 def test_empty_delta_value_is_corrupt() -> None:
     table: Table = {}
     d = create(table, per_snapshot=10)

@@ -1,4 +1,4 @@
-"""Share-group membership (``queueflow.share.group.ShareGroup``): the coordinator's state machine."""
+"""Share-group membership (``queueflow.share.group.ShareGroup``), the coordinator's state."""
 
 from __future__ import annotations
 
@@ -301,11 +301,6 @@ def test_from_dict_corrupt_raises_corrupt_state(corrupt: dict[str, Any]) -> None
     assert "'my-group'" in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: from_dict catches only KeyError/TypeError/ValueError; a 'partitions' field "
-    "that is not a mapping raises AttributeError instead of ShareGroupError(CORRUPT_STATE)",
-)
 def test_from_dict_partitions_not_a_mapping_is_corrupt_state() -> None:
     with pytest.raises(ShareGroupError) as info:
         ShareGroup.from_dict("my-group", {**_valid(), "partitions": []}, TIMEOUT, 10, 0)
