@@ -11,8 +11,13 @@ from queueflow import ShareConsumer
 
 
 async def main(bootstrap: str, app_id: str, group: str, topic: str, settings: str) -> None:
-    consumer = ShareConsumer(group, app_id=app_id, bootstrap_servers=bootstrap,
-                             acknowledgement_mode="explicit", settings=json.loads(settings))  # fmt: skip
+    consumer = ShareConsumer(
+        group,
+        app_id=app_id,
+        bootstrap_servers=bootstrap,
+        acknowledgement_mode="explicit",
+        settings=json.loads(settings),
+    )
     await consumer.subscribe([topic])
     while True:
         records = await consumer.poll(timeout_ms=1000)
