@@ -102,9 +102,7 @@ def main() -> int:
     try:
         if bootstrap is None:
             port, cport = find_free_ports(2)
-            broker = LocalBroker(
-                ROOT / ".queueflow" / "demo-broker", port=port, controller_port=cport
-            )
+            broker = LocalBroker(run_dir / "broker", port=port, controller_port=cport)
             print(f"starting the local Kafka broker on 127.0.0.1:{port} ...", flush=True)
             broker.start()
             bootstrap = broker.bootstrap
@@ -194,6 +192,7 @@ def main() -> int:
                 w.kill()
         if broker is not None:
             broker.stop()
+            broker.wipe()  # the demo's topic data; ledgers and worker logs stay in run_dir
 
 
 if __name__ == "__main__":
