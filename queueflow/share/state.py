@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import json
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -123,8 +123,8 @@ class ShareUpdate:
 # --------------------------------------------------------------------------------------------
 
 _ADVICE = (
-    "refusing to serve this share-partition; inspect the changelog record or reset the share "
-    "group's offsets with `queueflow share-groups reset-offsets`"
+    "refusing to serve this share-partition; inspect the changelog record (docs/operations.md, "
+    '"Corrupt state", says how to repair or reset it)'
 )
 
 
@@ -444,11 +444,50 @@ def replay(
         _check_batches(snapshot.batches, where)
         start = snapshot.start_offset
         batches = list(snapshot.batches)
+    firsts = [b.first_offset for b in batches]
     for u in updates:
         _check_batches(u.batches, where)
         if u.reset:
-            batches = []
+            batches, firsts = [], []
         if u.start_offset >= 0:
             start = u.start_offset
-        batches = _drop_below(_overlay(batches, u.batches), start)
+        for b in u.batches:
+            _overlay_one(batches, firsts, b)
+        _drop_below_in_place(batches, firsts, start)
     return start, merge_batches(_drop_below(batches, start))
+
+
+def _overlay_one(batches: list[StateBatch], firsts: list[int], new: StateBatch) -> None:
+    """Replace the range ``new`` covers with ``new``, in place; ``firsts`` mirrors the first
+    offsets. O(log n) search plus one slice assignment, so replaying many small deltas over a
+    large state stays fast."""
+    lo = bisect_right(firsts, new.first_offset) - 1
+    if lo < 0 or batches[lo].last_offset < new.first_offset:
+        lo += 1
+    hi = bisect_right(firsts, new.last_offset)
+    pieces: list[StateBatch] = []
+    if lo < hi and batches[lo].first_offset < new.first_offset:
+        left = batches[lo]
+        pieces.append(StateBatch(left.first_offset, new.first_offset - 1, left.state,
+                                 left.delivery_count))  # fmt: skip
+    pieces.append(new)
+    if lo < hi and batches[hi - 1].last_offset > new.last_offset:
+        right = batches[hi - 1]
+        pieces.append(StateBatch(new.last_offset + 1, right.last_offset, right.state,
+                                 right.delivery_count))  # fmt: skip
+    batches[lo:hi] = pieces
+    firsts[lo:hi] = [b.first_offset for b in pieces]
+
+
+def _drop_below_in_place(batches: list[StateBatch], firsts: list[int], start: int) -> None:
+    """Drop (and trim) batches below ``start``, in place."""
+    cut = 0
+    while cut < len(batches) and batches[cut].last_offset < start:
+        cut += 1
+    if cut:
+        del batches[:cut]
+        del firsts[:cut]
+    if batches and batches[0].first_offset < start:
+        b = batches[0]
+        batches[0] = StateBatch(start, b.last_offset, b.state, b.delivery_count)
+        firsts[0] = start

@@ -125,7 +125,7 @@ def test_corrupt_snapshot_is_refused(what: str, data: bytes) -> None:
     message = str(info.value)
     assert WHERE in message
     assert "refusing to serve this share-partition" in message
-    assert "queueflow share-groups reset-offsets" in message
+    assert "docs/operations.md" in message
     assert info.value.code is ErrorCode.CORRUPT_STATE
 
 
