@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import mode
 import structlog
 
+from queueflow import metrics
 from queueflow.acks import AcknowledgementBuffer
 from queueflow.client import MemberClient, ShareRecord, bootstrap_servers
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
@@ -129,6 +130,10 @@ class ShareAgent(mode.Service):
         self._running: set[asyncio.Task[None]] = set()  # handler calls in progress
         self._stopping = False
         self._log = log.bind(group=group, agent=self.name)
+        labels = (group, self.topic_name)
+        self._delivered = metrics.DELIVERED.labels(*labels)
+        self._redelivered = metrics.REDELIVERED.labels(*labels)
+        self._fetch_seconds = metrics.SHARE_FETCH_SECONDS.labels(*labels)
         super().__init__(**kwargs)
 
     def __call__(self, record: ShareRecord) -> Awaitable[Any]:
@@ -174,7 +179,9 @@ class ShareAgent(mode.Service):
         await self._flush_all()
         if self.client is not None:
             await self.client.close(leave=True)
-        self._log.info("share_agent_drained", drain_ms=int((time.monotonic() - started) * 1000),
+        drain_s = time.monotonic() - started
+        metrics.DRAIN_SECONDS.labels(self.group, self.name).set(drain_s)
+        self._log.info("share_agent_drained", drain_ms=int(drain_s * 1000),
                        **self.stats.as_dict())  # fmt: skip
 
     # -- fetching --------------------------------------------------------------------------
@@ -250,10 +257,12 @@ class ShareAgent(mode.Service):
         acks = self._acks.take(tp)
         if want == 0 and not acks:
             return 0
+        started = time.monotonic()
         try:
             response = await self.client.share_fetch(
                 tp[0], tp[1], want, acks, self.lock_duration_ms
             )
+            self._fetch_seconds.observe(time.monotonic() - started)
         except Exception:
             self._acks.restore(tp, acks)  # the leader may not have seen them: send them again
             raise
@@ -277,10 +286,12 @@ class ShareAgent(mode.Service):
             raise
         for offset in gaps:
             self._acks.add(tp, offset, AcknowledgeType.GAP)
+        redelivered = sum(1 for r in records if r.delivery_count > 1)
+        self.stats.delivered += len(records)
+        self.stats.redelivered += redelivered
+        self._delivered.inc(len(records))
+        self._redelivered.inc(redelivered)
         for record in records:
-            self.stats.delivered += 1
-            if record.delivery_count > 1:
-                self.stats.redelivered += 1
             self._queue.put_nowait(record)
         return len(records)
 
@@ -312,6 +323,7 @@ class ShareAgent(mode.Service):
 
     async def _handle_one(self, record: ShareRecord) -> None:
         outcome = await self._process(record)
+        metrics.ACKNOWLEDGEMENTS.labels(self.group, record.topic, outcome.name.lower()).inc()
         self._acks.add((record.topic, record.partition), record.offset, outcome)
         async with self._room:
             self._outstanding -= 1
@@ -339,6 +351,7 @@ class ShareAgent(mode.Service):
         except Exception as exc:
             self.stats.undecodable += 1
             self.stats.rejected += 1
+            metrics.HANDLER_ERRORS.labels(self.group, record.topic, "undecodable").inc()
             self._log.error("undecodable_record_rejected", error=repr(exc), **where)
             return AcknowledgeType.REJECT
         try:
@@ -349,6 +362,7 @@ class ShareAgent(mode.Service):
         except Exception as exc:
             self.stats.handler_errors += 1
             self.stats.released += 1
+            metrics.HANDLER_ERRORS.labels(self.group, record.topic, "raised").inc()
             self._log.error("handler_raised_record_released", error=repr(exc), exc_info=True,
                             **where)  # fmt: skip
             return AcknowledgeType.RELEASE
@@ -356,6 +370,7 @@ class ShareAgent(mode.Service):
         if outcome is None:
             self.stats.handler_errors += 1
             self.stats.released += 1
+            metrics.HANDLER_ERRORS.labels(self.group, record.topic, "invalid_outcome").inc()
             self._log.error(
                 "handler_returned_invalid_outcome_record_released", returned=repr(result)[:200],
                 expected="queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None", **where,

@@ -23,7 +23,7 @@ from typing import Any
 import faust
 import structlog
 
-from queueflow import topics
+from queueflow import metrics, topics
 from queueflow.agent import Handler, ShareAgent
 from queueflow.client import bootstrap_servers, ensure_topic, partition_counts
 from queueflow.coordinator import ShareGroupCoordinator, TopicMetadata
@@ -80,6 +80,7 @@ class ShareGroups:
         app.share_settings = self.settings  # type: ignore[attr-defined]
         app.share_leaders = self.leaders  # type: ignore[attr-defined]
         app.reply_topic = self.reply_topic  # type: ignore[attr-defined]
+        metrics.expose(app)
         if role == "member":
             app.producer_only = True
             return

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiokafka.admin import AIOKafkaAdminClient
 
-from queueflow import protocol, topics
+from queueflow import metrics, protocol, topics
 from queueflow.client import existing_partition_counts, now_ms
 from queueflow.errors import ShareGroupError
 from queueflow.leader import raw_table
@@ -100,6 +100,8 @@ class ShareGroupCoordinator:
 
     def _persist(self, group: ShareGroup) -> None:
         self.table[group.group_id.encode()] = json.dumps(group.to_dict()).encode()
+        metrics.GROUP_MEMBERS.labels(group.group_id).set(len(group.members))
+        metrics.GROUP_EPOCH.labels(group.group_id).set(group.group_epoch)
 
     async def _handle(self, event: EventT[Any]) -> None:
         try:

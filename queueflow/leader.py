@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from queueflow import protocol, topics
+from queueflow import metrics, protocol, topics
 from queueflow.client import now_ms
 from queueflow.durable import DurableSharePartition
 from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
@@ -244,7 +244,12 @@ class ShareLeader:
                 acquired = []
             response.acquired = [(a.first_offset, a.last_offset, a.delivery_count)
                                  for a in acquired]  # fmt: skip
-        durable.persist()
+        if durable.persist():
+            metrics.STATE_WRITES.labels(self.topic).inc()
+        labels = (request.group, self.topic, str(partition))
+        metrics.IN_FLIGHT.labels(*labels).set(engine.in_flight_count)
+        metrics.ACQUIRED.labels(*labels).set(engine.acquired_count)
+        metrics.START_OFFSET.labels(*labels).set(engine.start_offset)
         return response
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from queueflow import ConfigurationError, ShareConsumer
 from queueflow.broker import find_free_ports
@@ -64,6 +66,7 @@ def test_share_agent_outcomes(
                 for line in ledger.read_text().splitlines():
                     entry = json.loads(line)
                     deliveries[entry["i"]].append(entry["delivery_count"])
+        metrics = _get(f"http://127.0.0.1:{web_port}/metrics")
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
@@ -75,6 +78,24 @@ def test_share_agent_outcomes(
     assert "undecodable_record_rejected" in text
     assert "offset=50" in text  # the undecodable record is named in its log line
     assert "share_agent_drained" in text  # SIGTERM drained and left the group
+    labels = {"group": "outcomes", "topic": topic}
+    assert _sample(metrics, "queueflow_records_delivered_total", labels) == 71  # 50 + 20 + 1
+    assert _sample(metrics, "queueflow_acknowledgements_total", {**labels, "type": "reject"}) == 11
+    raised = {**labels, "reason": "raised"}
+    assert _sample(metrics, "queueflow_handler_errors_total", raised) == RECORDS // 5
+
+
+def _sample(text: str, name: str, labels: dict[str, str]) -> float:
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    raise AssertionError(f"no sample {name}{labels} in /metrics")
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read().decode()
 
 
 def test_unknown_topic_fails_at_subscribe(kafka_bootstrap: str) -> None:
