@@ -125,6 +125,10 @@ class ShareAgent(mode.Service):
         self._queue: asyncio.Queue[ShareRecord] = asyncio.Queue()
         self._acks = AcknowledgementBuffer()
         self._outstanding = 0
+        # Moving averages (s) of one handler call and of one ShareFetch round trip; the start
+        # values are conservative, so the first batches are small.
+        self._handler_s = 0.1
+        self._fetch_rtt_s = 0.005
         self._room = asyncio.Condition()
         self._fetchers: dict[tuple[str, int], asyncio.Task[None]] = {}
         self._running: set[asyncio.Task[None]] = set()  # handler calls in progress
@@ -142,8 +146,17 @@ class ShareAgent(mode.Service):
 
     @property
     def high_water(self) -> int:
-        """Records this process keeps acquired at most: enough to keep every handler busy."""
-        return max(2 * self.concurrency, 1)
+        """Records this process keeps acquired at most.
+
+        Enough to keep every handler busy while the next ShareFetch is on its way: twice the
+        records the handlers complete in one ShareFetch round trip (measured, as moving
+        averages), plus one per handler; at least ``2 * concurrency`` and at most
+        ``max.poll.records``. Fast handlers get large batches (throughput); slow ones get small
+        batches, so locks stay short and members sharing a partition share its records fairly.
+        """
+        rate = self.concurrency / max(self._handler_s, 1e-6)  # records per second
+        wanted = int(2 * rate * self._fetch_rtt_s) + self.concurrency
+        return max(2 * self.concurrency, min(wanted, self.app.share_settings.max_poll_records))
 
     # -- lifecycle -------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -262,7 +275,9 @@ class ShareAgent(mode.Service):
             response = await self.client.share_fetch(
                 tp[0], tp[1], want, acks, self.lock_duration_ms
             )
-            self._fetch_seconds.observe(time.monotonic() - started)
+            rtt = time.monotonic() - started
+            self._fetch_seconds.observe(rtt)
+            self._fetch_rtt_s += 0.2 * (rtt - self._fetch_rtt_s)
         except Exception:
             self._acks.restore(tp, acks)  # the leader may not have seen them: send them again
             raise
@@ -322,7 +337,9 @@ class ShareAgent(mode.Service):
             await asyncio.wait({task})
 
     async def _handle_one(self, record: ShareRecord) -> None:
+        started = time.monotonic()
         outcome = await self._process(record)
+        self._handler_s += 0.05 * (time.monotonic() - started - self._handler_s)
         metrics.ACKNOWLEDGEMENTS.labels(self.group, record.topic, outcome.name.lower()).inc()
         self._acks.add((record.topic, record.partition), record.offset, outcome)
         async with self._room:
