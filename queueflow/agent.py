@@ -291,16 +291,7 @@ class ShareAgent(mode.Service):
             return -1
         if not response.acquired:
             return 0
-        try:
-            records, gaps = await self.client.read_records(tp[0], tp[1], response.acquired)
-        except Exception:
-            # Give the records back rather than let them sit until their locks expire.
-            for first, last, _count in response.acquired:
-                for offset in range(first, last + 1):
-                    self._acks.add(tp, offset, AcknowledgeType.RELEASE)
-            raise
-        for offset in gaps:
-            self._acks.add(tp, offset, AcknowledgeType.GAP)
+        records = await self.client.read_acquired(tp, response.acquired, self._acks)
         redelivered = sum(1 for r in records if r.delivery_count > 1)
         self.stats.delivered += len(records)
         self.stats.redelivered += redelivered

@@ -31,8 +31,10 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
 from queueflow import protocol
 from queueflow import topics as internal
+from queueflow.acks import AcknowledgementBuffer
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.settings import ShareGroupSettings
+from queueflow.share.partition import AcknowledgeType
 
 log = structlog.get_logger("queueflow.member")
 
@@ -355,6 +357,30 @@ class MemberClient:
             reader = self._readers[key] = _PartitionReader(self.bootstrap, topic, partition)
             await reader.start()
         return await reader.read(acquired, self.settings.request_timeout_ms)
+
+    async def read_acquired(
+        self,
+        tp: tuple[str, int],
+        acquired: list[protocol.WireAcquired],
+        acks: AcknowledgementBuffer,
+    ) -> list[ShareRecord]:
+        """:meth:`read_records`, recording the outcomes that need no handler in ``acks``:
+        GAP for acquired offsets without a record, and RELEASE for every acquired offset if the
+        read fails (rather than let the records sit until their locks expire).
+
+        Raises:
+            ShareGroupError, KafkaError: the read failed (after the RELEASEs were recorded).
+        """
+        try:
+            records, gaps = await self.read_records(tp[0], tp[1], acquired)
+        except Exception:
+            for first, last, _count in acquired:
+                for offset in range(first, last + 1):
+                    acks.add(tp, offset, AcknowledgeType.RELEASE)
+            raise
+        for offset in gaps:
+            acks.add(tp, offset, AcknowledgeType.GAP)
+        return records
 
     async def drop_reader(self, topic: str, partition: int) -> None:
         """Close the reader of a share-partition no longer assigned."""

@@ -185,17 +185,7 @@ class ShareConsumer:
         self._report(tp, acks, error)
         if not response.acquired:
             return []
-        try:
-            records, gaps = await client.read_records(tp[0], tp[1], response.acquired)
-        except Exception:
-            # Give the records back rather than let them sit until their locks expire.
-            for first, last, _count in response.acquired:
-                for offset in range(first, last + 1):
-                    self._acks.add(tp, offset, AcknowledgeType.RELEASE)
-            raise
-        for offset in gaps:
-            self._acks.add(tp, offset, AcknowledgeType.GAP)
-        return records
+        return await client.read_acquired(tp, response.acquired, self._acks)
 
     def _report(self, tp: TopicPartition, acks: list[Any], error: Exception | None) -> None:
         if self._callback is not None and acks:
