@@ -8,13 +8,15 @@ STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard queueflow tests examples bench)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint demo broker-start broker-stop broker-status clean
+.PHONY: help venv test lint demo chaos bench broker-start broker-stop broker-status clean
 
 help:
 	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
 	@echo "make test          run the test suite (starts a throwaway local Kafka broker)"
 	@echo "make lint          ruff check + ruff format --check"
 	@echo "make demo          run examples.demo"
+	@echo "make bench         run the benchmark suite (bench/): prints a table, writes bench/results/latest.json; < 15 min"
+	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost"
 	@echo "make broker-start  start the local broker (./.queueflow/broker, 127.0.0.1:9092)"
 	@echo "make broker-stop   stop it (data kept; 'queueflow broker start --fresh' wipes it)"
 	@echo "make clean         remove $(VENV), caches and build artifacts"
@@ -36,6 +38,13 @@ lint: venv
 
 demo: venv
 	$(BIN)/python -m examples.demo
+
+bench: venv
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m bench
+
+chaos: venv
+	$(BIN)/python -m examples.chaos
 
 broker-start: venv
 	$(BIN)/queueflow broker start

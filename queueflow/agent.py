@@ -145,6 +145,10 @@ class ShareAgent(mode.Service):
         return self.handler(record)
 
     @property
+    def _request_timeout_s(self) -> float:
+        return self.app.share_settings.request_timeout_ms / 1000
+
+    @property
     def high_water(self) -> int:
         """Records this process keeps acquired at most.
 
@@ -244,10 +248,16 @@ class ShareAgent(mode.Service):
         backoff = 0.005
         while not self._stopping:
             want = await self._reserve(tp)
+            # Shielded: when the share-partition is reassigned mid-request, the request still
+            # completes and its records are handled, instead of staying locked until expiry.
+            fetch = asyncio.ensure_future(self._fetch_once(tp, want))
             try:
-                delivered = await self._fetch_once(tp, want)
+                delivered = await asyncio.shield(fetch)
             except asyncio.CancelledError:
-                await self._unreserve(want)
+                delivered = 0
+                with contextlib.suppress(Exception):
+                    delivered = await asyncio.wait_for(fetch, self._request_timeout_s)
+                await self._unreserve(want - max(delivered, 0))
                 raise
             except Exception as exc:  # keep fetching whatever goes wrong; say what it was
                 self._log.warning("share_fetch_failed", topic=tp[0], partition=tp[1],

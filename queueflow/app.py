@@ -25,7 +25,7 @@ import structlog
 
 from queueflow import metrics, topics
 from queueflow.agent import Handler, ShareAgent
-from queueflow.client import bootstrap_servers, ensure_topic, partition_counts
+from queueflow.client import bootstrap_servers, ensure_topic, now_ms, partition_counts
 from queueflow.coordinator import ShareGroupCoordinator, TopicMetadata
 from queueflow.errors import ConfigurationError
 from queueflow.leader import LeaderTicker, LogOffsets, ShareLeader
@@ -93,6 +93,7 @@ class ShareGroups:
             self._ticker.tick
         )
         app.on_partitions_revoked.connect(self._on_revoked)
+        app.on_partitions_assigned.connect(self._on_assigned)
 
     @property
     def leads(self) -> bool:
@@ -157,6 +158,12 @@ class ShareGroups:
         if self.leads:
             await self._offsets.close()
             await self._metadata.close()
+
+    async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
+        now = now_ms()
+        for leader in self.leaders.values():
+            name = leader.fetch_topic.get_topic_name()
+            leader.assign({tp.partition for tp in assigned if tp.topic == name}, now)
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         for leader in self.leaders.values():

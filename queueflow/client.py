@@ -204,7 +204,7 @@ class MemberClient:
         await self._replies.seek_to_end(tp)
         await self._replies.position(tp)
         self._tasks.append(asyncio.create_task(self._read_replies(), name="queueflow-replies"))
-        await self._heartbeat(join=True)
+        await self._join()
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="queueflow-heartbeat"))
 
     async def close(self, leave: bool = True) -> None:
@@ -330,6 +330,19 @@ class MemberClient:
                            assignment=sorted(new))  # fmt: skip
             self.assignment = new
             self.assignment_changed.set()
+        return None
+
+    async def _join(self, attempts: int = 6) -> None:
+        """Join, retrying with backoff while no coordinator answers (e.g. during a leader
+        failover); the last failure is raised."""
+        for attempt in range(attempts):
+            try:
+                return await self._heartbeat(join=True)
+            except ShareGroupError as exc:
+                if exc.code is not ErrorCode.REQUEST_TIMED_OUT or attempt == attempts - 1:
+                    raise
+                self._log.warning("join_retry", attempt=attempt + 1, error=str(exc))
+                await asyncio.sleep(min(2**attempt, 10))
         return None
 
     async def _heartbeat_loop(self) -> None:

@@ -71,6 +71,7 @@ class ShareGroupCoordinator:
         )  # fmt: skip
         self.table = raw_table(app, topics.GROUPS_TABLE, partitions=topics.COORDINATOR_PARTITIONS)
         self.groups: dict[str, ShareGroup] = {}
+        self._last_event_ms = now_ms()
         self.agent = app.agent(self.topic, name="share-group-coordinator")(self._run)
 
     def revoke(self, partitions: set[int]) -> None:
@@ -110,6 +111,13 @@ class ShareGroupCoordinator:
             log.error("undecodable_coordinator_request", error=str(exc))
             return
         now = now_ms()
+        gap = now - self._last_event_ms
+        self._last_event_ms = now
+        if self._last_event_ms and gap > 2 * self.app.share_settings.heartbeat_interval_ms:
+            # This coordinator was not running (broker outage, pause, rebalance): members could
+            # not heartbeat either, so that time doesn't count against their sessions.
+            for group in self.groups.values():
+                group.touch_all(now)
         if isinstance(message, protocol.Tick):
             for group in list(self.groups.values()):
                 released = group.expire(now)

@@ -114,6 +114,7 @@ class ShareLeader:
         self.table = raw_table(app, topics.state_table(topic))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
+        self.assigned_at_ms: dict[int, int] = {}
         self.agent = app.agent(self.fetch_topic, name=f"share-leader-{topic}")(self._run)
         self._log = log.bind(topic=topic)
 
@@ -125,6 +126,11 @@ class ShareLeader:
         self.fetch_topic.partitions = count
         self.table.partitions = count
         self.table.changelog_topic.partitions = count
+
+    def assign(self, partitions: set[int], now: int) -> None:
+        """Note when this worker took ``partitions`` over (see the stale-request rule)."""
+        for p in partitions:
+            self.assigned_at_ms[p] = now
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget the share-partitions of revoked partitions; their new leader restores them."""
@@ -161,7 +167,13 @@ class ShareLeader:
                                partition=partition, member_id=message.member_id,
                                records=released, reason=message.reason)  # fmt: skip
         elif isinstance(message, protocol.ShareFetchRequest):
-            response = await self._share_fetch(message, partition, now)
+            # A request produced before this worker took the partition over may be one its old
+            # leader already answered, re-delivered by Faust from the last committed offset:
+            # apply its acknowledgements (atomic, so a repeat is refused harmlessly) but acquire
+            # nothing, or the records would be locked for a member not waiting for them.
+            produced_ms = int((event.message.timestamp or 0) * 1000)
+            stale = produced_ms < self.assigned_at_ms.get(partition, 0)
+            response = await self._share_fetch(message, partition, now, acquire=not stale)
             await self.app.reply_topic.send(
                 key=message.member_id.encode(), value=protocol.encode(response),
                 partition=message.reply_partition,
@@ -205,7 +217,7 @@ class ShareLeader:
         return durable
 
     async def _share_fetch(
-        self, request: protocol.ShareFetchRequest, partition: int, now: int
+        self, request: protocol.ShareFetchRequest, partition: int, now: int, acquire: bool = True
     ) -> protocol.ShareFetchResponse:
         response = protocol.ShareFetchResponse(
             member_id=request.member_id, request_id=request.request_id, topic=self.topic,
@@ -229,7 +241,7 @@ class ShareLeader:
             except (ShareGroupError, ValueError) as exc:
                 code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST
                 response.ack_error, response.ack_error_message = code.value, str(exc)
-        if request.max_records > 0 and now < request.deadline_ms:
+        if acquire and request.max_records > 0 and now < request.deadline_ms:
             tp = TopicPartition(self.topic, partition)
             log_end = self.offsets.end.get(tp, 0)
             try:

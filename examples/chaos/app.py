@@ -1,0 +1,110 @@
+"""The chaos run's share agent, run by every worker process with ``faust -A examples.chaos.app``.
+
+Records are ``b"<id>"``. For every delivery the handler appends one JSON line to this process's
+ledger (``$CHAOS_LEDGER``, line-buffered: each line is one ``write``), *before* its outcome
+reaches queueflow, so the ledger is an independent record of what the handlers saw:
+
+``{"id": 17, "dc": 1, "o": "ACCEPT", "pid": 4242, "p": 2, "off": 5, "t": 1700000000.123}``
+
+Outcomes, drawn per ``(seed, id, delivery count)`` so a run is reproducible:
+
+* poison records (``id % $CHAOS_POISON_MOD == 0``): the handler always raises (``"o": "RAISE"``,
+  queueflow RELEASEs; the leader Archives them at ``group.share.delivery.count.limit``);
+* otherwise REJECT with probability ``$CHAOS_REJECT`` (default 0.01), RELEASE with probability
+  ``$CHAOS_RELEASE`` (default 0.05), else ACCEPT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+
+import queueflow
+
+SEED = int(os.environ.get("CHAOS_SEED", "0"))
+RELEASE_P = float(os.environ.get("CHAOS_RELEASE", "0.05"))
+REJECT_P = float(os.environ.get("CHAOS_REJECT", "0.01"))
+POISON_MOD = int(os.environ.get("CHAOS_POISON_MOD", "997"))
+WORK_MS = float(os.environ.get("CHAOS_WORK_MS", "1"))
+CONCURRENCY = int(os.environ.get("CHAOS_CONCURRENCY", "8"))
+#: Share-group settings by KIP-932 name (JSON); the driver passes the same ones to every worker.
+SHARE_SETTINGS = json.loads(os.environ.get("CHAOS_SHARE_SETTINGS", "{}"))
+#: Faust consumer-group timeouts (s) of the leaders' group: a SIGKILLed leader must be noticed
+#: in seconds, not after Faust's 60 s default.
+FAUST_SESSION_TIMEOUT_S = float(os.environ.get("CHAOS_FAUST_SESSION_TIMEOUT_S", "10"))
+FAUST_HEARTBEAT_S = float(os.environ.get("CHAOS_FAUST_HEARTBEAT_S", "1"))
+
+
+class PoisonRecord(RuntimeError):
+    """Raised for every delivery of a poison record."""
+
+
+def is_poison(record_id: int) -> bool:
+    return record_id % POISON_MOD == 0
+
+
+def decide(record_id: int, delivery_count: int, seed: int = SEED) -> str:
+    """The handler's outcome for one delivery: ACCEPT, RELEASE, REJECT or RAISE."""
+    if is_poison(record_id):
+        return "RAISE"
+    draw = random.Random(f"{seed}/{record_id}/{delivery_count}").random()
+    if draw < REJECT_P:
+        return "REJECT"
+    if draw < REJECT_P + RELEASE_P:
+        return "RELEASE"
+    return "ACCEPT"
+
+
+app = queueflow.App(
+    os.environ.get("CHAOS_APP_ID", "queueflow-chaos"),
+    broker=os.environ.get("CHAOS_BROKER", "kafka://127.0.0.1:9092"),
+    share_settings=SHARE_SETTINGS,
+    broker_session_timeout=FAUST_SESSION_TIMEOUT_S,
+    broker_heartbeat_interval=FAUST_HEARTBEAT_S,
+)
+records = app.topic(
+    os.environ.get("CHAOS_TOPIC", "chaos"), key_serializer="raw", value_serializer="raw"
+)
+_ledger = open(os.environ.get("CHAOS_LEDGER", os.devnull), "a", buffering=1)  # noqa: SIM115
+_ledger.write(
+    json.dumps(
+        {
+            "event": "start",
+            "pid": os.getpid(),
+            "t": time.time(),
+            "role": os.environ.get("QUEUEFLOW_ROLE", "all"),
+        }
+    )
+    + "\n"
+)
+
+_OUTCOMES = {"ACCEPT": queueflow.ACCEPT, "RELEASE": queueflow.RELEASE, "REJECT": queueflow.REJECT}
+
+
+@app.share_agent(records, group="chaos", concurrency=CONCURRENCY)
+async def handle(record: queueflow.ShareRecord) -> queueflow.AcknowledgeType:
+    if WORK_MS:
+        await asyncio.sleep(random.uniform(0, 2 * WORK_MS) / 1000)
+    record_id = int(record.value)
+    outcome = decide(record_id, record.delivery_count)
+    _ledger.write(
+        json.dumps(
+            {
+                "id": record_id,
+                "dc": record.delivery_count,
+                "o": outcome,
+                "pid": os.getpid(),
+                "p": record.partition,
+                "off": record.offset,
+                "t": round(time.time(), 4),
+            },
+            separators=(",", ":"),
+        )
+        + "\n"
+    )
+    if outcome == "RAISE":
+        raise PoisonRecord(f"poison record {record_id}")
+    return _OUTCOMES[outcome]
