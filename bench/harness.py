@@ -3,7 +3,7 @@
 Worker side (runs inside every consumer process):
 
 * :class:`Stats` holds the process's counters and a daemon thread that rewrites them, as one JSON
-  object, to ``$BENCH_STATS`` every 200 ms (atomically: write + rename) and once more at exit. The
+  object, to ``$BENCH_STATS`` every 250 ms (atomically: write + rename) and once more at exit. The
   driver reads these files; it never relies on consumer-group lag.
 * :func:`go` / :func:`wait_go`: every consumer waits for the driver's go-file before it consumes,
   so all of them start together once they have joined their group.
@@ -56,7 +56,7 @@ class Stats:
             writer thread.
     """
 
-    def __init__(self, path: str | None = None, interval_s: float = 0.2) -> None:
+    def __init__(self, path: str | None = None, interval_s: float = 0.25) -> None:
         self.path = path if path is not None else os.environ.get("BENCH_STATS")
         self.interval_s = interval_s
         self.done = 0
@@ -65,7 +65,11 @@ class Stats:
         self.first: float | None = None
         self.last: float | None = None
         self.probe: Callable[[], dict[str, Any]] | None = None
+        self.on_stop_file: Callable[[], None] | None = None
         self.extra: dict[str, Any] = {}
+        go_path = os.environ.get("BENCH_GO")
+        self._stop_path = f"{go_path}.stop" if go_path else None
+        self._stopped = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if self.path:
@@ -106,6 +110,12 @@ class Stats:
     def _loop(self) -> None:
         while True:
             time.sleep(self.interval_s)
+            if not self._stopped and self._stop_path and os.path.exists(self._stop_path):
+                self._stopped = True
+                if self.on_stop_file is not None:
+                    with contextlib.suppress(Exception):
+                        self.on_stop_file()
+                self.extra["stopped"] = True
             with contextlib.suppress(Exception):
                 self.flush()
 
@@ -270,8 +280,9 @@ class Fleet:
         self.workers: list[Worker] = []
         self.go_path = run_dir / "go"
         run_dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.go_path.unlink()
+        for path in (self.go_path, Path(f"{self.go_path}.stop")):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     def add(self, name: str, argv: list[str], env: dict[str, str]) -> Worker:
         env = dict(env, BENCH_GO=str(self.go_path))
@@ -299,6 +310,11 @@ class Fleet:
         now = time.time()
         self.go_path.write_text(str(now))
         return now
+
+    def request_stop(self) -> None:
+        """Create the stop-file: workers run their final hook (e.g. write samples) and report
+        ``stopped``."""
+        Path(f"{self.go_path}.stop").write_text(str(time.time()))
 
     def stats(self) -> list[dict[str, Any]]:
         return [w.stats() for w in self.workers]
@@ -352,7 +368,7 @@ def percentiles(samples: list[float], points: Iterable[float] = (50, 99, 99.9)) 
         if not ordered:
             out[key] = None
             continue
-        rank = max(int(round(p / 100 * len(ordered) + 0.5)) - 1, 0)
+        rank = max(round(p / 100 * len(ordered) + 0.5) - 1, 0)
         out[key] = ordered[min(rank, len(ordered) - 1)]
     return out
 
