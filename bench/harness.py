@@ -297,11 +297,14 @@ class Fleet:
         self.stop()
 
     def stop(self) -> None:
-        for w in self.workers:
-            w.signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout_s
-        for w in self.workers:
-            w.reap(max(deadline - time.monotonic(), 0.1))
+        """SIGTERM, then SIGKILL after ``stop_timeout_s``: the later workers (members) first,
+        then the first one (the leader, when there is one), so members can still leave."""
+        for group in (self.workers[1:], self.workers[:1]):
+            for w in group:
+                w.signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_timeout_s
+            for w in group:
+                w.reap(max(deadline - time.monotonic(), 0.1))
 
     def go(self) -> float:
         """Create the go-file; returns the wall-clock time it was created."""

@@ -1,0 +1,1 @@
+"""queueflow's benchmark suite (``make bench`` / ``python -m bench``); see bench/suite.py."""

@@ -1,0 +1,79 @@
+"""Kafka's native share groups from Python: confluent-kafka's ``ShareConsumer`` (KIP-932, preview
+in confluent-kafka 2.15+), implicit acknowledgement.
+
+    python -m bench.native_consumer   # BENCH_BROKER (host:port), BENCH_TOPIC, BENCH_GROUP
+
+The group's ``share.auto.offset.reset`` must be ``earliest`` before this runs (the driver sets it
+with Kafka's ConfigCommand). The consumer subscribes, then polls only once the driver's go-file
+exists. Records are counted when ``poll`` returns them (``delivered``), and finished when the
+broker has answered their acknowledgement: the acknowledgement commit callback reports them
+(implicit mode ACCEPTs the previous batch on each ``poll``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from bench.harness import Stats, go
+
+stats = Stats()
+
+
+def main() -> None:
+    import confluent_kafka
+    from confluent_kafka import ShareConsumer
+
+    stats.extra["client"] = f"confluent-kafka {confluent_kafka.version()[0]} / librdkafka " \
+                            f"{confluent_kafka.libversion()[0]}"  # fmt: skip
+    consumer = ShareConsumer({
+        "bootstrap.servers": os.environ["BENCH_BROKER"], "group.id": os.environ["BENCH_GROUP"],
+        "share.acknowledgement.mode": "implicit", "client.id": "bench-native",
+    })  # fmt: skip
+    ack_errors = 0
+
+    def on_commit(offsets: Any, error: Any) -> None:
+        nonlocal ack_errors
+        if error is not None:
+            ack_errors += 1
+            stats.extra["ack_errors"] = ack_errors
+            stats.extra["last_ack_error"] = str(error)[:200]
+            return
+        n = sum(len(v) for v in offsets.values())
+        if n:
+            stats.done += n
+            stats.last = time.time()
+
+    consumer.set_acknowledgement_commit_callback(on_commit)
+    running = True
+
+    def stop(*_: Any) -> None:
+        nonlocal running
+        running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    consumer.subscribe([os.environ["BENCH_TOPIC"]])
+    stats.extra.update(ready=True, assigned=[])
+    stats.start()
+    while not go() and running:
+        time.sleep(0.005)
+    try:
+        while running:
+            messages = consumer.poll(0.1)
+            n = 0
+            for m in messages:
+                if m.error() is None:
+                    n += 1
+            if n:
+                if stats.first is None:
+                    stats.first = time.time()
+                stats.delivered += n
+    finally:
+        consumer.close()
+        stats.flush()
+
+
+if __name__ == "__main__":
+    main()
