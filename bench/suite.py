@@ -738,7 +738,7 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
                 if sweep:
                     out["w"] = {
                         "label": "queueflow share agent by handler concurrency "
-                        "(prefetch = 2 x concurrency)",
+                        "(prefetch adapts to handler time x ShareFetch RTT)",
                         "by_concurrency": sweep,
                     }
     elif "a" in only:
