@@ -17,6 +17,7 @@ Users with their own :class:`faust.App` use :func:`queueflow.attach` instead of 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -25,7 +26,7 @@ import structlog
 
 from queueflow import metrics, topics
 from queueflow.agent import Handler, ShareAgent
-from queueflow.client import bootstrap_servers, ensure_topic, now_ms, partition_counts
+from queueflow.client import bootstrap_servers, ensure_topic, partition_counts
 from queueflow.coordinator import ShareGroupCoordinator, TopicMetadata
 from queueflow.errors import ConfigurationError
 from queueflow.leader import LeaderTicker, LogOffsets, ShareLeader
@@ -34,6 +35,12 @@ from queueflow.settings import ShareGroupSettings
 log = structlog.get_logger("queueflow.app")
 
 ROLES = ("all", "leader", "member")
+#: How often the leaders' stall guard runs (s); see :mod:`queueflow.fencing`.
+STALL_CHECK_INTERVAL_S = 0.1
+#: Faust consumer-group timeouts (s) of the leaders unless set by argument or env var: a
+#: SIGKILLed leader's share-partitions move after the session timeout, so Faust's 60 s default
+#: would stall them for a minute.
+LEADER_GROUP_DEFAULTS = {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 1.0}
 
 
 class ShareGroups:
@@ -92,6 +99,7 @@ class ShareGroups:
         app.timer(self.settings.lock_check_interval_ms / 1000, name="queueflow-ticker")(
             self._ticker.tick
         )
+        app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)
         app.on_partitions_revoked.connect(self._on_revoked)
         app.on_partitions_assigned.connect(self._on_assigned)
 
@@ -160,10 +168,15 @@ class ShareGroups:
             await self._metadata.close()
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
-        now = now_ms()
+        epoch = self.app.consumer_generation_id
         for leader in self.leaders.values():
             name = leader.fetch_topic.get_topic_name()
-            leader.assign({tp.partition for tp in assigned if tp.topic == name}, now)
+            await leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
+
+    async def _watch_stalls(self) -> None:
+        now = int(time.monotonic() * 1000)
+        for leader in self.leaders.values():
+            await leader.watch_stalls(now)
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         for leader in self.leaders.values():
@@ -205,6 +218,9 @@ class App(faust.App):
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("store", "rocksdb://")
+        for name, value in LEADER_GROUP_DEFAULTS.items():
+            if name.upper() not in os.environ:
+                kwargs.setdefault(name, value)
         super().__init__(id, **kwargs)
         self.share_groups = ShareGroups(self, role=role, settings=share_settings)
 

@@ -6,19 +6,24 @@ a table (in production a Faust table on RocksDB with a compacted changelog; in t
 
 * ``S/<group>/<partition>`` holds the latest full snapshot, with its snapshot epoch and the
   leader's state epoch;
-* ``D/<group>/<partition>/<snapshot epoch>/<delta index>`` holds each delta written since.
-  Every delta has its own key, so log compaction keeps everything replay needs;
+* ``D/<group>/<partition>/<state epoch>/<snapshot epoch>/<delta index>`` holds each delta
+  written since. Every delta has its own key, so log compaction keeps everything replay needs,
+  and the state epoch in the key keeps a fenced leader's late deltas apart from its
+  successor's: replay never mixes the writes of two leaders;
 * after ``share.coordinator.snapshot.update.records.per.snapshot`` deltas the next write is a
   full snapshot with the snapshot epoch + 1, and the superseded deltas are deleted (tombstones).
 
 Recovery reads the snapshot and its deltas in index order and replays them; replay is idempotent.
-A new leader bumps the state epoch and writes a fresh snapshot at once.
+A new leader bumps the state epoch and writes a fresh snapshot at once. A leader that learns it
+has been superseded calls :meth:`DurableSharePartition.fence`; from then on every write raises
+:class:`~queueflow.errors.FencedStateEpochError` (KIP-932 ``FENCED_STATE_EPOCH``).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from queueflow.errors import CorruptStateError, FencedStateEpochError
 from queueflow.share.partition import SharePartition, SharePartitionConfig
 from queueflow.share.state import (
     ShareSnapshot,
@@ -43,9 +48,12 @@ def snapshot_key(group: str, partition: int) -> bytes:
     return f"S/{group}/{partition}".encode()
 
 
-def delta_key(group: str, partition: int, snapshot_epoch: int, index: int) -> bytes:
-    """Table key of one delta; unique per (snapshot epoch, index) so compaction keeps it."""
-    return f"D/{group}/{partition}/{snapshot_epoch:010d}/{index:06d}".encode()
+def delta_key(
+    group: str, partition: int, state_epoch: int, snapshot_epoch: int, index: int
+) -> bytes:
+    """Table key of one delta: unique per (state epoch, snapshot epoch, index), so compaction
+    keeps it and two leaders (two state epochs) never write the same key."""
+    return f"D/{group}/{partition}/{state_epoch:010d}/{snapshot_epoch:010d}/{index:06d}".encode()
 
 
 class DurableSharePartition:
@@ -85,6 +93,7 @@ class DurableSharePartition:
         self.leader_epoch = leader_epoch
         self.delta_index = delta_index
         self.writes = 0
+        self.fenced: str | None = None
 
     @property
     def where(self) -> str:
@@ -118,20 +127,27 @@ class DurableSharePartition:
         snapshot = decode_snapshot(raw, where=where)
         updates = []
         index = 0
-        while (
-            delta := table.get(delta_key(group, partition, snapshot.snapshot_epoch, index))
-        ) is not None:
-            update, _epoch, _state_epoch, _index = decode_update(delta, where=where)
+        epochs = (snapshot.state_epoch, snapshot.snapshot_epoch)
+        while (delta := table.get(delta_key(group, partition, *epochs, index))) is not None:
+            update, snapshot_epoch, state_epoch, _index = decode_update(delta, where=where)
+            if (state_epoch, snapshot_epoch) != epochs:
+                raise CorruptStateError(
+                    f"corrupt share-partition state for {where}: the delta stored under state "
+                    f"epoch {epochs[0]}, snapshot epoch {epochs[1]}, index {index} says state "
+                    f"epoch {state_epoch}, snapshot epoch {snapshot_epoch}; refusing to "
+                    "serve this share-partition (docs/operations.md, "
+                    '"Corrupt state", says how to repair or reset it)'
+                )
             updates.append(update)
             index += 1
         start, batches = replay(snapshot, updates)
         engine = SharePartition.restore(config, start, batches)
         durable = cls(
             group, topic, partition, engine, table, updates_per_snapshot,
-            snapshot_epoch=snapshot.snapshot_epoch, state_epoch=snapshot.state_epoch + 1,
+            snapshot_epoch=snapshot.snapshot_epoch, state_epoch=snapshot.state_epoch,
             leader_epoch=leader_epoch, delta_index=index,
         )  # fmt: skip
-        durable.write_snapshot()
+        durable.write_snapshot(next_state_epoch=True)
         return durable
 
     @classmethod
@@ -154,20 +170,41 @@ class DurableSharePartition:
         durable.write_snapshot()
         return durable
 
+    def fence(self, reason: str) -> None:
+        """Refuse every later write: this leader has been superseded (``reason`` says how).
+
+        KIP-932 "Share-partition leader": the share coordinator refuses writes carrying an
+        old state epoch with ``FENCED_STATE_EPOCH``; here the leader learns of its successor
+        from the successor's fence in the request log (see :mod:`queueflow.fencing`).
+        """
+        self.fenced = reason
+
+    def _check_not_fenced(self) -> None:
+        if self.fenced is not None:
+            raise FencedStateEpochError(
+                f"share-partition {self.where}: write with state epoch {self.state_epoch} "
+                f"refused, this leader is fenced ({self.fenced}); it has stepped down and its "
+                "successor owns the state"
+            )
+
     def persist(self) -> bool:
         """Write what changed since the last call as one delta (or a snapshot when due).
 
         Returns:
             True if anything was written.
+
+        Raises:
+            FencedStateEpochError: this leader was fenced (:meth:`fence`); nothing is written.
         """
+        self._check_not_fenced()
         update = self.engine.take_changes()
         if update is None:
             return False
         if update.reset or self.delta_index >= self.updates_per_snapshot:
             self.write_snapshot()
         else:
-            self.table[delta_key(self.group, self.partition, self.snapshot_epoch,
-                                 self.delta_index)] = encode_update(
+            self.table[delta_key(self.group, self.partition, self.state_epoch,
+                                 self.snapshot_epoch, self.delta_index)] = encode_update(
                 update, snapshot_epoch=self.snapshot_epoch, state_epoch=self.state_epoch,
                 delta_index=self.delta_index,
             )  # fmt: skip
@@ -175,9 +212,21 @@ class DurableSharePartition:
         self.writes += 1
         return True
 
-    def write_snapshot(self) -> None:
-        """Write a full snapshot with the next snapshot epoch and drop the superseded deltas."""
-        old_epoch, old_count = self.snapshot_epoch, self.delta_index
+    def write_snapshot(self, next_state_epoch: bool = False) -> None:
+        """Write a full snapshot with the next snapshot epoch and drop the superseded deltas.
+
+        Args:
+            next_state_epoch: take the next state epoch first (a new leader taking over).
+
+        Raises:
+            FencedStateEpochError: this leader was fenced (:meth:`fence`).
+        """
+        self._check_not_fenced()
+        old_state_epoch, old_epoch, old_count = (
+            self.state_epoch, self.snapshot_epoch, self.delta_index
+        )  # fmt: skip
+        if next_state_epoch:
+            self.state_epoch += 1
         self.engine.take_changes()
         start, batches = self.engine.snapshot()
         self.snapshot_epoch += 1
@@ -188,7 +237,7 @@ class DurableSharePartition:
             )
         )  # fmt: skip
         for index in range(old_count):
-            key = delta_key(self.group, self.partition, old_epoch, index)
+            key = delta_key(self.group, self.partition, old_state_epoch, old_epoch, index)
             if self.table.get(key) is not None:
                 del self.table[key]
         self.delta_index = 0

@@ -9,7 +9,7 @@ the leader (RocksDB), and every state change happens inside a Faust stream event
 Per request, in order (KIP-932 "ShareFetch API"): expire elapsed locks, apply the piggy-backed
 acknowledgements atomically, acquire up to ``max_records`` records, write the state change as one
 delta, answer on the reply topic. The engine (:mod:`queueflow.share.partition`) owns the rules;
-this module owns the I/O.
+:mod:`queueflow.fencing` decides when this worker may serve a partition; this module owns the I/O.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from queueflow import metrics, protocol, topics
 from queueflow.client import now_ms
 from queueflow.durable import DurableSharePartition
-from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
+from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
+from queueflow.fencing import FenceOutcome, LeaderFencing
 from queueflow.share.partition import (
     AcknowledgementBatch,
     AcknowledgeType,
@@ -114,7 +115,10 @@ class ShareLeader:
         self.table = raw_table(app, topics.state_table(topic))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
-        self.assigned_at_ms: dict[int, int] = {}
+        conf = app.conf
+        self.fencing = LeaderFencing(
+            int((conf.broker_session_timeout + conf.broker_heartbeat_interval) * 1000)
+        )
         self.agent = app.agent(self.fetch_topic, name=f"share-leader-{topic}")(self._run)
         self._log = log.bind(topic=topic)
 
@@ -127,22 +131,63 @@ class ShareLeader:
         self.table.partitions = count
         self.table.changelog_topic.partitions = count
 
-    def assign(self, partitions: set[int], now: int) -> None:
-        """Note when this worker took ``partitions`` over (see the stale-request rule)."""
+    async def assign(self, partitions: set[int], epoch: int) -> None:
+        """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation) and
+        append this worker's fence to each (see :mod:`queueflow.fencing`)."""
+        self.fencing.assign(partitions, epoch)
         for p in partitions:
-            self.assigned_at_ms[p] = now
+            await self._send_fence(p, epoch)
+
+    async def _send_fence(self, partition: int, epoch: int) -> None:
+        payload = protocol.encode(protocol.Fence(leader_epoch=epoch, sent_ms=now_ms()))
+        await self.app.producer.send(
+            self.fetch_topic.get_topic_name(), None, payload, partition, None, None
+        )
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget the share-partitions of revoked partitions; their new leader restores them."""
+        self.fencing.revoke(partitions)
+        self._drop(partitions)
+
+    def _drop(self, partitions: set[int], fenced: str | None = None) -> None:
         for key in [k for k in self.partitions if k[1] in partitions]:
-            del self.partitions[key]
+            durable = self.partitions.pop(key)
+            if fenced is not None:
+                durable.fence(fenced)
         for key in [k for k in self.refused if k[1] in partitions]:
             del self.refused[key]
+
+    def step_down(self, partitions: list[int], reason: str) -> None:
+        """Stop serving ``partitions``: fence their share-partitions so any later write is
+        refused with ``FENCED_STATE_EPOCH``, and log why."""
+        if not partitions:
+            return
+        self._drop(set(partitions), fenced=reason)
+        metrics.LEADER_STEP_DOWNS.labels(self.topic).inc(len(partitions))
+        self._log.warning("leader_stepped_down", partitions=sorted(partitions), reason=reason,
+                          code=ErrorCode.FENCED_STATE_EPOCH.value)  # fmt: skip
+
+    async def watch_stalls(self, now_monotonic_ms: int) -> None:
+        """The stall guard (called every 100 ms): step down after a stall longer than the
+        Faust session timeout; take the partitions back if the membership survived it."""
+        stalled = self.fencing.alive(now_monotonic_ms)
+        if stalled:
+            self.step_down(stalled, self.fencing.partitions[stalled[0]].fenced or "stalled")
+        resumed = self.fencing.resume_after_stall(
+            now_monotonic_ms, self.app.consumer_generation_id, self.app.rebalancing
+        )
+        for p in resumed:
+            self._log.info("leader_resumed_after_stall", partition=p,
+                           leader_epoch=self.fencing.partitions[p].epoch)  # fmt: skip
+            await self._send_fence(p, self.fencing.partitions[p].epoch)
 
     async def _run(self, stream: StreamT[Any]) -> None:
         async for event in stream.events():
             try:
                 await self._handle(event)
+            except FencedStateEpochError as exc:  # stepped down while handling it
+                self._log.warning("stale_write_refused", partition=event.message.partition,
+                                  error=str(exc), code=exc.code.value)  # fmt: skip
             except Exception:  # never let one bad request stop the leader
                 self._log.exception("leader_request_failed", partition=event.message.partition)
 
@@ -154,6 +199,13 @@ class ShareLeader:
             self._log.error("undecodable_request", partition=partition, error=str(exc))
             return
         now = now_ms()
+        if isinstance(message, protocol.Fence):
+            self._on_fence(partition, message.leader_epoch)
+            return
+        try:
+            self.fencing.check(partition)
+        except FencedStateEpochError:
+            return  # stepped down: the partition's new leader answers
         if isinstance(message, protocol.Tick):
             for (_group, p), durable in self.partitions.items():
                 if p == partition and durable.engine.expire_locks(now):
@@ -167,17 +219,27 @@ class ShareLeader:
                                partition=partition, member_id=message.member_id,
                                records=released, reason=message.reason)  # fmt: skip
         elif isinstance(message, protocol.ShareFetchRequest):
-            # A request produced before this worker took the partition over may be one its old
-            # leader already answered, re-delivered by Faust from the last committed offset:
-            # apply its acknowledgements (atomic, so a repeat is refused harmlessly) but acquire
-            # nothing, or the records would be locked for a member not waiting for them.
-            produced_ms = int((event.message.timestamp or 0) * 1000)
-            stale = produced_ms < self.assigned_at_ms.get(partition, 0)
-            response = await self._share_fetch(message, partition, now, acquire=not stale)
+            # A request before this worker's own fence belongs to the previous leader, which may
+            # have answered it already: apply its acknowledgements (atomic, so a repeat is
+            # refused harmlessly) but acquire nothing, or the records would be locked for a
+            # member not waiting for them.
+            live = self.fencing.is_live(partition)
+            response = await self._share_fetch(message, partition, now, acquire=live)
             await self.app.reply_topic.send(
                 key=message.member_id.encode(), value=protocol.encode(response),
                 partition=message.reply_partition,
             )  # fmt: skip
+
+    def _epoch(self, partition: int) -> int:
+        lead = self.fencing.partitions.get(partition)
+        return lead.epoch if lead is not None else -1
+
+    def _on_fence(self, partition: int, epoch: int) -> None:
+        outcome = self.fencing.on_fence(partition, epoch)
+        if outcome is FenceOutcome.LIVE:
+            self._log.info("leader_live", partition=partition, leader_epoch=epoch)
+        elif outcome is FenceOutcome.SUPERSEDED:
+            self.step_down([partition], self.fencing.partitions[partition].fenced or "fenced")
 
     async def _share_partition(self, group: str, partition: int) -> DurableSharePartition:
         key = (group, partition)
@@ -190,6 +252,7 @@ class ShareLeader:
             durable = DurableSharePartition.load(
                 self.table, group, self.topic, partition, self.config,
                 self.app.share_settings.snapshot_update_records_per_snapshot,
+                leader_epoch=self._epoch(partition),
             )  # fmt: skip
         except CorruptStateError as exc:
             self.refused[key] = exc
@@ -205,6 +268,7 @@ class ShareLeader:
             durable = DurableSharePartition.create(
                 self.table, group, self.topic, partition, self.config,
                 self.app.share_settings.snapshot_update_records_per_snapshot, start,
+                leader_epoch=self._epoch(partition),
             )  # fmt: skip
             self._log.info("share_partition_initialised", group=group, partition=partition,
                            start_offset=start)  # fmt: skip

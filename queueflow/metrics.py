@@ -16,6 +16,8 @@ Leaders and coordinators:
 * ``queueflow_share_partition_acquired_records{group,topic,partition}``;
 * ``queueflow_share_partition_start_offset{group,topic,partition}``: the SPSO;
 * ``queueflow_state_writes_total{topic}``: deltas and snapshots written;
+* ``queueflow_leader_step_downs_total{topic}``: request partitions a fenced or stalled leader
+  stepped down from (:mod:`queueflow.fencing`);
 * ``queueflow_share_group_members{group}``, ``queueflow_share_group_epoch{group}``.
 """
 
@@ -53,6 +55,10 @@ START_OFFSET = Gauge("queueflow_share_partition_start_offset", "The SPSO", _PART
 STATE_WRITES = Counter(
     "queueflow_state_writes", "Durable state writes (deltas and snapshots)", ("topic",)
 )
+LEADER_STEP_DOWNS = Counter(
+    "queueflow_leader_step_downs", "Partitions a fenced or stalled leader stepped down from",
+    ("topic",),
+)  # fmt: skip
 GROUP_MEMBERS = Gauge("queueflow_share_group_members", "Members per share group", ("group",))
 GROUP_EPOCH = Gauge("queueflow_share_group_epoch", "Group epoch", ("group",))
 

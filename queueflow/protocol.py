@@ -107,6 +107,19 @@ class Tick:
 
 
 @dataclass(slots=True)
+class Fence:
+    """A new leader → its request partition: requests after this one are mine.
+
+    ``leader_epoch`` is the Faust consumer generation the sender was assigned the partition in
+    (see :mod:`queueflow.fencing`).
+    """
+
+    leader_epoch: int
+    sent_ms: int = 0
+    kind: str = "fence"
+
+
+@dataclass(slots=True)
 class HeartbeatRequest:
     """ShareGroupHeartbeat: ``member_epoch`` 0 joins, -1 leaves, otherwise the current epoch."""
 
@@ -140,6 +153,7 @@ Message = (
     | ShareFetchResponse
     | ReleaseMember
     | Tick
+    | Fence
     | HeartbeatRequest
     | HeartbeatResponse
 )
@@ -148,6 +162,7 @@ _KINDS: dict[str, type[Any]] = {
     "fetch_response": ShareFetchResponse,
     "release_member": ReleaseMember,
     "tick": Tick,
+    "fence": Fence,
     "heartbeat": HeartbeatRequest,
     "heartbeat_response": HeartbeatResponse,
 }

@@ -95,10 +95,11 @@ def assert_restored(original: SharePartition, restored: SharePartition) -> None:
 
 def test_keys() -> None:
     assert snapshot_key("g", 7) == b"S/g/7"
-    assert delta_key("g", 7, 2, 5) == b"D/g/7/0000000002/000005"
-    # Zero-padded, so byte order is (snapshot epoch, index) order.
-    assert delta_key("g", 1, 2, 10) > delta_key("g", 1, 2, 9)
-    assert delta_key("g", 1, 10, 0) > delta_key("g", 1, 9, 999)
+    assert delta_key("g", 7, 1, 2, 5) == b"D/g/7/0000000001/0000000002/000005"
+    # Zero-padded, so byte order is (state epoch, snapshot epoch, index) order.
+    assert delta_key("g", 1, 0, 2, 10) > delta_key("g", 1, 0, 2, 9)
+    assert delta_key("g", 1, 0, 10, 0) > delta_key("g", 1, 0, 9, 999)
+    assert delta_key("g", 1, 2, 0, 0) > delta_key("g", 1, 1, 9, 999)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -132,9 +133,9 @@ def test_persist_writes_one_delta_per_call_with_changes() -> None:
     d = create(table, per_snapshot=10)
     d.engine.acquire("m", 5, log_end_offset=5, now_ms=0)
     assert d.persist() is True
-    assert delta_keys(table) == [delta_key(G, P, 0, 0)]
+    assert delta_keys(table) == [delta_key(G, P, 0, 0, 0)]
     update, snapshot_epoch, state_epoch, index = decode_update(
-        table[delta_key(G, P, 0, 0)], where=WHERE
+        table[delta_key(G, P, 0, 0, 0)], where=WHERE
     )
     assert (snapshot_epoch, state_epoch, index) == (0, 0, 0)
     assert update.start_offset == 0
@@ -143,8 +144,8 @@ def test_persist_writes_one_delta_per_call_with_changes() -> None:
     ack(d.engine, 0, 1, AcknowledgeType.ACCEPT)
     ack(d.engine, 2, 2, AcknowledgeType.REJECT)
     assert d.persist() is True  # two changes, one delta
-    assert delta_keys(table) == [delta_key(G, P, 0, 0), delta_key(G, P, 0, 1)]
-    update, *_ = decode_update(table[delta_key(G, P, 0, 1)], where=WHERE)
+    assert delta_keys(table) == [delta_key(G, P, 0, 0, 0), delta_key(G, P, 0, 0, 1)]
+    update, *_ = decode_update(table[delta_key(G, P, 0, 0, 1)], where=WHERE)
     assert update.start_offset == 3
     assert d.writes == 2
     assert snapshot_in(table).snapshot_epoch == 0
@@ -169,7 +170,7 @@ def test_snapshot_after_updates_per_snapshot_deltas() -> None:
     # Deltas then continue under the new snapshot epoch.
     ack(d.engine, 0, 0, AcknowledgeType.ACCEPT)
     assert d.persist()
-    assert delta_keys(table) == [delta_key(G, P, 1, 0)]
+    assert delta_keys(table) == [delta_key(G, P, 0, 1, 0)]
 
 
 def test_updates_per_snapshot_zero_snapshots_every_write() -> None:
@@ -258,9 +259,9 @@ def test_load_ignores_deltas_of_superseded_snapshot_epochs() -> None:
     d = create(table, per_snapshot=10)
     d.engine.acquire("m", 3, log_end_offset=3, now_ms=0)
     d.persist()
-    stale = table[delta_key(G, P, 0, 0)]
+    stale = table[delta_key(G, P, 0, 0, 0)]
     restored = must_load(table)  # snapshot epoch 1 now
-    table[delta_key(G, P, 0, 0)] = stale  # e.g. a late write of the previous leader
+    table[delta_key(G, P, 0, 0, 0)] = stale  # e.g. a late write of the previous leader
     assert view(must_load(table).engine, 5) == view(restored.engine, 5)
 
 
@@ -324,7 +325,7 @@ def test_corrupt_delta_raises_naming_the_share_partition(value: bytes) -> None:
     d.persist()
     d.engine.acquire("m", 3, log_end_offset=6, now_ms=0)
     d.persist()
-    table[delta_key(G, P, 0, 1)] = value
+    table[delta_key(G, P, 0, 0, 1)] = value
     before = dict(table)
     with pytest.raises(CorruptStateError) as info:
         load(table)
@@ -339,7 +340,7 @@ def test_empty_delta_value_is_corrupt() -> None:
     for _ in range(2):
         d.engine.acquire("m", 3, log_end_offset=100, now_ms=0)
         d.persist()
-    table[delta_key(G, P, 0, 0)] = b""
+    table[delta_key(G, P, 0, 0, 0)] = b""
     with pytest.raises(CorruptStateError):
         load(table)
 
@@ -379,11 +380,11 @@ def test_replaying_deltas_twice_is_idempotent() -> None:
     # Every delta written twice in a row (an at-least-once changelog replay) ...
     doubled = {SKEY: table[SKEY]}
     for i, value in enumerate(v for v in deltas for _ in range(2)):
-        doubled[delta_key(G, P, 0, i)] = value
+        doubled[delta_key(G, P, 0, 0, i)] = value
     # ... or the whole sequence twice.
     repeated = {SKEY: table[SKEY]}
     for i, value in enumerate(deltas + deltas):
-        repeated[delta_key(G, P, 0, i)] = value
+        repeated[delta_key(G, P, 0, 0, i)] = value
     for t in (doubled, repeated):
         again = must_load(t, 10).engine
         assert view(again, 12) == view(once, 12)
@@ -473,7 +474,9 @@ def test_flow_acquire_ack_in_steps_crash_and_load() -> None:
         (49, 89, 2),
     ]
     assert restored_d.persist()
-    assert delta_keys(table) == [delta_key(G, P, restored_d.snapshot_epoch, 0)]
+    assert delta_keys(table) == [
+        delta_key(G, P, restored_d.state_epoch, restored_d.snapshot_epoch, 0)
+    ]
     update, _, state_epoch, _ = decode_update(table[delta_keys(table)[0]], where=WHERE)
     assert state_epoch == 1
     assert update.start_offset == 46

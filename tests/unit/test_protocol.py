@@ -10,6 +10,7 @@ import pytest
 
 from queueflow.errors import ErrorCode, InvalidRequestError
 from queueflow.protocol import (
+    Fence,
     HeartbeatRequest,
     HeartbeatResponse,
     ReleaseMember,
@@ -49,6 +50,7 @@ MESSAGES: list[Any] = [
     ReleaseMember("g", "orders", 1, "m-3", reason="session timeout"),
     Tick(sent_ms=123456),
     Tick(),
+    Fence(leader_epoch=7, sent_ms=99),
     HeartbeatRequest(
         group="g",
         member_id="m-1",
@@ -101,6 +103,7 @@ def test_every_kind_is_covered() -> None:
         "fetch_response",
         "release_member",
         "tick",
+        "fence",
         "heartbeat",
         "heartbeat_response",
     }

@@ -1,0 +1,171 @@
+"""Leader fencing: a leader that lost its partition neither writes state nor hands out records.
+
+KIP-932 fences a stale share-partition leader at the share coordinator: its
+``WriteShareGroupState`` carries an old state epoch and is refused with ``FENCED_STATE_EPOCH``.
+queueflow's state lives in the leader's own Faust table, so the arbiter is Kafka instead:
+
+* **Leader epoch.** A worker leads request partition ``p`` under the Faust consumer-group
+  generation in which it was assigned ``p``. Kafka's group coordinator issues generations, so
+  a successor always has a higher one.
+* **Fence in the log.** On assignment the new leader appends ``Fence(leader_epoch)`` to
+  request partition ``p``. Every request, for every share-partition of ``p``, goes through that
+  one ordered log, so the fence splits it: requests before it belong to the old leader,
+  requests after it to the new one. A leader that reads its *own* fence becomes live (until
+  then it applies acknowledgements but acquires nothing). A leader that reads a *newer* fence
+  has been superseded. It steps down: it fences its share-partitions, so every later write is
+  refused with ``FENCED_STATE_EPOCH``, and it serves nothing more from ``p``.
+* **Stall guard.** A process that was paused (SIGSTOP, a VM freeze, a blocked event loop) for
+  longer than the Faust session timeout has probably lost its partitions, possibly before it
+  could read a fence. When it wakes it steps down from every partition at once. If, one stall
+  limit later, Faust has neither rebalanced nor changed its generation, the worker kept its
+  membership (Faust heartbeats from its own thread, so a blocked loop alone doesn't lose it):
+  it sends a new fence and serves again once it reads it.
+
+A superseded leader's writes from before the fence carry its old state epoch, and delta keys
+include the state epoch (:func:`queueflow.durable.delta_key`), so replay never mixes two
+leaders' writes.
+
+This module is pure: callers pass monotonic times in ms.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from queueflow.errors import FencedStateEpochError
+
+__all__ = ["FenceOutcome", "LeaderFencing", "Leadership"]
+
+
+class FenceOutcome(enum.Enum):
+    """What reading a fence means for the leader that read it."""
+
+    #: Our own fence: every later request in the partition is ours to serve.
+    LIVE = "live"
+    #: A newer leader's fence: step down from the partition.
+    SUPERSEDED = "superseded"
+    #: An older leader's fence, or one for a partition we don't own: nothing to do.
+    IGNORED = "ignored"
+
+
+@dataclass(slots=True)
+class Leadership:
+    """This worker's leadership of one request partition.
+
+    Attributes:
+        epoch: the leader epoch (Faust consumer generation) it was assigned under.
+        live: its own fence has been read back, so requests after it are its to serve.
+        fenced: why it stepped down, or ``None``.
+        stalled_at_ms: when the stall guard fenced it (monotonic ms), or ``None``.
+    """
+
+    epoch: int
+    live: bool = False
+    fenced: str | None = None
+    stalled_at_ms: int | None = None
+
+
+class LeaderFencing:
+    """Fencing state of the request partitions of one leader worker.
+
+    Args:
+        stall_limit_ms: a pause longer than this (ms) means the worker may have lost every
+            partition: the Faust session timeout plus one heartbeat interval.
+    """
+
+    def __init__(self, stall_limit_ms: int) -> None:
+        if stall_limit_ms <= 0:
+            raise ValueError(f"stall_limit_ms must be > 0, got {stall_limit_ms}")
+        self.stall_limit_ms = stall_limit_ms
+        self.partitions: dict[int, Leadership] = {}
+        self._alive_ms: int | None = None
+
+    def assign(self, partitions: set[int], epoch: int) -> None:
+        """Lead ``partitions`` under leader epoch ``epoch``; not live until the own fence."""
+        for p in partitions:
+            self.partitions[p] = Leadership(epoch)
+
+    def revoke(self, partitions: set[int]) -> None:
+        """Stop leading ``partitions`` (a Faust rebalance took them)."""
+        for p in partitions:
+            self.partitions.pop(p, None)
+
+    def on_fence(self, partition: int, epoch: int) -> FenceOutcome:
+        """Read ``Fence(epoch)`` from ``partition``'s request log; see :class:`FenceOutcome`."""
+        lead = self.partitions.get(partition)
+        if lead is None or lead.fenced is not None or epoch < lead.epoch:
+            return FenceOutcome.IGNORED
+        if epoch == lead.epoch:
+            lead.live = True
+            return FenceOutcome.LIVE
+        lead.fenced = (
+            f"partition {partition} was taken over by leader epoch {epoch}; "
+            f"this worker led it under epoch {lead.epoch}"
+        )
+        lead.live = False
+        return FenceOutcome.SUPERSEDED
+
+    def is_live(self, partition: int) -> bool:
+        """True when this worker may hand out records of ``partition``."""
+        lead = self.partitions.get(partition)
+        return lead is not None and lead.live and lead.fenced is None
+
+    def check(self, partition: int) -> None:
+        """Raise unless this worker still leads ``partition`` (live or not yet live).
+
+        Raises:
+            FencedStateEpochError: the worker stepped down from ``partition`` or doesn't own it.
+        """
+        lead = self.partitions.get(partition)
+        if lead is None:
+            raise FencedStateEpochError(f"this worker does not lead partition {partition}")
+        if lead.fenced is not None:
+            raise FencedStateEpochError(lead.fenced)
+
+    def alive(self, now_ms: int) -> list[int]:
+        """Record that the event loop ran at ``now_ms`` (monotonic).
+
+        Returns:
+            The partitions this call fenced: all those still led, when the gap since the
+            previous call exceeds the stall limit; otherwise none.
+        """
+        previous, self._alive_ms = self._alive_ms, now_ms
+        if previous is None or now_ms - previous <= self.stall_limit_ms:
+            return []
+        stalled = [p for p, lead in self.partitions.items() if lead.fenced is None]
+        for p in stalled:
+            lead = self.partitions[p]
+            lead.live = False
+            lead.stalled_at_ms = now_ms
+            lead.fenced = (
+                f"this worker was stalled for {now_ms - previous} ms, longer than the "
+                f"{self.stall_limit_ms} ms after which Faust's group coordinator gives its "
+                f"partitions to another worker (leader epoch {lead.epoch})"
+            )
+        return stalled
+
+    def resume_after_stall(self, now_ms: int, epoch: int, rebalancing: bool) -> list[int]:
+        """Take back partitions the stall guard fenced, if the membership survived the stall.
+
+        Args:
+            now_ms: monotonic time in ms.
+            epoch: the worker's current Faust consumer generation.
+            rebalancing: whether Faust is rebalancing now.
+
+        Returns:
+            Partitions taken back (not yet live: the caller sends a new fence for each), when
+            a stall limit has passed since the stall with no rebalance and the same generation.
+        """
+        if rebalancing:
+            return []
+        resumed = []
+        for p, lead in self.partitions.items():
+            if (
+                lead.stalled_at_ms is not None
+                and now_ms - lead.stalled_at_ms > self.stall_limit_ms
+                and lead.epoch == epoch
+            ):
+                lead.fenced = lead.stalled_at_ms = None
+                resumed.append(p)
+        return resumed
