@@ -17,7 +17,6 @@ Users with their own :class:`faust.App` use :func:`queueflow.attach` instead of 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,7 +28,7 @@ from queueflow.agent import Handler, ShareAgent
 from queueflow.client import bootstrap_servers, ensure_topic, partition_counts
 from queueflow.coordinator import ShareGroupCoordinator, TopicMetadata
 from queueflow.errors import ConfigurationError
-from queueflow.leader import LeaderTicker, LogOffsets, ShareLeader
+from queueflow.leader import LeaderTicker, LogOffsets, ShareLeader, monotonic_ms
 from queueflow.settings import ShareGroupSettings
 
 log = structlog.get_logger("queueflow.app")
@@ -174,7 +173,7 @@ class ShareGroups:
             await leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
 
     async def _watch_stalls(self) -> None:
-        now = int(time.monotonic() * 1000)
+        now = monotonic_ms()
         for leader in self.leaders.values():
             await leader.watch_stalls(now)
 

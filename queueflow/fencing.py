@@ -58,12 +58,14 @@ class Leadership:
         live: its own fence has been read back, so requests after it are its to serve.
         fenced: why it stepped down, or ``None``.
         stalled_at_ms: when the stall guard fenced it (monotonic ms), or ``None``.
+        fence_sent_ms: when its own fence was last sent (monotonic ms), or ``None``.
     """
 
     epoch: int
     live: bool = False
     fenced: str | None = None
     stalled_at_ms: int | None = None
+    fence_sent_ms: int | None = None
 
 
 class LeaderFencing:
@@ -105,6 +107,19 @@ class LeaderFencing:
         )
         lead.live = False
         return FenceOutcome.SUPERSEDED
+
+    def fences_due(self, now_ms: int, resend_after_ms: int) -> list[int]:
+        """Partitions whose own fence should be sent now: never sent, or sent more than
+        ``resend_after_ms`` ago and not read back (Faust drops records fetched during a
+        rebalance, the fence among them). Marks them sent at ``now_ms``."""
+        due = [
+            p for p, lead in self.partitions.items()
+            if not lead.live and lead.fenced is None
+            and (lead.fence_sent_ms is None or now_ms - lead.fence_sent_ms > resend_after_ms)
+        ]  # fmt: skip
+        for p in due:
+            self.partitions[p].fence_sent_ms = now_ms
+        return due
 
     def is_live(self, partition: int) -> bool:
         """True when this worker may hand out records of ``partition``."""
@@ -166,6 +181,6 @@ class LeaderFencing:
                 and now_ms - lead.stalled_at_ms > self.stall_limit_ms
                 and lead.epoch == epoch
             ):
-                lead.fenced = lead.stalled_at_ms = None
+                lead.fenced = lead.stalled_at_ms = lead.fence_sent_ms = None
                 resumed.append(p)
         return resumed

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -38,6 +39,14 @@ if TYPE_CHECKING:
     from queueflow.app import App
 
 log = structlog.get_logger("queueflow.leader")
+
+#: Resend an own fence not read back within this many ms (see :mod:`queueflow.fencing`).
+FENCE_RESEND_MS = 1000
+
+
+def monotonic_ms() -> int:
+    """Monotonic clock in ms (the stall guard's and fence resends' clock)."""
+    return int(time.monotonic() * 1000)
 
 
 def engine_config(app: App) -> SharePartitionConfig:
@@ -135,14 +144,17 @@ class ShareLeader:
         """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation) and
         append this worker's fence to each (see :mod:`queueflow.fencing`)."""
         self.fencing.assign(partitions, epoch)
-        for p in partitions:
-            await self._send_fence(p, epoch)
+        await self._send_fences(monotonic_ms())
+        if partitions:
+            self._log.info("leader_assigned", partitions=sorted(partitions), leader_epoch=epoch)
 
-    async def _send_fence(self, partition: int, epoch: int) -> None:
-        payload = protocol.encode(protocol.Fence(leader_epoch=epoch, sent_ms=now_ms()))
-        await self.app.producer.send(
-            self.fetch_topic.get_topic_name(), None, payload, partition, None, None
-        )
+    async def _send_fences(self, now_monotonic_ms: int) -> None:
+        for p in self.fencing.fences_due(now_monotonic_ms, FENCE_RESEND_MS):
+            epoch = self.fencing.partitions[p].epoch
+            payload = protocol.encode(protocol.Fence(leader_epoch=epoch, sent_ms=now_ms()))
+            await self.app.producer.send(
+                self.fetch_topic.get_topic_name(), None, payload, p, None, None
+            )
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget the share-partitions of revoked partitions; their new leader restores them."""
@@ -169,7 +181,8 @@ class ShareLeader:
 
     async def watch_stalls(self, now_monotonic_ms: int) -> None:
         """The stall guard (called every 100 ms): step down after a stall longer than the
-        Faust session timeout; take the partitions back if the membership survived it."""
+        Faust session timeout; take the partitions back if the membership survived it; send
+        own fences that are due."""
         stalled = self.fencing.alive(now_monotonic_ms)
         if stalled:
             self.step_down(stalled, self.fencing.partitions[stalled[0]].fenced or "stalled")
@@ -179,7 +192,7 @@ class ShareLeader:
         for p in resumed:
             self._log.info("leader_resumed_after_stall", partition=p,
                            leader_epoch=self.fencing.partitions[p].epoch)  # fmt: skip
-            await self._send_fence(p, self.fencing.partitions[p].epoch)
+        await self._send_fences(now_monotonic_ms)
 
     async def _run(self, stream: StreamT[Any]) -> None:
         async for event in stream.events():
@@ -240,6 +253,8 @@ class ShareLeader:
             self._log.info("leader_live", partition=partition, leader_epoch=epoch)
         elif outcome is FenceOutcome.SUPERSEDED:
             self.step_down([partition], self.fencing.partitions[partition].fenced or "fenced")
+        else:
+            self._log.debug("fence_ignored", partition=partition, leader_epoch=epoch)
 
     async def _share_partition(self, group: str, partition: int) -> DurableSharePartition:
         key = (group, partition)

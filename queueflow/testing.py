@@ -53,6 +53,7 @@ class LeaderWorker:
         settings: share-group settings by KIP-932 name, e.g.
             ``{"group.share.record.lock.duration.ms": 2000}``.
         log_path: where the worker's output goes (default ``datadir/worker.log``).
+        env: extra environment variables, e.g. Faust's ``BROKER_SESSION_TIMEOUT`` (s).
     """
 
     READY_LINE = "[^Worker]: Ready"
@@ -65,6 +66,7 @@ class LeaderWorker:
         datadir: Path,
         settings: Mapping[str, int | str] | None = None,
         log_path: Path | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.app_id = app_id
         self.topics = list(topics)
@@ -73,12 +75,15 @@ class LeaderWorker:
         self.settings = dict(settings or {})
         self.log_path = log_path or self.datadir.with_suffix(".log")
         self.process: subprocess.Popen[bytes] | None = None
+        self.extra_env = dict(env or {})
+        self._log_start = 0
 
     def _env(self) -> dict[str, str]:
         by_name = {s.name: s for s in SETTINGS}
         env = dict(os.environ)
         for name, value in self.settings.items():
             env[by_name[name].env] = str(value)
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout_s: float = 90.0) -> LeaderWorker:
@@ -96,6 +101,7 @@ class LeaderWorker:
         for topic in self.topics:
             argv += ["--topic", topic]
         start_size = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self._log_start = start_size
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env())
         log.close()
@@ -112,6 +118,24 @@ class LeaderWorker:
         self.kill()
         raise RuntimeError(f"leader worker not ready within {timeout_s} s:\n{self.log_tail()}")
 
+    def log_text(self) -> str:
+        """Everything the worker logged since its last :meth:`start`."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_start)
+            return f.read().decode(errors="replace")
+
+    def pause(self) -> None:
+        """SIGSTOP: the process freezes (a GC pause or a VM freeze, as the group sees it)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the worker's log."""
         if not self.log_path.exists():
@@ -122,6 +146,7 @@ class LeaderWorker:
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``."""
         if self.process is not None and self.process.poll() is None:
+            self.resume()
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout_s)
