@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import structlog
+
 from queueflow.acks import AcknowledgementBuffer
 from queueflow.client import MemberClient, ShareRecord, bootstrap_servers
 from queueflow.errors import ConfigurationError, ErrorCode, QueueflowError, ShareGroupError
@@ -33,6 +35,9 @@ from queueflow.share.partition import AcknowledgeType
 
 TopicPartition = tuple[str, int]
 CommitCallback = Callable[[dict[TopicPartition, set[int]], Exception | None], Any]
+
+
+log = structlog.get_logger("queueflow.consumer")
 
 
 class IllegalStateError(QueueflowError):
@@ -89,6 +94,10 @@ class ShareConsumer:
         self._delivered: dict[tuple[str, int, int], ShareRecord] = {}
         self._callback: CommitCallback | None = None
         self._closed = False
+        #: The last ShareFetch error of each share-partition, ``{(topic, partition): error}``;
+        #: cleared by the next answer without one. The consumer keeps retrying those
+        #: share-partitions (with back-off) and serves the others.
+        self.partition_errors: dict[TopicPartition, ShareGroupError] = {}
 
     @property
     def member_id(self) -> str | None:
@@ -183,6 +192,14 @@ class ShareConsumer:
         if response.ack_error != ErrorCode.NONE.value:
             error = ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
         self._report(tp, acks, error)
+        if response.error != ErrorCode.NONE.value:
+            fetch_error = ShareGroupError(ErrorCode(response.error), response.error_message)
+            if tp not in self.partition_errors:
+                log.error("share_fetch_error", group=self.group, topic=tp[0], partition=tp[1],
+                          error=response.error, detail=response.error_message)  # fmt: skip
+            self.partition_errors[tp] = fetch_error
+        else:
+            self.partition_errors.pop(tp, None)
         if not response.acquired:
             return []
         return await client.read_acquired(tp, response.acquired, self._acks)

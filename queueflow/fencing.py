@@ -99,6 +99,8 @@ class LeaderFencing:
         if lead is None or lead.fenced is not None or epoch < lead.epoch:
             return FenceOutcome.IGNORED
         if epoch == lead.epoch:
+            if lead.live:
+                return FenceOutcome.IGNORED  # a resent copy
             lead.live = True
             return FenceOutcome.LIVE
         lead.fenced = (
