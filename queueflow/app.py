@@ -170,7 +170,7 @@ class ShareGroups:
         epoch = self.app.consumer_generation_id
         for leader in self.leaders.values():
             name = leader.fetch_topic.get_topic_name()
-            await leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
+            leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
 
     async def _watch_stalls(self) -> None:
         now = monotonic_ms()

@@ -158,8 +158,13 @@ class ShareConsumer:
         Returns:
             Records, each share-partition's in increasing offset order; [] on timeout.
 
+        A share-partition whose leader fails (a timeout while it fails over, corrupt state)
+        yields nothing and is retried on the next poll; its error is in
+        :attr:`partition_errors` and logged once as ``share_fetch_error``.
+
         Raises:
             IllegalStateError: explicit mode with unacknowledged records, or not subscribed.
+            ShareGroupError: a non-retriable error (see :attr:`ErrorCode.retriable`).
         """
         client = self._require_client()
         self._settle_previous()
@@ -185,24 +190,30 @@ class ShareConsumer:
             return []
         try:
             response = await client.share_fetch(tp[0], tp[1], want, acks, self.lock_duration_ms)
-        except ShareGroupError:
+        except ShareGroupError as exc:
             self._acks.restore(tp, acks)  # the leader may not have seen them: send them again
-            raise
+            if not exc.code.retriable:
+                raise
+            self._note_error(tp, exc)  # e.g. a leader failing over: try again next poll
+            return []
         error = None
         if response.ack_error != ErrorCode.NONE.value:
             error = ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
         self._report(tp, acks, error)
         if response.error != ErrorCode.NONE.value:
-            fetch_error = ShareGroupError(ErrorCode(response.error), response.error_message)
-            if tp not in self.partition_errors:
-                log.error("share_fetch_error", group=self.group, topic=tp[0], partition=tp[1],
-                          error=response.error, detail=response.error_message)  # fmt: skip
-            self.partition_errors[tp] = fetch_error
+            self._note_error(tp, ShareGroupError(ErrorCode(response.error),
+                                                 response.error_message))  # fmt: skip
         else:
             self.partition_errors.pop(tp, None)
         if not response.acquired:
             return []
         return await client.read_acquired(tp, response.acquired, self._acks)
+
+    def _note_error(self, tp: TopicPartition, error: ShareGroupError) -> None:
+        if tp not in self.partition_errors:
+            log.error("share_fetch_error", group=self.group, topic=tp[0], partition=tp[1],
+                      error=error.code.value, detail=error.message)  # fmt: skip
+        self.partition_errors[tp] = error
 
     def _report(self, tp: TopicPartition, acks: list[Any], error: Exception | None) -> None:
         if self._callback is not None and acks:

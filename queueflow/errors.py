@@ -39,6 +39,17 @@ class ErrorCode(enum.Enum):
     #: The request timed out before a leader or coordinator answered.
     REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
 
+    @property
+    def retriable(self) -> bool:
+        """True when the same request may succeed later without the caller changing anything
+        (a leader moving or restarting), as for Kafka's ``RetriableException``."""
+        return self in _RETRIABLE
+
+
+_RETRIABLE = frozenset(
+    {ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_STATE_EPOCH}
+)
+
 
 class QueueflowError(Exception):
     """Base class of every error queueflow raises."""

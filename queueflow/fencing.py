@@ -7,13 +7,14 @@ queueflow's state lives in the leader's own Faust table, so the arbiter is Kafka
 * **Leader epoch.** A worker leads request partition ``p`` under the Faust consumer-group
   generation in which it was assigned ``p``. Kafka's group coordinator issues generations, so
   a successor always has a higher one.
-* **Fence in the log.** On assignment the new leader appends ``Fence(leader_epoch)`` to
-  request partition ``p``. Every request, for every share-partition of ``p``, goes through that
-  one ordered log, so the fence splits it: requests before it belong to the old leader,
-  requests after it to the new one. A leader that reads its *own* fence becomes live (until
-  then it applies acknowledgements but acquires nothing). A leader that reads a *newer* fence
-  has been superseded. It steps down: it fences its share-partitions, so every later write is
-  refused with ``FENCED_STATE_EPOCH``, and it serves nothing more from ``p``.
+* **Fence in the log.** Once Faust has assigned ``p``, recovered the tables and resumed the
+  streams, the new leader appends ``Fence(leader_epoch)`` to request partition ``p``. Every
+  request, for every share-partition of ``p``, goes through that one ordered log, so the fence
+  splits it: requests before it belong to the old leader, requests after it to the new one.
+  A leader that reads its *own* fence becomes live (until then it applies acknowledgements but
+  acquires nothing). A leader that reads a *newer* fence has been superseded. It steps down:
+  it fences its share-partitions, so every later write is refused with
+  ``FENCED_STATE_EPOCH``, and it serves nothing more from ``p``.
 * **Stall guard.** A process that was paused (SIGSTOP, a VM freeze, a blocked event loop) for
   longer than the Faust session timeout has probably lost its partitions, possibly before it
   could read a fence. When it wakes it steps down from every partition at once. If, one stall
@@ -111,13 +112,16 @@ class LeaderFencing:
         return FenceOutcome.SUPERSEDED
 
     def fences_due(self, now_ms: int, resend_after_ms: int) -> list[int]:
-        """Partitions whose own fence should be sent now: never sent, or sent more than
-        ``resend_after_ms`` ago and not read back (Faust drops records fetched during a
-        rebalance, the fence among them). Marks them sent at ``now_ms``."""
+        """Partitions whose own fence should be sent now, marked sent at ``now_ms``: those not
+        live yet whose fence was never sent, or went out more than ``resend_after_ms`` ago and
+        wasn't read back (Faust drops what it fetched while a rebalance was under way, fences
+        among them). Call it only while the worker is not rebalancing.
+        """
         due = [
             p for p, lead in self.partitions.items()
-            if not lead.live and lead.fenced is None
-            and (lead.fence_sent_ms is None or now_ms - lead.fence_sent_ms > resend_after_ms)
+            if not lead.live and lead.fenced is None and (
+                lead.fence_sent_ms is None or now_ms - lead.fence_sent_ms > resend_after_ms
+            )
         ]  # fmt: skip
         for p in due:
             self.partitions[p].fence_sent_ms = now_ms

@@ -140,21 +140,25 @@ class ShareLeader:
         self.table.partitions = count
         self.table.changelog_topic.partitions = count
 
-    async def assign(self, partitions: set[int], epoch: int) -> None:
-        """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation) and
-        append this worker's fence to each (see :mod:`queueflow.fencing`)."""
+    def assign(self, partitions: set[int], epoch: int) -> None:
+        """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation);
+        the stall guard announces it once Faust has recovered the tables."""
         self.fencing.assign(partitions, epoch)
-        await self._send_fences(monotonic_ms())
         if partitions:
             self._log.info("leader_assigned", partitions=sorted(partitions), leader_epoch=epoch)
 
-    async def _send_fences(self, now_monotonic_ms: int) -> None:
-        for p in self.fencing.fences_due(now_monotonic_ms, FENCE_RESEND_MS):
+    async def send_fences(self) -> None:
+        """Append this worker's fence to the partitions it leads but isn't live on yet, once
+        Faust has finished rebalancing (see :mod:`queueflow.fencing`)."""
+        if self.app.rebalancing or not self.app.flow_control.is_active():
+            return  # what the stream fetches now would be dropped, the fence with it
+        for p in self.fencing.fences_due(monotonic_ms(), FENCE_RESEND_MS):
             epoch = self.fencing.partitions[p].epoch
             payload = protocol.encode(protocol.Fence(leader_epoch=epoch, sent_ms=now_ms()))
             await self.app.producer.send(
                 self.fetch_topic.get_topic_name(), None, payload, p, None, None
             )
+            self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget the share-partitions of revoked partitions; their new leader restores them."""
@@ -192,7 +196,7 @@ class ShareLeader:
         for p in resumed:
             self._log.info("leader_resumed_after_stall", partition=p,
                            leader_epoch=self.fencing.partitions[p].epoch)  # fmt: skip
-        await self._send_fences(now_monotonic_ms)
+        await self.send_fences()
 
     async def _run(self, stream: StreamT[Any]) -> None:
         async for event in stream.events():

@@ -159,3 +159,15 @@ def test_two_leaders_racing_on_one_partition() -> None:
     assert restored.engine.start_offset == 5
     # A's late delta sits under its own state epoch, where no replay of B's state looks.
     assert delta_key(G, P, a.state_epoch, a.snapshot_epoch, a.delta_index - 1) in table
+
+
+def test_fences_are_sent_once_and_resent_until_read_back() -> None:
+    f = LeaderFencing(LIMIT_MS)
+    f.assign({0, 1}, epoch=4)
+    assert sorted(f.fences_due(100, resend_after_ms=1000)) == [0, 1]
+    f.on_fence(0, 4)
+    assert f.fences_due(1100, resend_after_ms=1000) == []
+    assert f.fences_due(1101, resend_after_ms=1000) == [1]  # lost in the rebalance: again
+    assert f.fences_due(1200, resend_after_ms=1000) == []
+    f.on_fence(1, 4)
+    assert f.fences_due(9000, resend_after_ms=1000) == []

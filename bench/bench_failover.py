@@ -1,0 +1,154 @@
+"""Leader takeover time after a SIGKILL (issue "Nothing lost", item 3).
+
+Two ``queueflow leader`` workers with queueflow's default Faust group timeouts (session 10 s,
+heartbeat 1 s; standby replicas 1, Faust's default) lead a 1-partition topic. A member consumes
+and ACCEPTs continuously; the worker leading the share-partition gets SIGKILL. Per round it
+prints, from the kill:
+
+* ``assigned``: the survivor is assigned the request partition (the group coordinator noticed
+  the death: the session timeout dominates);
+* ``live``: the survivor has read its own fence back and may hand out records;
+* ``restored``: the share-partition's state is restored (from the standby copy);
+* ``first record``: the member receives its first record from the survivor.
+
+Figures are printed, never asserted::
+
+    python -m bench.bench_failover [--bootstrap HOST:PORT] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from queueflow import ACCEPT, ShareConsumer
+from queueflow.broker import LocalBroker, create_topic, find_free_ports
+from queueflow.testing import LeaderWorker
+
+SETTINGS = {"share.auto.offset.reset": "earliest"}
+MEMBER = {"group.share.heartbeat.interval.ms": 1000, "max.poll.records": 50}
+STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\].*?\] (\w+)\s")
+RECORDS = 200_000
+
+
+def event_times(worker: LeaderWorker, topic: str) -> dict[str, list[float]]:
+    """Wall-clock times of the worker's leader events for ``topic`` (from Faust's log prefix)."""
+    times: dict[str, list[float]] = {}
+    for line in worker.log_text().splitlines():
+        if topic not in line:
+            continue
+        for name in ("leader_assigned", "leader_live", "share_partition_restored"):
+            if f" {name} " in line:
+                m = STAMP.match(line)
+                if m:
+                    t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                    times.setdefault(name, []).append(t)
+    return times
+
+
+async def produce(bootstrap: str, topic: str, count: int) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
+    await producer.start()
+    try:
+        for i in range(count):
+            await producer.send(topic, b"x" * 100)
+            if i % 5000 == 0:
+                await producer.flush()
+    finally:
+        await producer.stop()
+
+
+def latest_leader(workers: list[LeaderWorker], topic: str) -> LeaderWorker:
+    lines = [(m, w) for w in workers
+             for m in re.finditer(r"leader_live\s.*leader_epoch=(\d+)", w.log_text())]  # fmt: skip
+    return max(lines, key=lambda mw: int(mw[0].group(1)))[1]
+
+
+async def one_round(bootstrap: str, tmp: Path) -> dict[str, float]:
+    topic = f"bench-failover-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, topic, 1)
+    await produce(bootstrap, topic, 20_000)
+    app_id = f"bench-failover-{uuid.uuid4().hex[:6]}"
+    workers = [LeaderWorker(app_id, [topic], bootstrap, tmp / f"{app_id}-{n}", SETTINGS).start()
+               for n in ("a", "b")]  # fmt: skip
+    member = ShareConsumer("bench", app_id=app_id, bootstrap_servers=bootstrap,
+                           acknowledgement_mode="explicit", settings=MEMBER)  # fmt: skip
+    try:
+        await member.subscribe([topic])
+        got = 0
+        deadline = time.monotonic() + 120
+        while got < 500:
+            assert time.monotonic() < deadline, "no records before the kill"
+            for r in await member.poll(timeout_ms=500):
+                member.acknowledge(r, ACCEPT)
+                got += 1
+        dead = latest_leader(workers, topic)
+        survivor = next(w for w in workers if w is not dead)
+        before = event_times(survivor, topic)
+        dead.kill()
+        killed = time.time()
+        first = None
+        deadline = time.monotonic() + 120
+        while first is None:
+            assert time.monotonic() < deadline, "no record within 120 s of the kill"
+            records = await member.poll(timeout_ms=200)
+            for r in records:
+                member.acknowledge(r, ACCEPT)
+            if records:
+                first = time.time()
+        after = event_times(survivor, topic)
+
+        def since_kill(name: str) -> float:
+            new = [t for t in after.get(name, []) if t not in before.get(name, [])]
+            return round(min(new) - killed, 3) if new else float("nan")
+
+        return {
+            "assigned_s": since_kill("leader_assigned"),
+            "live_s": since_kill("leader_live"),
+            "restored_s": since_kill("share_partition_restored"),
+            "first_record_s": round(first - killed, 3),
+        }
+    finally:
+        await member.close()
+        for w in workers:
+            w.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap", help="an existing broker (default: start one)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="qf-failover-") as tmp:
+        broker = None
+        bootstrap = args.bootstrap
+        if bootstrap is None:
+            port, cport = find_free_ports(2)
+            broker = LocalBroker(Path(tmp) / "broker", port=port, controller_port=cport)
+            broker.start(timeout_s=120)
+            bootstrap = broker.bootstrap
+        try:
+            rounds = []
+            for i in range(args.rounds):
+                result = asyncio.run(one_round(bootstrap, Path(tmp)))
+                rounds.append(result)
+                print(json.dumps({"round": i + 1, **result}), flush=True)
+        finally:
+            if broker is not None:
+                broker.stop(timeout_s=30)
+    summary = {k: round(statistics.median(r[k] for r in rounds), 3) for k in rounds[0]}
+    print(json.dumps({"median": summary, "faust_session_timeout_s": 10.0}))
+
+
+if __name__ == "__main__":
+    main()
