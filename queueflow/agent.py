@@ -129,15 +129,21 @@ class ShareAgent(mode.Service):
         # values are conservative, so the first batches are small.
         self._handler_s = 0.1
         self._fetch_rtt_s = 0.005
-        self._room = asyncio.Condition()
+        # Set when the records outstanding drop below high_water (fetch loops wait on it).
+        self._room_free = asyncio.Event()
         self._fetchers: dict[tuple[str, int], asyncio.Task[None]] = {}
-        self._running: set[asyncio.Task[None]] = set()  # handler calls in progress
+        self._busy = 0  # handler calls in progress
+        self._idle = asyncio.Event()  # set when _busy drops to 0 while stopping
         self._stopping = False
         self._log = log.bind(group=group, agent=self.name)
         labels = (group, self.topic_name)
         self._delivered = metrics.DELIVERED.labels(*labels)
         self._redelivered = metrics.REDELIVERED.labels(*labels)
         self._fetch_seconds = metrics.SHARE_FETCH_SECONDS.labels(*labels)
+        self._acknowledged = {
+            kind: metrics.ACKNOWLEDGEMENTS.labels(*labels, kind.name.lower()) for kind in _OUTCOMES
+        }
+        self._decodes = self._needs_decoding(topic)
         super().__init__(**kwargs)
 
     def __call__(self, record: ShareRecord) -> Awaitable[Any]:
@@ -184,15 +190,17 @@ class ShareAgent(mode.Service):
         self._stopping = True
         for task in self._fetchers.values():
             task.cancel()
-        while not self._queue.empty():
-            record = self._queue.get_nowait()
-            self._acks.add((record.topic, record.partition), record.offset, AcknowledgeType.RELEASE)
-            self.stats.released += 1
-        if self._running:
+        self._release_queued()
+        if self._busy:
             timeout = self.app.share_settings.shutdown_timeout_ms / 1000
-            _done, pending = await asyncio.wait(self._running, timeout=timeout)
-            if pending:
-                self._log.warning("drain_timeout", unfinished=len(pending), timeout_s=timeout)
+            self._idle.clear()
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except asyncio.TimeoutError:
+                # The worker futures are cancelled after on_stop: those handlers get
+                # CancelledError and their records go back when the member leaves.
+                self._log.warning("drain_timeout", unfinished=self._busy, timeout_s=timeout)
+        self._release_queued()  # records of a ShareFetch that completed meanwhile
         await self._flush_all()
         if self.client is not None:
             await self.client.close(leave=True)
@@ -200,6 +208,12 @@ class ShareAgent(mode.Service):
         metrics.DRAIN_SECONDS.labels(self.group, self.name).set(drain_s)
         self._log.info("share_agent_drained", drain_ms=int(drain_s * 1000),
                        **self.stats.as_dict())  # fmt: skip
+
+    def _release_queued(self) -> None:
+        while not self._queue.empty():
+            record = self._queue.get_nowait()
+            self._acks.add((record.topic, record.partition), record.offset, AcknowledgeType.RELEASE)
+            self.stats.released += 1
 
     # -- fetching --------------------------------------------------------------------------
     async def _supervise(self) -> None:
@@ -227,22 +241,24 @@ class ShareAgent(mode.Service):
         """Wait for room under :attr:`high_water` (or for acknowledgements to linger long
         enough), then reserve it; returns how many records to acquire."""
         linger_s = self.app.share_settings.acknowledgement_linger_ms / 1000
-        async with self._room:
-            with contextlib.suppress(asyncio.TimeoutError):
+        while self._outstanding >= self.high_water:
+            self._room_free.clear()
+            try:
                 await asyncio.wait_for(
-                    self._room.wait_for(lambda: self._outstanding < self.high_water),
-                    timeout=linger_s if self._acks.pending(tp) else None,
+                    self._room_free.wait(), timeout=linger_s if self._acks.pending(tp) else None
                 )
-            want = min(max(self.high_water - self._outstanding, 0),
-                       self.app.share_settings.max_poll_records)  # fmt: skip
-            self._outstanding += want
-            return want
+            except asyncio.TimeoutError:
+                break  # no room, but acknowledgements have waited long enough: send them
+        want = min(max(self.high_water - self._outstanding, 0),
+                   self.app.share_settings.max_poll_records)  # fmt: skip
+        self._outstanding += want
+        return want
 
-    async def _unreserve(self, count: int) -> None:
+    def _unreserve(self, count: int) -> None:
         if count:
-            async with self._room:
-                self._outstanding -= count
-                self._room.notify_all()
+            self._outstanding -= count
+            if self._outstanding < self.high_water:
+                self._room_free.set()
 
     async def _fetch_loop(self, tp: tuple[str, int]) -> None:
         backoff = 0.005
@@ -257,13 +273,13 @@ class ShareAgent(mode.Service):
                 delivered = 0
                 with contextlib.suppress(Exception):
                     delivered = await asyncio.wait_for(fetch, self._request_timeout_s)
-                await self._unreserve(want - max(delivered, 0))
+                self._unreserve(want - max(delivered, 0))
                 raise
             except Exception as exc:  # keep fetching whatever goes wrong; say what it was
                 self._log.warning("share_fetch_failed", topic=tp[0], partition=tp[1],
                                   error=repr(exc))  # fmt: skip
                 delivered = -1
-            await self._unreserve(want - max(delivered, 0))
+            self._unreserve(want - max(delivered, 0))
             if delivered > 0:
                 backoff = 0.005
             elif want or delivered < 0:
@@ -328,29 +344,45 @@ class ShareAgent(mode.Service):
 
     # -- handling --------------------------------------------------------------------------
     async def _worker(self, index: int) -> None:
-        while True:
-            record = await self._queue.get()
-            task = asyncio.create_task(self._handle_one(record))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            # asyncio.wait, unlike await, leaves the handler running if this worker is
-            # cancelled: on_stop decides how long handlers may take.
-            await asyncio.wait({task})
+        # The handler runs inline: a task per record would cost more than a no-op handler.
+        # on_stop waits (within the drain timeout) for the handlers in progress, then mode
+        # cancels this future.
+        queue = self._queue
+        while not self._stopping:
+            record = await queue.get()
+            if self._stopping:  # on_stop releases what is still queued; put it back for that
+                queue.put_nowait(record)
+                return
+            self._busy += 1
+            try:
+                await self._handle_one(record)
+            finally:
+                self._busy -= 1
+                if self._stopping and not self._busy:
+                    self._idle.set()
 
     async def _handle_one(self, record: ShareRecord) -> None:
         started = time.monotonic()
         outcome = await self._process(record)
         self._handler_s += 0.05 * (time.monotonic() - started - self._handler_s)
-        metrics.ACKNOWLEDGEMENTS.labels(self.group, record.topic, outcome.name.lower()).inc()
+        self._acknowledged[outcome].inc()
         self._acks.add((record.topic, record.partition), record.offset, outcome)
-        async with self._room:
-            self._outstanding -= 1
-            self._room.notify_all()
+        self._unreserve(1)
+
+    @staticmethod
+    def _needs_decoding(topic: Any) -> bool:
+        """False for a topic name or a Faust topic whose records stay raw bytes."""
+        if isinstance(topic, str):
+            return False
+        return not (
+            topic.value_type is None and topic.value_serializer == "raw"
+            and topic.key_type is None and topic.key_serializer in ("raw", None)
+        )  # fmt: skip
 
     def _decode(self, record: ShareRecord) -> None:
-        topic = self.topic
-        if isinstance(topic, str):
+        if not self._decodes:
             return
+        topic = self.topic
         serializers = self.app.serializers
         record.value = serializers.loads_value(
             topic.value_type, record.raw_value, serializer=topic.value_serializer
@@ -361,16 +393,18 @@ class ShareAgent(mode.Service):
                     topic.key_type, record.key, serializer=topic.key_serializer
                 )
 
+    def _where(self, record: ShareRecord) -> dict[str, Any]:
+        return {"group": self.group, "topic": record.topic, "partition": record.partition,
+                "offset": record.offset, "delivery_count": record.delivery_count}  # fmt: skip
+
     async def _process(self, record: ShareRecord) -> AcknowledgeType:
-        where = {"group": self.group, "topic": record.topic, "partition": record.partition,
-                 "offset": record.offset, "delivery_count": record.delivery_count}  # fmt: skip
         try:
             self._decode(record)
         except Exception as exc:
             self.stats.undecodable += 1
             self.stats.rejected += 1
             metrics.HANDLER_ERRORS.labels(self.group, record.topic, "undecodable").inc()
-            self._log.error("undecodable_record_rejected", error=repr(exc), **where)
+            self._log.error("undecodable_record_rejected", error=repr(exc), **self._where(record))
             return AcknowledgeType.REJECT
         try:
             result = await self.handler(record)
@@ -382,7 +416,7 @@ class ShareAgent(mode.Service):
             self.stats.released += 1
             metrics.HANDLER_ERRORS.labels(self.group, record.topic, "raised").inc()
             self._log.error("handler_raised_record_released", error=repr(exc), exc_info=True,
-                            **where)  # fmt: skip
+                            **self._where(record))  # fmt: skip
             return AcknowledgeType.RELEASE
         outcome = outcome_of(result)
         if outcome is None:
@@ -391,7 +425,8 @@ class ShareAgent(mode.Service):
             metrics.HANDLER_ERRORS.labels(self.group, record.topic, "invalid_outcome").inc()
             self._log.error(
                 "handler_returned_invalid_outcome_record_released", returned=repr(result)[:200],
-                expected="queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None", **where,
+                expected="queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None",
+                **self._where(record),
             )  # fmt: skip
             return AcknowledgeType.RELEASE
         if outcome is AcknowledgeType.ACCEPT:

@@ -19,7 +19,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from queueflow import metrics, protocol, topics
 from queueflow.client import existing_partition_counts, now_ms
 from queueflow.errors import ShareGroupError
-from queueflow.leader import raw_table
+from queueflow.leader import raw_table, send_control, send_reply
 from queueflow.share.assignor import TopicPartition
 from queueflow.share.group import ShareGroup
 
@@ -167,10 +167,8 @@ class ShareGroupCoordinator:
     async def _reply(
         self, request: protocol.HeartbeatRequest, response: protocol.HeartbeatResponse
     ) -> None:
-        await self.app.reply_topic.send(
-            key=request.member_id.encode(), value=protocol.encode(response),
-            partition=request.reply_partition,
-        )  # fmt: skip
+        await send_reply(self.app, request.member_id, request.reply_partition,
+                         protocol.encode(response))  # fmt: skip
 
     async def _release(
         self, group: ShareGroup, released: list[tuple[str, list[TopicPartition]]], reason: str
@@ -183,7 +181,5 @@ class ShareGroupCoordinator:
                 for partition in range(group.partitions[name]):
                     message = protocol.ReleaseMember(group.group_id, name, partition, member_id,
                                                      reason)  # fmt: skip
-                    await self.app.producer.send(
-                        topics.fetch_topic(self.app.share_namespace, name), None,
-                        protocol.encode(message), partition, None, None,
-                    )  # fmt: skip
+                    await send_control(self.app, topics.fetch_topic(self.app.share_namespace, name),
+                                       partition, protocol.encode(message))  # fmt: skip

@@ -44,6 +44,20 @@ log = structlog.get_logger("queueflow.leader")
 FENCE_RESEND_MS = 1000
 
 
+async def send_control(
+    app: App, topic: str, partition: int, value: bytes, key: bytes | None = None
+) -> None:
+    """Produce a control message through the worker's aiokafka producer: no Faust channel,
+    codec or producer buffer on the way (they cost more than the leader's own work)."""
+    await app.producer.send(topic, key, value, partition, None, None)
+
+
+async def send_reply(app: App, member_id: str, reply_partition: int, value: bytes) -> None:
+    """Answer a member on the reply topic partition it reads."""
+    await send_control(app, topics.reply_topic(app.share_namespace), reply_partition, value,
+                       member_id.encode())  # fmt: skip
+
+
 def monotonic_ms() -> int:
     """Monotonic clock in ms (the stall guard's and fence resends' clock)."""
     return int(time.monotonic() * 1000)
@@ -124,12 +138,14 @@ class ShareLeader:
         self.table = raw_table(app, topics.state_table(topic))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
+        self._gauge_cache: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         conf = app.conf
         self.fencing = LeaderFencing(
             int((conf.broker_session_timeout + conf.broker_heartbeat_interval) * 1000)
         )
         self.agent = app.agent(self.fetch_topic, name=f"share-leader-{topic}")(self._run)
         self._log = log.bind(topic=topic)
+        self._state_writes = metrics.STATE_WRITES.labels(topic)
 
     def set_partition_count(self, count: int) -> None:
         """Co-partition the request topic and the state table with the source topic.
@@ -155,9 +171,7 @@ class ShareLeader:
         for p in self.fencing.fences_due(monotonic_ms(), FENCE_RESEND_MS):
             epoch = self.fencing.partitions[p].epoch
             payload = protocol.encode(protocol.Fence(leader_epoch=epoch, sent_ms=now_ms()))
-            await self.app.producer.send(
-                self.fetch_topic.get_topic_name(), None, payload, p, None, None
-            )
+            await send_control(self.app, self.fetch_topic.get_topic_name(), p, payload)
             self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
 
     def revoke(self, partitions: set[int]) -> None:
@@ -242,10 +256,8 @@ class ShareLeader:
             # member not waiting for them.
             live = self.fencing.is_live(partition)
             response = await self._share_fetch(message, partition, now, acquire=live)
-            await self.app.reply_topic.send(
-                key=message.member_id.encode(), value=protocol.encode(response),
-                partition=message.reply_partition,
-            )  # fmt: skip
+            await send_reply(self.app, message.member_id, message.reply_partition,
+                             protocol.encode(response))  # fmt: skip
 
     def _epoch(self, partition: int) -> int:
         lead = self.fencing.partitions.get(partition)
@@ -340,12 +352,23 @@ class ShareLeader:
             response.acquired = [(a.first_offset, a.last_offset, a.delivery_count)
                                  for a in acquired]  # fmt: skip
         if durable.persist():
-            metrics.STATE_WRITES.labels(self.topic).inc()
-        labels = (request.group, self.topic, str(partition))
-        metrics.IN_FLIGHT.labels(*labels).set(engine.in_flight_count)
-        metrics.ACQUIRED.labels(*labels).set(engine.acquired_count)
-        metrics.START_OFFSET.labels(*labels).set(engine.start_offset)
+            self._state_writes.inc()
+        in_flight, acquired_gauge, start = self._gauges(request.group, partition)
+        in_flight.set(engine.in_flight_count)
+        acquired_gauge.set(engine.acquired_count)
+        start.set(engine.start_offset)
         return response
+
+    def _gauges(self, group: str, partition: int) -> tuple[Any, Any, Any]:
+        key = (group, partition)
+        gauges = self._gauge_cache.get(key)
+        if gauges is None:
+            labels = (group, self.topic, str(partition))
+            gauges = self._gauge_cache[key] = (
+                metrics.IN_FLIGHT.labels(*labels), metrics.ACQUIRED.labels(*labels),
+                metrics.START_OFFSET.labels(*labels),
+            )  # fmt: skip
+        return gauges
 
 
 class LeaderTicker:
@@ -367,4 +390,4 @@ class LeaderTicker:
         for tp in owned:
             if tp.topic in names:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await self.app.producer.send(tp.topic, None, payload, tp.partition, None, None)
+                    await send_control(self.app, tp.topic, tp.partition, payload)
