@@ -49,7 +49,8 @@ class AcknowledgementBuffer:
     def add(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
         """Record the outcome of one record (a later outcome for the same offset wins)."""
         self._pending[tp][offset] = kind
-        self._since.setdefault(tp, time.monotonic())
+        if tp not in self._since:
+            self._since[tp] = time.monotonic()
 
     def take(self, tp: TopicPartition) -> list[WireAck]:
         """Remove and return the pending acknowledgements of ``tp`` as wire ranges."""

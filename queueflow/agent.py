@@ -143,6 +143,7 @@ class ShareAgent(mode.Service):
         self._acknowledged = {
             kind: metrics.ACKNOWLEDGEMENTS.labels(*labels, kind.name.lower()) for kind in _OUTCOMES
         }
+        self._ack_counts = dict.fromkeys(_OUTCOMES, 0)  # published per ShareFetch
         self._decodes = self._needs_decoding(topic)
         super().__init__(**kwargs)
 
@@ -257,7 +258,8 @@ class ShareAgent(mode.Service):
     def _unreserve(self, count: int) -> None:
         if count:
             self._outstanding -= count
-            if self._outstanding < self.high_water:
+            # high_water is computed only when a fetch loop waits for room.
+            if not self._room_free.is_set() and self._outstanding < self.high_water:
                 self._room_free.set()
 
     async def _fetch_loop(self, tp: tuple[str, int]) -> None:
@@ -293,6 +295,7 @@ class ShareAgent(mode.Service):
             records queued for the handlers (0 when none were acquired), -1 on an error.
         """
         assert self.client is not None
+        self._publish_ack_counts()
         acks = self._acks.take(tp)
         if want == 0 and not acks:
             return 0
@@ -338,7 +341,14 @@ class ShareAgent(mode.Service):
             except ShareGroupError as exc:
                 self._log.warning("acknowledgement_flush_failed", error=str(exc))
 
+    def _publish_ack_counts(self) -> None:
+        for kind, count in self._ack_counts.items():
+            if count:
+                self._acknowledged[kind].inc(count)
+                self._ack_counts[kind] = 0
+
     async def _flush_all(self) -> None:
+        self._publish_ack_counts()
         for tp in self._acks.partitions():
             await self._flush(tp)
 
@@ -365,7 +375,7 @@ class ShareAgent(mode.Service):
         started = time.monotonic()
         outcome = await self._process(record)
         self._handler_s += 0.05 * (time.monotonic() - started - self._handler_s)
-        self._acknowledged[outcome].inc()
+        self._ack_counts[outcome] += 1
         self._acks.add((record.topic, record.partition), record.offset, outcome)
         self._unreserve(1)
 

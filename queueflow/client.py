@@ -20,7 +20,7 @@ import random
 import socket
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,7 +51,7 @@ class ShareRecord:
     Attributes:
         topic / partition / offset: where the record lives.
         key / value: the raw bytes (``value`` is replaced by the decoded value for share agents).
-        headers: list of (name, bytes).
+        headers: sequence of (name, bytes), as the Kafka client returned them.
         timestamp: the record's timestamp in ms.
         delivery_count: how many times it has been delivered, this delivery included (KIP-932).
     """
@@ -61,7 +61,7 @@ class ShareRecord:
     offset: int
     key: Any
     value: Any
-    headers: list[tuple[str, bytes]]
+    headers: Sequence[tuple[str, bytes]]
     timestamp: int
     delivery_count: int
     raw_value: bytes | None = field(default=None, repr=False)
@@ -436,16 +436,17 @@ class _PartitionReader:
                     self.tp, timeout_ms=200, max_records=last - expected + 1
                 )
                 messages = batch.get(self.tp, [])
+                append = records.append
                 for m in messages:
-                    gaps.extend(range(expected, min(m.offset, last + 1)))
-                    if m.offset > last:
-                        expected = last + 1
-                        break
-                    records.append(ShareRecord(
-                        m.topic, m.partition, m.offset, m.key, m.value,
-                        list(m.headers or ()), m.timestamp, delivery_count, m.value,
-                    ))  # fmt: skip
-                    expected = m.offset + 1
+                    offset = m.offset
+                    if offset != expected:  # offsets without records (compaction, markers)
+                        gaps.extend(range(expected, min(offset, last + 1)))
+                        if offset > last:
+                            expected = last + 1
+                            break
+                    append(ShareRecord(m.topic, m.partition, offset, m.key, m.value, m.headers,
+                                       m.timestamp, delivery_count, m.value))  # fmt: skip
+                    expected = offset + 1
                 position = await self.consumer.position(self.tp)
                 if not messages and position > expected:
                     # The consumer skipped offsets without records (control records).
