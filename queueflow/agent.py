@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger("queueflow.agent")
 
 Handler = Callable[[ShareRecord], Awaitable[Any]]
+#: ShareFetch loops per assigned share-partition: one can be in flight while the handlers work
+#: through the records of the other.
+FETCHES_IN_FLIGHT = 2
 _OUTCOMES = {AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT}
 
 
@@ -125,13 +128,13 @@ class ShareAgent(mode.Service):
         self._queue: asyncio.Queue[ShareRecord] = asyncio.Queue()
         self._acks = AcknowledgementBuffer()
         self._outstanding = 0
-        # Moving averages (s) of one handler call and of one ShareFetch round trip; the start
-        # values are conservative, so the first batches are small.
+        # Moving averages (s) of one handler call and of one ShareFetch cycle (round trip plus
+        # reading the records); the start values are conservative, so first batches are small.
         self._handler_s = 0.1
-        self._fetch_rtt_s = 0.005
+        self._fetch_cycle_s = 0.005
         # Set when the records outstanding drop below high_water (fetch loops wait on it).
         self._room_free = asyncio.Event()
-        self._fetchers: dict[tuple[str, int], asyncio.Task[None]] = {}
+        self._fetchers: dict[tuple[str, int], list[asyncio.Task[None]]] = {}
         self._busy = 0  # handler calls in progress
         self._idle = asyncio.Event()  # set when _busy drops to 0 while stopping
         self._stopping = False
@@ -159,14 +162,15 @@ class ShareAgent(mode.Service):
     def high_water(self) -> int:
         """Records this process keeps acquired at most.
 
-        Enough to keep every handler busy while the next ShareFetch is on its way: twice the
-        records the handlers complete in one ShareFetch round trip (measured, as moving
-        averages), plus one per handler; at least ``2 * concurrency`` and at most
-        ``max.poll.records``. Fast handlers get large batches (throughput); slow ones get small
-        batches, so locks stay short and members sharing a partition share its records fairly.
+        Enough to keep every handler busy while the next ShareFetch is on its way (a refill
+        starts at half of it): three times the records the handlers complete in one ShareFetch
+        cycle, round trip plus read (measured, as moving averages), plus two per handler; at
+        least ``2 * concurrency`` and at most ``max.poll.records``. Fast handlers get large
+        batches (throughput); slow ones get small batches, so locks stay short and members
+        sharing a partition share its records fairly.
         """
         rate = self.concurrency / max(self._handler_s, 1e-6)  # records per second
-        wanted = int(2 * rate * self._fetch_rtt_s) + self.concurrency
+        wanted = int(3 * rate * self._fetch_cycle_s) + 2 * self.concurrency
         return max(2 * self.concurrency, min(wanted, self.app.share_settings.max_poll_records))
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -189,8 +193,9 @@ class ShareAgent(mode.Service):
         and leave the group (the leaders release anything still held)."""
         started = time.monotonic()
         self._stopping = True
-        for task in self._fetchers.values():
-            task.cancel()
+        for tasks in self._fetchers.values():
+            for task in tasks:
+                task.cancel()
         self._release_queued()
         if self._busy:
             timeout = self.app.share_settings.shutdown_timeout_ms / 1000
@@ -224,12 +229,15 @@ class ShareAgent(mode.Service):
         while not self._stopping:
             wanted = set(self.client.assignment)
             for tp in wanted - set(self._fetchers):
-                self._fetchers[tp] = asyncio.create_task(self._fetch_loop(tp))
+                self._fetchers[tp] = [asyncio.create_task(self._fetch_loop(tp))
+                                      for _ in range(FETCHES_IN_FLIGHT)]  # fmt: skip
             for tp in set(self._fetchers) - wanted:
-                task = self._fetchers.pop(tp)
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+                tasks = self._fetchers.pop(tp)
+                for task in tasks:
+                    task.cancel()
+                for task in tasks:
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
                 await self.client.drop_reader(*tp)
             for tp in self._acks.partitions():
                 if tp not in self._fetchers:
@@ -239,10 +247,16 @@ class ShareAgent(mode.Service):
                 await asyncio.wait_for(self.client.assignment_changed.wait(), timeout=0.5)
 
     async def _reserve(self, tp: tuple[str, int]) -> int:
-        """Wait for room under :attr:`high_water` (or for acknowledgements to linger long
-        enough), then reserve it; returns how many records to acquire."""
+        """Wait until the records outstanding drop to half of :attr:`high_water` (or until
+        acknowledgements have lingered long enough), then reserve the room up to it; returns
+        how many records to acquire.
+
+        Refilling at half, with :data:`FETCHES_IN_FLIGHT` loops per share-partition, keeps a
+        ShareFetch in flight while the handlers work through the previous batch, without
+        splitting the work into one-record ShareFetches.
+        """
         linger_s = self.app.share_settings.acknowledgement_linger_ms / 1000
-        while self._outstanding >= self.high_water:
+        while self._outstanding > self.high_water // 2:
             self._room_free.clear()
             try:
                 await asyncio.wait_for(
@@ -259,7 +273,7 @@ class ShareAgent(mode.Service):
         if count:
             self._outstanding -= count
             # high_water is computed only when a fetch loop waits for room.
-            if not self._room_free.is_set() and self._outstanding < self.high_water:
+            if not self._room_free.is_set() and self._outstanding <= self.high_water // 2:
                 self._room_free.set()
 
     async def _fetch_loop(self, tp: tuple[str, int]) -> None:
@@ -304,9 +318,7 @@ class ShareAgent(mode.Service):
             response = await self.client.share_fetch(
                 tp[0], tp[1], want, acks, self.lock_duration_ms
             )
-            rtt = time.monotonic() - started
-            self._fetch_seconds.observe(rtt)
-            self._fetch_rtt_s += 0.2 * (rtt - self._fetch_rtt_s)
+            self._fetch_seconds.observe(time.monotonic() - started)
         except Exception:
             self._acks.restore(tp, acks)  # the leader may not have seen them: send them again
             raise
@@ -321,6 +333,7 @@ class ShareAgent(mode.Service):
         if not response.acquired:
             return 0
         records = await self.client.read_acquired(tp, response.acquired, self._acks)
+        self._fetch_cycle_s += 0.2 * (time.monotonic() - started - self._fetch_cycle_s)
         redelivered = sum(1 for r in records if r.delivery_count > 1)
         self.stats.delivered += len(records)
         self.stats.redelivered += redelivered

@@ -368,7 +368,6 @@ class MemberClient:
         reader = self._readers.get(key)
         if reader is None:
             reader = self._readers[key] = _PartitionReader(self.bootstrap, topic, partition)
-            await reader.start()
         return await reader.read(acquired, self.settings.request_timeout_ms)
 
     async def read_acquired(
@@ -412,15 +411,27 @@ class _PartitionReader:
             fetch_max_wait_ms=50, max_partition_fetch_bytes=1 << 20,
         )  # fmt: skip
         self.position = -1
+        self._lock = asyncio.Lock()  # one read at a time: reads seek
+        self._started = False
 
     async def start(self) -> None:
-        await self.consumer.start()
-        self.consumer.assign([self.tp])
+        async with self._lock:
+            if not self._started:
+                await self.consumer.start()
+                self.consumer.assign([self.tp])
+                self._started = True
 
     async def close(self) -> None:
         await self.consumer.stop()
 
     async def read(
+        self, acquired: list[protocol.WireAcquired], timeout_ms: int
+    ) -> tuple[list[ShareRecord], list[int]]:
+        await self.start()
+        async with self._lock:
+            return await self._read(acquired, timeout_ms)
+
+    async def _read(
         self, acquired: list[protocol.WireAcquired], timeout_ms: int
     ) -> tuple[list[ShareRecord], list[int]]:
         records: list[ShareRecord] = []
