@@ -390,6 +390,8 @@ class ShareAgent(mode.Service):
         self._handler_s += 0.05 * (time.monotonic() - started - self._handler_s)
         self._ack_counts[outcome] += 1
         self._acks.add((record.topic, record.partition), record.offset, outcome)
+        if outcome is AcknowledgeType.RELEASE and self.client is not None:
+            self.client.remember_released(record)
         self._unreserve(1)
 
     @staticmethod

@@ -20,6 +20,7 @@ import random
 import socket
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,7 @@ class ShareRecord:
     timestamp: int
     delivery_count: int
     raw_value: bytes | None = field(default=None, repr=False)
+    raw_key: bytes | None = field(default=None, repr=False)
 
 
 def bootstrap_servers(broker: str | Iterable[str]) -> str:
@@ -394,11 +396,21 @@ class MemberClient:
             acks.add(tp, offset, AcknowledgeType.GAP)
         return records
 
+    def remember_released(self, record: ShareRecord) -> None:
+        """Keep a RELEASEd record so that its redelivery to this member needs no Kafka read."""
+        reader = self._readers.get((record.topic, record.partition))
+        if reader is not None and record.raw_value is not None:
+            reader.remember_released(record)
+
     async def drop_reader(self, topic: str, partition: int) -> None:
         """Close the reader of a share-partition no longer assigned."""
         reader = self._readers.pop((topic, partition), None)
         if reader is not None:
             await reader.close()
+
+
+#: RELEASEd records a partition reader keeps for their redelivery (oldest dropped first).
+RELEASED_CACHE_RECORDS = 10_000
 
 
 class _PartitionReader:
@@ -411,8 +423,29 @@ class _PartitionReader:
             fetch_max_wait_ms=50, max_partition_fetch_bytes=1 << 20,
         )  # fmt: skip
         self.position = -1
+        self.released: OrderedDict[int, ShareRecord] = OrderedDict()
         self._lock = asyncio.Lock()  # one read at a time: reads seek
         self._started = False
+
+    def remember_released(self, record: ShareRecord) -> None:
+        """Keep a record its handler RELEASEd: it is likely acquired again by this member, and
+        reading it back from Kafka would cost a seek and a fetch of its own."""
+        self.released[record.offset] = record
+        if len(self.released) > RELEASED_CACHE_RECORDS:
+            self.released.popitem(last=False)
+
+    def _take_released(
+        self, first: int, last: int, delivery_count: int, out: list[ShareRecord]
+    ) -> bool:
+        """Serve ``first..last`` from the released records if all are there."""
+        if any(o not in self.released for o in range(first, last + 1)):
+            return False
+        for offset in range(first, last + 1):
+            r = self.released.pop(offset)
+            out.append(ShareRecord(r.topic, r.partition, offset, r.raw_key, r.raw_value,
+                                   r.headers, r.timestamp, delivery_count, r.raw_value,
+                                   r.raw_key))  # fmt: skip
+        return True
 
     async def start(self) -> None:
         async with self._lock:
@@ -438,6 +471,9 @@ class _PartitionReader:
         gaps: list[int] = []
         deadline = time.monotonic() + timeout_ms / 1000
         for first, last, delivery_count in acquired:
+            if first in self.released and self._take_released(first, last, delivery_count,
+                                                              records):  # fmt: skip
+                continue
             if self.position != first:
                 self.consumer.seek(self.tp, first)
                 self.position = first
@@ -456,7 +492,7 @@ class _PartitionReader:
                             expected = last + 1
                             break
                     append(ShareRecord(m.topic, m.partition, offset, m.key, m.value, m.headers,
-                                       m.timestamp, delivery_count, m.value))  # fmt: skip
+                                       m.timestamp, delivery_count, m.value, m.key))  # fmt: skip
                     expected = offset + 1
                 position = await self.consumer.position(self.tp)
                 if not messages and position > expected:

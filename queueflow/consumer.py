@@ -146,6 +146,8 @@ class ShareConsumer:
                 "poll or is already acknowledged"
             )
         self._acks.add((record.topic, record.partition), record.offset, kind)
+        if kind is AcknowledgeType.RELEASE and self._client is not None:
+            self._client.remember_released(record)
 
     async def poll(self, timeout_ms: int = 1000) -> list[ShareRecord]:
         """Fetch records from the assigned share-partitions.

@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("queueflow.leader")
 
+#: How often the end offsets of source partitions being fetched are refreshed (s), and how long
+#: after the last ShareFetch they stay watched (s).
+LOG_END_REFRESH_S = 0.005
+LOG_END_WATCH_S = 2.0
 #: Resend an own fence not read back within this many ms (see :mod:`queueflow.fencing`).
 FENCE_RESEND_MS = 1000
 
@@ -86,12 +90,42 @@ def raw_table(app: App, name: str, partitions: int | None = None) -> Any:
 
 
 class LogOffsets:
-    """Log start and end offsets of source partitions, from a group-less consumer."""
+    """Log start and end offsets of source partitions, from a group-less consumer.
+
+    The end offsets of partitions asked about recently are refreshed in the background every
+    :data:`LOG_END_REFRESH_S`, so a ShareFetch that finds nothing to acquire need not wait for a
+    ListOffsets round trip (which would hold up every request behind it in the leader agent).
+    """
 
     def __init__(self, bootstrap: str) -> None:
         self.bootstrap = bootstrap
         self._consumer: AIOKafkaConsumer | None = None
         self.end: dict[TopicPartition, int] = {}
+        self._watched: dict[TopicPartition, float] = {}  # partition -> last asked (monotonic s)
+        self._refresher: asyncio.Task[None] | None = None
+
+    def cached_end(self, tp: TopicPartition) -> int | None:
+        """The last known high watermark of ``tp`` (``None`` if unknown); keeps it refreshed in
+        the background for :data:`LOG_END_WATCH_S`."""
+        self._watched[tp] = time.monotonic()
+        if self._refresher is None or self._refresher.done():
+            self._refresher = asyncio.ensure_future(self._refresh_watched())
+        return self.end.get(tp)
+
+    async def _refresh_watched(self) -> None:
+        while self._watched:
+            await asyncio.sleep(LOG_END_REFRESH_S)
+            now = time.monotonic()
+            for tp in [tp for tp, at in self._watched.items() if now - at > LOG_END_WATCH_S]:
+                del self._watched[tp]
+            if not self._watched:
+                return
+            try:
+                consumer = await self._client()
+                self.end.update(await consumer.end_offsets(list(self._watched)))
+            except Exception as exc:  # the broker may be restarting: keep the last values
+                log.warning("log_end_refresh_failed", error=repr(exc))
+                await asyncio.sleep(1.0)
 
     async def _client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
@@ -113,6 +147,10 @@ class LogOffsets:
         return (await consumer.beginning_offsets([tp]))[tp]
 
     async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._refresher
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
@@ -338,14 +376,11 @@ class ShareLeader:
                 response.ack_error, response.ack_error_message = code.value, str(exc)
         if acquire and request.max_records > 0 and now < request.deadline_ms:
             tp = TopicPartition(self.topic, partition)
-            log_end = self.offsets.end.get(tp, 0)
+            cached = self.offsets.cached_end(tp)
+            log_end = cached if cached is not None else await self.offsets.log_end(tp)
             try:
                 acquired = engine.acquire(request.member_id, request.max_records, log_end, now,
                                           request.lock_duration_ms)  # fmt: skip
-                if not acquired and engine.end_offset >= log_end:
-                    log_end = await self.offsets.log_end(tp)
-                    acquired = engine.acquire(request.member_id, request.max_records, log_end,
-                                              now, request.lock_duration_ms)  # fmt: skip
             except ShareGroupError as exc:
                 response.error, response.error_message = exc.code.value, exc.message
                 acquired = []

@@ -1,0 +1,49 @@
+"""The partition reader's cache of RELEASEd records (``queueflow.client``), no Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+
+from queueflow import client
+from queueflow.client import ShareRecord
+
+
+def record(offset: int, key: bytes = b"k") -> ShareRecord:
+    return ShareRecord("t", 0, offset, key, b"v%d" % offset, [("h", b"1")], 1000 + offset, 1,
+                       b"v%d" % offset, key)  # fmt: skip
+
+
+def reader() -> client._PartitionReader:
+    async def make() -> client._PartitionReader:
+        return client._PartitionReader("localhost:1", "t", 0)  # never started: no connection
+
+    return asyncio.run(make())
+
+
+def test_redelivery_of_a_released_range_comes_from_the_cache() -> None:
+    r = reader()
+    for o in (5, 6, 7):
+        decoded = record(o)
+        decoded.key, decoded.value = "decoded key", {"decoded": o}  # what a share agent does
+        r.remember_released(decoded)
+    out: list[ShareRecord] = []
+    assert r._take_released(5, 6, 2, out)
+    assert [(x.offset, x.key, x.value, x.delivery_count, x.timestamp) for x in out] == [
+        (5, b"k", b"v5", 2, 1005), (6, b"k", b"v6", 2, 1006)]  # fmt: skip
+    assert list(r.released) == [7]  # served records leave the cache
+
+
+def test_a_range_only_partly_cached_is_read_from_kafka() -> None:
+    r = reader()
+    r.remember_released(record(5))
+    out: list[ShareRecord] = []
+    assert not r._take_released(5, 6, 2, out)
+    assert out == [] and list(r.released) == [5]
+
+
+def test_the_cache_is_bounded_oldest_first(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(client, "RELEASED_CACHE_RECORDS", 3)
+    r = reader()
+    for o in range(5):
+        r.remember_released(record(o))
+    assert list(r.released) == [2, 3, 4]
