@@ -23,6 +23,7 @@ used at all (see faust-streaming issue #606).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -125,7 +126,10 @@ class ShareAgent(mode.Service):
         self.lock_duration_ms = lock_duration_ms
         self.stats = AgentStats()
         self.client: MemberClient | None = None
-        self._queue: asyncio.Queue[ShareRecord] = asyncio.Queue()
+        # Records waiting for a handler; workers wait on _queued when it is empty (a deque and
+        # an event: asyncio.Queue's per-item wake-ups cost more than a no-op handler).
+        self._queue: collections.deque[ShareRecord] = collections.deque()
+        self._queued = asyncio.Event()
         self._acks = AcknowledgementBuffer()
         self._outstanding = 0
         # Moving averages (s) of one handler call and of one ShareFetch cycle (round trip plus
@@ -134,6 +138,9 @@ class ShareAgent(mode.Service):
         self._fetch_cycle_s = 0.005
         # Set when the records outstanding drop below high_water (fetch loops wait on it).
         self._room_free = asyncio.Event()
+        self._refill_level = 0
+        self._backoff: dict[tuple[str, int], float] = {}  # s, per share-partition
+        self._idle_until: dict[tuple[str, int], float] = {}  # monotonic s
         self._fetchers: dict[tuple[str, int], list[asyncio.Task[None]]] = {}
         self._busy = 0  # handler calls in progress
         self._idle = asyncio.Event()  # set when _busy drops to 0 while stopping
@@ -216,8 +223,8 @@ class ShareAgent(mode.Service):
                        **self.stats.as_dict())  # fmt: skip
 
     def _release_queued(self) -> None:
-        while not self._queue.empty():
-            record = self._queue.get_nowait()
+        while self._queue:
+            record = self._queue.popleft()
             self._acks.add((record.topic, record.partition), record.offset, AcknowledgeType.RELEASE)
             self.stats.released += 1
 
@@ -256,7 +263,7 @@ class ShareAgent(mode.Service):
         splitting the work into one-record ShareFetches.
         """
         linger_s = self.app.share_settings.acknowledgement_linger_ms / 1000
-        while self._outstanding > self.high_water // 2:
+        while self._outstanding > self._refill_at():
             self._room_free.clear()
             try:
                 await asyncio.wait_for(
@@ -269,16 +276,25 @@ class ShareAgent(mode.Service):
         self._outstanding += want
         return want
 
+    def _refill_at(self) -> int:
+        self._refill_level = self.high_water // 2
+        return self._refill_level
+
     def _unreserve(self, count: int) -> None:
         if count:
             self._outstanding -= count
-            # high_water is computed only when a fetch loop waits for room.
-            if not self._room_free.is_set() and self._outstanding <= self.high_water // 2:
+            # The threshold is the one computed when the waiting fetch loop last looked.
+            if not self._room_free.is_set() and self._outstanding <= self._refill_level:
                 self._room_free.set()
 
     async def _fetch_loop(self, tp: tuple[str, int]) -> None:
-        backoff = 0.005
+        # The back-off after empty or failed ShareFetches is shared by the share-partition's
+        # loops, so an idle share-partition costs one request per back-off period, not two.
         while not self._stopping:
+            idle_until = self._idle_until.get(tp, 0.0)
+            if idle_until > time.monotonic():
+                await asyncio.sleep(idle_until - time.monotonic())
+                continue
             want = await self._reserve(tp)
             # Shielded: when the share-partition is reassigned mid-request, the request still
             # completes and its records are handled, instead of staying locked until expiry.
@@ -297,10 +313,11 @@ class ShareAgent(mode.Service):
                 delivered = -1
             self._unreserve(want - max(delivered, 0))
             if delivered > 0:
-                backoff = 0.005
+                self._backoff[tp] = 0.005
             elif want or delivered < 0:
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0 if delivered < 0 else 0.2)
+                backoff = self._backoff.get(tp, 0.005)
+                self._idle_until[tp] = time.monotonic() + backoff
+                self._backoff[tp] = min(backoff * 2, 1.0 if delivered < 0 else 0.2)
 
     async def _fetch_once(self, tp: tuple[str, int], want: int) -> int:
         """One ShareFetch with the pending acknowledgements of ``tp`` riding along.
@@ -339,8 +356,8 @@ class ShareAgent(mode.Service):
         self.stats.redelivered += redelivered
         self._delivered.inc(len(records))
         self._redelivered.inc(redelivered)
-        for record in records:
-            self._queue.put_nowait(record)
+        self._queue.extend(records)
+        self._queued.set()
         return len(records)
 
     async def _flush(self, tp: tuple[str, int]) -> None:
@@ -370,12 +387,13 @@ class ShareAgent(mode.Service):
         # The handler runs inline: a task per record would cost more than a no-op handler.
         # on_stop waits (within the drain timeout) for the handlers in progress, then mode
         # cancels this future.
-        queue = self._queue
+        queue, queued = self._queue, self._queued
         while not self._stopping:
-            record = await queue.get()
-            if self._stopping:  # on_stop releases what is still queued; put it back for that
-                queue.put_nowait(record)
-                return
+            if not queue:
+                queued.clear()
+                await queued.wait()
+                continue
+            record = queue.popleft()
             self._busy += 1
             try:
                 await self._handle_one(record)

@@ -197,7 +197,7 @@ class MemberClient:
         )
         await self._producer.start()
         self._replies = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=100,
+            bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=500,
             client_id=self.client_id,
         )  # fmt: skip
         await self._replies.start()

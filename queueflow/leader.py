@@ -92,7 +92,7 @@ def raw_table(app: App, name: str, partitions: int | None = None) -> Any:
 class LogOffsets:
     """Log start and end offsets of source partitions, from a group-less consumer.
 
-    The end offsets of partitions asked about recently are refreshed in the background every
+    The end offsets of partitions fetched from recently are refreshed in the background every
     :data:`LOG_END_REFRESH_S`, so a ShareFetch that finds nothing to acquire need not wait for a
     ListOffsets round trip (which would hold up every request behind it in the leader agent).
     """
@@ -376,8 +376,9 @@ class ShareLeader:
                 response.ack_error, response.ack_error_message = code.value, str(exc)
         if acquire and request.max_records > 0 and now < request.deadline_ms:
             tp = TopicPartition(self.topic, partition)
-            cached = self.offsets.cached_end(tp)
-            log_end = cached if cached is not None else await self.offsets.log_end(tp)
+            log_end = self.offsets.cached_end(tp)
+            if log_end is None:
+                log_end = await self.offsets.log_end(tp)
             try:
                 acquired = engine.acquire(request.member_id, request.max_records, log_end, now,
                                           request.lock_duration_ms)  # fmt: skip
