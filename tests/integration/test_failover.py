@@ -66,10 +66,12 @@ class Ledger:
 
     def assert_only_in_flight_redelivered(self, in_flight: int) -> None:
         """At most ``in_flight`` records were delivered again (what the members held at the
-        leader changes), and every delivery had a higher delivery count than the one before."""
+        leader changes), and no delivery had a lower delivery count than the one before."""
         twice = {o: c for o, c in self.deliveries.items() if len(c) > 1}
-        # Strictly increasing; a count may be skipped when a ShareFetch's answer was lost.
-        bad = {o: c for o, c in twice.items() if any(b <= a for a, b in itertools.pairwise(c))}
+        # Never lower. A count may be skipped (a ShareFetch answer was lost) or repeat: a
+        # leader killed before its changelog write was flushed forgets that acquisition (the
+        # deviation across a crash KIP-932 allows; the chaos run counts them).
+        bad = {o: c for o, c in twice.items() if any(b < a for a, b in itertools.pairwise(c))}
         assert not bad, bad
         assert len(twice) <= in_flight, twice
 
