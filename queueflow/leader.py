@@ -213,9 +213,10 @@ class ShareLeader:
             self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
 
     def revoke(self, partitions: set[int]) -> None:
-        """Forget the share-partitions of revoked partitions; their new leader restores them."""
+        """Forget the share-partitions of revoked partitions; their new leader restores them.
+        A request still in progress for one of them can no longer write its state."""
         self.fencing.revoke(partitions)
-        self._drop(partitions)
+        self._drop(partitions, fenced="its partition was revoked by a Faust rebalance")
 
     def _drop(self, partitions: set[int], fenced: str | None = None) -> None:
         for key in [k for k in self.partitions if k[1] in partitions]:
