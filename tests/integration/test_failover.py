@@ -89,6 +89,20 @@ async def work(c: ShareConsumer, ledger: Ledger, until: Callable[[], bool], time
             c.acknowledge(record, ACCEPT)
 
 
+async def members_under_way(
+    bootstrap: str, app_id: str, topic: str, group: str
+) -> tuple[ShareConsumer, ShareConsumer, set[int], Ledger]:
+    """A holder member that acquired records and sits on them, and a working member that has
+    accepted 20 records: the state a leader change should find."""
+    holder, worker = consumer(bootstrap, app_id, group), consumer(bootstrap, app_id, group)
+    await holder.subscribe([topic])
+    await worker.subscribe([topic])
+    held = await hold_some(holder)
+    ledger = Ledger()
+    await work(worker, ledger, lambda: len(ledger.accepted) >= 20, 60)
+    return holder, worker, held, ledger
+
+
 async def hold_some(c: ShareConsumer) -> set[int]:
     """Acquire records and never acknowledge them (the member stays alive)."""
     deadline = time.monotonic() + 60
@@ -109,13 +123,9 @@ def test_killed_leader_fails_over_and_acquired_records_become_available(
     try:
 
         async def scenario() -> tuple[set[int], Ledger, float, LeaderWorker]:
-            holder = consumer(kafka_bootstrap, app_id, "failover")
-            worker = consumer(kafka_bootstrap, app_id, "failover")
-            await holder.subscribe([topic])
-            await worker.subscribe([topic])
-            held = await hold_some(holder)
-            ledger = Ledger()
-            await work(worker, ledger, lambda: len(ledger.accepted) >= 20, 60)
+            holder, worker, held, ledger = await members_under_way(
+                kafka_bootstrap, app_id, topic, "failover"
+            )
             dead = current_leader(workers, topic)
             dead.kill()
             killed_at = time.monotonic()
@@ -151,13 +161,9 @@ def test_frozen_leader_steps_down_and_its_successor_serves(
     try:
 
         async def scenario() -> tuple[Ledger, LeaderWorker, set[int]]:
-            holder = consumer(kafka_bootstrap, app_id, "fence")
-            worker = consumer(kafka_bootstrap, app_id, "fence")
-            await holder.subscribe([topic])
-            await worker.subscribe([topic])
-            held = await hold_some(holder)
-            ledger = Ledger()
-            await work(worker, ledger, lambda: len(ledger.accepted) >= 20, 60)
+            holder, worker, held, ledger = await members_under_way(
+                kafka_bootstrap, app_id, topic, "fence"
+            )
             frozen = current_leader(workers, topic)
             frozen.pause()
             paused_at = time.monotonic()
