@@ -125,7 +125,7 @@ def main() -> int:
             log = open(run_dir / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed by the child
             workers.append(subprocess.Popen(
                 [sys.executable, "-m", "faust", "-A", "examples.demo.app",
-                 "--datadir", str(run_dir / f"worker-{i}"), "worker", "-l", "warn",
+                 "--datadir", str(run_dir / f"worker-{i}"), "worker", "-l", "info",
                  "--web-port", str(web_port)],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             ))  # fmt: skip
