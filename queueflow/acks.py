@@ -40,11 +40,19 @@ def to_wire(outcomes: dict[int, AcknowledgeType]) -> list[WireAck]:
 
 
 class AcknowledgementBuffer:
-    """Pending acknowledgements per share-partition, with the age of the oldest one."""
+    """Pending acknowledgements per share-partition, with the age of the oldest one.
+
+    Acknowledgements whose request failed (no answer: the leader may or may not have applied
+    them) are kept apart and sent again on their own, ahead of newer ones. The leader applies a
+    request's acknowledgements for a share-partition as a whole or refuses them as a whole
+    (KIP-932), so a repeat merged with newer outcomes would take those down with it when the
+    first request had in fact been applied.
+    """
 
     def __init__(self) -> None:
         self._pending: dict[TopicPartition, dict[int, AcknowledgeType]] = defaultdict(dict)
         self._since: dict[TopicPartition, float] = {}
+        self._uncertain: dict[TopicPartition, list[list[WireAck]]] = {}
 
     def add(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
         """Record the outcome of one record (a later outcome for the same offset wins)."""
@@ -53,24 +61,44 @@ class AcknowledgementBuffer:
             self._since[tp] = time.monotonic()
 
     def take(self, tp: TopicPartition) -> list[WireAck]:
-        """Remove and return the pending acknowledgements of ``tp`` as wire ranges."""
+        """Remove and return the acknowledgements for the next request of ``tp``, as wire
+        ranges: the oldest batch whose request failed, alone, if there is one; otherwise every
+        pending outcome."""
+        uncertain = self._uncertain.get(tp)
+        if uncertain:
+            batch = uncertain.pop(0)
+            if not uncertain:
+                del self._uncertain[tp]
+                if not self._pending.get(tp):
+                    self._since.pop(tp, None)
+            return batch
         self._since.pop(tp, None)
         outcomes = self._pending.pop(tp, None)
         return to_wire(outcomes) if outcomes else []
 
     def restore(self, tp: TopicPartition, ranges: list[WireAck]) -> None:
-        """Put back acknowledgements taken with :meth:`take` whose request failed; outcomes
-        recorded since then win."""
+        """Put back acknowledgements taken with :meth:`take` whose request failed, to be sent
+        again on their own; outcomes recorded since then for the same offsets win.
+
+        Raises:
+            ValueError: an unknown acknowledge type.
+        """
+        newer = self._pending.get(tp, {})
+        kept: dict[int, AcknowledgeType] = {}
         for first, last, kinds in ranges:
             for i, offset in enumerate(range(first, last + 1)):
                 kind = AcknowledgeType(kinds[0] if len(kinds) == 1 else kinds[i])
-                self._pending[tp].setdefault(offset, kind)
-        if ranges:
+                if offset not in newer:
+                    kept[offset] = kind
+        if kept:
+            self._uncertain.setdefault(tp, []).append(to_wire(kept))
             self._since.setdefault(tp, time.monotonic())
 
     def pending(self, tp: TopicPartition) -> int:
         """Number of records of ``tp`` waiting to be acknowledged."""
-        return len(self._pending.get(tp, ()))
+        uncertain = sum(last - first + 1 for batch in self._uncertain.get(tp, ())
+                        for first, last, _ in batch)  # fmt: skip
+        return len(self._pending.get(tp, ())) + uncertain
 
     def age_ms(self, tp: TopicPartition) -> float:
         """How long the oldest pending acknowledgement of ``tp`` has waited, in ms."""
@@ -79,4 +107,5 @@ class AcknowledgementBuffer:
 
     def partitions(self) -> list[TopicPartition]:
         """Share-partitions with pending acknowledgements."""
-        return [tp for tp, outcomes in self._pending.items() if outcomes]
+        tps = [tp for tp, outcomes in self._pending.items() if outcomes]
+        return tps + [tp for tp in self._uncertain if tp not in tps]

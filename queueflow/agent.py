@@ -361,8 +361,8 @@ class ShareAgent(mode.Service):
         return len(records)
 
     async def _flush(self, tp: tuple[str, int]) -> None:
-        acks = self._acks.take(tp)
-        if acks and self.client is not None:
+        # One request per batch: a batch whose earlier request failed goes alone first.
+        while self.client is not None and (acks := self._acks.take(tp)):
             try:
                 response = await self.client.share_fetch(tp[0], tp[1], 0, acks)
                 if response.ack_error != ErrorCode.NONE.value:
@@ -370,6 +370,7 @@ class ShareAgent(mode.Service):
                                       error=response.ack_error)  # fmt: skip
             except ShareGroupError as exc:
                 self._log.warning("acknowledgement_flush_failed", error=str(exc))
+                return
 
     def _publish_ack_counts(self) -> None:
         for kind, count in self._ack_counts.items():

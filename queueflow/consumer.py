@@ -250,16 +250,23 @@ class ShareConsumer:
         results: dict[TopicPartition, Exception | None] = {}
 
         async def one(tp: TopicPartition) -> None:
-            acks = self._acks.take(tp)
-            try:
-                response = await client.share_fetch(tp[0], tp[1], 0, acks)
-                results[tp] = (
-                    None if response.ack_error == ErrorCode.NONE.value
-                    else ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
-                )  # fmt: skip
-            except ShareGroupError as exc:
-                results[tp] = exc
-            self._report(tp, acks, results[tp])
+            # One request per batch: a batch whose earlier request failed goes alone first;
+            # the result is that of the last (newest) batch.
+            while acks := self._acks.take(tp):
+                failed = False
+                try:
+                    response = await client.share_fetch(tp[0], tp[1], 0, acks)
+                    results[tp] = (
+                        None if response.ack_error == ErrorCode.NONE.value
+                        else ShareGroupError(ErrorCode(response.ack_error),
+                                             response.ack_error_message)
+                    )  # fmt: skip
+                except ShareGroupError as exc:
+                    results[tp] = exc
+                    failed = True
+                self._report(tp, acks, results[tp])
+                if failed:
+                    break
 
         work = asyncio.gather(*(one(tp) for tp in self._acks.partitions()))
         if timeout_ms is None:
