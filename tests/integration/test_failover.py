@@ -28,11 +28,19 @@ IN_FLIGHT_PER_CHANGE = 2 * int(MEMBER_SETTINGS["max.poll.records"])
 LEADER_LIVE = re.compile(r"leader_live\s.*leader_epoch=(\d+).*topic=(\S+)")
 
 
-def start_pair(app_id: str, topic: str, bootstrap: str, tmp: Path) -> list[LeaderWorker]:
-    return [
+def start_pair(
+    prefix: str, topic_factory: Callable[..., str], bootstrap: str, tmp: Path
+) -> tuple[str, str, list[LeaderWorker]]:
+    """A 1-partition topic holding RECORDS records and two leader workers of a new app:
+    ``(topic, app_id, workers)``."""
+    topic = topic_factory(1)
+    app_id = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    asyncio.run(produce(bootstrap, topic, RECORDS))
+    workers = [
         LeaderWorker(app_id, [topic], bootstrap, tmp / name, LEADER_SETTINGS, env=FAUST_ENV).start()
         for name in ("a", "b")
     ]
+    return topic, app_id, workers
 
 
 def current_leader(workers: list[LeaderWorker], topic: str) -> LeaderWorker:
@@ -116,10 +124,7 @@ async def hold_some(c: ShareConsumer) -> set[int]:
 def test_killed_leader_fails_over_and_acquired_records_become_available(
     kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
-    topic = topic_factory(1)
-    app_id = f"qf-failover-{uuid.uuid4().hex[:8]}"
-    asyncio.run(produce(kafka_bootstrap, topic, RECORDS))
-    workers = start_pair(app_id, topic, kafka_bootstrap, tmp_path)
+    topic, app_id, workers = start_pair("qf-failover", topic_factory, kafka_bootstrap, tmp_path)
     try:
 
         async def scenario() -> tuple[set[int], Ledger, float, LeaderWorker]:
@@ -154,10 +159,7 @@ def test_killed_leader_fails_over_and_acquired_records_become_available(
 def test_frozen_leader_steps_down_and_its_successor_serves(
     kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
-    topic = topic_factory(1)
-    app_id = f"qf-fence-{uuid.uuid4().hex[:8]}"
-    asyncio.run(produce(kafka_bootstrap, topic, RECORDS))
-    workers = start_pair(app_id, topic, kafka_bootstrap, tmp_path)
+    topic, app_id, workers = start_pair("qf-fence", topic_factory, kafka_bootstrap, tmp_path)
     try:
 
         async def scenario() -> tuple[Ledger, LeaderWorker, set[int]]:
