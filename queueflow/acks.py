@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 
 from queueflow.protocol import WireAck
 from queueflow.share.partition import AcknowledgeType
@@ -83,16 +84,64 @@ class AcknowledgementBuffer:
         Raises:
             ValueError: an unknown acknowledge type.
         """
+        kept = self._not_superseded(tp, ranges)
+        if kept:
+            self._uncertain.setdefault(tp, []).append(to_wire(kept))
+            self._since.setdefault(tp, time.monotonic())
+
+    def refused(
+        self, tp: TopicPartition, ranges: list[WireAck], stale: Sequence[tuple[int, int]] = ()
+    ) -> list[int]:
+        """Handle acknowledgements the leader refused as a whole, so that one stale outcome
+        does not take the others down with it.
+
+        The leader applies a request's acknowledgements atomically (KIP-932 "Client programming
+        interface"), so one offset the member can no longer acknowledge (its lock expired, or
+        it was acknowledged already) refuses all the others, and those records would be
+        delivered and processed again for nothing. The stale offsets named by the leader
+        (``stale``) are dropped and the rest is sent again on its own, ahead of newer outcomes.
+        When the leader named none, the batch is split in two halves, each sent on its own,
+        until a refused batch holds a single offset, which is dropped. Either way each refusal
+        drops or halves, so a batch of ``n`` offsets costs at most ``2n - 1`` requests.
+        Outcomes recorded since then for the same offsets win.
+
+        Args:
+            ranges: the wire ranges of the refused request, as returned by :meth:`take`.
+            stale: inclusive offset ranges the leader said are stale (``ack_stale``).
+
+        Returns:
+            the offsets dropped, in order.
+
+        Raises:
+            ValueError: an unknown acknowledge type.
+        """
+        kept = self._not_superseded(tp, ranges)
+        dropped = [o for o in kept if any(lo <= o <= hi for lo, hi in stale)]
+        for offset in dropped:
+            del kept[offset]
+        if not dropped and len(kept) == 1:
+            return list(kept)
+        if not kept:
+            return dropped
+        offsets = sorted(kept)
+        parts = (
+            [offsets] if dropped else [offsets[: len(offsets) // 2], offsets[len(offsets) // 2 :]]
+        )
+        self._uncertain.setdefault(tp, [])[0:0] = [to_wire({o: kept[o] for o in p}) for p in parts]
+        self._since.setdefault(tp, time.monotonic())
+        return dropped
+
+    def _not_superseded(
+        self, tp: TopicPartition, ranges: list[WireAck]
+    ) -> dict[int, AcknowledgeType]:
+        """``ranges`` as ``offset → type``, without offsets that have a newer pending outcome."""
         newer = self._pending.get(tp, {})
         kept: dict[int, AcknowledgeType] = {}
         for first, last, kinds in ranges:
             for i, offset in enumerate(range(first, last + 1)):
-                kind = AcknowledgeType(kinds[0] if len(kinds) == 1 else kinds[i])
                 if offset not in newer:
-                    kept[offset] = kind
-        if kept:
-            self._uncertain.setdefault(tp, []).append(to_wire(kept))
-            self._since.setdefault(tp, time.monotonic())
+                    kept[offset] = AcknowledgeType(kinds[0] if len(kinds) == 1 else kinds[i])
+        return kept
 
     def pending(self, tp: TopicPartition) -> int:
         """Number of records of ``tp`` waiting to be acknowledged."""

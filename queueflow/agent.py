@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,17 @@ Handler = Callable[[ShareRecord], Awaitable[Any]]
 #: through the records of the other.
 FETCHES_IN_FLIGHT = 2
 _OUTCOMES = {AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT}
+#: Acknowledgement errors after which the still-valid outcomes are sent again.
+_SPLITTABLE = {ErrorCode.INVALID_RECORD_STATE.value, ErrorCode.INVALID_REQUEST.value}
+
+
+def _ranges_text(offsets: list[int]) -> str:
+    """``[1, 2, 3, 7]`` → ``"1..3,7"`` (sorted offsets, for log lines)."""
+    out: list[str] = []
+    for _, run in itertools.groupby(enumerate(offsets), key=lambda item: item[1] - item[0]):
+        block = [offset for _, offset in run]
+        out.append(str(block[0]) if len(block) == 1 else f"{block[0]}..{block[-1]}")
+    return ",".join(out)
 
 
 def outcome_of(result: Any) -> AcknowledgeType | None:
@@ -60,7 +72,11 @@ def outcome_of(result: Any) -> AcknowledgeType | None:
 
 
 class AgentStats:
-    """Counters of one share agent in this process ."""
+    """Counters of one share agent in this process.
+
+    ``lock_expired``: records released unhandled because their acquisition lock expired while
+    they waited for a handler; ``acks_dropped``: outcomes the leader refused as stale.
+    """
 
     def __init__(self) -> None:
         self.delivered = 0
@@ -70,6 +86,8 @@ class AgentStats:
         self.redelivered = 0
         self.handler_errors = 0
         self.undecodable = 0
+        self.lock_expired = 0
+        self.acks_dropped = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -150,6 +168,9 @@ class ShareAgent(mode.Service):
         self._delivered = metrics.DELIVERED.labels(*labels)
         self._redelivered = metrics.REDELIVERED.labels(*labels)
         self._fetch_seconds = metrics.SHARE_FETCH_SECONDS.labels(*labels)
+        self._acks_dropped = metrics.ACKNOWLEDGEMENTS_DROPPED.labels(*labels)
+        self._lock_expired = metrics.LOCK_EXPIRED_UNHANDLED.labels(*labels)
+        self._last_expired_deadline = 0.0  # one log line per expired batch, not per record
         self._acknowledged = {
             kind: metrics.ACKNOWLEDGEMENTS.labels(*labels, kind.name.lower()) for kind in _OUTCOMES
         }
@@ -242,16 +263,25 @@ class ShareAgent(mode.Service):
                 tasks = self._fetchers.pop(tp)
                 for task in tasks:
                     task.cancel()
-                for task in tasks:
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-                await self.client.drop_reader(*tp)
+                # Not awaited here: a cancelled loop finishes its ShareFetch in flight (up to
+                # the request timeout), and the other share-partitions' acknowledgements must
+                # not wait for it or their locks could expire.
+                self.add_future(self._retire(tp, tasks))
             for tp in self._acks.partitions():
                 if tp not in self._fetchers:
                     await self._flush(tp)
             self.client.assignment_changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.client.assignment_changed.wait(), timeout=0.5)
+
+    async def _retire(self, tp: tuple[str, int], tasks: list[asyncio.Task[None]]) -> None:
+        """Wait for the cancelled fetch loops of a share-partition no longer assigned, then
+        close its reader unless it was assigned again meanwhile."""
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if tp not in self._fetchers and self.client is not None:
+            await self.client.drop_reader(*tp)
 
     async def _reserve(self, tp: tuple[str, int]) -> int:
         """Wait until the records outstanding drop to half of :attr:`high_water` (or until
@@ -340,9 +370,7 @@ class ShareAgent(mode.Service):
             self._acks.restore(tp, acks)  # the leader may not have seen them: send them again
             raise
         if response.ack_error != ErrorCode.NONE.value:
-            self._log.warning("acknowledgement_refused", topic=tp[0], partition=tp[1],
-                              error=response.ack_error, detail=response.ack_error_message,
-                              note="these records will be delivered again")  # fmt: skip
+            self._acknowledgements_refused(tp, acks, response)
         if response.error != ErrorCode.NONE.value:
             self._log.error("share_fetch_error", topic=tp[0], partition=tp[1],
                             error=response.error, detail=response.error_message)  # fmt: skip
@@ -350,6 +378,10 @@ class ShareAgent(mode.Service):
         if not response.acquired:
             return 0
         records = await self.client.read_acquired(tp, response.acquired, self._acks)
+        if response.lock_timeout_ms:
+            deadline = started + response.lock_timeout_ms / 1000
+            for record in records:
+                record.lock_deadline = deadline
         self._fetch_cycle_s += 0.2 * (time.monotonic() - started - self._fetch_cycle_s)
         redelivered = sum(1 for r in records if r.delivery_count > 1)
         self.stats.delivered += len(records)
@@ -366,11 +398,32 @@ class ShareAgent(mode.Service):
             try:
                 response = await self.client.share_fetch(tp[0], tp[1], 0, acks)
                 if response.ack_error != ErrorCode.NONE.value:
-                    self._log.warning("acknowledgement_refused", topic=tp[0], partition=tp[1],
-                                      error=response.ack_error)  # fmt: skip
+                    self._acknowledgements_refused(tp, acks, response)
             except ShareGroupError as exc:
+                self._acks.restore(tp, acks)  # the leader may not have seen them
                 self._log.warning("acknowledgement_flush_failed", error=str(exc))
                 return
+
+    def _acknowledgements_refused(
+        self, tp: tuple[str, int], acks: list[Any], response: Any
+    ) -> None:
+        """The leader refused a request's acknowledgements as a whole: send the ones that are
+        still valid again (see :meth:`AcknowledgementBuffer.refused`); only the stale ones are
+        lost, and their records are delivered again."""
+        if response.ack_error not in _SPLITTABLE:
+            self._log.warning("acknowledgement_refused", topic=tp[0], partition=tp[1],
+                              error=response.ack_error, detail=response.ack_error_message,
+                              records=sum(last - first + 1 for first, last, _ in acks),
+                              note="these records will be delivered again")  # fmt: skip
+            return
+        dropped = self._acks.refused(tp, acks, response.ack_stale)
+        if dropped:
+            self.stats.acks_dropped += len(dropped)
+            self._acks_dropped.inc(len(dropped))
+            self._log.warning("stale_acknowledgements_dropped", topic=tp[0], partition=tp[1],
+                              offsets=_ranges_text(dropped), error=response.ack_error,
+                              detail=response.ack_error_message,
+                              note="these records will be delivered again")  # fmt: skip
 
     def _publish_ack_counts(self) -> None:
         for kind, count in self._ack_counts.items():
@@ -395,6 +448,9 @@ class ShareAgent(mode.Service):
                 await queued.wait()
                 continue
             record = queue.popleft()
+            if record.lock_deadline <= time.monotonic():
+                self._lock_expired_unhandled(record)
+                continue
             self._busy += 1
             try:
                 await self._handle_one(record)
@@ -402,6 +458,22 @@ class ShareAgent(mode.Service):
                 self._busy -= 1
                 if self._stopping and not self._busy:
                     self._idle.set()
+
+    def _lock_expired_unhandled(self, record: ShareRecord) -> None:
+        """The record's acquisition lock expired while it waited for a handler: the leader may
+        have delivered it to another member already, so don't process it; RELEASE it (refused
+        harmlessly if the leader expired the lock first)."""
+        self.stats.lock_expired += 1
+        self._lock_expired.inc()
+        self._acks.add((record.topic, record.partition), record.offset, AcknowledgeType.RELEASE)
+        self._unreserve(1)
+        if record.lock_deadline != self._last_expired_deadline:
+            self._last_expired_deadline = record.lock_deadline
+            self._log.warning("acquisition_lock_expired_before_handling", queued=len(self._queue),
+                              note="released unhandled; the handlers are slower than the lock "
+                                   "duration allows (raise group.share.record.lock.duration.ms "
+                                   "or lower max.poll.records)",
+                              **self._where(record))  # fmt: skip
 
     async def _handle_one(self, record: ShareRecord) -> None:
         started = time.monotonic()

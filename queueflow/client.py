@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import random
 import socket
 import time
@@ -55,6 +56,9 @@ class ShareRecord:
         headers: sequence of (name, bytes), as the Kafka client returned them.
         timestamp: the record's timestamp in ms.
         delivery_count: how many times it has been delivered, this delivery included (KIP-932).
+        lock_deadline: ``time.monotonic()`` seconds by which this member must have acknowledged
+            it: the ShareFetch's send time plus the acquisition lock duration, so at or before
+            the leader's own deadline (``inf`` when unknown).
     """
 
     topic: str
@@ -67,6 +71,7 @@ class ShareRecord:
     delivery_count: int
     raw_value: bytes | None = field(default=None, repr=False)
     raw_key: bytes | None = field(default=None, repr=False)
+    lock_deadline: float = field(default=math.inf, repr=False)
 
 
 def bootstrap_servers(broker: str | Iterable[str]) -> str:

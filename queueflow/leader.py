@@ -375,6 +375,10 @@ class ShareLeader:
             except (ShareGroupError, ValueError) as exc:
                 code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST
                 response.ack_error, response.ack_error_message = code.value, str(exc)
+                response.ack_stale = engine.stale_acknowledgements(
+                    request.member_id,
+                    [AcknowledgementBatch(first, last, ()) for first, last, _ in request.acks],
+                )
         if acquire and request.max_records > 0 and now < request.deadline_ms:
             tp = TopicPartition(self.topic, partition)
             log_end = self.offsets.cached_end(tp)
@@ -388,6 +392,8 @@ class ShareLeader:
                 acquired = []
             response.acquired = [(a.first_offset, a.last_offset, a.delivery_count)
                                  for a in acquired]  # fmt: skip
+            response.lock_timeout_ms = (request.lock_duration_ms
+                                        or self.config.record_lock_duration_ms)  # fmt: skip
         if durable.persist():
             self._state_writes.inc()
         in_flight, acquired_gauge, start = self._gauges(request.group, partition)

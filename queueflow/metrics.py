@@ -43,6 +43,18 @@ ACKNOWLEDGEMENTS = Counter(
 HANDLER_ERRORS = Counter(
     "queueflow_handler_errors", "Handler failures by reason", (*_MEMBER, "reason")
 )
+ACKNOWLEDGEMENTS_DROPPED = Counter(
+    "queueflow_acknowledgements_dropped",
+    "Outcomes the leader refused as stale (lock expired, or acknowledged already); those "
+    "records are delivered again",
+    _MEMBER,
+)  # fmt: skip
+LOCK_EXPIRED_UNHANDLED = Counter(
+    "queueflow_records_lock_expired_unhandled",
+    "Records released without calling the handler: their acquisition lock expired while they "
+    "waited for one",
+    _MEMBER,
+)  # fmt: skip
 SHARE_FETCH_SECONDS = Histogram(
     "queueflow_share_fetch_seconds", "ShareFetch round-trip time", _MEMBER,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),

@@ -70,7 +70,13 @@ class ShareFetchResponse:
     """Answer to :class:`ShareFetchRequest`.
 
     ``error`` concerns the fetch as a whole (e.g. ``NOT_LEADER_OR_FOLLOWER``); ``ack_error``
-    concerns the acknowledgements, which are all applied or all refused.
+    concerns the acknowledgements, which are all applied or all refused. When they were refused,
+    ``ack_stale`` names the offset ranges (inclusive) the member could no longer acknowledge,
+    so that it can send its other outcomes again without them.
+
+    ``lock_timeout_ms`` is the acquisition lock duration of the records in ``acquired``
+    (KIP-1222 ``AcquisitionLockTimeoutMs``): they may be acknowledged for at least that long
+    after the member sent the request.
     """
 
     member_id: str
@@ -82,6 +88,8 @@ class ShareFetchResponse:
     error_message: str = ""
     ack_error: str = ErrorCode.NONE.value
     ack_error_message: str = ""
+    ack_stale: list[tuple[int, int]] = field(default_factory=list)
+    lock_timeout_ms: int = 0
     kind: str = "fetch_response"
 
 
@@ -188,6 +196,7 @@ def decode(data: bytes | str | dict[str, Any]) -> Message:
             message.acks = [(int(a), int(b), tuple(int(t) for t in c)) for a, b, c in message.acks]
         elif isinstance(message, ShareFetchResponse):
             message.acquired = [(int(a), int(b), int(c)) for a, b, c in message.acquired]
+            message.ack_stale = [(int(a), int(b)) for a, b in message.ack_stale]
     except (ValueError, KeyError, TypeError) as exc:
         preview = repr(data)[:120]
         raise InvalidRequestError(

@@ -730,14 +730,16 @@ async def replay_diagnostics(
 _LOG_LINE = re.compile(
     r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\] \[(\d+)\] .*?\] "
     r"(assignment|member_session_expired|share_partition_restored|share_fetch_failed|"
-    r"acknowledgement_refused|member_records_released)\s"
+    r"acknowledgement_refused|member_records_released|stale_acknowledgements_dropped|"
+    r"acquisition_lock_expired_before_handling|leader_stepped_down)\s"
 )
 
 
 def worker_log_events(run_dir: Path) -> list[tuple[float, int, str]]:
     """(time, pid, event) of the queueflow log events in the worker logs that explain
-    redeliveries: share-group reassignments, session expiries, leader restores, failed fetches
-    and refused acknowledgements."""
+    redeliveries: share-group reassignments, session expiries, leader restores and step-downs,
+    failed fetches, refused or dropped acknowledgements and records whose lock expired before a
+    handler was free."""
     out: list[tuple[float, int, str]] = []
     for path in sorted(run_dir.glob("w*.log")):
         with open(path, errors="replace") as f:

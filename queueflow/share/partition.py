@@ -565,6 +565,43 @@ class SharePartition:
                 i += 1
         return plan
 
+    def stale_acknowledgements(
+        self, member_id: str, batches: Sequence[AcknowledgementBatch]
+    ) -> list[tuple[int, int]]:
+        """The offsets of ``batches`` that ``member_id`` can no longer acknowledge: not Acquired
+        by it (Available, Acknowledged, Archived or Acquired by another member), or outside
+        SPSO..SPEO-1. Inclusive ranges in offset order, merged where adjacent.
+
+        A refused request (see :meth:`acknowledge`) names these in its answer, so the member
+        can send the rest of its outcomes again without them instead of losing all of them
+        (queueflow's ``ShareFetchResponse.ack_stale``; KIP-932 itself only returns the error).
+        Read-only; batches need not be ordered.
+        """
+        stale: list[tuple[int, int]] = []
+
+        def add(lo: int, hi: int) -> None:
+            if stale and stale[-1][1] + 1 >= lo:
+                stale[-1] = (stale[-1][0], max(stale[-1][1], hi))
+            else:
+                stale.append((lo, hi))
+
+        runs = self._runs
+        for b in sorted(batches, key=lambda b: b.first_offset):
+            first, last = b.first_offset, b.last_offset
+            if first < self._start:
+                add(first, min(last, self._start - 1))
+                first = self._start
+            hi = min(last, self._end - 1)
+            i = self._index(first) if first <= hi else len(runs)
+            while i < len(runs) and runs[i].first <= hi:
+                r = runs[i]
+                if r.state is not _ACQUIRED or r.member != member_id:
+                    add(max(r.first, first), min(r.last, hi))
+                i += 1
+            if last >= self._end:
+                add(max(first, self._end), last)
+        return stale
+
     def _ack_transform(self, ack: AcknowledgeType) -> _Transform:
         if ack is AcknowledgeType.ACCEPT:
             return lambda r: (_ACKNOWLEDGED, r.count, None, None)

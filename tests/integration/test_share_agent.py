@@ -4,6 +4,7 @@ rejects, raises and returns junk; an undecodable record is rejected without a ha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,7 +14,7 @@ import time
 import urllib.request
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,17 +26,56 @@ from queueflow.broker import find_free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 50
+SLOW_RECORDS = 6
 
 
-async def produce(bootstrap: str, topic: str) -> None:
+async def produce(bootstrap: str, topic: str, count: int = RECORDS, junk: bool = True) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:
-        for i in range(RECORDS):
+        for i in range(count):
             await producer.send_and_wait(topic, json.dumps({"i": i}).encode())
-        await producer.send_and_wait(topic, b"\xff not json")
+        if junk:
+            await producer.send_and_wait(topic, b"\xff not json")
     finally:
         await producer.stop()
+
+
+@contextlib.contextmanager
+def agent_worker(
+    module: str, topic: str, bootstrap: str, tmp_path: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path, int]]:
+    """Run ``faust -A <module> worker`` (role ``all``); yields (process, ledger, log, web port)
+    and stops it with SIGTERM (a graceful drain)."""
+    ledger, log = tmp_path / "ledger.jsonl", tmp_path / "worker.log"
+    (web_port,) = find_free_ports(1)
+    env = dict(os.environ, AGENT_APP_ID=f"qf-agent-{uuid.uuid4().hex[:8]}", AGENT_TOPIC=topic,
+               AGENT_BROKER=f"kafka://{bootstrap}", AGENT_LEDGER=str(ledger))  # fmt: skip
+    with open(log, "wb") as out:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "faust", "-A", module, "--datadir", str(tmp_path / "data"),
+             "worker", "-l", "info", "--web-port", str(web_port)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        yield worker, ledger, log, web_port
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+
+
+def wait_for_ledger(
+    worker: subprocess.Popen[bytes], ledger: Path, log: Path, done: Callable[[list[dict]], bool]
+) -> list[dict]:
+    """Poll the handler's ledger (JSON lines) until ``done(lines)``, within 90 s."""
+    deadline = time.monotonic() + 90
+    while True:
+        lines = [json.loads(x) for x in ledger.read_text().splitlines()] if ledger.exists() else []
+        if done(lines):
+            return lines
+        assert worker.poll() is None, log.read_text()[-3000:]
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
 
 
 def test_share_agent_outcomes(
@@ -43,33 +83,15 @@ def test_share_agent_outcomes(
 ) -> None:
     topic = topic_factory(1)
     asyncio.run(produce(kafka_bootstrap, topic))
-    ledger, log = tmp_path / "ledger.jsonl", tmp_path / "worker.log"
-    (web_port,) = find_free_ports(1)
-    env = dict(os.environ, AGENT_APP_ID=f"qf-agent-{uuid.uuid4().hex[:8]}", AGENT_TOPIC=topic,
-               AGENT_BROKER=f"kafka://{kafka_bootstrap}", AGENT_LEDGER=str(ledger))  # fmt: skip
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", "tests.integration.agent_app", "--datadir",
-             str(tmp_path / "data"), "worker", "-l", "info", "--web-port", str(web_port)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    deliveries: dict[int, list[int]] = defaultdict(list)
-    try:
-        deadline = time.monotonic() + 90
-        expected_deliveries = RECORDS + 2 * (RECORDS // 5)  # i%5 in (0, 1) are delivered twice
-        while sum(map(len, deliveries.values())) < expected_deliveries:
-            assert worker.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-            deliveries.clear()
-            if ledger.exists():
-                for line in ledger.read_text().splitlines():
-                    entry = json.loads(line)
-                    deliveries[entry["i"]].append(entry["delivery_count"])
+    expected_deliveries = RECORDS + 2 * (RECORDS // 5)  # i%5 in (0, 1) are delivered twice
+    with agent_worker("tests.integration.agent_app", topic, kafka_bootstrap, tmp_path) as (
+        worker, ledger, log, web_port,
+    ):  # fmt: skip
+        lines = wait_for_ledger(worker, ledger, log, lambda x: len(x) >= expected_deliveries)
         metrics = _get(f"http://127.0.0.1:{web_port}/metrics")
-    finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=60)
+    deliveries: dict[int, list[int]] = defaultdict(list)
+    for entry in lines:
+        deliveries[entry["i"]].append(entry["delivery_count"])
     text = log.read_text()
     for i in range(RECORDS):
         assert deliveries[i] == ([1, 2] if i % 5 in (0, 1) else [1]), (i, deliveries[i])
@@ -83,6 +105,42 @@ def test_share_agent_outcomes(
     assert _sample(metrics, "queueflow_acknowledgements_total", {**labels, "type": "reject"}) == 11
     raised = {**labels, "reason": "raised"}
     assert _sample(metrics, "queueflow_handler_errors_total", raised) == RECORDS // 5
+
+
+def test_records_whose_lock_expired_in_the_queue_are_not_handled(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """A handler slower than the acquisition lock (1 s): the record queued behind it is
+    released unhandled once its lock has expired, and delivered again; no handler starts on a
+    record after its lock deadline, and every record ends Acknowledged."""
+    topic = topic_factory(1)
+    asyncio.run(produce(kafka_bootstrap, topic, count=SLOW_RECORDS, junk=False))
+    with agent_worker("tests.integration.slow_agent_app", topic, kafka_bootstrap, tmp_path) as (
+        worker, ledger, log, web_port,
+    ):  # fmt: skip
+        lines = wait_for_ledger(
+            worker, ledger, log, lambda x: {e["i"] for e in x} >= set(range(SLOW_RECORDS))
+        )
+        # every record Acknowledged: the group's SPSO reaches the end of the topic
+        wait_for_ledger(worker, ledger, log, lambda _: _spso(web_port, topic) == SLOW_RECORDS)
+        metrics = _get(f"http://127.0.0.1:{web_port}/metrics")
+        lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+    assert not [e for e in lines if e["late"]], lines  # never handled after its lock deadline
+    first = {e["i"]: e["delivery_count"] for e in reversed(lines)}
+    assert first[0] == 1
+    assert first[1] >= 2, lines  # queued behind the slow record 0: its first delivery expired
+    labels = {"group": "slow", "topic": topic}
+    assert _sample(metrics, "queueflow_records_lock_expired_unhandled_total", labels) >= 1
+    assert "acquisition_lock_expired_before_handling" in log.read_text()
+
+
+def _spso(web_port: int, topic: str) -> float:
+    try:
+        metrics = _get(f"http://127.0.0.1:{web_port}/metrics")
+        labels = {"group": "slow", "topic": topic, "partition": "0"}
+        return _sample(metrics, "queueflow_share_partition_start_offset", labels)
+    except (AssertionError, OSError):
+        return -1
 
 
 def _sample(text: str, name: str, labels: dict[str, str]) -> float:

@@ -229,3 +229,80 @@ def test_property_take_restore_merges_with_newer_outcomes(
         assert expand(buf.take(TP)) == restored
     assert expand(buf.take(TP)) == {o: int(k) for o, k in new.items()}
     assert buf.take(TP) == [] and buf.pending(TP) == 0 and buf.partitions() == []
+
+
+# ------------------------------------------------------------------------------------------------
+# refused: a request's acknowledgements refused as a whole
+# ------------------------------------------------------------------------------------------------
+
+
+def test_refused_drops_the_stale_offsets_and_sends_the_rest_again_first() -> None:
+    buf = AcknowledgementBuffer()
+    for offset in range(10, 20):
+        buf.add(TP, offset, ACCEPT)
+    taken = buf.take(TP)
+    buf.add(TP, 30, REJECT)  # newer, not part of the refused request
+    assert buf.refused(TP, taken, stale=[(12, 13), (19, 19)]) == [12, 13, 19]
+    assert buf.take(TP) == [(10, 11, (1,)), (14, 18, (1,))]  # alone, ahead of newer outcomes
+    assert buf.take(TP) == [(30, 30, (3,))]
+    assert buf.take(TP) == []
+
+
+def test_refused_without_stale_offsets_splits_in_halves_until_one_offset_is_dropped() -> None:
+    buf = AcknowledgementBuffer()
+    for offset in range(4):
+        buf.add(TP, offset, ACCEPT)
+    assert buf.refused(TP, buf.take(TP)) == []
+    assert buf.take(TP) == [(0, 1, (1,))]
+    assert buf.refused(TP, [(0, 1, (1,))]) == []
+    assert buf.take(TP) == [(0, 0, (1,))]
+    assert buf.refused(TP, [(0, 0, (1,))]) == [0]  # refused alone: dropped
+    assert buf.take(TP) == [(1, 1, (1,))]
+    assert buf.take(TP) == [(2, 3, (1,))]
+    assert buf.take(TP) == []
+
+
+def test_refused_newer_outcomes_win() -> None:
+    buf = AcknowledgementBuffer()
+    buf.add(TP, 1, RELEASE)
+    buf.add(TP, 2, RELEASE)
+    buf.add(TP, 3, RELEASE)
+    taken = buf.take(TP)
+    buf.add(TP, 2, ACCEPT)  # redelivered to this member and handled again meanwhile
+    assert buf.refused(TP, taken, stale=[(1, 1)]) == [1]
+    assert buf.take(TP) == [(3, 3, (2,))]
+    assert buf.take(TP) == [(2, 2, (1,))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(st.integers(0, 60), st.sampled_from(list(AcknowledgeType)), min_size=1),
+    st.sets(st.integers(0, 60)),
+    st.booleans(),
+)
+def test_property_refusals_lose_only_the_stale_outcomes(
+    outcomes: dict[int, AcknowledgeType], stale: set[int], leader_names_them: bool
+) -> None:
+    """Against a leader that refuses any request naming a stale offset (atomically), every
+    valid outcome is applied exactly once, every stale one is dropped, within 2n - 1 requests."""
+    buf = AcknowledgementBuffer()
+    for offset, kind in outcomes.items():
+        buf.add(TP, offset, kind)
+    applied: dict[int, int] = {}
+    dropped: list[int] = []
+    requests = 0
+    while ranges := buf.take(TP):
+        requests += 1
+        offered = expand(ranges)
+        bad = sorted(stale & offered.keys())
+        if not bad:
+            assert not offered.keys() & applied.keys()
+            applied.update(offered)
+            continue
+        named = [(o, o) for o in bad] if leader_names_them else []
+        dropped += buf.refused(TP, ranges, named)
+    assert applied == {o: int(k) for o, k in outcomes.items() if o not in stale}
+    assert sorted(dropped) == sorted(stale & outcomes.keys())
+    assert requests <= 2 * len(outcomes) - 1
+    if leader_names_them:
+        assert requests <= 2

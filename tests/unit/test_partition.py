@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from queueflow.errors import (
     ConfigurationError,
@@ -334,6 +336,57 @@ def test_atomic_rejection_of_request_with_one_bad_part() -> None:
             sp.acknowledge("m", request, 1)
         assert full_state(sp) == before, request
         assert sp.take_changes() is None
+
+
+def test_stale_acknowledgements_name_every_offset_the_member_cannot_acknowledge() -> None:
+    sp = SharePartition(CFG, 0)
+    sp.acquire("m", 10, 10, 0)  # m holds 0-9
+    sp.acknowledge("m", [batch(0, 1, A.ACCEPT)], 0)  # SPSO -> 2
+    sp.acquire("other", 5, 15, 0)  # other holds 10-14
+    sp.acknowledge("m", [batch(4, 4, A.ACCEPT), batch(6, 6, A.RELEASE)], 0)
+    request = [batch(0, 3, A.ACCEPT), batch(4, 9, A.ACCEPT), batch(10, 11, A.ACCEPT),
+               batch(15, 16, A.ACCEPT)]  # fmt: skip
+    with pytest.raises(InvalidRequestError):  # 0..1 is below the SPSO
+        sp.acknowledge("m", request, 1)
+    # below the SPSO, acknowledged, Available, another member's, at/after the SPEO
+    assert sp.stale_acknowledgements("m", request) == [(0, 1), (4, 4), (6, 6), (10, 11), (15, 16)]
+    assert sp.stale_acknowledgements("m", [batch(2, 3, A.ACCEPT)]) == []
+    assert sp.stale_acknowledgements("nobody", [batch(2, 3, A.ACCEPT)]) == [(2, 3)]
+    # what is left once the stale offsets are taken out is accepted
+    sp.acknowledge("m", [batch(2, 3, A.ACCEPT), batch(5, 5, A.ACCEPT),
+                         batch(7, 9, A.ACCEPT)], 1)  # fmt: skip
+    assert sp.start_offset == 6
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from(["m", "x"]), st.integers(1, 6)), max_size=6),
+    st.sets(st.integers(0, 40), max_size=30),
+    st.sets(st.integers(0, 40), max_size=30),
+)
+@settings(max_examples=200, deadline=None)
+def test_property_acknowledging_all_but_the_stale_offsets_succeeds(
+    acquisitions: list[tuple[str, int]], accepted: set[int], requested: set[int]
+) -> None:
+    sp = SharePartition(CFG, 0)
+    for member, count in acquisitions:
+        sp.acquire(member, count, 30, 0)
+    held = {o for o in range(sp.start_offset, sp.end_offset) if sp.record(o).member_id == "m"}
+    if accepted & held:
+        sp.acknowledge("m", [batch(o, o, A.ACCEPT) for o in sorted(accepted & held)], 0)
+    request = [batch(o, o, A.ACCEPT) for o in sorted(requested)]
+    stale = {o for lo, hi in sp.stale_acknowledgements("m", request) for o in range(lo, hi + 1)}
+    valid = {o for o in requested if o not in stale}
+    assert stale <= requested
+    in_window = range(sp.start_offset, sp.end_offset)
+    mine = {o for o in in_window if sp.record(o).state is AQ and sp.record(o).member_id == "m"}
+    assert valid == requested & mine
+    before = full_state(sp)
+    if stale:
+        with pytest.raises((InvalidRecordStateError, InvalidRequestError)):
+            sp.acknowledge("m", request, 0)
+        assert full_state(sp) == before
+    if valid:
+        sp.acknowledge("m", [batch(o, o, A.ACCEPT) for o in sorted(valid)], 0)
 
 
 def test_acknowledging_someone_elses_or_unacquired_records() -> None:

@@ -45,6 +45,8 @@ MESSAGES: list[Any] = [
         error_message="moved",
         ack_error=ErrorCode.INVALID_RECORD_STATE.value,
         ack_error_message="records 0..4 are not Acquired",
+        ack_stale=[(0, 4), (8, 8)],
+        lock_timeout_ms=30000,
     ),
     ShareFetchResponse("m-1", 1, "orders", 0),
     ReleaseMember("g", "orders", 1, "m-3", reason="session timeout"),
@@ -121,6 +123,16 @@ def test_decoded_acks_and_acquired_are_tuples() -> None:
     resp = decode(encode(MESSAGES[2]))
     assert isinstance(resp, ShareFetchResponse)
     assert all(isinstance(a, tuple) for a in resp.acquired)
+    assert resp.ack_stale == [(0, 4), (8, 8)]
+    assert all(isinstance(a, tuple) for a in resp.ack_stale)
+
+
+def test_response_without_new_fields_decodes_with_defaults() -> None:
+    body = json.loads(encode(MESSAGES[3]))
+    del body["ack_stale"], body["lock_timeout_ms"]
+    resp = decode(body)
+    assert isinstance(resp, ShareFetchResponse)
+    assert (resp.ack_stale, resp.lock_timeout_ms) == ([], 0)
 
 
 def _fetch_body(**changes: Any) -> dict[str, Any]:

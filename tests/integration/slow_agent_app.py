@@ -1,0 +1,34 @@
+"""A share agent whose handler is slower than its acquisition lock, run by test_share_agent.
+
+Records are JSON ``{"i": n}``. One handler task, a 1 s lock; the first delivery of record 0
+takes 2.5 s, so the record fetched with it waits past its lock deadline. The handler appends
+``{"i", "delivery_count", "late"}`` to ``$AGENT_LEDGER`` (``late``: it was called after the
+record's lock deadline) and ACCEPTs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+
+import queueflow
+
+app = queueflow.App(
+    os.environ["AGENT_APP_ID"],
+    broker=os.environ["AGENT_BROKER"],
+    share_settings={"share.auto.offset.reset": "earliest"},
+)
+topic = app.topic(os.environ["AGENT_TOPIC"], value_serializer="json")
+ledger = open(os.environ["AGENT_LEDGER"], "a", buffering=1)  # noqa: SIM115
+
+
+@app.share_agent(topic, group="slow", concurrency=1, lock_duration_ms=1000)
+async def handle(record: queueflow.ShareRecord) -> object:
+    i = record.value["i"]
+    late = time.monotonic() >= record.lock_deadline
+    ledger.write(json.dumps({"i": i, "delivery_count": record.delivery_count, "late": late}) + "\n")
+    if i == 0 and record.delivery_count == 1:
+        await asyncio.sleep(2.5)  # slow work: longer than the 1 s acquisition lock
+    return queueflow.ACCEPT
