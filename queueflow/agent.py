@@ -377,11 +377,9 @@ class ShareAgent(mode.Service):
             return -1
         if not response.acquired:
             return 0
-        records = await self.client.read_acquired(tp, response.acquired, self._acks)
-        if response.lock_timeout_ms:
-            deadline = started + response.lock_timeout_ms / 1000
-            for record in records:
-                record.lock_deadline = deadline
+        records = await self.client.read_acquired(
+            tp, response.acquired, self._acks, self.client.lock_deadline(started, response)
+        )
         self._fetch_cycle_s += 0.2 * (time.monotonic() - started - self._fetch_cycle_s)
         redelivered = sum(1 for r in records if r.delivery_count > 1)
         self.stats.delivered += len(records)

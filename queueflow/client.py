@@ -382,10 +382,12 @@ class MemberClient:
         tp: tuple[str, int],
         acquired: list[protocol.WireAcquired],
         acks: AcknowledgementBuffer,
+        lock_deadline: float = math.inf,
     ) -> list[ShareRecord]:
         """:meth:`read_records`, recording the outcomes that need no handler in ``acks``:
         GAP for acquired offsets without a record, and RELEASE for every acquired offset if the
         read fails (rather than let the records sit until their locks expire).
+        ``lock_deadline`` (``time.monotonic()`` s) is set on every record returned.
 
         Raises:
             ShareGroupError, KafkaError: the read failed (after the RELEASEs were recorded).
@@ -399,7 +401,17 @@ class MemberClient:
             raise
         for offset in gaps:
             acks.add(tp, offset, AcknowledgeType.GAP)
+        if lock_deadline != math.inf:
+            for record in records:
+                record.lock_deadline = lock_deadline
         return records
+
+    @staticmethod
+    def lock_deadline(sent: float, response: protocol.ShareFetchResponse) -> float:
+        """The ``time.monotonic()`` s by which the records of ``response`` must be acknowledged:
+        ``sent`` (when the ShareFetch was sent, monotonic s) plus their lock duration, so never
+        later than the leader's own deadline; ``inf`` if the leader did not say."""
+        return sent + response.lock_timeout_ms / 1000 if response.lock_timeout_ms else math.inf
 
     def remember_released(self, record: ShareRecord) -> None:
         """Keep a RELEASEd record so that its redelivery to this member needs no Kafka read."""

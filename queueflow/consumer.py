@@ -190,6 +190,7 @@ class ShareConsumer:
         want = self.max_poll_records if assigned else 0
         if not acks and not want:
             return []
+        sent = time.monotonic()
         try:
             response = await client.share_fetch(tp[0], tp[1], want, acks, self.lock_duration_ms)
         except ShareGroupError as exc:
@@ -209,7 +210,9 @@ class ShareConsumer:
             self.partition_errors.pop(tp, None)
         if not response.acquired:
             return []
-        return await client.read_acquired(tp, response.acquired, self._acks)
+        return await client.read_acquired(
+            tp, response.acquired, self._acks, client.lock_deadline(sent, response)
+        )
 
     def _note_error(self, tp: TopicPartition, error: ShareGroupError) -> None:
         if tp not in self.partition_errors:
