@@ -37,6 +37,7 @@ from queueflow import metrics
 from queueflow.acks import AcknowledgementBuffer
 from queueflow.client import MemberClient, ShareRecord, bootstrap_servers
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.protocol import ShareFetchResponse, WireAck
 from queueflow.share.partition import AcknowledgeType
 
 if TYPE_CHECKING:
@@ -403,7 +404,7 @@ class ShareAgent(mode.Service):
                 return
 
     def _acknowledgements_refused(
-        self, tp: tuple[str, int], acks: list[Any], response: Any
+        self, tp: tuple[str, int], acks: list[WireAck], response: ShareFetchResponse
     ) -> None:
         """The leader refused a request's acknowledgements as a whole: send the ones that are
         still valid again (see :meth:`AcknowledgementBuffer.refused`); only the stale ones are

@@ -170,6 +170,32 @@ class DurableSharePartition:
         durable.write_snapshot()
         return durable
 
+    def resume(self, leader_epoch: int) -> bool:
+        """Serve again, with the in-memory state (Acquired records included), a share-partition
+        this worker was fenced from, if nobody has written its state since: the table still
+        holds this object's snapshot and no delta after its last one. True if resumed.
+
+        A Faust rebalance that hands a partition back to the worker that led it (every eager
+        rebalance revokes all partitions first) is not a failover: reloading would turn every
+        Acquired record Available and have its members' acknowledgements refused.
+        """
+        try:
+            raw = self.table.get(snapshot_key(self.group, self.partition))
+            snapshot = decode_snapshot(raw, where=self.where) if raw is not None else None
+        except CorruptStateError:
+            return False  # load() reports it
+        if (
+            snapshot is None
+            or (snapshot.state_epoch, snapshot.snapshot_epoch)
+            != (self.state_epoch, self.snapshot_epoch)
+            or self.table.get(delta_key(self.group, self.partition, self.state_epoch,
+                                        self.snapshot_epoch, self.delta_index)) is not None
+        ):  # fmt: skip
+            return False
+        self.fenced = None
+        self.leader_epoch = leader_epoch
+        return True
+
     def fence(self, reason: str) -> None:
         """Refuse every later write: this leader has been superseded (``reason`` says how).
 

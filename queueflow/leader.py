@@ -176,6 +176,14 @@ class ShareLeader:
         self.table = raw_table(app, topics.state_table(topic))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
+        # Share-partitions of partitions this worker lost, kept in case a rebalance gives the
+        # partition straight back (see DurableSharePartition.resume).
+        self._retained: dict[tuple[str, int], DurableSharePartition] = {}
+        # Request partition -> offset of the last request handled here. Faust resumes a
+        # partition from its committed offset, which lags (commit interval, and faust-streaming
+        # #606), so requests this worker already applied come round again; applied twice, an
+        # old RELEASE would release a record acquired since.
+        self._applied: dict[int, int] = {}
         self._gauge_cache: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
         conf = app.conf
         self.fencing = LeaderFencing(
@@ -198,8 +206,9 @@ class ShareLeader:
         """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation);
         the stall guard announces it once Faust has recovered the tables."""
         self.fencing.assign(partitions, epoch)
-        if partitions:
-            self._log.info("leader_assigned", partitions=sorted(partitions), leader_epoch=epoch)
+        for key in [k for k in self._retained if k[1] not in partitions]:
+            del self._retained[key]  # led elsewhere now: reload if it ever comes back
+        self._log.info("leader_assigned", partitions=sorted(partitions), leader_epoch=epoch)
 
     async def send_fences(self) -> None:
         """Append this worker's fence to the partitions it leads but isn't live on yet, once
@@ -223,6 +232,7 @@ class ShareLeader:
             durable = self.partitions.pop(key)
             if fenced is not None:
                 durable.fence(fenced)
+            self._retained[key] = durable
         for key in [k for k in self.refused if k[1] in partitions]:
             del self.refused[key]
 
@@ -262,7 +272,10 @@ class ShareLeader:
                 self._log.exception("leader_request_failed", partition=event.message.partition)
 
     async def _handle(self, event: EventT[Any]) -> None:
-        partition = event.message.partition
+        partition, offset = event.message.partition, event.message.offset
+        if offset <= self._applied.get(partition, -1):
+            return  # handled here before (Faust re-delivers from its committed offset)
+        self._applied[partition] = offset
         try:
             message = protocol.decode(event.value)
         except ShareGroupError as exc:
@@ -318,6 +331,15 @@ class ShareLeader:
             return durable
         if key in self.refused:
             raise self.refused[key]
+        retained = self._retained.pop(key, None)
+        if retained is not None and retained.resume(self._epoch(partition)):
+            self.partitions[key] = retained
+            self._log.info("share_partition_resumed", group=group, partition=partition,
+                           start_offset=retained.engine.start_offset,
+                           end_offset=retained.engine.end_offset,
+                           acquired=retained.engine.acquired_count,
+                           state_epoch=retained.state_epoch)  # fmt: skip
+            return retained
         try:
             durable = DurableSharePartition.load(
                 self.table, group, self.topic, partition, self.config,

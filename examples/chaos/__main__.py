@@ -1,11 +1,13 @@
 """``make chaos``: nothing lost under SIGKILLs and a broker restart (issue #3, "Nothing lost").
 
 1. start a local broker (or use ``$QUEUEFLOW_BROKER``; then there is no broker restart);
-2. produce ``--records`` records ``b"<id>"`` round-robin into a ``--partitions`` topic, keeping
-   each id's partition and offset;
-3. start the workers (``faust -A examples.chaos.app worker``; by default 2 with role ``all`` and
-   4 with role ``member``). Each handler appends one JSON line per delivery to its process's
-   ledger (see :mod:`examples.chaos.app`): REJECTs ~1 %, RELEASEs ~5 %, raises on poison records
+2. start the leader-role workers (``faust -A examples.chaos.app worker``; by default 2 with role
+   ``all``) and wait until their Faust group has settled (every one logged ``leader_assigned``
+   for the same generation), so that no leader joins while records are in flight;
+3. produce ``--records`` records ``b"<id>"`` round-robin into a ``--partitions`` topic, keeping
+   each id's partition and offset, then start the ``member`` workers (by default 4). Each
+   handler appends one JSON line per delivery to its process's ledger (see
+   :mod:`examples.chaos.app`): REJECTs ~1 %, RELEASEs ~5 %, raises on poison records
    (``id % 997 == 0``), ACCEPTs the rest;
 4. every ``--kill-interval`` seconds SIGKILL a random worker and start it again at once with the
    same data directory; once half of the records have a terminal outcome, stop the broker, wait
@@ -205,6 +207,35 @@ class Worker:
         if self.alive():
             assert self.process is not None
             self.process.send_signal(signal.SIGTERM)
+
+
+_LEADER_ASSIGNED = re.compile(r"leader_assigned\s+leader_epoch=(\d+) partitions=\[([\d, ]*)\]")
+
+
+def wait_for_leaders(
+    leaders: Sequence[Worker], topic: str, partitions: int,
+    progress: Callable[[str], None], timeout_s: float = 90.0,
+) -> None:  # fmt: skip
+    """Wait until every leader-role worker has logged ``leader_assigned`` for one Faust
+    generation and together they lead all ``partitions`` of ``topic`` (the Faust group has
+    settled). Raises RuntimeError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        latest: dict[int, tuple[int, set[int]]] = {}
+        for w in leaders:
+            text = w.log_path.read_text(errors="replace") if w.log_path.exists() else ""
+            for line in text.splitlines():
+                m = _LEADER_ASSIGNED.search(line)
+                if m and f"topic={topic}" in line:
+                    parts = {int(x) for x in m.group(2).replace(" ", "").split(",") if x}
+                    latest[w.slot] = (int(m.group(1)), parts)
+        epochs = {epoch for epoch, _ in latest.values()}
+        covered = set().union(*(parts for _, parts in latest.values())) if latest else set()
+        if len(latest) == len(leaders) and len(epochs) == 1 and covered == set(range(partitions)):
+            progress(f"leaders settled in Faust generation {epochs.pop()}")
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the leader workers did not settle into one generation in {timeout_s} s")
 
 
 def stop_all(workers: Sequence[Worker], timeout_s: float = 20.0) -> None:
@@ -416,9 +447,6 @@ def run(
     topic = f"chaos-{run_id}"
     app_id = f"queueflow-chaos-{run_id}"
     create_topic(bootstrap, topic, config.partitions)
-    progress(f"producing {config.records} records to {topic} ({config.partitions} partitions)")
-    where = asyncio.run(produce(bootstrap, topic, config.records, config.partitions))
-    produced_s = time.monotonic() - started
     env = dict(
         os.environ,
         CHAOS_APP_ID=app_id,
@@ -445,10 +473,24 @@ def run(
     finished = False
     kills = 0
     chaos_started = 0.0
+    produced_s = 0.0
     try:
-        for w in workers:  # leaders first: members need a coordinator to join
+        # Leaders first, and settled into one Faust generation before there is any work: a
+        # leader joining moves share-partitions, and KIP-932 makes their in-flight records
+        # Available again. The run is about kills, not about its own start-up.
+        leaders = [w for w in workers if w.role != "member"]
+        for w in leaders:
             w.start()
             events.append(Event(time.time(), "start", w.slot, w.role, w.pid))
+        wait_for_leaders(leaders, topic, config.partitions, progress)
+        progress(f"producing {config.records} records to {topic} ({config.partitions} partitions)")
+        produce_started = time.monotonic()
+        where = asyncio.run(produce(bootstrap, topic, config.records, config.partitions))
+        produced_s = time.monotonic() - produce_started
+        for w in workers:
+            if w.role == "member":
+                w.start()
+                events.append(Event(time.time(), "start", w.slot, w.role, w.pid))
         progress(
             f"started {len(workers)} workers: "
             + ", ".join(f"#{w.slot} {w.role}" for w in workers)

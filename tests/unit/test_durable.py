@@ -480,3 +480,53 @@ def test_flow_acquire_ack_in_steps_crash_and_load() -> None:
     update, _, state_epoch, _ = decode_update(table[delta_keys(table)[0]], where=WHERE)
     assert state_epoch == 1
     assert update.start_offset == 46
+
+
+def test_resume_keeps_acquired_records_when_nobody_wrote_since() -> None:
+    table: Table = {}
+    d = create(table, per_snapshot=100)
+    d.engine.acquire("m", 10, log_end_offset=10, now_ms=0)
+    d.persist()
+    d.fence("its partition was revoked by a Faust rebalance")
+    assert d.resume(leader_epoch=7)
+    assert (d.fenced, d.leader_epoch) == (None, 7)
+    assert d.engine.acquired_count == 10  # not reloaded: the members still hold them
+    ack(d.engine, 0, 9, AcknowledgeType.ACCEPT)
+    assert d.persist()  # writes again
+    assert must_load(table).engine.start_offset == 10
+
+
+def test_resume_refuses_when_another_leader_loaded_the_state() -> None:
+    table: Table = {}
+    d = create(table, per_snapshot=100)
+    d.engine.acquire("m", 10, log_end_offset=10, now_ms=0)
+    d.persist()
+    d.fence("taken over")
+    successor = must_load(table)  # bumps the state epoch, writes a snapshot
+    assert not d.resume(leader_epoch=7)
+    assert d.fenced == "taken over"
+    assert successor.engine.acquired_count == 0
+
+
+def test_resume_refuses_when_a_delta_was_written_after_its_own() -> None:
+    table: Table = {}
+    d = create(table, per_snapshot=100)
+    d.engine.acquire("m", 10, log_end_offset=10, now_ms=0)
+    d.persist()
+    twin = DurableSharePartition(G, T, P, SharePartition(CFG, 0), table, 100,
+                                 snapshot_epoch=d.snapshot_epoch, state_epoch=d.state_epoch,
+                                 delta_index=d.delta_index)  # fmt: skip
+    twin.engine.acquire("x", 1, log_end_offset=10, now_ms=0)
+    twin.persist()
+    d.fence("revoked")
+    assert not d.resume(leader_epoch=7)
+
+
+def test_resume_refuses_when_the_state_is_gone_or_corrupt() -> None:
+    table: Table = {}
+    d = create(table, per_snapshot=100)
+    d.fence("revoked")
+    table[SKEY] = b"garbage"
+    assert not d.resume(leader_epoch=7)
+    del table[SKEY]
+    assert not d.resume(leader_epoch=7)
