@@ -155,6 +155,8 @@ class ShareAgent(mode.Service):
         # reading the records); the start values are conservative, so first batches are small.
         self._handler_s = 0.1
         self._fetch_cycle_s = 0.005
+        # This member's acquisition lock duration (s), as the leaders last said.
+        self._lock_s = (lock_duration_ms or settings.record_lock_duration_ms) / 1000
         # Set when the records outstanding drop below high_water (fetch loops wait on it).
         self._room_free = asyncio.Event()
         self._refill_level = 0
@@ -196,11 +198,15 @@ class ShareAgent(mode.Service):
         cycle, round trip plus read (measured, as moving averages), plus two per handler; at
         least ``2 * concurrency`` and at most ``max.poll.records``. Fast handlers get large
         batches (throughput); slow ones get small batches, so locks stay short and members
-        sharing a partition share its records fairly.
+        sharing a partition share its records fairly. Never more than the handlers get through
+        in half the acquisition lock duration, so that a record is not still queued when its
+        lock expires (a slow ShareFetch, say while the broker restarts, would otherwise inflate
+        the batch).
         """
         rate = self.concurrency / max(self._handler_s, 1e-6)  # records per second
         wanted = int(3 * rate * self._fetch_cycle_s) + 2 * self.concurrency
-        return max(2 * self.concurrency, min(wanted, self.app.share_settings.max_poll_records))
+        wanted = min(wanted, int(rate * self._lock_s / 2), self.app.share_settings.max_poll_records)
+        return max(2 * self.concurrency, wanted)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def on_start(self) -> None:
@@ -293,15 +299,16 @@ class ShareAgent(mode.Service):
         ShareFetch in flight while the handlers work through the previous batch, without
         splitting the work into one-record ShareFetches.
         """
-        linger_s = self.app.share_settings.acknowledgement_linger_ms / 1000
+        # Woken every linger period even without room: outcomes recorded meanwhile must not
+        # wait for room (that can take seconds with slow handlers) or their locks expire.
+        linger_s = max(self.app.share_settings.acknowledgement_linger_ms / 1000, 0.005)
         while self._outstanding > self._refill_at():
             self._room_free.clear()
             try:
-                await asyncio.wait_for(
-                    self._room_free.wait(), timeout=linger_s if self._acks.pending(tp) else None
-                )
+                await asyncio.wait_for(self._room_free.wait(), timeout=linger_s)
             except asyncio.TimeoutError:
-                break  # no room, but acknowledgements have waited long enough: send them
+                if self._acks.pending(tp):
+                    break  # no room, but acknowledgements have waited long enough: send them
         want = min(max(self.high_water - self._outstanding, 0),
                    self.app.share_settings.max_poll_records)  # fmt: skip
         self._outstanding += want
@@ -378,6 +385,8 @@ class ShareAgent(mode.Service):
             return -1
         if not response.acquired:
             return 0
+        if response.lock_timeout_ms:
+            self._lock_s = response.lock_timeout_ms / 1000
         records = await self.client.read_acquired(
             tp, response.acquired, self._acks, self.client.lock_deadline(started, response)
         )
