@@ -12,17 +12,11 @@ to ``$AGENT_LEDGER`` and:
 from __future__ import annotations
 
 import json
-import os
 
 import queueflow
+from tests.integration.agent_env import app_from_env
 
-app = queueflow.App(
-    os.environ["AGENT_APP_ID"],
-    broker=os.environ["AGENT_BROKER"],
-    share_settings={"share.auto.offset.reset": "earliest"},
-)
-topic = app.topic(os.environ["AGENT_TOPIC"], value_serializer="json")
-ledger = open(os.environ["AGENT_LEDGER"], "a", buffering=1)  # noqa: SIM115
+app, topic, ledger = app_from_env()
 
 
 @app.share_agent(topic, group="outcomes", concurrency=4)

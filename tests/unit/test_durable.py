@@ -482,11 +482,17 @@ def test_flow_acquire_ack_in_steps_crash_and_load() -> None:
     assert update.start_offset == 46
 
 
-def test_resume_keeps_acquired_records_when_nobody_wrote_since() -> None:
-    table: Table = {}
+def holding_ten(table: Table) -> DurableSharePartition:
+    """A share-partition whose records 0..9 are Acquired by member "m", persisted."""
     d = create(table, per_snapshot=100)
     d.engine.acquire("m", 10, log_end_offset=10, now_ms=0)
     d.persist()
+    return d
+
+
+def test_resume_keeps_acquired_records_when_nobody_wrote_since() -> None:
+    table: Table = {}
+    d = holding_ten(table)
     d.fence("its partition was revoked by a Faust rebalance")
     assert d.resume(leader_epoch=7)
     assert (d.fenced, d.leader_epoch) == (None, 7)
@@ -498,9 +504,7 @@ def test_resume_keeps_acquired_records_when_nobody_wrote_since() -> None:
 
 def test_resume_refuses_when_another_leader_loaded_the_state() -> None:
     table: Table = {}
-    d = create(table, per_snapshot=100)
-    d.engine.acquire("m", 10, log_end_offset=10, now_ms=0)
-    d.persist()
+    d = holding_ten(table)
     d.fence("taken over")
     successor = must_load(table)  # bumps the state epoch, writes a snapshot
     assert not d.resume(leader_epoch=7)
@@ -510,9 +514,7 @@ def test_resume_refuses_when_another_leader_loaded_the_state() -> None:
 
 def test_resume_refuses_when_a_delta_was_written_after_its_own() -> None:
     table: Table = {}
-    d = create(table, per_snapshot=100)
-    d.engine.acquire("m", 10, log_end_offset=10, now_ms=0)
-    d.persist()
+    d = holding_ten(table)
     twin = DurableSharePartition(G, T, P, SharePartition(CFG, 0), table, 100,
                                  snapshot_epoch=d.snapshot_epoch, state_epoch=d.state_epoch,
                                  delta_index=d.delta_index)  # fmt: skip
