@@ -20,7 +20,7 @@ import gc
 import tracemalloc
 from collections.abc import Callable
 
-from queueflow.share import (
+from queueflow.engine import (
     AcknowledgementBatch,
     AcknowledgeType,
     RecordState,

@@ -32,7 +32,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from queueflow import ACCEPT, ShareConsumer
-from queueflow.broker import LocalBroker, create_topic, find_free_ports
+from queueflow.devtools.broker import LocalBroker, create_topic, find_free_ports
 from queueflow.testing import LeaderWorker
 
 SETTINGS = {"share.auto.offset.reset": "earliest"}
@@ -69,8 +69,11 @@ async def produce(bootstrap: str, topic: str, count: int) -> None:
 
 
 def latest_leader(workers: list[LeaderWorker], topic: str) -> LeaderWorker:
-    lines = [(m, w) for w in workers
-             for m in re.finditer(r"leader_live\s.*leader_epoch=(\d+)", w.log_text())]  # fmt: skip
+    lines = [
+        (m, w)
+        for w in workers
+        for m in re.finditer(r"leader_live\s.*leader_epoch=(\d+)", w.log_text())
+    ]
     return max(lines, key=lambda mw: int(mw[0].group(1)))[1]
 
 
@@ -79,10 +82,17 @@ async def one_round(bootstrap: str, tmp: Path) -> dict[str, float]:
     create_topic(bootstrap, topic, 1)
     await produce(bootstrap, topic, 20_000)
     app_id = f"bench-failover-{uuid.uuid4().hex[:6]}"
-    workers = [LeaderWorker(app_id, [topic], bootstrap, tmp / f"{app_id}-{n}", SETTINGS).start()
-               for n in ("a", "b")]  # fmt: skip
-    member = ShareConsumer("bench", app_id=app_id, bootstrap_servers=bootstrap,
-                           acknowledgement_mode="explicit", settings=MEMBER)  # fmt: skip
+    workers = [
+        LeaderWorker(app_id, [topic], bootstrap, tmp / f"{app_id}-{n}", SETTINGS).start()
+        for n in ("a", "b")
+    ]
+    member = ShareConsumer(
+        "bench",
+        app_id=app_id,
+        bootstrap_servers=bootstrap,
+        acknowledgement_mode="explicit",
+        settings=MEMBER,
+    )
     try:
         await member.subscribe([topic])
         got = 0

@@ -3,7 +3,7 @@
 Builds durable state for one share-partition with 10,000 in-flight records in mixed states
 (Available with delivery counts, Acknowledged, Archived, Acquired) written as 5,000 deltas after
 one snapshot, in a real RocksDB (rocksdict) table, then times
-:meth:`queueflow.durable.DurableSharePartition.load` (read snapshot, read and decode the deltas,
+``DurableSharePartition.load`` (read snapshot, read and decode the deltas,
 replay, rebuild the engine, write a fresh snapshot). Prints figures and the ratio against a
 baseline that only reads the same keys; never asserts.
 
@@ -18,8 +18,8 @@ import time
 
 from rocksdict import Rdict
 
-from queueflow.durable import DurableSharePartition
-from queueflow.share.partition import AcknowledgementBatch, AcknowledgeType, SharePartitionConfig
+from queueflow.engine.partition import AcknowledgementBatch, AcknowledgeType, SharePartitionConfig
+from queueflow.server.durable import DurableSharePartition
 
 IN_FLIGHT = 10_000
 DELTAS = 5_000

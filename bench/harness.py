@@ -88,10 +88,14 @@ class Stats:
 
     def snapshot(self) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "pid": os.getpid(), "done": self.done, "released": self.released,
-            "delivered": self.delivered, "first": self.first, "last": self.last,
+            "pid": os.getpid(),
+            "done": self.done,
+            "released": self.released,
+            "delivered": self.delivered,
+            "first": self.first,
+            "last": self.last,
             "written": time.time(),
-        }  # fmt: skip
+        }
         if self.probe is not None:
             with contextlib.suppress(Exception):
                 body.update(self.probe())
@@ -149,8 +153,9 @@ def payload(size: int, now: float | None = None) -> bytes:
     return head + b"x" * max(size - len(head), 0)
 
 
-def produce(bootstrap: str, topic: str, count: int, size: int, partitions: int,
-            timeout_s: float = 300) -> float:  # fmt: skip
+def produce(
+    bootstrap: str, topic: str, count: int, size: int, partitions: int, timeout_s: float = 300
+) -> float:
     """Produce ``count`` records of ``size`` bytes, round-robin over ``partitions``.
 
     Returns:
@@ -161,10 +166,16 @@ def produce(bootstrap: str, topic: str, count: int, size: int, partitions: int,
     """
     from confluent_kafka import Producer
 
-    producer = Producer({
-        "bootstrap.servers": bootstrap, "linger.ms": 20, "batch.size": 512 * 1024,
-        "queue.buffering.max.messages": 200_000, "acks": 1, "compression.type": "none",
-    })  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.size": 512 * 1024,
+            "queue.buffering.max.messages": 200_000,
+            "acks": 1,
+            "compression.type": "none",
+        }
+    )
     failed: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:
@@ -175,8 +186,9 @@ def produce(bootstrap: str, topic: str, count: int, size: int, partitions: int,
     for i in range(count):
         while True:
             try:
-                producer.produce(topic, payload(size), partition=i % partitions,
-                                 on_delivery=on_delivery)  # fmt: skip
+                producer.produce(
+                    topic, payload(size), partition=i % partitions, on_delivery=on_delivery
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -231,9 +243,13 @@ class Worker:
     def start(self) -> Worker:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
-                self.argv, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                self.argv,
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
                 stderr=subprocess.STDOUT,
-            )  # fmt: skip
+            )
         return self
 
     @property
@@ -325,8 +341,13 @@ class Fleet:
     def dead(self) -> list[Worker]:
         return [w for w in self.workers if not w.alive()]
 
-    def wait(self, condition: Callable[[list[dict[str, Any]]], bool], timeout_s: float,
-             interval_s: float = 0.1, members: Iterable[Worker] | None = None) -> bool:  # fmt: skip
+    def wait(
+        self,
+        condition: Callable[[list[dict[str, Any]]], bool],
+        timeout_s: float,
+        interval_s: float = 0.1,
+        members: Iterable[Worker] | None = None,
+    ) -> bool:
         """Poll the stats files until ``condition(stats)`` or the timeout (or a worker died).
 
         Returns:

@@ -26,12 +26,18 @@ def main() -> None:
     import confluent_kafka
     from confluent_kafka import ShareConsumer
 
-    stats.extra["client"] = f"confluent-kafka {confluent_kafka.version()[0]} / librdkafka " \
-                            f"{confluent_kafka.libversion()[0]}"  # fmt: skip
-    consumer = ShareConsumer({
-        "bootstrap.servers": os.environ["BENCH_BROKER"], "group.id": os.environ["BENCH_GROUP"],
-        "share.acknowledgement.mode": "implicit", "client.id": "bench-native",
-    })  # fmt: skip
+    stats.extra["client"] = (
+        f"confluent-kafka {confluent_kafka.version()[0]} / librdkafka "
+        f"{confluent_kafka.libversion()[0]}"
+    )
+    consumer = ShareConsumer(
+        {
+            "bootstrap.servers": os.environ["BENCH_BROKER"],
+            "group.id": os.environ["BENCH_GROUP"],
+            "share.acknowledgement.mode": "implicit",
+            "client.id": "bench-native",
+        }
+    )
     ack_errors = 0
 
     def on_commit(offsets: Any, error: Any) -> None:

@@ -40,8 +40,8 @@ from typing import Any
 
 import queueflow
 from bench.harness import Stats, go, stamp_of, wait_go
-from queueflow.client import MemberClient
 from queueflow.errors import ErrorCode
+from queueflow.member.client import MemberClient
 
 MODE = os.environ.get("BENCH_MODE", "noop")
 TOPIC = os.environ["BENCH_TOPIC"]
@@ -102,22 +102,27 @@ class _Timings:
             if not values:
                 return None
             ordered = sorted(values)
-            return {"n": len(ordered), "mean": round(1000 * sum(ordered) / len(ordered), 2),
-                    "p50": round(1000 * ordered[len(ordered) // 2], 2),
-                    "p99": round(1000 * ordered[min(int(0.99 * len(ordered)), len(ordered) - 1)],
-                                 2)}  # fmt: skip
+            return {
+                "n": len(ordered),
+                "mean": round(1000 * sum(ordered) / len(ordered), 2),
+                "p50": round(1000 * ordered[len(ordered) // 2], 2),
+                "p99": round(1000 * ordered[min(int(0.99 * len(ordered)), len(ordered) - 1)], 2),
+            }
 
         acquired = self.acquired
         return {
-            "fetch_rtt_ms": ms(self.fetch_rtt), "ack_rtt_ms": ms(self.ack_rtt),
+            "fetch_rtt_ms": ms(self.fetch_rtt),
+            "ack_rtt_ms": ms(self.ack_rtt),
             "read_ms": ms(self.read),
             "acquired_per_fetch": round(sum(acquired) / len(acquired), 1) if acquired else None,
             "wanted_per_fetch": round(sum(self.wanted) / len(self.wanted), 1)
-            if self.wanted else None,
+            if self.wanted
+            else None,
             "empty_fetches": sum(1 for a in acquired if a == 0),
             "leader_service_ms": ms(self.leader_service),
-            "leader_transit_ms": ms(self.leader_transit), "leader_events": self.leader_events,
-        }  # fmt: skip
+            "leader_transit_ms": ms(self.leader_transit),
+            "leader_events": self.leader_events,
+        }
 
 
 timings = _Timings()
@@ -193,7 +198,7 @@ MemberClient.read_records = _read_records  # type: ignore[method-assign]
 
 def _time_leader() -> None:
     """In leader processes: time each request event and the request's trip to the leader."""
-    from queueflow.leader import ShareLeader
+    from queueflow.server.leader import ShareLeader
 
     handle, share_fetch = ShareLeader._handle, ShareLeader._share_fetch
 
@@ -205,8 +210,7 @@ def _time_leader() -> None:
             timings.leader_service.append(time.monotonic() - started)
             timings.leader_events += 1
 
-    async def _share_fetch_timed(self: ShareLeader, request: Any, *args: Any, **kwargs: Any
-                                 ) -> Any:  # fmt: skip
+    async def _share_fetch_timed(self: ShareLeader, request: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             created_ms = request.deadline_ms - self.app.share_settings.request_timeout_ms
             timings.leader_transit.append(max(time.time() * 1000 - created_ms, 0) / 1000)
@@ -254,8 +258,9 @@ if app.share_groups.role == "leader":
     # are created lazily, and creating them from another thread breaks the worker.
     @app.timer(0.2)
     async def _leader_probe() -> None:
-        fetch_topics = {leader.fetch_topic.get_topic_name()
-                        for leader in app.share_groups.leaders.values()}  # fmt: skip
+        fetch_topics = {
+            leader.fetch_topic.get_topic_name() for leader in app.share_groups.leaders.values()
+        }
         owned = [tp for tp in app.assignor.assigned_actives() if tp.topic in fetch_topics]
         recovered = app.tables.recovery.completed.is_set() and not app.rebalancing
         stats.extra.update(leader=True, owned=len(owned), recovered=recovered)
@@ -282,8 +287,14 @@ def _write_samples() -> None:
     path = os.environ.get("BENCH_SAMPLES")
     if path and MODE == "latency":
         with open(path, "w") as f:
-            json.dump({"to_handler": _to_handler, "to_handler_record_ts": _to_handler_ts,
-                       "to_ack": _to_ack}, f)  # fmt: skip
+            json.dump(
+                {
+                    "to_handler": _to_handler,
+                    "to_handler_record_ts": _to_handler_ts,
+                    "to_ack": _to_ack,
+                },
+                f,
+            )
 
 
 stats.on_stop_file = _write_samples

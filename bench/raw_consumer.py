@@ -37,9 +37,12 @@ class _Listener(ConsumerRebalanceListener):
 
 async def main() -> None:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=os.environ["BENCH_BROKER"], group_id=os.environ["BENCH_GROUP"],
-        auto_offset_reset="earliest", enable_auto_commit=True, client_id="bench-raw",
-    )  # fmt: skip
+        bootstrap_servers=os.environ["BENCH_BROKER"],
+        group_id=os.environ["BENCH_GROUP"],
+        auto_offset_reset="earliest",
+        enable_auto_commit=True,
+        client_id="bench-raw",
+    )
     listener = _Listener(consumer)
     await consumer.start()
     try:

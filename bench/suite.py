@@ -43,7 +43,7 @@ from typing import Any
 
 from bench import harness
 from bench.harness import PYTHON, ROOT, Fleet, percentiles, read_json, rss_bytes, span, total
-from queueflow.broker import (
+from queueflow.devtools.broker import (
     LocalBroker,
     bootstrap_from_env,
     create_topic,
@@ -123,17 +123,43 @@ FAUST_LOGLEVEL = "info"
 
 def faust_argv(module: str, datadir: Path) -> list[str]:
     (web_port,) = find_free_ports(1)
-    return [PYTHON, "-m", "faust", "-A", module, "--datadir", str(datadir), "worker", "-l",
-            FAUST_LOGLEVEL, "--web-port", str(web_port)]  # fmt: skip
+    return [
+        PYTHON,
+        "-m",
+        "faust",
+        "-A",
+        module,
+        "--datadir",
+        str(datadir),
+        "worker",
+        "-l",
+        FAUST_LOGLEVEL,
+        "--web-port",
+        str(web_port),
+    ]
 
 
-def qf_env(ctx: Context, app_id: str, topic: str, group: str, role: str, concurrency: int,
-           mode: str, **extra: str) -> dict[str, str]:  # fmt: skip
+def qf_env(
+    ctx: Context,
+    app_id: str,
+    topic: str,
+    group: str,
+    role: str,
+    concurrency: int,
+    mode: str,
+    **extra: str,
+) -> dict[str, str]:
     return dict(
-        os.environ, BENCH_APP_ID=app_id, BENCH_BROKER=f"kafka://{ctx.bootstrap}",
-        BENCH_TOPIC=topic, BENCH_GROUP=group, BENCH_CONCURRENCY=str(concurrency),
-        BENCH_MODE=mode, QUEUEFLOW_ROLE=role, **extra,
-    )  # fmt: skip
+        os.environ,
+        BENCH_APP_ID=app_id,
+        BENCH_BROKER=f"kafka://{ctx.bootstrap}",
+        BENCH_TOPIC=topic,
+        BENCH_GROUP=group,
+        BENCH_CONCURRENCY=str(concurrency),
+        BENCH_MODE=mode,
+        QUEUEFLOW_ROLE=role,
+        **extra,
+    )
 
 
 def balanced(partitions: int, members: int) -> Callable[[list[dict[str, Any]]], bool]:
@@ -152,8 +178,9 @@ def balanced(partitions: int, members: int) -> Callable[[list[dict[str, Any]]], 
     return check
 
 
-def stable(check: Callable[[list[dict[str, Any]]], bool], hold_s: float
-           ) -> Callable[[list[dict[str, Any]]], bool]:  # fmt: skip
+def stable(
+    check: Callable[[list[dict[str, Any]]], bool], hold_s: float
+) -> Callable[[list[dict[str, Any]]], bool]:
     """``check`` has held, with the same assignments, for ``hold_s`` seconds."""
     since: list[Any] = [None, None]
 
@@ -169,12 +196,18 @@ def stable(check: Callable[[list[dict[str, Any]]], bool], hold_s: float
     return wrapped
 
 
-def measure_fleet(ctx: Context, fleet: Fleet, expected: int, ready: Callable[..., bool],
-                  start_timeout_s: float, run_timeout_s: float,
-                  during: Callable[[Fleet], Any] | None = None,
-                  members: list[harness.Worker] | None = None,
-                  window_s: float | None = None,
-                  also_cpu: list[harness.Worker] | None = None) -> dict[str, Any]:  # fmt: skip
+def measure_fleet(
+    ctx: Context,
+    fleet: Fleet,
+    expected: int,
+    ready: Callable[..., bool],
+    start_timeout_s: float,
+    run_timeout_s: float,
+    during: Callable[[Fleet], Any] | None = None,
+    members: list[harness.Worker] | None = None,
+    window_s: float | None = None,
+    also_cpu: list[harness.Worker] | None = None,
+) -> dict[str, Any]:
     """Wait until ready, create the go-file, wait for ``expected`` finished records.
 
     Returns:
@@ -209,8 +242,12 @@ def measure_fleet(ctx: Context, fleet: Fleet, expected: int, ready: Callable[...
     stats = [w.stats() for w in members]
     first, last = span(stats)
     done = total(stats)
-    out: dict[str, Any] = {"records": done, "expected": expected, "complete": complete,
-                           "startup_s": round(startup, 1)}  # fmt: skip
+    out: dict[str, Any] = {
+        "records": done,
+        "expected": expected,
+        "complete": complete,
+        "startup_s": round(startup, 1),
+    }
     if first and last and last > first:
         out["seconds"] = round(last - first, 3)
         out["rate"] = round(done / (last - first), 1)
@@ -229,16 +266,20 @@ def measure_fleet(ctx: Context, fleet: Fleet, expected: int, ready: Callable[...
     if seconds:
         # CPU of each process divided by all records finished, and their sum: the CPU one
         # record costs the whole consumer side (the broker not included).
-        out["cpu_us_per_record"] = {name: round(1e6 * cpu / max(done, 1), 1)
-                                    for name, cpu in out["cpu_s"].items()}  # fmt: skip
+        out["cpu_us_per_record"] = {
+            name: round(1e6 * cpu / max(done, 1), 1) for name, cpu in out["cpu_s"].items()
+        }
         out["cpu_us_per_record_total"] = round(sum(out["cpu_us_per_record"].values()), 1)
         broker_now = harness.cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None
         if broker_now is not None and broker_cpu_at_go is not None:
             # from go to the end of the wait (a little more than first -> last record)
             out["broker_cpu_s"] = round(broker_now - broker_cpu_at_go, 2)
             out["broker_cpu_us_per_record"] = round(1e6 * out["broker_cpu_s"] / max(done, 1), 1)
-    timings = {w.name: s["timings"] for w, s in zip(fleet.workers, fleet.stats(), strict=True)
-               if s.get("timings")}  # fmt: skip
+    timings = {
+        w.name: s["timings"]
+        for w, s in zip(fleet.workers, fleet.stats(), strict=True)
+        if s.get("timings")
+    }
     if timings:
         out["timings"] = timings
     hook_errors = {
@@ -254,17 +295,19 @@ def measure_fleet(ctx: Context, fleet: Fleet, expected: int, ready: Callable[...
     elif not complete:
         stalled = time.monotonic() - progress["at"] > STALL_S
         out["error"] = out.get("error") or (
-            f"stalled: nothing finished for {STALL_S:.0f} s" if stalled
+            f"stalled: nothing finished for {STALL_S:.0f} s"
+            if stalled
             else f"timed out after {run_timeout_s:.0f} s"
-        )  # fmt: skip
+        )
         out["logs"] = {w.name: w.log_tail(12) for w in fleet.workers if not w.alive()}
     if extra is not None:
         out["during"] = extra
     return out
 
 
-def start_leader(ctx: Context, fleet: Fleet, app_id: str, topics: list[str], partitions: int,
-                 run_dir: Path) -> Any:  # fmt: skip
+def start_leader(
+    ctx: Context, fleet: Fleet, app_id: str, topics: list[str], partitions: int, run_dir: Path
+) -> Any:
     """A leader-only worker (role ``leader`` of :mod:`bench.qf_app`, i.e. what ``queueflow
     leader`` runs, plus the bench's timing hooks); waits until it owns every request partition
     and has recovered its tables.
@@ -272,21 +315,38 @@ def start_leader(ctx: Context, fleet: Fleet, app_id: str, topics: list[str], par
     Raises:
         RuntimeError: not ready within 90 s.
     """
-    env = qf_env(ctx, app_id, topics[0], "bench", "leader", 1, "noop",
-                 BENCH_LEAD_TOPICS=",".join(topics[1:]))  # fmt: skip
+    env = qf_env(
+        ctx, app_id, topics[0], "bench", "leader", 1, "noop", BENCH_LEAD_TOPICS=",".join(topics[1:])
+    )
     worker = fleet.add("leader", faust_argv("bench.qf_app", run_dir / "leader-data"), env)
-    ok = fleet.wait(lambda s: bool(s[0].get("recovered")) and s[0].get("owned") == partitions,
-                    90, members=[worker])  # fmt: skip
+    ok = fleet.wait(
+        lambda s: bool(s[0].get("recovered")) and s[0].get("owned") == partitions,
+        90,
+        members=[worker],
+    )
     if not ok:
         raise RuntimeError(f"leader worker not ready within 90 s:\n{worker.log_tail(20)}")
     return worker
 
 
-def run_queueflow(ctx: Context, name: str, topic: str, partitions: int, records: int, *,
-                  processes: int, concurrency: int, mode: str, layout: str,
-                  run_timeout_s: float, profile: bool = False, leader_app: str | None = None,
-                  window_s: float | None = None, during: Callable[[Fleet], Any] | None = None,
-                  leader_worker: harness.Worker | None = None) -> dict[str, Any]:  # fmt: skip
+def run_queueflow(
+    ctx: Context,
+    name: str,
+    topic: str,
+    partitions: int,
+    records: int,
+    *,
+    processes: int,
+    concurrency: int,
+    mode: str,
+    layout: str,
+    run_timeout_s: float,
+    profile: bool = False,
+    leader_app: str | None = None,
+    window_s: float | None = None,
+    during: Callable[[Fleet], Any] | None = None,
+    leader_worker: harness.Worker | None = None,
+) -> dict[str, Any]:
     """queueflow share agents in Faust worker processes (``bench.qf_app``).
 
     ``layout``: ``leader`` = a leader-only worker plus ``processes`` member workers (the
@@ -337,16 +397,30 @@ def run_queueflow(ctx: Context, name: str, topic: str, partitions: int, records:
     return result
 
 
-def run_faust(ctx: Context, name: str, topic: str, partitions: int, records: int, *,
-              processes: int, concurrency: int, mode: str, run_timeout_s: float
-              ) -> dict[str, Any]:  # fmt: skip
+def run_faust(
+    ctx: Context,
+    name: str,
+    topic: str,
+    partitions: int,
+    records: int,
+    *,
+    processes: int,
+    concurrency: int,
+    mode: str,
+    run_timeout_s: float,
+) -> dict[str, Any]:
     run_dir = ctx.run_dir / name
     app_id = ctx.uid(name)
     with Fleet(run_dir) as fleet:
         for i in range(processes):
-            env = dict(os.environ, BENCH_APP_ID=app_id, BENCH_BROKER=f"kafka://{ctx.bootstrap}",
-                       BENCH_TOPIC=topic, BENCH_CONCURRENCY=str(concurrency),
-                       BENCH_MODE=mode)  # fmt: skip
+            env = dict(
+                os.environ,
+                BENCH_APP_ID=app_id,
+                BENCH_BROKER=f"kafka://{ctx.bootstrap}",
+                BENCH_TOPIC=topic,
+                BENCH_CONCURRENCY=str(concurrency),
+                BENCH_MODE=mode,
+            )
             fleet.add(f"faust-{i}", faust_argv("bench.faust_app", run_dir / f"data-{i}"), env)
 
         def ready(stats: list[dict[str, Any]]) -> bool:
@@ -366,17 +440,24 @@ def run_faust(ctx: Context, name: str, topic: str, partitions: int, records: int
     return result
 
 
-def run_raw(ctx: Context, name: str, topic: str, partitions: int, records: int,
-            processes: int, run_timeout_s: float) -> dict[str, Any]:  # fmt: skip
+def run_raw(
+    ctx: Context,
+    name: str,
+    topic: str,
+    partitions: int,
+    records: int,
+    processes: int,
+    run_timeout_s: float,
+) -> dict[str, Any]:
     run_dir = ctx.run_dir / name
     group = ctx.uid(name)
     with Fleet(run_dir) as fleet:
         for i in range(processes):
-            env = dict(os.environ, BENCH_BROKER=ctx.bootstrap, BENCH_TOPIC=topic,
-                       BENCH_GROUP=group)  # fmt: skip
+            env = dict(os.environ, BENCH_BROKER=ctx.bootstrap, BENCH_TOPIC=topic, BENCH_GROUP=group)
             fleet.add(f"raw-{i}", [PYTHON, "-m", "bench.raw_consumer"], env)
-        result = measure_fleet(ctx, fleet, records, stable(balanced(partitions, processes), 1.0),
-                               60, run_timeout_s)  # fmt: skip
+        result = measure_fleet(
+            ctx, fleet, records, stable(balanced(partitions, processes), 1.0), 60, run_timeout_s
+        )
     result.update(processes=processes)
     return result
 
@@ -385,10 +466,19 @@ def set_share_earliest(ctx: Context, group: str) -> str | None:
     """Set the native share group's ``share.auto.offset.reset=earliest`` (before consuming)."""
     proc = run_kafka_tool(
         "kafka.admin.ConfigCommand",
-        ["--bootstrap-server", ctx.bootstrap, "--entity-type", "groups", "--entity-name", group,
-         "--alter", "--add-config", "share.auto.offset.reset=earliest"],
+        [
+            "--bootstrap-server",
+            ctx.bootstrap,
+            "--entity-type",
+            "groups",
+            "--entity-name",
+            group,
+            "--alter",
+            "--add-config",
+            "share.auto.offset.reset=earliest",
+        ],
         timeout_s=90,
-    )  # fmt: skip
+    )
     if proc.returncode != 0:
         return f"ConfigCommand exited {proc.returncode}: {(proc.stdout + proc.stderr)[-400:]}"
     return None
@@ -400,16 +490,22 @@ def confluent_share_support() -> dict[str, Any]:
     except ImportError as exc:
         return {"available": False, "why": f"confluent-kafka not installed: {exc}"}
     has = hasattr(confluent_kafka, "ShareConsumer")
-    info = {"available": has, "confluent_kafka": confluent_kafka.version()[0],
-            "librdkafka": confluent_kafka.libversion()[0]}  # fmt: skip
+    info = {
+        "available": has,
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+    }
     if not has:
-        info["why"] = (f"confluent_kafka {confluent_kafka.version()[0]} has no ShareConsumer "
-                       "(KIP-932 preview needs confluent-kafka >= 2.15.0)")  # fmt: skip
+        info["why"] = (
+            f"confluent_kafka {confluent_kafka.version()[0]} has no ShareConsumer "
+            "(KIP-932 preview needs confluent-kafka >= 2.15.0)"
+        )
     return info
 
 
-def run_native(ctx: Context, name: str, topic: str, records: int, processes: int,
-               run_timeout_s: float) -> dict[str, Any]:  # fmt: skip
+def run_native(
+    ctx: Context, name: str, topic: str, records: int, processes: int, run_timeout_s: float
+) -> dict[str, Any]:
     support = confluent_share_support()
     if not support["available"]:
         return {"error": support["why"], "client": support}
@@ -420,13 +516,16 @@ def run_native(ctx: Context, name: str, topic: str, records: int, processes: int
     run_dir = ctx.run_dir / name
     with Fleet(run_dir) as fleet:
         for i in range(processes):
-            env = dict(os.environ, BENCH_BROKER=ctx.bootstrap, BENCH_TOPIC=topic,
-                       BENCH_GROUP=group)  # fmt: skip
+            env = dict(os.environ, BENCH_BROKER=ctx.bootstrap, BENCH_TOPIC=topic, BENCH_GROUP=group)
             fleet.add(f"native-{i}", [PYTHON, "-m", "bench.native_consumer"], env)
-        result = measure_fleet(ctx, fleet, records,
-                               stable(lambda s: len(s) == processes and all(x.get("ready")
-                                                                            for x in s), 1.0),
-                               60, run_timeout_s)  # fmt: skip
+        result = measure_fleet(
+            ctx,
+            fleet,
+            records,
+            stable(lambda s: len(s) == processes and all(x.get("ready") for x in s), 1.0),
+            60,
+            run_timeout_s,
+        )
     result.update(processes=processes, client=support, acknowledgement="implicit")
     return result
 
@@ -437,17 +536,33 @@ def run_java_perf(ctx: Context, topic: str, records: int, timeout_s: float) -> d
     error = set_share_earliest(ctx, group)
     if error:
         return {"error": error}
-    args = ["--bootstrap-server", ctx.bootstrap, "--topic", topic, "--group", group,
-            "--num-records", str(records), "--threads", str(S1_PROCESSES), "--timeout", "15000",
-            "--show-detailed-stats", "--reporting-interval", "250"]  # fmt: skip
+    args = [
+        "--bootstrap-server",
+        ctx.bootstrap,
+        "--topic",
+        topic,
+        "--group",
+        group,
+        "--num-records",
+        str(records),
+        "--threads",
+        str(S1_PROCESSES),
+        "--timeout",
+        "15000",
+        "--show-detailed-stats",
+        "--reporting-interval",
+        "250",
+    ]
     broker_before = harness.cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None
     try:
         proc = run_kafka_tool("share-consumer-perf", args, timeout_s=timeout_s)
     except Exception as exc:  # BrokerError on timeout
         return {"error": f"ShareConsumerPerformance: {exc}"[:600]}
     (ctx.run_dir / "s1e-java.log").write_text(proc.stdout + "\n" + proc.stderr)
-    out = parse_java_perf(proc.stdout, records) | {"returncode": proc.returncode,
-                                                   "threads": S1_PROCESSES}  # fmt: skip
+    out = parse_java_perf(proc.stdout, records) | {
+        "returncode": proc.returncode,
+        "threads": S1_PROCESSES,
+    }
     broker_after = harness.cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None
     if broker_before is not None and broker_after is not None:
         # the whole tool run: JVM start and group join included
@@ -482,12 +597,18 @@ def parse_java_perf(stdout: str, expected: int) -> dict[str, Any]:
         else:
             summary = (start, end, count, rate)
     if summary is None:
-        return {"error": "no summary line in ShareConsumerPerformance output",
-                "stdout_tail": stdout[-800:]}  # fmt: skip
+        return {
+            "error": "no summary line in ShareConsumerPerformance output",
+            "stdout_tail": stdout[-800:],
+        }
     start, end, count, tool_rate = summary
-    out: dict[str, Any] = {"records": count, "expected": expected, "complete": count >= expected,
-                           "tool_rate": round(tool_rate, 1),
-                           "tool_seconds": round(end - start, 3)}  # fmt: skip
+    out: dict[str, Any] = {
+        "records": count,
+        "expected": expected,
+        "complete": count >= expected,
+        "tool_rate": round(tool_rate, 1),
+        "tool_seconds": round(end - start, 3),
+    }
     with_records = [r for r in rows if r[2] > 0]
     if with_records:
         # The first row with records ends at the first report after the first record.
@@ -506,8 +627,9 @@ def parse_java_perf(stdout: str, expected: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def start_profilers(ctx: Context, fleet: Fleet, name: str, leader: harness.Worker | None
-                    ) -> list[Any]:  # fmt: skip
+def start_profilers(
+    ctx: Context, fleet: Fleet, name: str, leader: harness.Worker | None
+) -> list[Any]:
     """py-spy on the leader (or the ``all`` worker) and one member, ``--gil``: only samples of
     threads holding the GIL, so time spent runnable but waiting for a CPU (2 cores, shared with
     the broker) or for I/O is not counted as work."""
@@ -521,9 +643,23 @@ def start_profilers(ctx: Context, fleet: Fleet, name: str, leader: harness.Worke
         # raw (collapsed stacks, flamegraph.pl input) for the tables, and an SVG flame graph
         for fmt, suffix in (("raw", "pyspy.txt"), ("flamegraph", "pyspy.svg")):
             out = ctx.run_dir / f"{name}-{label}.{suffix}"
-            argv = [pyspy, "record", "--pid", str(pid), "--rate", "100", "--nonblocking",
-                    "--gil", "--full-filenames", "--format", fmt, "--output", str(out),
-                    "--duration", str(int(ctx.args.profile_seconds))]  # fmt: skip
+            argv = [
+                pyspy,
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                "100",
+                "--nonblocking",
+                "--gil",
+                "--full-filenames",
+                "--format",
+                fmt,
+                "--output",
+                str(out),
+                "--duration",
+                str(int(ctx.args.profile_seconds)),
+            ]
             proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append((label if fmt == "raw" else None, out, proc))
     return procs
@@ -643,8 +779,9 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
     n = ctx.args.records
     topic = ctx.uid("s1")
     create_topic(ctx.bootstrap, topic, S1_PARTITIONS)
-    ctx.say(f"S1: producing {n:,} records of {RECORD_SIZE} B to {topic} ({S1_PARTITIONS} "
-            "partitions)")  # fmt: skip
+    ctx.say(
+        f"S1: producing {n:,} records of {RECORD_SIZE} B to {topic} ({S1_PARTITIONS} partitions)"
+    )
     produce_s = harness.produce(ctx.bootstrap, topic, n, RECORD_SIZE, S1_PARTITIONS)
     out: dict[str, Any] = {
         "topic": topic,
@@ -687,8 +824,9 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
         app_id = ctx.uid("s1a")
         with Fleet(ctx.run_dir / "s1a-leader") as leaders:
             try:
-                leader = start_leader(ctx, leaders, app_id, [topic], S1_PARTITIONS,
-                                      ctx.run_dir / "s1a-leader")  # fmt: skip
+                leader = start_leader(
+                    ctx, leaders, app_id, [topic], S1_PARTITIONS, ctx.run_dir / "s1a-leader"
+                )
             except Exception as exc:
                 out["a"] = {"error": repr(exc)[:600], "label": "queueflow share agent"}
             else:
@@ -825,23 +963,30 @@ def scenario_s2(ctx: Context) -> dict[str, Any]:
     for n in faust_ns:
         create_topic(ctx.bootstrap, faust_topics[n], 1)
         harness.produce(ctx.bootstrap, faust_topics[n], faust_sizes[n], RECORD_SIZE, 1)
-    out: dict[str, Any] = {"partitions": 1, "handler": "await asyncio.sleep(0.01)",
-                           "layout": "1 leader worker + member workers", "queueflow": {},
-                           "faust": {}}  # fmt: skip
+    out: dict[str, Any] = {
+        "partitions": 1,
+        "handler": "await asyncio.sleep(0.01)",
+        "layout": "1 leader worker + member workers",
+        "queueflow": {},
+        "faust": {},
+    }
     app_id = ctx.uid("s2")
     with Fleet(ctx.run_dir / "s2-leader") as leaders:
         ctx.say("S2: starting the leader worker (one for every S2 run; one topic per n) ...")
         try:
-            leader = start_leader(ctx, leaders, app_id, [topics[n] for n in ns], len(ns),
-                                  ctx.run_dir / "s2-leader")  # fmt: skip
+            leader = start_leader(
+                ctx, leaders, app_id, [topics[n] for n in ns], len(ns), ctx.run_dir / "s2-leader"
+            )
         except Exception as exc:
             return out | {"error": repr(exc)[:600]}
         for n in ns:
             procs, conc = S2_LAYOUTS[n]
             if not ctx.affordable(25 + S2_SECONDS, f"S2 queueflow n={n}", out):
                 continue
-            ctx.say(f"S2 queueflow n={n} ({procs} processes x concurrency {conc}), "
-                    f"{sizes[n]} records ...")  # fmt: skip
+            ctx.say(
+                f"S2 queueflow n={n} ({procs} processes x concurrency {conc}), "
+                f"{sizes[n]} records ..."
+            )
             timeout = ctx.timeout(max(30.0, 4 * sizes[n] / (n * 100)))
             result = guarded(
                 lambda n=n, procs=procs, conc=conc, timeout=timeout: run_queueflow(
@@ -867,10 +1012,19 @@ def scenario_s2(ctx: Context) -> dict[str, Any]:
             continue
         ctx.say(f"S2 plain Faust n={n} ({procs} workers x concurrency {conc}) ...")
         timeout = ctx.timeout(max(30.0, 4 * faust_sizes[n] / (conc * 100)))
-        result = guarded(lambda n=n, procs=procs, conc=conc, timeout=timeout:
-                         run_faust(ctx, f"s2f-n{n}", faust_topics[n], 1, faust_sizes[n],
-                                   processes=procs, concurrency=conc, mode="sleep10",
-                                   run_timeout_s=timeout))  # fmt: skip
+        result = guarded(
+            lambda n=n, procs=procs, conc=conc, timeout=timeout: run_faust(
+                ctx,
+                f"s2f-n{n}",
+                faust_topics[n],
+                1,
+                faust_sizes[n],
+                processes=procs,
+                concurrency=conc,
+                mode="sleep10",
+                run_timeout_s=timeout,
+            )
+        )
         out["faust"][str(n)] = result
         ctx.say(f"S2 plain Faust n={n}: {fmt_rate(result)}")
     for kind in ("queueflow", "faust"):
@@ -885,18 +1039,26 @@ def scenario_s2(ctx: Context) -> dict[str, Any]:
 
 def scenario_s3(ctx: Context) -> dict[str, Any]:
     s1_rate = ctx.results.get("S1", {}).get("a", {}).get("rate") or ctx.args.s3_fallback_rate
-    out: dict[str, Any] = {"s1_queueflow_rate": s1_rate, "layout": ctx.args.qf_layout,
-                           "concurrency": ctx.args.qf_concurrency, "runs": {}}  # fmt: skip
+    out: dict[str, Any] = {
+        "s1_queueflow_rate": s1_rate,
+        "layout": ctx.args.qf_layout,
+        "concurrency": ctx.args.qf_concurrency,
+        "runs": {},
+    }
     for label, share in (("50%", 0.5), ("10%", 0.1)):
         if label != "50%" and not ctx.affordable(35, f"S3 at {label}", out):
             continue
         rate = max(10.0, share * s1_rate)
-        ctx.say(f"S3 at {label} of S1 queueflow ({s1_rate:.0f}/s): {rate:.0f} records/s for "
-                f"{S3_SECONDS:.0f} s ...")  # fmt: skip
+        ctx.say(
+            f"S3 at {label} of S1 queueflow ({s1_rate:.0f}/s): {rate:.0f} records/s for "
+            f"{S3_SECONDS:.0f} s ..."
+        )
         run = guarded(lambda rate=rate, label=label: latency_run(ctx, label, rate))
         out["runs"][label] = run
-        ctx.say(f"S3 {label}: handler start p50/p99 {run.get('to_handler_ms', {}).get('p50')}/"
-                f"{run.get('to_handler_ms', {}).get('p99')} ms")  # fmt: skip
+        ctx.say(
+            f"S3 {label}: handler start p50/p99 {run.get('to_handler_ms', {}).get('p50')}/"
+            f"{run.get('to_handler_ms', {}).get('p99')} ms"
+        )
     # The issue's figure is the 50 % run; the 10 % run shows the floor without a backlog.
     out.update({k: v for k, v in out["runs"]["50%"].items() if k.endswith("_ms")})
     return out
@@ -912,27 +1074,43 @@ def latency_run(ctx: Context, label: str, rate: float) -> dict[str, Any]:
         produced.update(paced_produce(ctx.bootstrap, topic, count, rate, S1_PARTITIONS))
 
     name = "s3-latency-" + label.rstrip("%")
-    result = run_queueflow(ctx, name, topic, S1_PARTITIONS, count, processes=S1_PROCESSES,
-                           concurrency=ctx.args.qf_concurrency, mode="latency",
-                           layout=ctx.args.qf_layout, run_timeout_s=ctx.timeout(30),
-                           during=produce_during)  # fmt: skip
-    out: dict[str, Any] = {"rate_target": round(rate, 1), "records": count,
-                           "produce_rate": produced.get("rate"),
-                           "finished": result.get("records"), "error": result.get("error"),
-                           "timings": result.get("timings")}  # fmt: skip
+    result = run_queueflow(
+        ctx,
+        name,
+        topic,
+        S1_PARTITIONS,
+        count,
+        processes=S1_PROCESSES,
+        concurrency=ctx.args.qf_concurrency,
+        mode="latency",
+        layout=ctx.args.qf_layout,
+        run_timeout_s=ctx.timeout(30),
+        during=produce_during,
+    )
+    out: dict[str, Any] = {
+        "rate_target": round(rate, 1),
+        "records": count,
+        "produce_rate": produced.get("rate"),
+        "finished": result.get("records"),
+        "error": result.get("error"),
+        "timings": result.get("timings"),
+    }
     samples: dict[str, list[float]] = {"to_handler": [], "to_ack": [], "to_handler_record_ts": []}
     for path in result.get("samples", []):
         data = read_json(Path(path)) or {}
         for key in samples:
             samples[key].extend(data.get(key, []))
     for key, values in samples.items():
-        out[key + "_ms"] = {k: (round(v * 1000, 2) if isinstance(v, float) else v)
-                            for k, v in percentiles(values).items()}  # fmt: skip
+        out[key + "_ms"] = {
+            k: (round(v * 1000, 2) if isinstance(v, float) else v)
+            for k, v in percentiles(values).items()
+        }
     return {k: v for k, v in out.items() if v is not None}
 
 
-def paced_produce(bootstrap: str, topic: str, count: int, rate: float, partitions: int
-                  ) -> dict[str, Any]:  # fmt: skip
+def paced_produce(
+    bootstrap: str, topic: str, count: int, rate: float, partitions: int
+) -> dict[str, Any]:
     """Produce ``count`` records at ``rate``/s (1 ms pacing, librdkafka, linger 0)."""
     from confluent_kafka import Producer
 
@@ -960,10 +1138,20 @@ def scenario_s4(ctx: Context) -> dict[str, Any]:
     # 5 x the S1(a) drain time of this many records, at least 60 s
     s4_timeout = min(ctx.args.s1_timeout, max(60.0, 5 * n / s1_rate)) if s1_rate else 120.0
     harness.produce(ctx.bootstrap, topic, n, RECORD_SIZE, S1_PARTITIONS)
-    result = guarded(lambda: run_queueflow(
-        ctx, "s4-redelivery", topic, S1_PARTITIONS, n, processes=S1_PROCESSES,
-        concurrency=ctx.args.qf_concurrency, mode="release10", layout=ctx.args.qf_layout,
-        run_timeout_s=ctx.timeout(s4_timeout)))  # fmt: skip
+    result = guarded(
+        lambda: run_queueflow(
+            ctx,
+            "s4-redelivery",
+            topic,
+            S1_PARTITIONS,
+            n,
+            processes=S1_PROCESSES,
+            concurrency=ctx.args.qf_concurrency,
+            mode="release10",
+            layout=ctx.args.qf_layout,
+            run_timeout_s=ctx.timeout(s4_timeout),
+        )
+    )
     s1 = ctx.results.get("S1", {}).get("a", {}).get("rate")
     if s1 and result.get("rate"):
         result["s1_rate"] = s1
@@ -987,8 +1175,14 @@ def scenario_s5(ctx: Context) -> dict[str, Any]:
         "group.share.max.record.lock.duration.ms": 600_000,
     }
     out: dict[str, Any] = {"partitions": partitions, "leader_settings": settings}
-    leader = LeaderWorker(app_id, [topic], ctx.bootstrap, ctx.run_dir / "s5-leader-data",
-                          settings, log_path=ctx.run_dir / "s5-leader.log")  # fmt: skip
+    leader = LeaderWorker(
+        app_id,
+        [topic],
+        ctx.bootstrap,
+        ctx.run_dir / "s5-leader-data",
+        settings,
+        log_path=ctx.run_dir / "s5-leader.log",
+    )
     ctx.say("S5: leader RSS with 2,000 and 10,000 in-flight records per partition ...")
     try:
         leader.start(timeout_s=90)
@@ -1004,13 +1198,15 @@ def scenario_s5(ctx: Context) -> dict[str, Any]:
     return out
 
 
-async def s5_acquire(ctx: Context, app_id: str, topic: str, partitions: int, pid: int
-                     ) -> dict[str, Any]:  # fmt: skip
-    from queueflow.client import MemberClient
+async def s5_acquire(
+    ctx: Context, app_id: str, topic: str, partitions: int, pid: int
+) -> dict[str, Any]:
+    from queueflow.member.client import MemberClient
     from queueflow.settings import ShareGroupSettings
 
-    settings = ShareGroupSettings.load({"max.poll.records": 10_000,
-                                        "queueflow.request.timeout.ms": 30_000})  # fmt: skip
+    settings = ShareGroupSettings.load(
+        {"max.poll.records": 10_000, "queueflow.request.timeout.ms": 30_000}
+    )
     client = MemberClient(ctx.bootstrap, app_id, "memory", [topic], settings, "bench-s5")
     await client.start()
     steps: dict[str, Any] = {}
@@ -1042,8 +1238,11 @@ async def s5_acquire(ctx: Context, app_id: str, topic: str, partitions: int, pid
             start = await client_start_offset(client, topic, p)
             acks = [(o, o, (1,)) for o in range(start + 1, start + 10_000, 2)]
             await client.share_fetch(topic, p, 0, acks)
-        steps["10000_fragmented"] = {"in_flight_per_partition": 10_000, "runs_per_partition":
-                                     10_000, "rss": await rss()}  # fmt: skip
+        steps["10000_fragmented"] = {
+            "in_flight_per_partition": 10_000,
+            "runs_per_partition": 10_000,
+            "rss": await rss(),
+        }
     finally:
         await client.close(leave=False)
     base = steps["baseline"]["rss"]
@@ -1085,8 +1284,9 @@ def engine_memory() -> dict[str, Any]:
         "print(json.dumps(out))\n"
     )
     try:
-        proc = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+        proc = subprocess.run(
+            [PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
         return json.loads(proc.stdout.strip().splitlines()[-1])
     except Exception as exc:
         return {"error": repr(exc)[:300]}
@@ -1144,19 +1344,32 @@ def table(results: dict[str, Any]) -> str:
                 note += f"; tool's own figure, group join included: {num(r['tool_rate'])}/s"
             if key in "al":
                 note += f"; {r.get('layout')} layout, concurrency {r.get('concurrency')}"
-            rows.append((f"S1({key}) {r.get('label', '')}", f"{num(r.get('rate'))} rec/s",
-                         note + err(r)))  # fmt: skip
+            rows.append(
+                (f"S1({key}) {r.get('label', '')}", f"{num(r.get('rate'))} rec/s", note + err(r))
+            )
         for c, r in s1.get("w", {}).get("by_concurrency", {}).items():
-            rows.append((f"S1(w) queueflow, handler concurrency {c}",
-                         f"{num(r.get('rate'))} rec/s", err(r).strip()))  # fmt: skip
-        ratios = (("ratio_queueflow_raw", "raw aiokafka", ">= 0.5"),
-                  ("ratio_queueflow_native", "native ShareConsumer (Python)", ">= 1.0"),
-                  ("ratio_queueflow_native_java", "ShareConsumerPerformance (Java)", ""),
-                  ("ratio_queueflow_faust", "plain Faust agent", ""))  # fmt: skip
+            rows.append(
+                (
+                    f"S1(w) queueflow, handler concurrency {c}",
+                    f"{num(r.get('rate'))} rec/s",
+                    err(r).strip(),
+                )
+            )
+        ratios = (
+            ("ratio_queueflow_raw", "raw aiokafka", ">= 0.5"),
+            ("ratio_queueflow_native", "native ShareConsumer (Python)", ">= 1.0"),
+            ("ratio_queueflow_native_java", "ShareConsumerPerformance (Java)", ""),
+            ("ratio_queueflow_faust", "plain Faust agent", ""),
+        )
         for key, label, target in ratios:
             if s1.get(key) is not None:
-                rows.append((f"S1 queueflow / {label}", num(s1[key], 3),
-                             f"target {target}" if target else ""))  # fmt: skip
+                rows.append(
+                    (
+                        f"S1 queueflow / {label}",
+                        num(s1[key], 3),
+                        f"target {target}" if target else "",
+                    )
+                )
         for item in s1.get("skipped", []):
             rows.append(("S1 skipped", item, ""))
     s2 = results.get("S2")
@@ -1164,9 +1377,14 @@ def table(results: dict[str, Any]) -> str:
         for kind in ("queueflow", "faust"):
             for n, r in s2.get(kind, {}).items():
                 layout = f"{r.get('processes')} proc x {r.get('concurrency')}"
-                rows.append((f"S2 {kind} n={n} ({layout})", f"{num(r.get('rate'))} rec/s",
-                             f"efficiency {num(r.get('efficiency'), 2)}, vs 100/s per consumer "
-                             f"{num(r.get('efficiency_vs_ideal'), 2)}" + err(r)))  # fmt: skip
+                rows.append(
+                    (
+                        f"S2 {kind} n={n} ({layout})",
+                        f"{num(r.get('rate'))} rec/s",
+                        f"efficiency {num(r.get('efficiency'), 2)}, vs 100/s per consumer "
+                        f"{num(r.get('efficiency_vs_ideal'), 2)}" + err(r),
+                    )
+                )
         for item in s2.get("skipped", []):
             rows.append(("S2 skipped", item, ""))
         if s2.get("error"):
@@ -1174,19 +1392,27 @@ def table(results: dict[str, Any]) -> str:
     s3 = results.get("S3")
     if s3:
         for label, run in s3.get("runs", {}).items():
-            for key, what in (("to_handler_ms", "produce -> handler start"),
-                              ("to_ack_ms", "produce -> ack answered")):  # fmt: skip
+            for key, what in (
+                ("to_handler_ms", "produce -> handler start"),
+                ("to_ack_ms", "produce -> ack answered"),
+            ):
                 p = run.get(key, {})
-                rows.append((f"S3 at {label} of S1(a): {what}",
-                             f"p50 {num(p.get('p50'), 1)} / p99 {num(p.get('p99'), 1)} / "
-                             f"p999 {num(p.get('p999'), 1)} ms",
-                             f"{num(run.get('produce_rate'))} rec/s" + err(run)))  # fmt: skip
+                rows.append(
+                    (
+                        f"S3 at {label} of S1(a): {what}",
+                        f"p50 {num(p.get('p50'), 1)} / p99 {num(p.get('p99'), 1)} / "
+                        f"p999 {num(p.get('p999'), 1)} ms",
+                        f"{num(run.get('produce_rate'))} rec/s" + err(run),
+                    )
+                )
     s4 = results.get("S4")
     if s4:
         note = s4.get("error", "")
         if s4.get("overhead") is not None:
-            note = (f"overhead vs S1(a): {num(100 * s4['overhead'], 1)}% "
-                    f"(10% more deliveries; {s4.get('records')} records)")  # fmt: skip
+            note = (
+                f"overhead vs S1(a): {num(100 * s4['overhead'], 1)}% "
+                f"(10% more deliveries; {s4.get('records')} records)"
+            )
         rows.append(("S4 redelivery (10% RELEASEd once)", f"{num(s4.get('rate'))} rec/s", note))
     s5 = results.get("S5")
     if s5:
@@ -1197,18 +1423,30 @@ def table(results: dict[str, Any]) -> str:
                 what = f"{step['in_flight_per_partition']:,} in flight/partition"
                 if key.endswith("fragmented"):
                     what += ", 1 run each"
-                rows.append((f"S5 leader RSS, {what}", f"{num(step.get('rss_mb'), 1)} MB",
-                             f"+{num(step.get('delta_bytes_per_record'))} B/record over idle "
-                             f"({num(leader['baseline'].get('rss_mb'), 1)} MB)"))  # fmt: skip
+                rows.append(
+                    (
+                        f"S5 leader RSS, {what}",
+                        f"{num(step.get('rss_mb'), 1)} MB",
+                        f"+{num(step.get('delta_bytes_per_record'))} B/record over idle "
+                        f"({num(leader['baseline'].get('rss_mb'), 1)} MB)",
+                    )
+                )
         if s5.get("error"):
             rows.append(("S5 leader", "n/a", s5["error"][:100]))
         engine = s5.get("engine", {})
-        for key, label in (("own_runs", "worst case, every record its own run"),
-                           ("batches", "fetched in batches of 500")):  # fmt: skip
+        for key, label in (
+            ("own_runs", "worst case, every record its own run"),
+            ("batches", "fetched in batches of 500"),
+        ):
             e = engine.get(key)
             if e:
-                rows.append((f"S5 engine B/record ({label})", num(e["bytes_per_record"], 1),
-                             "target <= 200"))  # fmt: skip
+                rows.append(
+                    (
+                        f"S5 engine B/record ({label})",
+                        num(e["bytes_per_record"], 1),
+                        "target <= 200",
+                    )
+                )
     width = max((len(r[0]) for r in rows), default=10)
     width2 = max((len(r[1]) for r in rows), default=10)
     lines = [f"{'scenario':<{width}}  {'figure':<{width2}}  note", "-" * (width + width2 + 40)]
@@ -1223,8 +1461,13 @@ def table(results: dict[str, Any]) -> str:
 
 #: Seconds each scenario needs at least (its reserve while earlier scenarios run).
 MIN_SECONDS = {"S1": 120.0, "S2": 150.0, "S3": 45.0, "S4": 35.0, "S5": 40.0}
-SCENARIOS = {"S1": scenario_s1, "S2": scenario_s2, "S3": scenario_s3, "S4": scenario_s4,
-             "S5": scenario_s5}  # fmt: skip
+SCENARIOS = {
+    "S1": scenario_s1,
+    "S2": scenario_s2,
+    "S3": scenario_s3,
+    "S4": scenario_s4,
+    "S5": scenario_s5,
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1248,9 +1491,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--s2-consumers", default="1,2,4,8,16,32")
     p.add_argument("--no-s2-faust", dest="s2_faust", action="store_false")
-    p.add_argument("--qf-layout", choices=("leader", "all"), default="leader",
-                   help="S1/S3/S4 queueflow processes: a leader worker + 4 'member' workers "
-                        "(leader), or 1 'all' + 3 'member' workers (all)")  # fmt: skip
+    p.add_argument(
+        "--qf-layout",
+        choices=("leader", "all"),
+        default="leader",
+        help="S1/S3/S4 queueflow processes: a leader worker + 4 'member' workers "
+        "(leader), or 1 'all' + 3 'member' workers (all)",
+    )
     p.add_argument(
         "--qf-concurrency",
         type=int,
@@ -1273,15 +1520,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=120.0,
         help="upper bound; py-spy stops when S1(a) finishes",
     )
-    p.add_argument("--faust-loglevel", choices=("info", "warn"), default="info",
-                   help="-l of every Faust worker (warn turns on Faust's spinner, which sets the "
-                        "root logger to DEBUG)")  # fmt: skip
-    p.add_argument("--budget", type=float, default=780.0,
-                   help="overall seconds: timeouts shrink and optional runs (S1 w/l, S2 Faust, "
-                        "S3 10%%) are skipped to stay within it (default 780)")  # fmt: skip
+    p.add_argument(
+        "--faust-loglevel",
+        choices=("info", "warn"),
+        default="info",
+        help="-l of every Faust worker (warn turns on Faust's spinner, which sets the "
+        "root logger to DEBUG)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=780.0,
+        help="overall seconds: timeouts shrink and optional runs (S1 w/l, S2 Faust, "
+        "S3 10%%) are skipped to stay within it (default 780)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
-    p.add_argument("--keep-logs", action="store_true",
-                   help="keep the broker's and workers' data directories too")  # fmt: skip
+    p.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="keep the broker's and workers' data directories too",
+    )
     args = p.parse_args(argv)
     args.scenarios = [s.strip().upper() for s in args.scenarios.split(",") if s.strip()]
     args.s1_variants = list(args.s1_variants)
@@ -1292,10 +1550,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def machine() -> dict[str, Any]:
-    from queueflow.broker import KAFKA_VERSION
+    from queueflow.devtools.broker import KAFKA_VERSION
 
-    info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                            "platform": platform.platform(), "kafka": KAFKA_VERSION}  # fmt: skip
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "kafka": KAFKA_VERSION,
+    }
     with contextlib.suppress(OSError):
         info["loadavg_before"] = os.getloadavg()
     with contextlib.suppress(ImportError):
@@ -1307,8 +1569,9 @@ def machine() -> dict[str, Any]:
     with contextlib.suppress(Exception):  # read-only git queries: which code was measured
 
         def git(*argv: str) -> str:
-            return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()  # fmt: skip
+            return subprocess.run(
+                ["git", *argv], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
 
         info["git_commit"] = git("rev-parse", "--short", "HEAD")
         info["queueflow_uncommitted_changes"] = bool(git("status", "--porcelain", "queueflow"))
@@ -1341,8 +1604,10 @@ def main(argv: list[str] | None = None) -> int:
         if bootstrap is None:
             port, cport = find_free_ports(2)
             broker = LocalBroker(run_dir / "broker", port=port, controller_port=cport)
-            print(f"starting a local Kafka broker on 127.0.0.1:{port} ({run_dir / 'broker'})",
-                  flush=True)  # fmt: skip
+            print(
+                f"starting a local Kafka broker on 127.0.0.1:{port} ({run_dir / 'broker'})",
+                flush=True,
+            )
             broker.start(timeout_s=120)
             bootstrap = broker.bootstrap
         results["broker"] = {"bootstrap": bootstrap, "local": broker is not None}
@@ -1370,8 +1635,11 @@ def main(argv: list[str] | None = None) -> int:
             if not args.keep_logs:
                 broker.wipe()
         if not args.keep_logs:  # Faust/RocksDB data dirs; logs, stats and profiles stay
-            for data in [*run_dir.glob("*/data-*"), *run_dir.glob("*/leader-data"),
-                         *run_dir.glob("*-leader-data")]:  # fmt: skip
+            for data in [
+                *run_dir.glob("*/data-*"),
+                *run_dir.glob("*/leader-data"),
+                *run_dir.glob("*-leader-data"),
+            ]:
                 shutil.rmtree(data, ignore_errors=True)
         write(args.out, results)
     print()

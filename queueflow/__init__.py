@@ -10,23 +10,31 @@ Public API::
     async def make_thumbnail(record: queueflow.ShareRecord):
         ...
         return queueflow.ACCEPT          # or RELEASE / REJECT; None means ACCEPT
+
+The names below are imported lazily (PEP 562), so ``import queueflow.engine`` loads neither
+Faust nor aiokafka.
 """
 
 from __future__ import annotations
 
-from queueflow.agent import ShareAgent
-from queueflow.app import App, ShareGroups, attach
-from queueflow.client import ShareRecord
-from queueflow.consumer import IllegalStateError, ShareConsumer
-from queueflow.errors import (
-    ConfigurationError,
-    CorruptStateError,
-    ErrorCode,
-    QueueflowError,
-    ShareGroupError,
-)
-from queueflow.settings import ShareGroupSettings
-from queueflow.share.partition import AcknowledgeType
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from queueflow.structs import AcknowledgeType
+
+if TYPE_CHECKING:
+    from queueflow.errors import (
+        ConfigurationError,
+        CorruptStateError,
+        ErrorCode,
+        QueueflowError,
+        ShareGroupError,
+    )
+    from queueflow.faust_app import App, ShareGroups, attach
+    from queueflow.member.agent import ShareAgent
+    from queueflow.member.consumer import IllegalStateError, ShareConsumer
+    from queueflow.settings import ShareGroupSettings
+    from queueflow.structs import ShareRecord, TopicPartition
 
 #: The record was processed: it becomes Acknowledged.
 ACCEPT = AcknowledgeType.ACCEPT
@@ -36,6 +44,38 @@ RELEASE = AcknowledgeType.RELEASE
 REJECT = AcknowledgeType.REJECT
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it.
+_LAZY = {
+    "App": "queueflow.faust_app",
+    "ShareGroups": "queueflow.faust_app",
+    "attach": "queueflow.faust_app",
+    "ShareAgent": "queueflow.member.agent",
+    "ShareConsumer": "queueflow.member.consumer",
+    "IllegalStateError": "queueflow.member.consumer",
+    "ShareRecord": "queueflow.structs",
+    "TopicPartition": "queueflow.structs",
+    "ShareGroupSettings": "queueflow.settings",
+    "ConfigurationError": "queueflow.errors",
+    "CorruptStateError": "queueflow.errors",
+    "ErrorCode": "queueflow.errors",
+    "QueueflowError": "queueflow.errors",
+    "ShareGroupError": "queueflow.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'queueflow' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "ACCEPT",
@@ -54,6 +94,7 @@ __all__ = [
     "ShareGroupSettings",
     "ShareGroups",
     "ShareRecord",
+    "TopicPartition",
     "__version__",
     "attach",
 ]

@@ -17,7 +17,7 @@ Leaders and coordinators:
 * ``queueflow_share_partition_start_offset{group,topic,partition}``: the SPSO;
 * ``queueflow_state_writes_total{topic}``: deltas and snapshots written;
 * ``queueflow_leader_step_downs_total{topic}``: request partitions a fenced or stalled leader
-  stepped down from (:mod:`queueflow.fencing`);
+  stepped down from (:mod:`queueflow.engine.fencing`);
 * ``queueflow_share_group_members{group}``, ``queueflow_share_group_epoch{group}``.
 """
 
@@ -48,19 +48,22 @@ ACKNOWLEDGEMENTS_DROPPED = Counter(
     "Outcomes the leader refused as stale (lock expired, or acknowledged already); those "
     "records are delivered again",
     _MEMBER,
-)  # fmt: skip
+)
 LOCK_EXPIRED_UNHANDLED = Counter(
     "queueflow_records_lock_expired_unhandled",
     "Records released without calling the handler: their acquisition lock expired while they "
     "waited for one",
     _MEMBER,
-)  # fmt: skip
+)
 SHARE_FETCH_SECONDS = Histogram(
-    "queueflow_share_fetch_seconds", "ShareFetch round-trip time", _MEMBER,
+    "queueflow_share_fetch_seconds",
+    "ShareFetch round-trip time",
+    _MEMBER,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0),
-)  # fmt: skip
-DRAIN_SECONDS = Gauge("queueflow_drain_seconds", "Duration of the last graceful drain",
-                      ("group", "agent"))  # fmt: skip
+)
+DRAIN_SECONDS = Gauge(
+    "queueflow_drain_seconds", "Duration of the last graceful drain", ("group", "agent")
+)
 IN_FLIGHT = Gauge("queueflow_share_partition_in_flight_records", "SPEO - SPSO", _PARTITION)
 ACQUIRED = Gauge("queueflow_share_partition_acquired_records", "Acquired records", _PARTITION)
 START_OFFSET = Gauge("queueflow_share_partition_start_offset", "The SPSO", _PARTITION)
@@ -68,9 +71,10 @@ STATE_WRITES = Counter(
     "queueflow_state_writes", "Durable state writes (deltas and snapshots)", ("topic",)
 )
 LEADER_STEP_DOWNS = Counter(
-    "queueflow_leader_step_downs", "Partitions a fenced or stalled leader stepped down from",
+    "queueflow_leader_step_downs",
+    "Partitions a fenced or stalled leader stepped down from",
     ("topic",),
-)  # fmt: skip
+)
 GROUP_MEMBERS = Gauge("queueflow_share_group_members", "Members per share group", ("group",))
 GROUP_EPOCH = Gauge("queueflow_share_group_epoch", "Group epoch", ("group",))
 

@@ -1,10 +1,10 @@
 """Helpers for testing code that uses queueflow.
 
 * :class:`FakeClock`: a millisecond clock for driving the pure engine
-  (:class:`~queueflow.share.partition.SharePartition`) without sleeping.
+  (:class:`~queueflow.engine.partition.SharePartition`) without sleeping.
 * :class:`LeaderWorker`: a leader-only queueflow worker in a subprocess (``queueflow leader``),
   for integration tests against a real broker. Start it, point
-  :class:`~queueflow.consumer.ShareConsumer` or share agents at the same app id, stop or kill it.
+  :class:`~queueflow.ShareConsumer` or share agents at the same app id, stop or kill it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from queueflow.broker import find_free_ports
+from queueflow.devtools.broker import find_free_ports
 from queueflow.settings import SETTINGS
 
 
@@ -95,9 +95,22 @@ class LeaderWorker:
         """
         self.datadir.parent.mkdir(parents=True, exist_ok=True)
         (web_port,) = find_free_ports(1)
-        argv = [sys.executable, "-m", "queueflow", "leader", "--app", self.app_id,
-                "--broker", f"kafka://{self.bootstrap}", "--datadir", str(self.datadir),
-                "--web-port", str(web_port), "-l", "info"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "queueflow",
+            "leader",
+            "--app",
+            self.app_id,
+            "--broker",
+            f"kafka://{self.bootstrap}",
+            "--datadir",
+            str(self.datadir),
+            "--web-port",
+            str(web_port),
+            "-l",
+            "info",
+        ]
         for topic in self.topics:
             argv += ["--topic", topic]
         start_size = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -108,8 +121,9 @@ class LeaderWorker:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"leader worker exited with {self.process.returncode}:\n"
-                                   + self.log_tail())  # fmt: skip
+                raise RuntimeError(
+                    f"leader worker exited with {self.process.returncode}:\n" + self.log_tail()
+                )
             with open(self.log_path, "rb") as f:
                 f.seek(start_size)
                 if self.READY_LINE.encode() in f.read():

@@ -2,7 +2,7 @@
 
 * ``kafka_bootstrap`` (session): bootstrap ``host:port`` of the broker under test. With
   ``QUEUEFLOW_BROKER=host:port`` set, that existing cluster is used; otherwise ONE
-  :class:`~queueflow.broker.LocalBroker` is started on free ports with its data under pytest's
+  ``LocalBroker`` is started on free ports with its data under pytest's
   tmp dir, and stopped when the session ends. It is only started if a test asks for it.
 * ``local_broker`` (session): that LocalBroker, or None when the cluster is external; for tests
   that stop, restart or kill the broker (skip them when it is None). A test that stops or kills
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from queueflow.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
+from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
 from queueflow.errors import BrokerError
 
 #: Seconds the session broker may take from JVM launch to serving (typically ~10 s).

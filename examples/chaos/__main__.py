@@ -60,8 +60,9 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from queueflow.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
-from queueflow.share.state import RecordState, decode_snapshot, decode_update
+from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
+from queueflow.engine.state import RecordState
+from queueflow.protocol.state_codec import decode_snapshot, decode_update
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("ACCEPT", "REJECT")
@@ -213,9 +214,12 @@ _LEADER_ASSIGNED = re.compile(r"leader_assigned\s+leader_epoch=(\d+) partitions=
 
 
 def wait_for_leaders(
-    leaders: Sequence[Worker], topic: str, partitions: int,
-    progress: Callable[[str], None], timeout_s: float = 90.0,
-) -> None:  # fmt: skip
+    leaders: Sequence[Worker],
+    topic: str,
+    partitions: int,
+    progress: Callable[[str], None],
+    timeout_s: float = 90.0,
+) -> None:
     """Wait until every leader-role worker has logged ``leader_assigned`` for one Faust
     generation and together they lead all ``partitions`` of ``topic`` (the Faust group has
     settled). Raises RuntimeError after ``timeout_s``."""

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from queueflow.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
+from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
 
 PARTITIONS = 2
 WORKERS = (("all", 0), ("all", 1), ("member", 2), ("member", 3))
@@ -64,8 +64,12 @@ def parses(source: bytes) -> bool:
 async def enqueue(bootstrap: str, topic: str, files: list[Path]) -> dict[str, bool]:
     """Produce one record per file; return path → whether ``ast.parse`` accepts it."""
     expected: dict[str, bool] = {}
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=MAX_FILE_BYTES + 4096,
-                                linger_ms=5, compression_type=None)  # fmt: skip
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        max_request_size=MAX_FILE_BYTES + 4096,
+        linger_ms=5,
+        compression_type=None,
+    )
     await producer.start()
     try:
         pending = []
@@ -107,30 +111,55 @@ def main() -> int:
             broker.start()
             bootstrap = broker.bootstrap
         topic = f"demo-files-{run_id}"
-        create_topic(bootstrap, topic, PARTITIONS,
-                     config={"max.message.bytes": str(MAX_FILE_BYTES + 4096)})  # fmt: skip
+        create_topic(
+            bootstrap, topic, PARTITIONS, config={"max.message.bytes": str(MAX_FILE_BYTES + 4096)}
+        )
         files = source_files()
-        print(f"enqueueing {len(files)} Python source files to {topic} ({PARTITIONS} partitions)",
-              flush=True)  # fmt: skip
+        print(
+            f"enqueueing {len(files)} Python source files to {topic} ({PARTITIONS} partitions)",
+            flush=True,
+        )
         expected = asyncio.run(enqueue(bootstrap, topic, files))
         ledgers = []
         for role, i in WORKERS:
             ledger = run_dir / f"worker-{i}.jsonl"
             ledgers.append(ledger)
             env = dict(
-                os.environ, QUEUEFLOW_ROLE=role, DEMO_TOPIC=topic, DEMO_RESULTS=str(ledger),
-                DEMO_BROKER=f"kafka://{bootstrap}", DEMO_APP_ID=f"queueflow-demo-{run_id}",
-            )  # fmt: skip
+                os.environ,
+                QUEUEFLOW_ROLE=role,
+                DEMO_TOPIC=topic,
+                DEMO_RESULTS=str(ledger),
+                DEMO_BROKER=f"kafka://{bootstrap}",
+                DEMO_APP_ID=f"queueflow-demo-{run_id}",
+            )
             (web_port,) = find_free_ports(1)
             log = open(run_dir / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed by the child
-            workers.append(subprocess.Popen(
-                [sys.executable, "-m", "faust", "-A", "examples.demo.app",
-                 "--datadir", str(run_dir / f"worker-{i}"), "worker", "-l", "info",
-                 "--web-port", str(web_port)],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            ))  # fmt: skip
-        print(f"started {len(workers)} workers: "
-              + ", ".join(f"#{i} {role}" for role, i in WORKERS), flush=True)  # fmt: skip
+            workers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "faust",
+                        "-A",
+                        "examples.demo.app",
+                        "--datadir",
+                        str(run_dir / f"worker-{i}"),
+                        "worker",
+                        "-l",
+                        "info",
+                        "--web-port",
+                        str(web_port),
+                    ],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+        print(
+            f"started {len(workers)} workers: " + ", ".join(f"#{i} {role}" for role, i in WORKERS),
+            flush=True,
+        )
         deadline = time.monotonic() + TIMEOUT_S
         done: dict[str, str] = {}
         while time.monotonic() < deadline:
@@ -139,8 +168,11 @@ def main() -> int:
             done = {str(e["path"]): str(e["outcome"]) for e in entries if e["outcome"] != "RELEASE"}
             outcomes = Counter(done.values())
             elapsed = time.monotonic() - started
-            print(f"  {elapsed:6.1f}s  {len(done)}/{len(expected)} done  accepted="
-                  f"{outcomes['ACCEPT']} rejected={outcomes['REJECT']}", flush=True)  # fmt: skip
+            print(
+                f"  {elapsed:6.1f}s  {len(done)}/{len(expected)} done  accepted="
+                f"{outcomes['ACCEPT']} rejected={outcomes['REJECT']}",
+                flush=True,
+            )
             dead = [w for w in workers if w.poll() is not None]
             if dead:
                 print(f"a worker exited early (code {dead[0].returncode}); see {run_dir}")
@@ -164,12 +196,16 @@ def main() -> int:
         should_reject = {p for p, ok in expected.items() if not ok}
         problems = []
         if rejected != should_reject:
-            problems.append(f"rejected files differ from ast.parse failures: "
-                            f"extra={sorted(rejected - should_reject)[:5]} "
-                            f"missing={sorted(should_reject - rejected)[:5]}")  # fmt: skip
+            problems.append(
+                f"rejected files differ from ast.parse failures: "
+                f"extra={sorted(rejected - should_reject)[:5]} "
+                f"missing={sorted(should_reject - rejected)[:5]}"
+            )
         if summary["accepted"] + summary["rejected"] != summary["records"]:
-            problems.append(f"accepted + rejected = {summary['accepted'] + summary['rejected']}, "
-                            f"records = {summary['records']}")  # fmt: skip
+            problems.append(
+                f"accepted + rejected = {summary['accepted'] + summary['rejected']}, "
+                f"records = {summary['records']}"
+            )
         per_worker = Counter(str(e["pid"]) for e in entries)
         print(f"files per worker process: {sorted(per_worker.values(), reverse=True)}")
         print("files rejected (ast.parse fails):")

@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from queueflow.broker import (
+from queueflow.devtools.broker import (
     LocalBroker,
     create_topic,
     finalized_features,
@@ -87,21 +87,36 @@ def test_native_share_group_end_to_end(
     configs = run_kafka_tool(
         "kafka.admin.ConfigCommand",
         [
-            "--bootstrap-server", kafka_bootstrap, "--entity-type", "groups",
-            "--entity-name", group, "--alter", "--add-config", "share.auto.offset.reset=earliest",
+            "--bootstrap-server",
+            kafka_bootstrap,
+            "--entity-type",
+            "groups",
+            "--entity-name",
+            group,
+            "--alter",
+            "--add-config",
+            "share.auto.offset.reset=earliest",
         ],
         timeout_s=90,
-    )  # fmt: skip
+    )
     assert configs.returncode == 0, configs.stdout + configs.stderr
 
     consumer = run_kafka_tool(
         "org.apache.kafka.tools.consumer.ConsoleShareConsumer",
         [
-            "--bootstrap-server", kafka_bootstrap, "--topic", topic, "--group", group,
-            "--max-messages", str(N_RECORDS), "--timeout-ms", "30000",
+            "--bootstrap-server",
+            kafka_bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            group,
+            "--max-messages",
+            str(N_RECORDS),
+            "--timeout-ms",
+            "30000",
         ],
         timeout_s=120,
-    )  # fmt: skip
+    )
     received = [ln for ln in consumer.stdout.splitlines() if ln.startswith("record-")]
     assert sorted(received) == sorted(values), consumer.stdout + consumer.stderr
     assert consumer.returncode == 0, consumer.stderr

@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from queueflow.broker import LocalBroker
+from queueflow.devtools.broker import LocalBroker
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # examples/ is not installed; the workers run with cwd=ROOT

@@ -14,8 +14,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from test_share_groups import LEADER_SETTINGS, consumer, poll_until, produce
 
-from queueflow import topics
 from queueflow.errors import ErrorCode
+from queueflow.protocol import topics
 from queueflow.testing import LeaderWorker
 
 RECORDS = 10
@@ -24,12 +24,14 @@ RECORDS = 10
 @pytest.mark.parametrize(
     ("value", "problem"),
     [
-        (json.dumps({"v": 99, "t": "snapshot"}).encode(),
-         "unknown share-partition state format version 99"),
+        (
+            json.dumps({"v": 99, "t": "snapshot"}).encode(),
+            "unknown share-partition state format version 99",
+        ),
         (b"\x00not json", "corrupt share-partition state"),
     ],
     ids=["unknown-version", "garbage"],
-)  # fmt: skip
+)
 def test_corrupt_state_is_refused_not_reset(
     kafka_bootstrap: str,
     topic_factory: Callable[..., str],
@@ -75,8 +77,9 @@ def test_corrupt_state_is_refused_not_reset(
         await healthy.close()
         return sorted(r.offset for r in served), error, got
 
-    with LeaderWorker(app_id, [topic], kafka_bootstrap, tmp_path / "second",
-                      LEADER_SETTINGS) as leader:  # fmt: skip
+    with LeaderWorker(
+        app_id, [topic], kafka_bootstrap, tmp_path / "second", LEADER_SETTINGS
+    ) as leader:
         served, error, got = asyncio.run(scenario())
         log = leader.log_text()
     assert served == list(range(RECORDS))

@@ -175,8 +175,11 @@ def test_frozen_leader_steps_down_and_its_successor_serves(
             # ... and the freeze outlasts the stall limit before the old leader wakes up.
             await asyncio.sleep(max(0.0, paused_at + STALL_LIMIT_S + 2 - time.monotonic()))
             frozen.resume()
-            await wait_for(lambda: "leader_stepped_down" in frozen.log_text(),
-                           "the woken leader to step down", 30)  # fmt: skip
+            await wait_for(
+                lambda: "leader_stepped_down" in frozen.log_text(),
+                "the woken leader to step down",
+                30,
+            )
             await produce(kafka_bootstrap, topic, RECORDS)  # offsets RECORDS .. 2*RECORDS-1
             everything = set(range(2 * RECORDS))
             await work(worker, ledger, lambda: ledger.accepted >= everything, 120)
@@ -188,8 +191,9 @@ def test_frozen_leader_steps_down_and_its_successor_serves(
     finally:
         for w in workers:
             w.kill()
-    step_down = next(line for line in frozen.log_text().splitlines()
-                     if "leader_stepped_down" in line)  # fmt: skip
+    step_down = next(
+        line for line in frozen.log_text().splitlines() if "leader_stepped_down" in line
+    )
     assert "FENCED_STATE_EPOCH" in step_down
     assert "stalled for" in step_down
     assert ledger.accepted == set(range(2 * RECORDS))

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from queueflow import ConfigurationError, ShareConsumer
-from queueflow.broker import find_free_ports
+from queueflow.devtools.broker import find_free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 50
@@ -49,14 +49,34 @@ def agent_worker(
     and stops it with SIGTERM (a graceful drain)."""
     ledger, log = tmp_path / "ledger.jsonl", tmp_path / "worker.log"
     (web_port,) = find_free_ports(1)
-    env = dict(os.environ, AGENT_APP_ID=f"qf-agent-{uuid.uuid4().hex[:8]}", AGENT_TOPIC=topic,
-               AGENT_BROKER=f"kafka://{bootstrap}", AGENT_LEDGER=str(ledger))  # fmt: skip
+    env = dict(
+        os.environ,
+        AGENT_APP_ID=f"qf-agent-{uuid.uuid4().hex[:8]}",
+        AGENT_TOPIC=topic,
+        AGENT_BROKER=f"kafka://{bootstrap}",
+        AGENT_LEDGER=str(ledger),
+    )
     with open(log, "wb") as out:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", module, "--datadir", str(tmp_path / "data"),
-             "worker", "-l", "info", "--web-port", str(web_port)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "faust",
+                "-A",
+                module,
+                "--datadir",
+                str(tmp_path / "data"),
+                "worker",
+                "-l",
+                "info",
+                "--web-port",
+                str(web_port),
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         yield worker, ledger, log, web_port
     finally:
@@ -85,8 +105,11 @@ def test_share_agent_outcomes(
     asyncio.run(produce(kafka_bootstrap, topic))
     expected_deliveries = RECORDS + 2 * (RECORDS // 5)  # i%5 in (0, 1) are delivered twice
     with agent_worker("tests.integration.agent_app", topic, kafka_bootstrap, tmp_path) as (
-        worker, ledger, log, web_port,
-    ):  # fmt: skip
+        worker,
+        ledger,
+        log,
+        web_port,
+    ):
         lines = wait_for_ledger(worker, ledger, log, lambda x: len(x) >= expected_deliveries)
         metrics = _get(f"http://127.0.0.1:{web_port}/metrics")
     deliveries: dict[int, list[int]] = defaultdict(list)
@@ -116,8 +139,11 @@ def test_records_whose_lock_expired_in_the_queue_are_not_handled(
     topic = topic_factory(1)
     asyncio.run(produce(kafka_bootstrap, topic, count=SLOW_RECORDS, junk=False))
     with agent_worker("tests.integration.slow_agent_app", topic, kafka_bootstrap, tmp_path) as (
-        worker, ledger, log, web_port,
-    ):  # fmt: skip
+        worker,
+        ledger,
+        log,
+        web_port,
+    ):
         lines = wait_for_ledger(
             worker, ledger, log, lambda x: {e["i"] for e in x} >= set(range(SLOW_RECORDS))
         )

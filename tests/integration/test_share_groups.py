@@ -51,8 +51,13 @@ async def produce(bootstrap: str, topic: str, count: int, partitions: int = 1) -
 
 
 def consumer(bootstrap: str, app_id: str, group: str, mode: str = "explicit") -> ShareConsumer:
-    return ShareConsumer(group, app_id=app_id, bootstrap_servers=bootstrap,
-                         acknowledgement_mode=mode, settings=MEMBER_SETTINGS)  # fmt: skip
+    return ShareConsumer(
+        group,
+        app_id=app_id,
+        bootstrap_servers=bootstrap,
+        acknowledgement_mode=mode,
+        settings=MEMBER_SETTINGS,
+    )
 
 
 async def poll_until(
@@ -75,10 +80,12 @@ async def poll_until(
 @pytest.fixture(scope="module")
 def topics(kafka_bootstrap: str) -> dict[str, str]:
     """The module's source topics, created before the leader starts (it leads them all)."""
-    from queueflow.broker import create_topic
+    from queueflow.devtools.broker import create_topic
 
-    names = {key: f"qf-share-{key}-{uuid.uuid4().hex[:8]}"
-             for key in ("spread", "release", "reject", "limit", "kill")}  # fmt: skip
+    names = {
+        key: f"qf-share-{key}-{uuid.uuid4().hex[:8]}"
+        for key in ("spread", "release", "reject", "limit", "kill")
+    }
     for key, name in names.items():
         create_topic(kafka_bootstrap, name, 2 if key == "spread" else 1)
     return names
@@ -89,8 +96,13 @@ def leader(
     kafka_bootstrap: str, topics: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LeaderWorker]:
     app_id = f"qf-test-{uuid.uuid4().hex[:8]}"
-    worker = LeaderWorker(app_id, list(topics.values()), kafka_bootstrap,
-                          tmp_path_factory.mktemp("leader") / "data", LEADER_SETTINGS)  # fmt: skip
+    worker = LeaderWorker(
+        app_id,
+        list(topics.values()),
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("leader") / "data",
+        LEADER_SETTINGS,
+    )
     with worker.start():
         yield worker
 
@@ -102,8 +114,9 @@ def test_more_consumers_than_partitions_all_get_work(
 
     async def scenario() -> list[list[ShareRecord]]:
         await produce(kafka_bootstrap, topic, total, partitions=2)
-        members = [consumer(kafka_bootstrap, leader.app_id, "spread", mode="implicit")
-                   for _ in range(4)]  # fmt: skip
+        members = [
+            consumer(kafka_bootstrap, leader.app_id, "spread", mode="implicit") for _ in range(4)
+        ]
         for m in members:
             await m.subscribe([topic])
         got: list[list[ShareRecord]] = [[] for _ in members]
@@ -212,10 +225,18 @@ def test_killed_consumer_records_go_to_another_consumer(
     topic = topics["kill"]
     asyncio.run(produce(kafka_bootstrap, topic, 5))
     proc = subprocess.Popen(
-        [sys.executable, str(CONSUMER_SCRIPT), kafka_bootstrap, leader.app_id, "kill", topic,
-         json.dumps(MEMBER_SETTINGS)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(CONSUMER_SCRIPT),
+            kafka_bootstrap,
+            leader.app_id,
+            "kill",
+            topic,
+            json.dumps(MEMBER_SETTINGS),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         line = _read_line(proc, timeout_s=60)
         while not line.startswith("["):  # skip structlog lines

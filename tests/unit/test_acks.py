@@ -1,4 +1,4 @@
-"""Client-side acknowledgement batching (``queueflow.acks``)."""
+"""Client-side acknowledgement batching (``queueflow.member.acks``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import queueflow.acks as acks_module
-from queueflow.acks import AcknowledgementBuffer, to_wire
-from queueflow.share.partition import AcknowledgeType
+import queueflow.member.acks as acks_module
+from queueflow.member.acks import AcknowledgementBuffer, to_wire
+from queueflow.structs import AcknowledgeType
 
 ACCEPT = AcknowledgeType.ACCEPT
 RELEASE = AcknowledgeType.RELEASE

@@ -1,4 +1,4 @@
-"""The share-group assignor (``queueflow.share.assignor.assign``): balance, sharing, stickiness."""
+"""The share-group assignor (``queueflow.engine.assignor.assign``): balance, sharing, stickiness."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueflow.share.assignor import TopicPartition, assign
+from queueflow.engine.assignor import TopicPartition, assign
 
 
 def members_of(n: int, topics: Sequence[str] = ("t",)) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""Durable share-partition state (``queueflow.durable``) over a plain dict as the table."""
+"""Durable share-partition state (``queueflow.server.durable``) over a plain dict as the table."""
 
 from __future__ import annotations
 
@@ -6,18 +6,17 @@ import json
 
 import pytest
 
-from queueflow.durable import DurableSharePartition, delta_key, snapshot_key
-from queueflow.errors import CorruptStateError, ErrorCode
-from queueflow.share import (
+from queueflow.engine import (
     AcknowledgementBatch,
     AcknowledgeType,
     RecordState,
     SharePartition,
     SharePartitionConfig,
     StateBatch,
-    decode_snapshot,
-    decode_update,
 )
+from queueflow.errors import CorruptStateError, ErrorCode
+from queueflow.protocol.state_codec import decode_snapshot, decode_update
+from queueflow.server.durable import DurableSharePartition, delta_key, snapshot_key
 
 AV = RecordState.AVAILABLE
 AQ = RecordState.ACQUIRED
@@ -515,9 +514,17 @@ def test_resume_refuses_when_another_leader_loaded_the_state() -> None:
 def test_resume_refuses_when_a_delta_was_written_after_its_own() -> None:
     table: Table = {}
     d = holding_ten(table)
-    twin = DurableSharePartition(G, T, P, SharePartition(CFG, 0), table, 100,
-                                 snapshot_epoch=d.snapshot_epoch, state_epoch=d.state_epoch,
-                                 delta_index=d.delta_index)  # fmt: skip
+    twin = DurableSharePartition(
+        G,
+        T,
+        P,
+        SharePartition(CFG, 0),
+        table,
+        100,
+        snapshot_epoch=d.snapshot_epoch,
+        state_epoch=d.state_epoch,
+        delta_index=d.delta_index,
+    )
     twin.engine.acquire("x", 1, log_end_offset=10, now_ms=0)
     twin.persist()
     d.fence("revoked")

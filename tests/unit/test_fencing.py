@@ -1,4 +1,4 @@
-"""Leader fencing (``queueflow.fencing``) and fenced writes (``queueflow.durable``), no Kafka.
+"""Leader fencing and fenced writes (``engine.fencing``, ``server.durable``), no Kafka.
 
 The race test plays two leaders of one request partition over one shared state table and one
 ordered request log, the way a paused leader and its successor meet in production.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from queueflow.durable import DurableSharePartition, delta_key
+from queueflow.engine import AcknowledgementBatch, AcknowledgeType, SharePartitionConfig
+from queueflow.engine.fencing import FenceOutcome, LeaderFencing
 from queueflow.errors import ErrorCode, FencedStateEpochError
-from queueflow.fencing import FenceOutcome, LeaderFencing
-from queueflow.share import AcknowledgementBatch, AcknowledgeType, SharePartitionConfig
+from queueflow.server.durable import DurableSharePartition, delta_key
 
 G, T, P = "G", "T", 0
 CFG = SharePartitionConfig(max_in_flight_records=1000, delivery_count_limit=5)
@@ -152,10 +152,17 @@ def test_two_leaders_racing_on_one_partition() -> None:
     b.persist()
     restored = DurableSharePartition.load(table, G, T, P, CFG, 100, leader_epoch=5)
     assert restored is not None
-    view = [(o, restored.engine.record(o).state.name, restored.engine.record(o).delivery_count)
-            for o in range(5, 10)]  # fmt: skip
-    assert view == [(5, "AVAILABLE", 2), (6, "AVAILABLE", 2), (7, "AVAILABLE", 2),
-                    (8, "AVAILABLE", 2), (9, "AVAILABLE", 2)]  # fmt: skip
+    view = [
+        (o, restored.engine.record(o).state.name, restored.engine.record(o).delivery_count)
+        for o in range(5, 10)
+    ]
+    assert view == [
+        (5, "AVAILABLE", 2),
+        (6, "AVAILABLE", 2),
+        (7, "AVAILABLE", 2),
+        (8, "AVAILABLE", 2),
+        (9, "AVAILABLE", 2),
+    ]
     assert restored.engine.start_offset == 5
     # A's late delta sits under its own state epoch, where no replay of B's state looks.
     assert delta_key(G, P, a.state_epoch, a.snapshot_epoch, a.delta_index - 1) in table

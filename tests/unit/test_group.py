@@ -1,4 +1,4 @@
-"""Share-group membership (``queueflow.share.group.ShareGroup``), the coordinator's state."""
+"""Share-group membership (``queueflow.engine.group.ShareGroup``), the coordinator's state."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from queueflow.engine.group import GroupState, ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
-from queueflow.share.group import GroupState, ShareGroup
 
 TIMEOUT = 45_000
 PARTS = {"t": 4}

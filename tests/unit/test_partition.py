@@ -6,14 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueflow.errors import (
-    ConfigurationError,
-    CorruptStateError,
-    ErrorCode,
-    InvalidRecordStateError,
-    InvalidRequestError,
-)
-from queueflow.share import (
+from queueflow.engine import (
     AcknowledgementBatch,
     AcknowledgeType,
     AcquiredRecords,
@@ -26,6 +19,13 @@ from queueflow.share import (
     ShareUpdate,
     StateBatch,
     replay,
+)
+from queueflow.errors import (
+    ConfigurationError,
+    CorruptStateError,
+    ErrorCode,
+    InvalidRecordStateError,
+    InvalidRequestError,
 )
 
 AV = RecordState.AVAILABLE
@@ -344,8 +344,12 @@ def test_stale_acknowledgements_name_every_offset_the_member_cannot_acknowledge(
     sp.acknowledge("m", [batch(0, 1, A.ACCEPT)], 0)  # SPSO -> 2
     sp.acquire("other", 5, 15, 0)  # other holds 10-14
     sp.acknowledge("m", [batch(4, 4, A.ACCEPT), batch(6, 6, A.RELEASE)], 0)
-    request = [batch(0, 3, A.ACCEPT), batch(4, 9, A.ACCEPT), batch(10, 11, A.ACCEPT),
-               batch(15, 16, A.ACCEPT)]  # fmt: skip
+    request = [
+        batch(0, 3, A.ACCEPT),
+        batch(4, 9, A.ACCEPT),
+        batch(10, 11, A.ACCEPT),
+        batch(15, 16, A.ACCEPT),
+    ]
     with pytest.raises(InvalidRequestError):  # 0..1 is below the SPSO
         sp.acknowledge("m", request, 1)
     # below the SPSO, acknowledged, Available, another member's, at/after the SPEO
@@ -353,8 +357,7 @@ def test_stale_acknowledgements_name_every_offset_the_member_cannot_acknowledge(
     assert sp.stale_acknowledgements("m", [batch(2, 3, A.ACCEPT)]) == []
     assert sp.stale_acknowledgements("nobody", [batch(2, 3, A.ACCEPT)]) == [(2, 3)]
     # what is left once the stale offsets are taken out is accepted
-    sp.acknowledge("m", [batch(2, 3, A.ACCEPT), batch(5, 5, A.ACCEPT),
-                         batch(7, 9, A.ACCEPT)], 1)  # fmt: skip
+    sp.acknowledge("m", [batch(2, 3, A.ACCEPT), batch(5, 5, A.ACCEPT), batch(7, 9, A.ACCEPT)], 1)
     assert sp.start_offset == 6
 
 

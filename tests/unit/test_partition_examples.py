@@ -11,7 +11,7 @@ offset of the example against the table.
 
 from __future__ import annotations
 
-from queueflow.share import (
+from queueflow.engine import (
     AcknowledgementBatch,
     AcknowledgeType,
     AcquiredRecords,

@@ -24,8 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from queueflow.errors import InvalidRecordStateError, InvalidRequestError
-from queueflow.share import (
+from queueflow.engine import (
     AcknowledgementBatch,
     AcknowledgeType,
     RecordState,
@@ -35,11 +34,11 @@ from queueflow.share import (
     ShareSnapshot,
     ShareUpdate,
     StateBatch,
-    decode_update,
-    encode_update,
     merge_batches,
     replay,
 )
+from queueflow.errors import InvalidRecordStateError, InvalidRequestError
+from queueflow.protocol.state_codec import decode_update, encode_update
 
 AV = RecordState.AVAILABLE
 AQ = RecordState.ACQUIRED

@@ -1,4 +1,4 @@
-"""Wire messages (``queueflow.protocol``): encode/decode round trip and malformed input."""
+"""Wire messages (``queueflow.protocol.messages``): encode/decode round trip and malformed input."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from queueflow.errors import ErrorCode, InvalidRequestError
-from queueflow.protocol import (
+from queueflow.protocol.messages import (
     Fence,
     HeartbeatRequest,
     HeartbeatResponse,

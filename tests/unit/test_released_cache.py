@@ -1,16 +1,17 @@
-"""The partition reader's cache of RELEASEd records (``queueflow.client``), no Kafka."""
+"""The partition reader's cache of RELEASEd records (``queueflow.member.client``), no Kafka."""
 
 from __future__ import annotations
 
 import asyncio
 
-from queueflow import client
-from queueflow.client import ShareRecord
+from queueflow.member import client
+from queueflow.structs import ShareRecord
 
 
 def record(offset: int, key: bytes = b"k") -> ShareRecord:
-    return ShareRecord("t", 0, offset, key, b"v%d" % offset, [("h", b"1")], 1000 + offset, 1,
-                       b"v%d" % offset, key)  # fmt: skip
+    return ShareRecord(
+        "t", 0, offset, key, b"v%d" % offset, [("h", b"1")], 1000 + offset, 1, b"v%d" % offset, key
+    )
 
 
 def reader() -> client._PartitionReader:
@@ -29,7 +30,9 @@ def test_redelivery_of_a_released_range_comes_from_the_cache() -> None:
     out: list[ShareRecord] = []
     assert r._take_released(5, 6, 2, out)
     assert [(x.offset, x.key, x.value, x.delivery_count, x.timestamp) for x in out] == [
-        (5, b"k", b"v5", 2, 1005), (6, b"k", b"v6", 2, 1006)]  # fmt: skip
+        (5, b"k", b"v5", 2, 1005),
+        (6, b"k", b"v6", 2, 1006),
+    ]
     assert list(r.released) == [7]  # served records leave the cache
 
 

@@ -7,18 +7,20 @@ from typing import Any
 
 import pytest
 
-from queueflow.errors import CorruptStateError, ErrorCode
-from queueflow.share import (
-    STATE_FORMAT_VERSION,
+from queueflow.engine import (
     RecordState,
     ShareSnapshot,
     ShareUpdate,
     StateBatch,
+    replay,
+)
+from queueflow.errors import CorruptStateError, ErrorCode
+from queueflow.protocol.state_codec import (
+    STATE_FORMAT_VERSION,
     decode_snapshot,
     decode_update,
     encode_snapshot,
     encode_update,
-    replay,
 )
 
 AV = RecordState.AVAILABLE

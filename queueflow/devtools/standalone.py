@@ -5,7 +5,7 @@ other processes (or other code bases)::
 
     queueflow leader --app thumbnails --topic jobs --broker kafka://localhost:9092
 
-which runs ``faust -A queueflow.standalone worker`` with:
+which runs ``faust -A queueflow.devtools.standalone worker`` with:
 
 =========================  ==================================================================
 ``QUEUEFLOW_APP_ID``       the app id the members use (``ShareConsumer(app_id=...)``)
@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import os
 
-from queueflow.app import App
 from queueflow.errors import ConfigurationError
+from queueflow.faust_app import App
 
 
 def _require(name: str) -> str:
     value = os.environ.get(name, "").strip()
     if not value:
-        raise ConfigurationError(f"${name} is not set; queueflow.standalone needs it")
+        raise ConfigurationError(f"${name} is not set; queueflow.devtools.standalone needs it")
     return value
 
 

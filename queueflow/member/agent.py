@@ -34,16 +34,17 @@ import mode
 import structlog
 
 from queueflow import metrics
-from queueflow.acks import AcknowledgementBuffer
-from queueflow.client import MemberClient, ShareRecord, bootstrap_servers
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
-from queueflow.protocol import ShareFetchResponse, WireAck
-from queueflow.share.partition import AcknowledgeType
+from queueflow.kafka.config import bootstrap_servers
+from queueflow.member.acks import AcknowledgementBuffer
+from queueflow.member.client import MemberClient
+from queueflow.protocol.messages import ShareFetchResponse, WireAck
+from queueflow.structs import AcknowledgeType, ShareRecord
 
 if TYPE_CHECKING:
-    from queueflow.app import App
+    from queueflow.faust_app import App
 
-log = structlog.get_logger("queueflow.agent")
+log = structlog.get_logger("queueflow.member.agent")
 
 Handler = Callable[[ShareRecord], Awaitable[Any]]
 #: ShareFetch loops per assigned share-partition: one can be in flight while the handlers work
@@ -211,16 +212,23 @@ class ShareAgent(mode.Service):
     # -- lifecycle -------------------------------------------------------------------------
     async def on_start(self) -> None:
         self.client = MemberClient(
-            bootstrap_servers(self.app.conf.broker), self.app.share_namespace, self.group,
-            [self.topic_name], self.app.share_settings, client_id=f"{self.app.conf.id}:{self.name}",
-        )  # fmt: skip
+            bootstrap_servers(self.app.conf.broker),
+            self.app.share_namespace,
+            self.group,
+            [self.topic_name],
+            self.app.share_settings,
+            client_id=f"{self.app.conf.id}:{self.name}",
+        )
         await self.client.start()
         for i in range(self.concurrency):
             self.add_future(self._worker(i))
         self.add_future(self._supervise())
-        self._log.info("share_agent_started", topic=self.topic_name,
-                       member_id=self.client.member_id,
-                       concurrency=self.concurrency)  # fmt: skip
+        self._log.info(
+            "share_agent_started",
+            topic=self.topic_name,
+            member_id=self.client.member_id,
+            concurrency=self.concurrency,
+        )
 
     async def on_stop(self) -> None:
         """Graceful drain (seed 004): stop fetching, let running handlers finish within
@@ -247,8 +255,7 @@ class ShareAgent(mode.Service):
             await self.client.close(leave=True)
         drain_s = time.monotonic() - started
         metrics.DRAIN_SECONDS.labels(self.group, self.name).set(drain_s)
-        self._log.info("share_agent_drained", drain_ms=int(drain_s * 1000),
-                       **self.stats.as_dict())  # fmt: skip
+        self._log.info("share_agent_drained", drain_ms=int(drain_s * 1000), **self.stats.as_dict())
 
     def _release_queued(self) -> None:
         while self._queue:
@@ -264,8 +271,9 @@ class ShareAgent(mode.Service):
         while not self._stopping:
             wanted = set(self.client.assignment)
             for tp in wanted - set(self._fetchers):
-                self._fetchers[tp] = [asyncio.create_task(self._fetch_loop(tp))
-                                      for _ in range(FETCHES_IN_FLIGHT)]  # fmt: skip
+                self._fetchers[tp] = [
+                    asyncio.create_task(self._fetch_loop(tp)) for _ in range(FETCHES_IN_FLIGHT)
+                ]
             for tp in set(self._fetchers) - wanted:
                 tasks = self._fetchers.pop(tp)
                 for task in tasks:
@@ -309,8 +317,9 @@ class ShareAgent(mode.Service):
             except asyncio.TimeoutError:
                 if self._acks.pending(tp):
                     break  # no room, but acknowledgements have waited long enough: send them
-        want = min(max(self.high_water - self._outstanding, 0),
-                   self.app.share_settings.max_poll_records)  # fmt: skip
+        want = min(
+            max(self.high_water - self._outstanding, 0), self.app.share_settings.max_poll_records
+        )
         self._outstanding += want
         return want
 
@@ -346,8 +355,9 @@ class ShareAgent(mode.Service):
                 self._unreserve(want - max(delivered, 0))
                 raise
             except Exception as exc:  # keep fetching whatever goes wrong; say what it was
-                self._log.warning("share_fetch_failed", topic=tp[0], partition=tp[1],
-                                  error=repr(exc))  # fmt: skip
+                self._log.warning(
+                    "share_fetch_failed", topic=tp[0], partition=tp[1], error=repr(exc)
+                )
                 delivered = -1
             self._unreserve(want - max(delivered, 0))
             if delivered > 0:
@@ -380,8 +390,13 @@ class ShareAgent(mode.Service):
         if response.ack_error != ErrorCode.NONE.value:
             self._acknowledgements_refused(tp, acks, response)
         if response.error != ErrorCode.NONE.value:
-            self._log.error("share_fetch_error", topic=tp[0], partition=tp[1],
-                            error=response.error, detail=response.error_message)  # fmt: skip
+            self._log.error(
+                "share_fetch_error",
+                topic=tp[0],
+                partition=tp[1],
+                error=response.error,
+                detail=response.error_message,
+            )
             return -1
         if not response.acquired:
             return 0
@@ -419,19 +434,29 @@ class ShareAgent(mode.Service):
         still valid again (see :meth:`AcknowledgementBuffer.refused`); only the stale ones are
         lost, and their records are delivered again."""
         if response.ack_error not in _SPLITTABLE:
-            self._log.warning("acknowledgement_refused", topic=tp[0], partition=tp[1],
-                              error=response.ack_error, detail=response.ack_error_message,
-                              records=sum(last - first + 1 for first, last, _ in acks),
-                              note="these records will be delivered again")  # fmt: skip
+            self._log.warning(
+                "acknowledgement_refused",
+                topic=tp[0],
+                partition=tp[1],
+                error=response.ack_error,
+                detail=response.ack_error_message,
+                records=sum(last - first + 1 for first, last, _ in acks),
+                note="these records will be delivered again",
+            )
             return
         dropped = self._acks.refused(tp, acks, response.ack_stale)
         if dropped:
             self.stats.acks_dropped += len(dropped)
             self._acks_dropped.inc(len(dropped))
-            self._log.warning("stale_acknowledgements_dropped", topic=tp[0], partition=tp[1],
-                              offsets=_ranges_text(dropped), error=response.ack_error,
-                              detail=response.ack_error_message,
-                              note="these records will be delivered again")  # fmt: skip
+            self._log.warning(
+                "stale_acknowledgements_dropped",
+                topic=tp[0],
+                partition=tp[1],
+                offsets=_ranges_text(dropped),
+                error=response.ack_error,
+                detail=response.ack_error_message,
+                note="these records will be delivered again",
+            )
 
     def _publish_ack_counts(self) -> None:
         for kind, count in self._ack_counts.items():
@@ -477,11 +502,14 @@ class ShareAgent(mode.Service):
         self._unreserve(1)
         if record.lock_deadline != self._last_expired_deadline:
             self._last_expired_deadline = record.lock_deadline
-            self._log.warning("acquisition_lock_expired_before_handling", queued=len(self._queue),
-                              note="released unhandled; the handlers are slower than the lock "
-                                   "duration allows (raise group.share.record.lock.duration.ms "
-                                   "or lower max.poll.records)",
-                              **self._where(record))  # fmt: skip
+            self._log.warning(
+                "acquisition_lock_expired_before_handling",
+                queued=len(self._queue),
+                note="released unhandled; the handlers are slower than the lock "
+                "duration allows (raise group.share.record.lock.duration.ms "
+                "or lower max.poll.records)",
+                **self._where(record),
+            )
 
     async def _handle_one(self, record: ShareRecord) -> None:
         started = time.monotonic()
@@ -499,9 +527,11 @@ class ShareAgent(mode.Service):
         if isinstance(topic, str):
             return False
         return not (
-            topic.value_type is None and topic.value_serializer == "raw"
-            and topic.key_type is None and topic.key_serializer in ("raw", None)
-        )  # fmt: skip
+            topic.value_type is None
+            and topic.value_serializer == "raw"
+            and topic.key_type is None
+            and topic.key_serializer in ("raw", None)
+        )
 
     def _decode(self, record: ShareRecord) -> None:
         if not self._decodes:
@@ -518,8 +548,13 @@ class ShareAgent(mode.Service):
                 )
 
     def _where(self, record: ShareRecord) -> dict[str, Any]:
-        return {"group": self.group, "topic": record.topic, "partition": record.partition,
-                "offset": record.offset, "delivery_count": record.delivery_count}  # fmt: skip
+        return {
+            "group": self.group,
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "delivery_count": record.delivery_count,
+        }
 
     async def _process(self, record: ShareRecord) -> AcknowledgeType:
         try:
@@ -539,8 +574,12 @@ class ShareAgent(mode.Service):
             self.stats.handler_errors += 1
             self.stats.released += 1
             metrics.HANDLER_ERRORS.labels(self.group, record.topic, "raised").inc()
-            self._log.error("handler_raised_record_released", error=repr(exc), exc_info=True,
-                            **self._where(record))  # fmt: skip
+            self._log.error(
+                "handler_raised_record_released",
+                error=repr(exc),
+                exc_info=True,
+                **self._where(record),
+            )
             return AcknowledgeType.RELEASE
         outcome = outcome_of(result)
         if outcome is None:
@@ -548,10 +587,11 @@ class ShareAgent(mode.Service):
             self.stats.released += 1
             metrics.HANDLER_ERRORS.labels(self.group, record.topic, "invalid_outcome").inc()
             self._log.error(
-                "handler_returned_invalid_outcome_record_released", returned=repr(result)[:200],
+                "handler_returned_invalid_outcome_record_released",
+                returned=repr(result)[:200],
                 expected="queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None",
                 **self._where(record),
-            )  # fmt: skip
+            )
             return AcknowledgeType.RELEASE
         if outcome is AcknowledgeType.ACCEPT:
             self.stats.accepted += 1

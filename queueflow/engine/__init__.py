@@ -1,11 +1,11 @@
 """KIP-932 share-partition engine: record states, acknowledgements and durable state.
 
-Pure and synchronous; see :mod:`queueflow.share.partition` and :mod:`queueflow.share.state`.
+Pure and synchronous; see :mod:`queueflow.engine.partition` and :mod:`queueflow.engine.state`.
 """
 
 from __future__ import annotations
 
-from queueflow.share.partition import (
+from queueflow.engine.partition import (
     AcknowledgementBatch,
     AcknowledgeType,
     AcquiredRecords,
@@ -14,16 +14,11 @@ from queueflow.share.partition import (
     SharePartition,
     SharePartitionConfig,
 )
-from queueflow.share.state import (
-    STATE_FORMAT_VERSION,
+from queueflow.engine.state import (
     RecordState,
     ShareSnapshot,
     ShareUpdate,
     StateBatch,
-    decode_snapshot,
-    decode_update,
-    encode_snapshot,
-    encode_update,
     merge_batches,
     replay,
 )

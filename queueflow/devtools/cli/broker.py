@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from queueflow.broker import (
+from queueflow.devtools.broker import (
     ENV_BROKER,
     TOOL_ALIASES,
     LocalBroker,
@@ -18,7 +18,7 @@ from queueflow.broker import (
     is_serving,
     run_kafka_tool,
 )
-from queueflow.cli import cli
+from queueflow.devtools.cli import cli
 from queueflow.errors import BrokerError
 
 
@@ -57,7 +57,7 @@ def _make_broker(port: int, controller_port: int, data_dir: Path | None) -> Loca
 def _setup_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("queueflow: %(message)s"))
-    logger = logging.getLogger("queueflow.broker")
+    logger = logging.getLogger("queueflow.devtools.broker")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
 

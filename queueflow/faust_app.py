@@ -23,18 +23,20 @@ from typing import Any
 import faust
 import structlog
 
-from queueflow import metrics, topics
-from queueflow.agent import Handler, ShareAgent
-from queueflow.client import bootstrap_servers, ensure_topic, partition_counts
-from queueflow.coordinator import ShareGroupCoordinator, TopicMetadata
+from queueflow import metrics
 from queueflow.errors import ConfigurationError
-from queueflow.leader import LeaderTicker, LogOffsets, ShareLeader, monotonic_ms
+from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
+from queueflow.kafka.config import KafkaClientConfig, bootstrap_servers
+from queueflow.member.agent import Handler, ShareAgent
+from queueflow.protocol import topics
+from queueflow.server.coordinator import ShareGroupCoordinator
+from queueflow.server.leader import LeaderTicker, LogOffsets, ShareLeader, monotonic_ms
 from queueflow.settings import ShareGroupSettings
 
-log = structlog.get_logger("queueflow.app")
+log = structlog.get_logger("queueflow.faust_app")
 
 ROLES = ("all", "leader", "member")
-#: How often the leaders' stall guard runs (s); see :mod:`queueflow.fencing`.
+#: How often the leaders' stall guard runs (s); see :mod:`queueflow.engine.fencing`.
 STALL_CHECK_INTERVAL_S = 0.1
 #: Faust consumer-group timeouts (s) of the leaders unless set by argument or env var: a
 #: SIGKILLed leader's share-partitions move after the session timeout, so Faust's 60 s default
@@ -71,17 +73,21 @@ class ShareGroups:
         self.role = role
         self.namespace: str = app.conf.id
         self.settings = (
-            settings if isinstance(settings, ShareGroupSettings)
+            settings
+            if isinstance(settings, ShareGroupSettings)
             else ShareGroupSettings.load(settings)
-        )  # fmt: skip
+        )
         self.agents: list[ShareAgent] = []
         self.leaders: dict[str, ShareLeader] = {}
         self.coordinator: ShareGroupCoordinator | None = None
         self.reply_topic = app.topic(
-            topics.reply_topic(self.namespace), internal=True,
-            partitions=topics.REPLY_PARTITIONS, key_serializer="raw", value_serializer="raw",
+            topics.reply_topic(self.namespace),
+            internal=True,
+            partitions=topics.REPLY_PARTITIONS,
+            key_serializer="raw",
+            value_serializer="raw",
             config=topics.CONTROL_TOPIC_CONFIG,
-        )  # fmt: skip
+        )
         app.share_namespace = self.namespace  # type: ignore[attr-defined]
         app.share_settings = self.settings  # type: ignore[attr-defined]
         app.share_leaders = self.leaders  # type: ignore[attr-defined]
@@ -92,7 +98,7 @@ class ShareGroups:
             return
         bootstrap = bootstrap_servers(app.conf.broker)
         self._offsets = LogOffsets(bootstrap)
-        self._metadata = TopicMetadata(bootstrap)
+        self._metadata = TopicMetadata(KafkaClientConfig(bootstrap))
         self.coordinator = ShareGroupCoordinator(app, self._metadata)  # type: ignore[arg-type]
         self._ticker = LeaderTicker(app)  # type: ignore[arg-type]
         app.timer(self.settings.lock_check_interval_ms / 1000, name="queueflow-ticker")(
@@ -120,9 +126,16 @@ class ShareGroups:
 
         def decorator(handler: Handler) -> ShareAgent:
             agent = ShareAgent(
-                self.app, handler, topic, group, concurrency=concurrency, name=name,  # type: ignore[arg-type]
-                lock_duration_ms=lock_duration_ms, loop=None, beacon=None,
-            )  # fmt: skip
+                self.app,
+                handler,
+                topic,
+                group,
+                concurrency=concurrency,
+                name=name,  # type: ignore[arg-type]
+                lock_duration_ms=lock_duration_ms,
+                loop=None,
+                beacon=None,
+            )
             self.agents.append(agent)
             if self.leads:
                 self.lead(agent.topic_name)
@@ -151,14 +164,18 @@ class ShareGroups:
         """
         bootstrap = bootstrap_servers(self.app.conf.broker)
         if self.leaders:
-            counts = await partition_counts(bootstrap, list(self.leaders))
+            counts = await partition_counts(KafkaClientConfig(bootstrap), list(self.leaders))
             for name, leader in self.leaders.items():
                 leader.set_partition_count(counts[name])
                 await leader.fetch_topic.maybe_declare()
         if self.coordinator is not None:
             await self.coordinator.topic.maybe_declare()
-        await ensure_topic(bootstrap, topics.reply_topic(self.namespace),
-                           topics.REPLY_PARTITIONS, topics.CONTROL_TOPIC_CONFIG)  # fmt: skip
+        await ensure_topic(
+            KafkaClientConfig(bootstrap),
+            topics.reply_topic(self.namespace),
+            topics.REPLY_PARTITIONS,
+            topics.CONTROL_TOPIC_CONFIG,
+        )
 
     async def close(self) -> None:
         """Close the leaders' metadata clients."""
@@ -249,9 +266,12 @@ class App(faust.App):
             ConfigurationError: concurrency < 1, or a lock duration out of range.
         """
         return self.share_groups.share_agent(
-            topic, group=group, concurrency=concurrency, name=name,
+            topic,
+            group=group,
+            concurrency=concurrency,
+            name=name,
             lock_duration_ms=lock_duration_ms,
-        )  # fmt: skip
+        )
 
     async def on_first_start(self) -> None:
         await super().on_first_start()

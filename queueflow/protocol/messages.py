@@ -119,7 +119,7 @@ class Fence:
     """A new leader → its request partition: requests after this one are mine.
 
     ``leader_epoch`` is the Faust consumer generation the sender was assigned the partition in
-    (see :mod:`queueflow.fencing`).
+    (see :mod:`queueflow.engine.fencing`).
     """
 
     leader_epoch: int

@@ -60,8 +60,10 @@ def _assign_topic(
     held = {m: [tp for tp in previous.get(m, ()) if tp in valid] for m in members}
     if n_members > n_parts:
         # Each partition gets floor or ceil of M/P members; each member exactly one partition.
-        quota = {tp: n_members // n_parts + (1 if i < n_members % n_parts else 0)
-                 for i, tp in enumerate(tps)}  # fmt: skip
+        quota = {
+            tp: n_members // n_parts + (1 if i < n_members % n_parts else 0)
+            for i, tp in enumerate(tps)
+        }
         out: dict[str, list[TopicPartition]] = {}
         pending: list[str] = []
         for m in members:

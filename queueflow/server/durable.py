@@ -1,7 +1,7 @@
 """Durable share-partition state: snapshots plus deltas in a key-value table.
 
 KIP-932 "Managing durable share-partition state" (later revision: ShareSnapshot/ShareUpdate).
-A :class:`DurableSharePartition` pairs a :class:`~queueflow.share.partition.SharePartition` with
+A :class:`DurableSharePartition` pairs a :class:`~queueflow.engine.partition.SharePartition` with
 a table (in production a Faust table on RocksDB with a compacted changelog; in tests a dict):
 
 * ``S/<group>/<partition>`` holds the latest full snapshot, with its snapshot epoch and the
@@ -23,15 +23,17 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from queueflow.errors import CorruptStateError, FencedStateEpochError
-from queueflow.share.partition import SharePartition, SharePartitionConfig
-from queueflow.share.state import (
+from queueflow.engine.partition import SharePartition, SharePartitionConfig
+from queueflow.engine.state import (
     ShareSnapshot,
+    replay,
+)
+from queueflow.errors import CorruptStateError, FencedStateEpochError
+from queueflow.protocol.state_codec import (
     decode_snapshot,
     decode_update,
     encode_snapshot,
     encode_update,
-    replay,
 )
 
 
@@ -143,10 +145,17 @@ class DurableSharePartition:
         start, batches = replay(snapshot, updates)
         engine = SharePartition.restore(config, start, batches)
         durable = cls(
-            group, topic, partition, engine, table, updates_per_snapshot,
-            snapshot_epoch=snapshot.snapshot_epoch, state_epoch=snapshot.state_epoch,
-            leader_epoch=leader_epoch, delta_index=index,
-        )  # fmt: skip
+            group,
+            topic,
+            partition,
+            engine,
+            table,
+            updates_per_snapshot,
+            snapshot_epoch=snapshot.snapshot_epoch,
+            state_epoch=snapshot.state_epoch,
+            leader_epoch=leader_epoch,
+            delta_index=index,
+        )
         durable.write_snapshot(next_state_epoch=True)
         return durable
 
@@ -165,8 +174,17 @@ class DurableSharePartition:
         """Initialise a new share-partition at ``start_offset`` (KIP-932 "Managing the SPSO and
         SPEO") and write its first snapshot."""
         engine = SharePartition(config, start_offset)
-        durable = cls(group, topic, partition, engine, table, updates_per_snapshot,
-                      snapshot_epoch=-1, state_epoch=0, leader_epoch=leader_epoch)  # fmt: skip
+        durable = cls(
+            group,
+            topic,
+            partition,
+            engine,
+            table,
+            updates_per_snapshot,
+            snapshot_epoch=-1,
+            state_epoch=0,
+            leader_epoch=leader_epoch,
+        )
         durable.write_snapshot()
         return durable
 
@@ -188,9 +206,17 @@ class DurableSharePartition:
             snapshot is None
             or (snapshot.state_epoch, snapshot.snapshot_epoch)
             != (self.state_epoch, self.snapshot_epoch)
-            or self.table.get(delta_key(self.group, self.partition, self.state_epoch,
-                                        self.snapshot_epoch, self.delta_index)) is not None
-        ):  # fmt: skip
+            or self.table.get(
+                delta_key(
+                    self.group,
+                    self.partition,
+                    self.state_epoch,
+                    self.snapshot_epoch,
+                    self.delta_index,
+                )
+            )
+            is not None
+        ):
             return False
         self.fenced = None
         self.leader_epoch = leader_epoch
@@ -201,7 +227,7 @@ class DurableSharePartition:
 
         KIP-932 "Share-partition leader": the share coordinator refuses writes carrying an
         old state epoch with ``FENCED_STATE_EPOCH``; here the leader learns of its successor
-        from the successor's fence in the request log (see :mod:`queueflow.fencing`).
+        from the successor's fence in the request log (see :mod:`queueflow.engine.fencing`).
         """
         self.fenced = reason
 
@@ -229,11 +255,20 @@ class DurableSharePartition:
         if update.reset or self.delta_index >= self.updates_per_snapshot:
             self.write_snapshot()
         else:
-            self.table[delta_key(self.group, self.partition, self.state_epoch,
-                                 self.snapshot_epoch, self.delta_index)] = encode_update(
-                update, snapshot_epoch=self.snapshot_epoch, state_epoch=self.state_epoch,
+            self.table[
+                delta_key(
+                    self.group,
+                    self.partition,
+                    self.state_epoch,
+                    self.snapshot_epoch,
+                    self.delta_index,
+                )
+            ] = encode_update(
+                update,
+                snapshot_epoch=self.snapshot_epoch,
+                state_epoch=self.state_epoch,
                 delta_index=self.delta_index,
-            )  # fmt: skip
+            )
             self.delta_index += 1
         self.writes += 1
         return True
@@ -249,8 +284,10 @@ class DurableSharePartition:
         """
         self._check_not_fenced()
         old_state_epoch, old_epoch, old_count = (
-            self.state_epoch, self.snapshot_epoch, self.delta_index
-        )  # fmt: skip
+            self.state_epoch,
+            self.snapshot_epoch,
+            self.delta_index,
+        )
         if next_state_epoch:
             self.state_epoch += 1
         self.engine.take_changes()
@@ -258,10 +295,13 @@ class DurableSharePartition:
         self.snapshot_epoch += 1
         self.table[snapshot_key(self.group, self.partition)] = encode_snapshot(
             ShareSnapshot(
-                snapshot_epoch=self.snapshot_epoch, state_epoch=self.state_epoch,
-                leader_epoch=self.leader_epoch, start_offset=start, batches=batches,
+                snapshot_epoch=self.snapshot_epoch,
+                state_epoch=self.state_epoch,
+                leader_epoch=self.leader_epoch,
+                start_offset=start,
+                batches=batches,
             )
-        )  # fmt: skip
+        )
         for index in range(old_count):
             key = delta_key(self.group, self.partition, old_state_epoch, old_epoch, index)
             if self.table.get(key) is not None:

@@ -18,26 +18,26 @@ acknowledged together costs one run however many records it holds (KIP-932 "Batc
 
 from __future__ import annotations
 
-import enum
 import heapq
 import sys
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from queueflow.errors import (
-    ConfigurationError,
-    CorruptStateError,
-    InvalidRecordStateError,
-    InvalidRequestError,
-)
-from queueflow.share.state import (
+from queueflow.engine.state import (
     PERSISTED_STATES,
     RecordState,
     ShareUpdate,
     StateBatch,
     merge_batches,
 )
+from queueflow.errors import (
+    ConfigurationError,
+    CorruptStateError,
+    InvalidRecordStateError,
+    InvalidRequestError,
+)
+from queueflow.structs import AcknowledgeType
 
 __all__ = [
     "AcknowledgeType",
@@ -58,19 +58,6 @@ _ARCHIVED = RecordState.ARCHIVED
 
 #: Smallest acquisition lock a consumer may ask for (``group.share.record.lock.duration.ms`` min).
 MIN_LOCK_DURATION_MS = 1000
-
-
-class AcknowledgeType(enum.IntEnum):
-    """How a consumer acknowledges a record (KIP-932 ShareAcknowledge ``AcknowledgeTypes``).
-
-    Wire values as in Kafka's ``AcknowledgeType`` (notes §4.2); ``GAP`` (0) marks an offset that
-    has no record, e.g. removed by compaction or a transaction marker.
-    """
-
-    GAP = 0
-    ACCEPT = 1
-    RELEASE = 2
-    REJECT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -755,7 +742,7 @@ class SharePartition:
             (as in :meth:`snapshot`) of every in-flight offset changed since the previous call.
             After :meth:`reset_start_offset` it is a full replacement with ``reset=True``.
             Applying the updates in order to the previous durable state (see
-            ``queueflow.share.state.replay``) gives :meth:`snapshot`.
+            ``queueflow.engine.state.replay``) gives :meth:`snapshot`.
 
         KIP-932 "Managing durable share-partition state"; notes §11.3 (ShareUpdate).
         """

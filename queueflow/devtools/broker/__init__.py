@@ -124,7 +124,7 @@ _LOG_TAIL_LINES = 40
 
 # Log4j2 configuration of short-lived tool JVMs: warnings and errors to stderr only.
 _TOOLS_LOG4J2 = """\
-# Written by queueflow.broker.run_kafka_tool: Kafka tools log WARN and above to stderr.
+# Written by queueflow.devtools.broker.run_kafka_tool: Kafka tools log WARN and above to stderr.
 name = queueflow-kafka-tools
 status = error
 appender.stderr.type = Console
@@ -270,9 +270,15 @@ def kafka_libs() -> Path:
         tmp = home / f"libs.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         cmd = [
-            mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom),
-            "dependency:copy-dependencies", f"-DoutputDirectory={tmp}",
-        ]  # fmt: skip
+            mvn,
+            "-q",
+            "-B",
+            "-Dstyle.color=never",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={tmp}",
+        ]
         started = time.monotonic()
         try:
             proc = subprocess.run(
@@ -372,10 +378,15 @@ def run_kafka_tool(
         else _jvm_opts(ENV_TOOL_JVM_OPTS, DEFAULT_TOOL_JVM_OPTS)
     )
     cmd = [
-        java, *opts, "-Djava.awt.headless=true",
+        java,
+        *opts,
+        "-Djava.awt.headless=true",
         f"-Dlog4j2.configurationFile={_tools_log4j_config()}",
-        "-cp", f"{libs}/*", main, *args,
-    ]  # fmt: skip
+        "-cp",
+        f"{libs}/*",
+        main,
+        *args,
+    ]
     log.debug("running %s", shlex.join(cmd))
     try:
         proc = subprocess.run(
@@ -1048,10 +1059,16 @@ class LocalBroker:
         proc = run_kafka_tool(
             "kafka.tools.StorageTool",
             [
-                "format", "--standalone", "-t", cluster_id, "-c", str(self.config_path),
-                "--feature", f"{SHARE_VERSION}=1",
+                "format",
+                "--standalone",
+                "-t",
+                cluster_id,
+                "-c",
+                str(self.config_path),
+                "--feature",
+                f"{SHARE_VERSION}=1",
             ],
-        )  # fmt: skip
+        )
         if proc.returncode != 0:
             raise BrokerError(
                 f"formatting KRaft storage in {self.log_dirs} failed (exit {proc.returncode}):\n"
@@ -1071,10 +1088,15 @@ class LocalBroker:
         if opts is None:
             opts = _jvm_opts(ENV_BROKER_JVM_OPTS, DEFAULT_BROKER_JVM_OPTS)
         cmd = [
-            java, *opts, "-Djava.awt.headless=true",
+            java,
+            *opts,
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self._log4j_path}",
-            "-cp", f"{libs}/*", "kafka.Kafka", str(self.config_path),
-        ]  # fmt: skip
+            "-cp",
+            f"{libs}/*",
+            "kafka.Kafka",
+            str(self.config_path),
+        ]
         log.info(
             "Starting Kafka %s broker on %s (%s)", KAFKA_VERSION, self.bootstrap, self.data_dir
         )

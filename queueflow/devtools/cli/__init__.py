@@ -1,6 +1,6 @@
-"""The ``queueflow`` command line (entry point ``queueflow = "queueflow.cli:cli"``).
+"""The ``queueflow`` command line (entry point ``queueflow = "queueflow.devtools.cli:cli"``).
 
-Each subcommand lives in its own module under ``queueflow/cli/`` and attaches itself to
+Each subcommand lives in its own module under ``queueflow/devtools/cli/`` and attaches itself to
 :data:`cli` on import (``@cli.group()`` / ``@cli.command()``); register it by importing it at the
 bottom of this file.
 """
@@ -17,7 +17,7 @@ def cli() -> None:
 
 
 # Subcommand modules: import each one here so that it registers itself on `cli`, e.g.
-# `from queueflow.cli import broker, worker, groups`.
-from queueflow.cli import broker, leader  # noqa: E402
+# `from queueflow.devtools.cli import broker, worker, groups`.
+from queueflow.devtools.cli import broker, leader  # noqa: E402
 
 __all__ = ["broker", "cli", "leader"]

@@ -23,7 +23,7 @@ queueflow's state lives in the leader's own Faust table, so the arbiter is Kafka
   it sends a new fence and serves again once it reads it.
 
 A superseded leader's writes from before the fence carry its old state epoch, and delta keys
-include the state epoch (:func:`queueflow.durable.delta_key`), so replay never mixes two
+include the state epoch (:func:`queueflow.server.durable.delta_key`), so replay never mixes two
 leaders' writes.
 
 This module is pure: callers pass monotonic times in ms.
@@ -118,11 +118,12 @@ class LeaderFencing:
         among them). Call it only while the worker is not rebalancing.
         """
         due = [
-            p for p, lead in self.partitions.items()
-            if not lead.live and lead.fenced is None and (
-                lead.fence_sent_ms is None or now_ms - lead.fence_sent_ms > resend_after_ms
-            )
-        ]  # fmt: skip
+            p
+            for p, lead in self.partitions.items()
+            if not lead.live
+            and lead.fenced is None
+            and (lead.fence_sent_ms is None or now_ms - lead.fence_sent_ms > resend_after_ms)
+        ]
         for p in due:
             self.partitions[p].fence_sent_ms = now_ms
         return due

@@ -8,8 +8,9 @@ the leader (RocksDB), and every state change happens inside a Faust stream event
 
 Per request, in order (KIP-932 "ShareFetch API"): expire elapsed locks, apply the piggy-backed
 acknowledgements atomically, acquire up to ``max_records`` records, write the state change as one
-delta, answer on the reply topic. The engine (:mod:`queueflow.share.partition`) owns the rules;
-:mod:`queueflow.fencing` decides when this worker may serve a partition; this module owns the I/O.
+delta, answer on the reply topic. The engine (:mod:`queueflow.engine.partition`) owns the rules;
+:mod:`~queueflow.engine.fencing` decides when this worker may serve a partition;
+this module owns the I/O.
 """
 
 from __future__ import annotations
@@ -22,29 +23,31 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from queueflow import metrics, protocol, topics
-from queueflow.client import now_ms
-from queueflow.durable import DurableSharePartition
-from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
-from queueflow.fencing import FenceOutcome, LeaderFencing
-from queueflow.share.partition import (
+from queueflow import metrics
+from queueflow.engine.fencing import FenceOutcome, LeaderFencing
+from queueflow.engine.partition import (
     AcknowledgementBatch,
     AcknowledgeType,
     SharePartitionConfig,
 )
+from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
+from queueflow.member.client import now_ms
+from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics
+from queueflow.server.durable import DurableSharePartition
 
 if TYPE_CHECKING:
     from faust.types import EventT, StreamT
 
-    from queueflow.app import App
+    from queueflow.faust_app import App
 
-log = structlog.get_logger("queueflow.leader")
+log = structlog.get_logger("queueflow.server.leader")
 
 #: How often the end offsets of source partitions being fetched are refreshed (s), and how long
 #: after the last ShareFetch they stay watched (s).
 LOG_END_REFRESH_S = 0.005
 LOG_END_WATCH_S = 2.0
-#: Resend an own fence not read back within this many ms (see :mod:`queueflow.fencing`).
+#: Resend an own fence not read back within this many ms (see :mod:`queueflow.engine.fencing`).
 FENCE_RESEND_MS = 1000
 
 
@@ -58,8 +61,9 @@ async def send_control(
 
 async def send_reply(app: App, member_id: str, reply_partition: int, value: bytes) -> None:
     """Answer a member on the reply topic partition it reads."""
-    await send_control(app, topics.reply_topic(app.share_namespace), reply_partition, value,
-                       member_id.encode())  # fmt: skip
+    await send_control(
+        app, topics.reply_topic(app.share_namespace), reply_partition, value, member_id.encode()
+    )
 
 
 def monotonic_ms() -> int:
@@ -170,9 +174,12 @@ class ShareLeader:
         self.offsets = offsets
         self.config = engine_config(app)
         self.fetch_topic = app.topic(
-            topics.fetch_topic(app.share_namespace, topic), internal=True,
-            key_serializer="raw", value_serializer="raw", config=topics.CONTROL_TOPIC_CONFIG,
-        )  # fmt: skip
+            topics.fetch_topic(app.share_namespace, topic),
+            internal=True,
+            key_serializer="raw",
+            value_serializer="raw",
+            config=topics.CONTROL_TOPIC_CONFIG,
+        )
         self.table = raw_table(app, topics.state_table(topic))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
@@ -212,7 +219,7 @@ class ShareLeader:
 
     async def send_fences(self) -> None:
         """Append this worker's fence to the partitions it leads but isn't live on yet, once
-        Faust has finished rebalancing (see :mod:`queueflow.fencing`)."""
+        Faust has finished rebalancing (see :mod:`queueflow.engine.fencing`)."""
         if self.app.rebalancing or not self.app.flow_control.is_active():
             return  # what the stream fetches now would be dropped, the fence with it
         for p in self.fencing.fences_due(monotonic_ms(), FENCE_RESEND_MS):
@@ -243,8 +250,12 @@ class ShareLeader:
             return
         self._drop(set(partitions), fenced=reason)
         metrics.LEADER_STEP_DOWNS.labels(self.topic).inc(len(partitions))
-        self._log.warning("leader_stepped_down", partitions=sorted(partitions), reason=reason,
-                          code=ErrorCode.FENCED_STATE_EPOCH.value)  # fmt: skip
+        self._log.warning(
+            "leader_stepped_down",
+            partitions=sorted(partitions),
+            reason=reason,
+            code=ErrorCode.FENCED_STATE_EPOCH.value,
+        )
 
     async def watch_stalls(self, now_monotonic_ms: int) -> None:
         """The stall guard (called every 100 ms): step down after a stall longer than the
@@ -257,8 +268,11 @@ class ShareLeader:
             now_monotonic_ms, self.app.consumer_generation_id, self.app.rebalancing
         )
         for p in resumed:
-            self._log.info("leader_resumed_after_stall", partition=p,
-                           leader_epoch=self.fencing.partitions[p].epoch)  # fmt: skip
+            self._log.info(
+                "leader_resumed_after_stall",
+                partition=p,
+                leader_epoch=self.fencing.partitions[p].epoch,
+            )
         await self.send_fences()
 
     async def _run(self, stream: StreamT[Any]) -> None:
@@ -266,8 +280,12 @@ class ShareLeader:
             try:
                 await self._handle(event)
             except FencedStateEpochError as exc:  # stepped down while handling it
-                self._log.warning("stale_write_refused", partition=event.message.partition,
-                                  error=str(exc), code=exc.code.value)  # fmt: skip
+                self._log.warning(
+                    "stale_write_refused",
+                    partition=event.message.partition,
+                    error=str(exc),
+                    code=exc.code.value,
+                )
             except Exception:  # never let one bad request stop the leader
                 self._log.exception("leader_request_failed", partition=event.message.partition)
 
@@ -298,9 +316,14 @@ class ShareLeader:
             released = durable.engine.release_member(message.member_id, now)
             if released:
                 durable.persist()
-                self._log.info("member_records_released", group=message.group,
-                               partition=partition, member_id=message.member_id,
-                               records=released, reason=message.reason)  # fmt: skip
+                self._log.info(
+                    "member_records_released",
+                    group=message.group,
+                    partition=partition,
+                    member_id=message.member_id,
+                    records=released,
+                    reason=message.reason,
+                )
         elif isinstance(message, protocol.ShareFetchRequest):
             # A request before this worker's own fence belongs to the previous leader, which may
             # have answered it already: apply its acknowledgements (atomic, so a repeat is
@@ -308,8 +331,9 @@ class ShareLeader:
             # member not waiting for them.
             live = self.fencing.is_live(partition)
             response = await self._share_fetch(message, partition, now, acquire=live)
-            await send_reply(self.app, message.member_id, message.reply_partition,
-                             protocol.encode(response))  # fmt: skip
+            await send_reply(
+                self.app, message.member_id, message.reply_partition, protocol.encode(response)
+            )
 
     def _epoch(self, partition: int) -> int:
         lead = self.fencing.partitions.get(partition)
@@ -334,22 +358,31 @@ class ShareLeader:
         retained = self._retained.pop(key, None)
         if retained is not None and retained.resume(self._epoch(partition)):
             self.partitions[key] = retained
-            self._log.info("share_partition_resumed", group=group, partition=partition,
-                           start_offset=retained.engine.start_offset,
-                           end_offset=retained.engine.end_offset,
-                           acquired=retained.engine.acquired_count,
-                           state_epoch=retained.state_epoch)  # fmt: skip
+            self._log.info(
+                "share_partition_resumed",
+                group=group,
+                partition=partition,
+                start_offset=retained.engine.start_offset,
+                end_offset=retained.engine.end_offset,
+                acquired=retained.engine.acquired_count,
+                state_epoch=retained.state_epoch,
+            )
             return retained
         try:
             durable = DurableSharePartition.load(
-                self.table, group, self.topic, partition, self.config,
+                self.table,
+                group,
+                self.topic,
+                partition,
+                self.config,
                 self.app.share_settings.snapshot_update_records_per_snapshot,
                 leader_epoch=self._epoch(partition),
-            )  # fmt: skip
+            )
         except CorruptStateError as exc:
             self.refused[key] = exc
-            self._log.error("share_partition_refused", group=group, partition=partition,
-                            error=str(exc))  # fmt: skip
+            self._log.error(
+                "share_partition_refused", group=group, partition=partition, error=str(exc)
+            )
             raise
         if durable is None:
             tp = TopicPartition(self.topic, partition)
@@ -358,17 +391,27 @@ class ShareLeader:
             else:
                 start = await self.offsets.log_end(tp)
             durable = DurableSharePartition.create(
-                self.table, group, self.topic, partition, self.config,
-                self.app.share_settings.snapshot_update_records_per_snapshot, start,
+                self.table,
+                group,
+                self.topic,
+                partition,
+                self.config,
+                self.app.share_settings.snapshot_update_records_per_snapshot,
+                start,
                 leader_epoch=self._epoch(partition),
-            )  # fmt: skip
-            self._log.info("share_partition_initialised", group=group, partition=partition,
-                           start_offset=start)  # fmt: skip
+            )
+            self._log.info(
+                "share_partition_initialised", group=group, partition=partition, start_offset=start
+            )
         else:
-            self._log.info("share_partition_restored", group=group, partition=partition,
-                           start_offset=durable.engine.start_offset,
-                           end_offset=durable.engine.end_offset,
-                           state_epoch=durable.state_epoch)  # fmt: skip
+            self._log.info(
+                "share_partition_restored",
+                group=group,
+                partition=partition,
+                start_offset=durable.engine.start_offset,
+                end_offset=durable.engine.end_offset,
+                state_epoch=durable.state_epoch,
+            )
         self.partitions[key] = durable
         return durable
 
@@ -376,9 +419,11 @@ class ShareLeader:
         self, request: protocol.ShareFetchRequest, partition: int, now: int, acquire: bool = True
     ) -> protocol.ShareFetchResponse:
         response = protocol.ShareFetchResponse(
-            member_id=request.member_id, request_id=request.request_id, topic=self.topic,
+            member_id=request.member_id,
+            request_id=request.request_id,
+            topic=self.topic,
             partition=partition,
-        )  # fmt: skip
+        )
         try:
             durable = await self._share_partition(request.group, partition)
         except CorruptStateError as exc:
@@ -390,10 +435,12 @@ class ShareLeader:
             try:
                 engine.acknowledge(
                     request.member_id,
-                    [AcknowledgementBatch(first, last, tuple(AcknowledgeType(t) for t in types))
-                     for first, last, types in request.acks],
+                    [
+                        AcknowledgementBatch(first, last, tuple(AcknowledgeType(t) for t in types))
+                        for first, last, types in request.acks
+                    ],
                     now,
-                )  # fmt: skip
+                )
             except (ShareGroupError, ValueError) as exc:
                 code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST
                 response.ack_error, response.ack_error_message = code.value, str(exc)
@@ -407,15 +454,18 @@ class ShareLeader:
             if log_end is None:
                 log_end = await self.offsets.log_end(tp)
             try:
-                acquired = engine.acquire(request.member_id, request.max_records, log_end, now,
-                                          request.lock_duration_ms)  # fmt: skip
+                acquired = engine.acquire(
+                    request.member_id, request.max_records, log_end, now, request.lock_duration_ms
+                )
             except ShareGroupError as exc:
                 response.error, response.error_message = exc.code.value, exc.message
                 acquired = []
-            response.acquired = [(a.first_offset, a.last_offset, a.delivery_count)
-                                 for a in acquired]  # fmt: skip
-            response.lock_timeout_ms = (request.lock_duration_ms
-                                        or self.config.record_lock_duration_ms)  # fmt: skip
+            response.acquired = [
+                (a.first_offset, a.last_offset, a.delivery_count) for a in acquired
+            ]
+            response.lock_timeout_ms = (
+                request.lock_duration_ms or self.config.record_lock_duration_ms
+            )
         if durable.persist():
             self._state_writes.inc()
         in_flight, acquired_gauge, start = self._gauges(request.group, partition)
@@ -430,14 +480,16 @@ class ShareLeader:
         if gauges is None:
             labels = (group, self.topic, str(partition))
             gauges = self._gauge_cache[key] = (
-                metrics.IN_FLIGHT.labels(*labels), metrics.ACQUIRED.labels(*labels),
+                metrics.IN_FLIGHT.labels(*labels),
+                metrics.ACQUIRED.labels(*labels),
                 metrics.START_OFFSET.labels(*labels),
-            )  # fmt: skip
+            )
         return gauges
 
 
 class LeaderTicker:
-    """Sends :class:`~queueflow.protocol.Tick` events into the request partitions this worker
+    """Sends :class:`~queueflow.protocol.messages.Tick` events into the request partitions this
+    worker
     owns, so lock expiry and session expiry run inside stream events of those partitions."""
 
     def __init__(self, app: App) -> None:

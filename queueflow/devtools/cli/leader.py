@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from queueflow.broker import bootstrap_from_env
-from queueflow.cli import cli
+from queueflow.devtools.broker import bootstrap_from_env
+from queueflow.devtools.cli import cli
 
 
 @cli.command()
@@ -35,13 +35,35 @@ from queueflow.cli import cli
     show_default=True,
     type=click.Choice(["crit", "error", "warn", "info", "debug"]),
 )
-def leader(app_id: str, topics: tuple[str, ...], broker: str | None, datadir: Path | None,
-           web_port: int, loglevel: str) -> None:  # fmt: skip
+def leader(
+    app_id: str,
+    topics: tuple[str, ...],
+    broker: str | None,
+    datadir: Path | None,
+    web_port: int,
+    loglevel: str,
+) -> None:
     """Lead the share groups of APP on TOPICs (replaces this process with a Faust worker)."""
     broker = broker or f"kafka://{bootstrap_from_env() or 'localhost:9092'}"
     datadir = datadir or Path(".queueflow") / f"{app_id}-leader"
-    env = dict(os.environ, QUEUEFLOW_APP_ID=app_id, QUEUEFLOW_TOPICS=",".join(topics),
-               QUEUEFLOW_BROKER_URL=broker)  # fmt: skip
-    argv = [sys.executable, "-m", "faust", "-A", "queueflow.standalone", "--datadir",
-            str(datadir), "worker", "-l", loglevel, "--web-port", str(web_port)]  # fmt: skip
+    env = dict(
+        os.environ,
+        QUEUEFLOW_APP_ID=app_id,
+        QUEUEFLOW_TOPICS=",".join(topics),
+        QUEUEFLOW_BROKER_URL=broker,
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "faust",
+        "-A",
+        "queueflow.devtools.standalone",
+        "--datadir",
+        str(datadir),
+        "worker",
+        "-l",
+        loglevel,
+        "--web-port",
+        str(web_port),
+    ]
     os.execve(sys.executable, argv, env)

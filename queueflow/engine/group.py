@@ -8,7 +8,7 @@ Rules implemented here:
 
 * member epoch 0 joins, -1 leaves; the member id is chosen by the member (a UUID);
 * any change of membership, subscriptions or partition counts bumps the group epoch, and the
-  assignment is recomputed by the SimpleAssignor (:mod:`queueflow.share.assignor`); the
+  assignment is recomputed by the SimpleAssignor (:mod:`queueflow.engine.assignor`); the
   assignment epoch follows it and never moves backwards;
 * a member silent for longer than ``group.share.session.timeout.ms`` is removed, and the leaders
   release its records;
@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from queueflow.engine.assignor import TopicPartition, assign
 from queueflow.errors import ErrorCode, ShareGroupError
-from queueflow.share.assignor import TopicPartition, assign
 
 
 class GroupState(enum.Enum):
@@ -172,9 +172,10 @@ class ShareGroup:
             (member id, its share-partitions) for each removed member.
         """
         expired = [
-            m for m in self.members.values()
+            m
+            for m in self.members.values()
             if now_ms - m.last_heartbeat_ms > self.session_timeout_ms
-        ]  # fmt: skip
+        ]
         released: list[tuple[str, list[TopicPartition]]] = []
         for m in expired:
             released.append((m.member_id, list(m.assignment)))
@@ -213,11 +214,17 @@ class ShareGroup:
             "dead": self.dead,
             "partitions": self.partitions,
             "members": [
-                [m.member_id, m.member_epoch, list(m.subscribed_topics),
-                 [list(tp) for tp in m.assignment], m.client_id, m.host]
+                [
+                    m.member_id,
+                    m.member_epoch,
+                    list(m.subscribed_topics),
+                    [list(tp) for tp in m.assignment],
+                    m.client_id,
+                    m.host,
+                ]
                 for m in self.members.values()
             ],
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_dict(
@@ -243,9 +250,14 @@ class ShareGroup:
             group.partitions = {str(t): int(n) for t, n in data["partitions"].items()}
             for mid, epoch, topics, tps, client_id, host in data["members"]:
                 group.members[mid] = Member(
-                    mid, int(epoch), tuple(topics), [(str(t), int(p)) for t, p in tps],
-                    now_ms, client_id, host,
-                )  # fmt: skip
+                    mid,
+                    int(epoch),
+                    tuple(topics),
+                    [(str(t), int(p)) for t, p in tps],
+                    now_ms,
+                    client_id,
+                    host,
+                )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ShareGroupError(
                 ErrorCode.CORRUPT_STATE,

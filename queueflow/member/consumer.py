@@ -27,17 +27,18 @@ from typing import Any
 
 import structlog
 
-from queueflow.acks import AcknowledgementBuffer
-from queueflow.client import MemberClient, ShareRecord, bootstrap_servers
 from queueflow.errors import ConfigurationError, ErrorCode, QueueflowError, ShareGroupError
+from queueflow.kafka.config import bootstrap_servers
+from queueflow.member.acks import AcknowledgementBuffer
+from queueflow.member.client import MemberClient
 from queueflow.settings import ShareGroupSettings
-from queueflow.share.partition import AcknowledgeType
+from queueflow.structs import AcknowledgeType, ShareRecord
 
 TopicPartition = tuple[str, int]
 CommitCallback = Callable[[dict[TopicPartition, set[int]], Exception | None], Any]
 
 
-log = structlog.get_logger("queueflow.consumer")
+log = structlog.get_logger("queueflow.member.consumer")
 
 
 class IllegalStateError(QueueflowError):
@@ -83,9 +84,10 @@ class ShareConsumer:
         self.bootstrap = _bootstrap(bootstrap_servers)
         self.mode = acknowledgement_mode
         self.settings = (
-            settings if isinstance(settings, ShareGroupSettings)
+            settings
+            if isinstance(settings, ShareGroupSettings)
             else ShareGroupSettings.load(settings)
-        )  # fmt: skip
+        )
         self.max_poll_records = max_poll_records or self.settings.max_poll_records
         self.lock_duration_ms = lock_duration_ms
         self.client_id = client_id
@@ -118,8 +120,9 @@ class ShareConsumer:
         self._check_open()
         if self._client is not None:
             await self._client.close(leave=True)
-        self._client = MemberClient(self.bootstrap, self.app_id, self.group, topics,
-                                    self.settings, self.client_id)  # fmt: skip
+        self._client = MemberClient(
+            self.bootstrap, self.app_id, self.group, topics, self.settings, self.client_id
+        )
         await self._client.start()
 
     def set_acknowledgement_commit_callback(self, callback: CommitCallback | None) -> None:
@@ -174,8 +177,9 @@ class ShareConsumer:
         backoff = 0.005
         while True:
             tps = sorted(client.assignment | set(self._acks.partitions()))
-            results = await asyncio.gather(*(self._fetch(tp, tp in client.assignment)
-                                             for tp in tps))  # fmt: skip
+            results = await asyncio.gather(
+                *(self._fetch(tp, tp in client.assignment) for tp in tps)
+            )
             records = [r for batch in results for r in batch]
             if records or time.monotonic() >= deadline:
                 for r in records:
@@ -204,8 +208,7 @@ class ShareConsumer:
             error = ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
         self._report(tp, acks, error)
         if response.error != ErrorCode.NONE.value:
-            self._note_error(tp, ShareGroupError(ErrorCode(response.error),
-                                                 response.error_message))  # fmt: skip
+            self._note_error(tp, ShareGroupError(ErrorCode(response.error), response.error_message))
         else:
             self.partition_errors.pop(tp, None)
         if not response.acquired:
@@ -216,8 +219,14 @@ class ShareConsumer:
 
     def _note_error(self, tp: TopicPartition, error: ShareGroupError) -> None:
         if tp not in self.partition_errors:
-            log.error("share_fetch_error", group=self.group, topic=tp[0], partition=tp[1],
-                      error=error.code.value, detail=error.message)  # fmt: skip
+            log.error(
+                "share_fetch_error",
+                group=self.group,
+                topic=tp[0],
+                partition=tp[1],
+                error=error.code.value,
+                detail=error.message,
+            )
         self.partition_errors[tp] = error
 
     def _report(self, tp: TopicPartition, acks: list[Any], error: Exception | None) -> None:
@@ -260,10 +269,12 @@ class ShareConsumer:
                 try:
                     response = await client.share_fetch(tp[0], tp[1], 0, acks)
                     results[tp] = (
-                        None if response.ack_error == ErrorCode.NONE.value
-                        else ShareGroupError(ErrorCode(response.ack_error),
-                                             response.ack_error_message)
-                    )  # fmt: skip
+                        None
+                        if response.ack_error == ErrorCode.NONE.value
+                        else ShareGroupError(
+                            ErrorCode(response.ack_error), response.ack_error_message
+                        )
+                    )
                 except ShareGroupError as exc:
                     results[tp] = exc
                     failed = True

@@ -9,7 +9,7 @@
 * reads the acquired records from the source topic through Kafka's own fetch path
   (:meth:`MemberClient.read_records`), reporting offsets that hold no record as gaps.
 
-Both :class:`~queueflow.consumer.ShareConsumer` and ``@share_agent`` workers are built on it.
+Both :class:`~queueflow.member.consumer.ShareConsumer` and ``@share_agent`` workers are built on it.
 """
 
 from __future__ import annotations
@@ -22,124 +22,29 @@ import socket
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaError
 
-from queueflow import protocol
-from queueflow import topics as internal
-from queueflow.acks import AcknowledgementBuffer
-from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.clock import SYSTEM_CLOCK
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.kafka.admin import ensure_topic, partition_counts
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.member.acks import AcknowledgementBuffer
+from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics as internal
 from queueflow.settings import ShareGroupSettings
-from queueflow.share.partition import AcknowledgeType
+from queueflow.structs import AcknowledgeType, ShareRecord
 
 log = structlog.get_logger("queueflow.member")
 
 
 def now_ms() -> int:
     """Wall-clock time in ms (locks and deadlines are compared across processes)."""
-    return int(time.time() * 1000)
-
-
-@dataclass(slots=True)
-class ShareRecord:
-    """A record delivered to a share-group member.
-
-    Attributes:
-        topic / partition / offset: where the record lives.
-        key / value: the raw bytes (``value`` is replaced by the decoded value for share agents).
-        headers: sequence of (name, bytes), as the Kafka client returned them.
-        timestamp: the record's timestamp in ms.
-        delivery_count: how many times it has been delivered, this delivery included (KIP-932).
-        lock_deadline: ``time.monotonic()`` seconds by which this member must have acknowledged
-            it: the ShareFetch's send time plus the acquisition lock duration, so at or before
-            the leader's own deadline (``inf`` when unknown).
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    key: Any
-    value: Any
-    headers: Sequence[tuple[str, bytes]]
-    timestamp: int
-    delivery_count: int
-    raw_value: bytes | None = field(default=None, repr=False)
-    raw_key: bytes | None = field(default=None, repr=False)
-    lock_deadline: float = field(default=math.inf, repr=False)
-
-
-def bootstrap_servers(broker: str | Iterable[str]) -> str:
-    """Turn Faust-style broker URLs (``kafka://h:p;h2:p``) into a bootstrap list ``h:p,h2:p``."""
-    items = [broker] if isinstance(broker, str) else [str(b) for b in broker]
-    out: list[str] = []
-    for item in items:
-        for part in item.replace(";", ",").split(","):
-            part = part.strip()
-            if "://" in part:
-                part = part.split("://", 1)[1]
-            if part:
-                out.append(part.rstrip("/"))
-    if not out:
-        raise ConfigurationError(
-            f"broker={broker!r} names no host:port; e.g. kafka://localhost:9092"
-        )
-    return ",".join(out)
-
-
-async def ensure_topic(bootstrap: str, name: str, partitions: int, config: dict[str, str]) -> None:
-    """Create an internal topic if it does not exist (idempotent, safe to race)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        with contextlib.suppress(TopicAlreadyExistsError):
-            result = await admin.create_topics(
-                [NewTopic(name, partitions, 1, topic_configs=config)]
-            )
-            for _topic, code, *_ in getattr(result, "topic_errors", []):
-                if code not in (0, 36):  # 36 = TOPIC_ALREADY_EXISTS
-                    raise ConfigurationError(f"could not create topic {name!r}: error code {code}")
-    finally:
-        await admin.close()
-
-
-async def existing_partition_counts(
-    admin: AIOKafkaAdminClient, names: Iterable[str]
-) -> dict[str, int]:
-    """Partition counts of the topics among ``names`` that exist (never auto-creates)."""
-    names = list(names)
-    if not names:
-        return {}
-    described = await admin.describe_topics(names)
-    return {d["topic"]: len(d["partitions"]) for d in described
-            if d["error_code"] == 0 and d["partitions"]}  # fmt: skip
-
-
-async def partition_counts(bootstrap: str, names: Iterable[str]) -> dict[str, int]:
-    """Look up partition counts.
-
-    Raises:
-        ConfigurationError: a topic does not exist; the message names it and says to create it.
-    """
-    names = list(names)
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        counts = await existing_partition_counts(admin, names)
-    finally:
-        await admin.close()
-    for name in names:
-        if name not in counts:
-            raise ConfigurationError(
-                f"unknown topic {name!r} on {bootstrap}: create it first (e.g. "
-                f"`kafka-topics.sh --create --topic {name} --partitions N`), or fix the name"
-            )
-    return counts
+    return SYSTEM_CLOCK.now_ms()
 
 
 class MemberClient:
@@ -192,19 +97,23 @@ class MemberClient:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         """Connect, check the topics, join the group and start heartbeating."""
-        self.partitions = await partition_counts(self.bootstrap, self.topics)
+        self.partitions = await partition_counts(KafkaClientConfig(self.bootstrap), self.topics)
         await ensure_topic(
-            self.bootstrap, internal.reply_topic(self.namespace), internal.REPLY_PARTITIONS,
+            KafkaClientConfig(self.bootstrap),
+            internal.reply_topic(self.namespace),
+            internal.REPLY_PARTITIONS,
             internal.CONTROL_TOPIC_CONFIG,
-        )  # fmt: skip
+        )
         self._producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, linger_ms=0, acks=1, client_id=self.client_id
         )
         await self._producer.start()
         self._replies = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, enable_auto_commit=False, fetch_max_wait_ms=500,
+            bootstrap_servers=self.bootstrap,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=500,
             client_id=self.client_id,
-        )  # fmt: skip
+        )
         await self._replies.start()
         tp = TopicPartition(internal.reply_topic(self.namespace), self.reply_partition)
         self._replies.assign([tp])
@@ -248,8 +157,9 @@ class MemberClient:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
         try:
-            await self._producer.send(topic, payload, key=self.member_id.encode(),
-                                      partition=partition)  # fmt: skip
+            await self._producer.send(
+                topic, payload, key=self.member_id.encode(), partition=partition
+            )
             return await asyncio.wait_for(fut, self.settings.request_timeout_ms / 1000)
         except asyncio.TimeoutError:
             raise ShareGroupError(
@@ -277,11 +187,17 @@ class MemberClient:
         """
         rid = self._request_id()
         request = protocol.ShareFetchRequest(
-            group=self.group, topic=topic, partition=partition, member_id=self.member_id,
-            request_id=rid, reply_partition=self.reply_partition, max_records=max_records,
-            acks=acks, lock_duration_ms=lock_duration_ms,
+            group=self.group,
+            topic=topic,
+            partition=partition,
+            member_id=self.member_id,
+            request_id=rid,
+            reply_partition=self.reply_partition,
+            max_records=max_records,
+            acks=acks,
+            lock_duration_ms=lock_duration_ms,
             deadline_ms=now_ms() + self.settings.request_timeout_ms,
-        )  # fmt: skip
+        )
         response: protocol.ShareFetchResponse = await self._call(
             internal.fetch_topic(self.namespace, topic), partition, rid, protocol.encode(request)
         )
@@ -309,10 +225,15 @@ class MemberClient:
         epoch = -1 if leave else (0 if join else self.member_epoch)
         rid = self._request_id()
         request = protocol.HeartbeatRequest(
-            group=self.group, member_id=self.member_id, member_epoch=epoch,
-            subscribed_topics=self.topics, reply_partition=self.reply_partition, request_id=rid,
-            client_id=self.client_id, host=socket.gethostname(),
-        )  # fmt: skip
+            group=self.group,
+            member_id=self.member_id,
+            member_epoch=epoch,
+            subscribed_topics=self.topics,
+            reply_partition=self.reply_partition,
+            request_id=rid,
+            client_id=self.client_id,
+            host=socket.gethostname(),
+        )
         response: protocol.HeartbeatResponse = await self._call(
             internal.coordinator_topic(self.namespace),
             internal.coordinator_partition(self.group),
@@ -333,8 +254,7 @@ class MemberClient:
         self.member_epoch = response.member_epoch
         new = {(t, p) for t, parts in response.assignment.items() for p in parts}
         if new != self.assignment:
-            self._log.info("assignment", member_epoch=self.member_epoch,
-                           assignment=sorted(new))  # fmt: skip
+            self._log.info("assignment", member_epoch=self.member_epoch, assignment=sorted(new))
             self.assignment = new
             self.assignment_changed.set()
         return None
@@ -436,9 +356,12 @@ class _PartitionReader:
     def __init__(self, bootstrap: str, topic: str, partition: int) -> None:
         self.tp = TopicPartition(topic, partition)
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-            fetch_max_wait_ms=50, max_partition_fetch_bytes=1 << 20,
-        )  # fmt: skip
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=50,
+            max_partition_fetch_bytes=1 << 20,
+        )
         self.position = -1
         self.released: OrderedDict[int, ShareRecord] = OrderedDict()
         self._lock = asyncio.Lock()  # one read at a time: reads seek
@@ -459,9 +382,20 @@ class _PartitionReader:
             return False
         for offset in range(first, last + 1):
             r = self.released.pop(offset)
-            out.append(ShareRecord(r.topic, r.partition, offset, r.raw_key, r.raw_value,
-                                   r.headers, r.timestamp, delivery_count, r.raw_value,
-                                   r.raw_key))  # fmt: skip
+            out.append(
+                ShareRecord(
+                    r.topic,
+                    r.partition,
+                    offset,
+                    r.raw_key,
+                    r.raw_value,
+                    r.headers,
+                    r.timestamp,
+                    delivery_count,
+                    r.raw_value,
+                    r.raw_key,
+                )
+            )
         return True
 
     async def start(self) -> None:
@@ -488,8 +422,7 @@ class _PartitionReader:
         gaps: list[int] = []
         deadline = time.monotonic() + timeout_ms / 1000
         for first, last, delivery_count in acquired:
-            if first in self.released and self._take_released(first, last, delivery_count,
-                                                              records):  # fmt: skip
+            if first in self.released and self._take_released(first, last, delivery_count, records):
                 continue
             if self.position != first:
                 self.consumer.seek(self.tp, first)
@@ -508,8 +441,20 @@ class _PartitionReader:
                         if offset > last:
                             expected = last + 1
                             break
-                    append(ShareRecord(m.topic, m.partition, offset, m.key, m.value, m.headers,
-                                       m.timestamp, delivery_count, m.value, m.key))  # fmt: skip
+                    append(
+                        ShareRecord(
+                            m.topic,
+                            m.partition,
+                            offset,
+                            m.key,
+                            m.value,
+                            m.headers,
+                            m.timestamp,
+                            delivery_count,
+                            m.value,
+                            m.key,
+                        )
+                    )
                     expected = offset + 1
                 position = await self.consumer.position(self.tp)
                 if not messages and position > expected:

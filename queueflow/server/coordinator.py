@@ -1,61 +1,35 @@
 """The share-group coordinator: a Faust agent on ``<app>-share-coordinator``.
 
 It handles ShareGroupHeartbeat requests (join, heartbeat, leave) and clock ticks with the pure
-:class:`~queueflow.share.group.ShareGroup` state machine, keeps group metadata in the
+:class:`~queueflow.engine.group.ShareGroup` state machine, keeps group metadata in the
 ``share-groups`` Faust table (so a new coordinator picks up where the old one stopped), and tells
 share-partition leaders to release the records of members that left or timed out
-(:class:`~queueflow.protocol.ReleaseMember`).
+(:class:`~queueflow.protocol.messages.ReleaseMember`).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from aiokafka.admin import AIOKafkaAdminClient
 
-from queueflow import metrics, protocol, topics
-from queueflow.client import existing_partition_counts, now_ms
+from queueflow import metrics
+from queueflow.engine.assignor import TopicPartition
+from queueflow.engine.group import ShareGroup
 from queueflow.errors import ShareGroupError
-from queueflow.leader import raw_table, send_control, send_reply
-from queueflow.share.assignor import TopicPartition
-from queueflow.share.group import ShareGroup
+from queueflow.kafka.admin import TopicMetadata
+from queueflow.member.client import now_ms
+from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics
+from queueflow.server.leader import raw_table, send_control, send_reply
 
 if TYPE_CHECKING:
     from faust.types import EventT, StreamT
 
-    from queueflow.app import App
+    from queueflow.faust_app import App
 
-log = structlog.get_logger("queueflow.coordinator")
-
-
-class TopicMetadata:
-    """Partition counts of topics, cached for ``ttl_s`` seconds."""
-
-    def __init__(self, bootstrap: str, ttl_s: float = 5.0) -> None:
-        self.bootstrap = bootstrap
-        self.ttl_s = ttl_s
-        self._admin: AIOKafkaAdminClient | None = None
-        self._counts: dict[str, tuple[float, int]] = {}
-
-    async def partition_counts(self, names: list[str]) -> dict[str, int]:
-        """Partition counts of the existing topics among ``names``."""
-        now = time.monotonic()
-        stale = [n for n in names if n not in self._counts or now - self._counts[n][0] > self.ttl_s]
-        if stale:
-            if self._admin is None:
-                self._admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-                await self._admin.start()
-            for name, count in (await existing_partition_counts(self._admin, stale)).items():
-                self._counts[name] = (now, count)
-        return {n: self._counts[n][1] for n in names if n in self._counts}
-
-    async def close(self) -> None:
-        if self._admin is not None:
-            await self._admin.close()
-            self._admin = None
+log = structlog.get_logger("queueflow.server.coordinator")
 
 
 class ShareGroupCoordinator:
@@ -65,10 +39,13 @@ class ShareGroupCoordinator:
         self.app = app
         self.metadata = metadata
         self.topic = app.topic(
-            topics.coordinator_topic(app.share_namespace), internal=True,
-            partitions=topics.COORDINATOR_PARTITIONS, key_serializer="raw",
-            value_serializer="raw", config=topics.CONTROL_TOPIC_CONFIG,
-        )  # fmt: skip
+            topics.coordinator_topic(app.share_namespace),
+            internal=True,
+            partitions=topics.COORDINATOR_PARTITIONS,
+            key_serializer="raw",
+            value_serializer="raw",
+            config=topics.CONTROL_TOPIC_CONFIG,
+        )
         self.table = raw_table(app, topics.GROUPS_TABLE, partitions=topics.COORDINATOR_PARTITIONS)
         self.groups: dict[str, ShareGroup] = {}
         self._last_event_ms = now_ms()
@@ -94,8 +71,9 @@ class ShareGroupCoordinator:
             if raw is None:
                 group = ShareGroup(group_id, s.session_timeout_ms, s.max_size)
             else:
-                group = ShareGroup.from_dict(group_id, json.loads(raw), s.session_timeout_ms,
-                                             s.max_size, now_ms())  # fmt: skip
+                group = ShareGroup.from_dict(
+                    group_id, json.loads(raw), s.session_timeout_ms, s.max_size, now_ms()
+                )
             self.groups[group_id] = group
         return group
 
@@ -123,9 +101,12 @@ class ShareGroupCoordinator:
                 released = group.expire(now)
                 if released:
                     for member_id, _ in released:
-                        log.warning("member_session_expired", group=group.group_id,
-                                    member_id=member_id,
-                                    session_timeout_ms=group.session_timeout_ms)  # fmt: skip
+                        log.warning(
+                            "member_session_expired",
+                            group=group.group_id,
+                            member_id=member_id,
+                            session_timeout_ms=group.session_timeout_ms,
+                        )
                     self._persist(group)
                     await self._release(group, released, "session timeout")
             return
@@ -133,9 +114,10 @@ class ShareGroupCoordinator:
             log.error("unexpected_coordinator_message", kind=message.kind)
             return
         response = protocol.HeartbeatResponse(
-            member_id=message.member_id, request_id=message.request_id,
+            member_id=message.member_id,
+            request_id=message.request_id,
             heartbeat_interval_ms=self.app.share_settings.heartbeat_interval_ms,
-        )  # fmt: skip
+        )
         try:
             group = self._group(message.group)
         except ShareGroupError as exc:  # corrupt group metadata: answer, don't go silent
@@ -147,9 +129,14 @@ class ShareGroupCoordinator:
         try:
             counts = await self.metadata.partition_counts(list(message.subscribed_topics))
             result = group.heartbeat(
-                message.member_id, message.member_epoch, message.subscribed_topics, now, counts,
-                message.client_id, message.host,
-            )  # fmt: skip
+                message.member_id,
+                message.member_epoch,
+                message.subscribed_topics,
+                now,
+                counts,
+                message.client_id,
+                message.host,
+            )
             response.member_epoch = result.member_epoch
             response.assignment = {}
             for t, p in result.assignment:
@@ -160,15 +147,21 @@ class ShareGroupCoordinator:
             response.error, response.error_message = exc.code.value, exc.message
         if group.group_epoch != epoch_before or len(group.members) != members_before:
             self._persist(group)
-            log.info("share_group_epoch", group=group.group_id, group_epoch=group.group_epoch,
-                     members=len(group.members), state=group.state.value)  # fmt: skip
+            log.info(
+                "share_group_epoch",
+                group=group.group_id,
+                group_epoch=group.group_epoch,
+                members=len(group.members),
+                state=group.state.value,
+            )
         await self._reply(message, response)
 
     async def _reply(
         self, request: protocol.HeartbeatRequest, response: protocol.HeartbeatResponse
     ) -> None:
-        await send_reply(self.app, request.member_id, request.reply_partition,
-                         protocol.encode(response))  # fmt: skip
+        await send_reply(
+            self.app, request.member_id, request.reply_partition, protocol.encode(response)
+        )
 
     async def _release(
         self, group: ShareGroup, released: list[tuple[str, list[TopicPartition]]], reason: str
@@ -179,7 +172,12 @@ class ShareGroupCoordinator:
         for member_id, _assignment in released:
             for name in names:
                 for partition in range(group.partitions[name]):
-                    message = protocol.ReleaseMember(group.group_id, name, partition, member_id,
-                                                     reason)  # fmt: skip
-                    await send_control(self.app, topics.fetch_topic(self.app.share_namespace, name),
-                                       partition, protocol.encode(message))  # fmt: skip
+                    message = protocol.ReleaseMember(
+                        group.group_id, name, partition, member_id, reason
+                    )
+                    await send_control(
+                        self.app,
+                        topics.fetch_topic(self.app.share_namespace, name),
+                        partition,
+                        protocol.encode(message),
+                    )

@@ -11,8 +11,8 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-from queueflow.protocol import WireAck
-from queueflow.share.partition import AcknowledgeType
+from queueflow.protocol.messages import WireAck
+from queueflow.structs import AcknowledgeType
 
 TopicPartition = tuple[str, int]
 
@@ -145,8 +145,9 @@ class AcknowledgementBuffer:
 
     def pending(self, tp: TopicPartition) -> int:
         """Number of records of ``tp`` waiting to be acknowledged."""
-        uncertain = sum(last - first + 1 for batch in self._uncertain.get(tp, ())
-                        for first, last, _ in batch)  # fmt: skip
+        uncertain = sum(
+            last - first + 1 for batch in self._uncertain.get(tp, ()) for first, last, _ in batch
+        )
         return len(self._pending.get(tp, ())) + uncertain
 
     def age_ms(self, tp: TopicPartition) -> float:

@@ -1,0 +1,140 @@
+"""Admin calls queueflow needs: create internal topics, look up partition counts.
+
+All go through aiokafka's admin client and its error classes (no literal error codes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError, for_code
+
+from queueflow.errors import ConfigurationError
+from queueflow.kafka.config import KafkaClientConfig
+
+__all__ = [
+    "TopicMetadata",
+    "ensure_topic",
+    "existing_partition_counts",
+    "partition_counts",
+    "unknown_topic_error",
+]
+
+
+def admin_client(config: KafkaClientConfig) -> AIOKafkaAdminClient:
+    """A (not yet started) admin client for ``config``."""
+    return AIOKafkaAdminClient(**config.client_kwargs())
+
+
+async def ensure_topic(
+    config: KafkaClientConfig,
+    name: str,
+    partitions: int,
+    topic_config: Mapping[str, str] | None = None,
+    replication_factor: int | None = None,
+) -> None:
+    """Create a topic if it does not exist; idempotent and safe to race.
+
+    Args:
+        config: the cluster.
+        name: the topic.
+        partitions: its partition count.
+        topic_config: topic configs (``retention.ms`` ...).
+        replication_factor: defaults to ``config.replication_factor``.
+
+    Raises:
+        ConfigurationError: the broker refused to create it (the message gives its error).
+    """
+    admin = admin_client(config)
+    await admin.start()
+    try:
+        rf = replication_factor or config.replication_factor
+        result = await admin.create_topics(
+            [NewTopic(name, partitions, rf, topic_configs=dict(topic_config or {}))]
+        )
+        for _topic, code, *rest in getattr(result, "topic_errors", []):
+            error = for_code(code)
+            if code and error is not TopicAlreadyExistsError:
+                detail = rest[0] if rest and rest[0] else error.__name__
+                raise ConfigurationError(f"could not create topic {name!r}: {detail}")
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        await admin.close()
+
+
+async def existing_partition_counts(
+    admin: AIOKafkaAdminClient, names: Iterable[str]
+) -> dict[str, int]:
+    """Partition counts of the topics among ``names`` that exist (never auto-creates)."""
+    names = list(names)
+    if not names:
+        return {}
+    described = await admin.describe_topics(names)
+    return {
+        d["topic"]: len(d["partitions"])
+        for d in described
+        if d["error_code"] == 0 and d["partitions"]
+    }
+
+
+def unknown_topic_error(name: str, bootstrap: str) -> ConfigurationError:
+    """The error for a source topic that does not exist: it says how to create it."""
+    return ConfigurationError(
+        f"unknown topic {name!r} on {bootstrap}: create it first (e.g. "
+        f"`kafka-topics.sh --create --topic {name} --partitions N`), or fix the name"
+    )
+
+
+async def partition_counts(config: KafkaClientConfig, names: Iterable[str]) -> dict[str, int]:
+    """Partition counts of ``names``.
+
+    Raises:
+        ConfigurationError: a topic does not exist; the message names it and says to create it.
+    """
+    names = list(names)
+    admin = admin_client(config)
+    await admin.start()
+    try:
+        counts = await existing_partition_counts(admin, names)
+    finally:
+        await admin.close()
+    for name in names:
+        if name not in counts:
+            raise unknown_topic_error(name, config.bootstrap)
+    return counts
+
+
+class TopicMetadata:
+    """Partition counts of topics, cached for ``ttl_s`` seconds, from one admin client.
+
+    Args:
+        config: the cluster.
+        ttl_s: how long (s) a count is reused.
+    """
+
+    def __init__(self, config: KafkaClientConfig, ttl_s: float = 5.0) -> None:
+        self.config = config
+        self.ttl_s = ttl_s
+        self._admin: AIOKafkaAdminClient | None = None
+        self._counts: dict[str, tuple[float, int]] = {}
+
+    async def partition_counts(self, names: list[str]) -> dict[str, int]:
+        """Partition counts of the existing topics among ``names``."""
+        now = time.monotonic()
+        stale = [n for n in names if n not in self._counts or now - self._counts[n][0] > self.ttl_s]
+        if stale:
+            if self._admin is None:
+                self._admin = admin_client(self.config)
+                await self._admin.start()
+            for name, count in (await existing_partition_counts(self._admin, stale)).items():
+                self._counts[name] = (now, count)
+        return {n: self._counts[n][1] for n in names if n in self._counts}
+
+    async def close(self) -> None:
+        """Close the admin client."""
+        if self._admin is not None:
+            await self._admin.close()
+            self._admin = None
