@@ -1,7 +1,5 @@
-"""Helpers for testing code that uses queueflow.
+"""Worker processes for integration tests against a real broker.
 
-* :class:`FakeClock`: a millisecond clock for driving the pure engine
-  (:class:`~queueflow.engine.partition.SharePartition`) without sleeping.
 * :class:`LeaderWorker`: a leader-only queueflow worker in a subprocess (``queueflow leader``),
   for integration tests against a real broker. Start it, point
   :class:`~queueflow.ShareConsumer` or share agents at the same app id, stop or kill it.
@@ -19,27 +17,6 @@ from pathlib import Path
 
 from queueflow.devtools.broker import find_free_ports
 from queueflow.settings import SETTINGS
-
-
-class FakeClock:
-    """A clock in ms that moves only when told to.
-
-    Args:
-        start_ms: the initial time in ms.
-    """
-
-    def __init__(self, start_ms: int = 0) -> None:
-        self.now_ms = start_ms
-
-    def advance(self, ms: int) -> int:
-        """Move forward ``ms`` milliseconds; returns the new time."""
-        if ms < 0:
-            raise ValueError(f"a clock doesn't go backwards (advance({ms}))")
-        self.now_ms += ms
-        return self.now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
 
 
 class LeaderWorker:
