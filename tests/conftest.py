@@ -22,8 +22,14 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+import stamina
 
-from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
+from queueflow.devtools.broker import (
+    LocalBroker,
+    bootstrap_from_env,
+    create_topic,
+    find_free_ports,
+)
 from queueflow.errors import BrokerError
 
 #: Seconds the session broker may take from JVM launch to serving (typically ~10 s).
@@ -40,6 +46,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
 
 
+def _port_taken(exc: Exception) -> bool:
+    """The broker could not bind a port: our check found it taken, or the JVM's bind failed."""
+    return isinstance(exc, BrokerError) and "already in use" in str(exc)
+
+
 @pytest.fixture(scope="session")
 def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker | None]:
     """The session's LocalBroker (started), or None when ``QUEUEFLOW_BROKER`` is set."""
@@ -48,17 +59,21 @@ def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrok
         return
     data_dir = tmp_path_factory.mktemp("kafka")
     broker: LocalBroker | None = None
-    for attempt in range(3):  # a free port can be taken between choosing and binding it
-        port, controller_port = find_free_ports(2)
-        broker = LocalBroker(data_dir, port=port, controller_port=controller_port)
-        try:
-            broker.start(timeout_s=BROKER_START_TIMEOUT_S)
-            break
-        except BrokerError as exc:
-            if attempt == 2 or "already in use" not in str(exc):
+    # A free port can be taken between choosing and binding it: choose new ones and retry.
+    for attempt in stamina.retry_context(
+        on=_port_taken, attempts=3, timeout=None, wait_initial=0, wait_jitter=0
+    ):
+        with attempt:
+            port, controller_port = find_free_ports(2)
+            broker = LocalBroker(data_dir, port=port, controller_port=controller_port)
+            try:
+                broker.start(timeout_s=BROKER_START_TIMEOUT_S)
+            except BrokerError as exc:
+                if not _port_taken(exc):
+                    raise
+                broker.wipe()  # the storage records the controller port it was formatted with
+                data_dir.mkdir(parents=True, exist_ok=True)
                 raise
-            broker.wipe()
-            data_dir.mkdir(parents=True, exist_ok=True)
     assert broker is not None
     try:
         yield broker
