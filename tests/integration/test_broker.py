@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
 from queueflow.devtools.broker import (
@@ -18,6 +17,7 @@ from queueflow.devtools.broker import (
     is_serving,
     run_kafka_tool,
 )
+from queueflow.testing import produce
 
 pytestmark = pytest.mark.integration
 
@@ -43,13 +43,7 @@ async def _list_topics(bootstrap: str) -> list[str]:
 
 
 async def _produce(bootstrap: str, topic: str, values: list[str]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", request_timeout_ms=15_000)
-    await asyncio.wait_for(producer.start(), 15)
-    try:
-        for value in values:
-            await asyncio.wait_for(producer.send_and_wait(topic, value.encode()), 15)
-    finally:
-        await producer.stop()
+    await produce(bootstrap, topic, values, acks="all", timeout_s=30)
 
 
 @pytest.mark.timeout(60)

@@ -11,12 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from test_share_groups import LEADER_SETTINGS, consumer, poll_until, produce
 
 from queueflow.errors import ErrorCode
 from queueflow.protocol import topics
 from queueflow.testing import LeaderWorker
+from queueflow.testing import produce as produce_records
+
+#: The refusal is checked as key=value text ("group=broken"): the worker logs in console format.
+CONSOLE_LOGS = {"QUEUEFLOW_LOG_FORMAT": "console"}
 
 RECORDS = 10
 
@@ -48,15 +51,9 @@ def test_corrupt_state_is_refused_not_reset(
     ).start().stop()
     changelog = f"{app_id}-{topics.state_table(topic)}-changelog"
 
-    async def corrupt() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-        await producer.start()
-        try:
-            await producer.send_and_wait(changelog, value, key=b"S/broken/0", partition=0)
-        finally:
-            await producer.stop()
-
-    asyncio.run(corrupt())
+    asyncio.run(
+        produce_records(kafka_bootstrap, changelog, [value], keys=[b"S/broken/0"], partition=0)
+    )
 
     async def scenario() -> tuple[list[int], Exception | None, int]:
         broken = consumer(kafka_bootstrap, app_id, "broken")
@@ -78,7 +75,7 @@ def test_corrupt_state_is_refused_not_reset(
         return sorted(r.offset for r in served), error, got
 
     with LeaderWorker(
-        app_id, [topic], kafka_bootstrap, tmp_path / "second", LEADER_SETTINGS
+        app_id, [topic], kafka_bootstrap, tmp_path / "second", LEADER_SETTINGS, env=CONSOLE_LOGS
     ) as leader:
         served, error, got = asyncio.run(scenario())
         log = leader.log_text()

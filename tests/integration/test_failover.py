@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -25,7 +24,6 @@ RECORDS = 100
 #: What the working member can hold at a leader change: the batch it is handling and the one
 #: it prefetched (``max.poll.records`` each).
 IN_FLIGHT_PER_CHANGE = 2 * int(MEMBER_SETTINGS["max.poll.records"])
-LEADER_LIVE = re.compile(r"leader_live\s.*leader_epoch=(\d+).*topic=(\S+)")
 
 
 def start_pair(
@@ -47,9 +45,10 @@ def current_leader(workers: list[LeaderWorker], topic: str) -> LeaderWorker:
     """The worker that became live on the topic's request partition in the latest generation."""
     best: tuple[int, LeaderWorker] | None = None
     for worker in workers:
-        for m in LEADER_LIVE.finditer(worker.log_text()):
-            if m.group(2) == topic and (best is None or int(m.group(1)) > best[0]):
-                best = (int(m.group(1)), worker)
+        for event in worker.events("leader_live"):
+            epoch = int(event["leader_epoch"])
+            if event.get("topic") == topic and (best is None or epoch > best[0]):
+                best = (epoch, worker)
     assert best is not None, "no worker became live: " + workers[0].log_tail()
     return best[1]
 
@@ -176,7 +175,7 @@ def test_frozen_leader_steps_down_and_its_successor_serves(
             await asyncio.sleep(max(0.0, paused_at + STALL_LIMIT_S + 2 - time.monotonic()))
             frozen.resume()
             await wait_for(
-                lambda: "leader_stepped_down" in frozen.log_text(),
+                lambda: bool(frozen.events("leader_stepped_down")),
                 "the woken leader to step down",
                 30,
             )

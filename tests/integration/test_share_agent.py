@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -18,11 +15,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 
 from queueflow import ConfigurationError, ShareConsumer
 from queueflow.devtools.broker import find_free_ports
+from queueflow.testing import WorkerProcess, faust_worker_argv
+from queueflow.testing import produce as produce_records
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 50
@@ -30,15 +28,8 @@ SLOW_RECORDS = 6
 
 
 async def produce(bootstrap: str, topic: str, count: int = RECORDS, junk: bool = True) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for i in range(count):
-            await producer.send_and_wait(topic, json.dumps({"i": i}).encode())
-        if junk:
-            await producer.send_and_wait(topic, b"\xff not json")
-    finally:
-        await producer.stop()
+    values: list[bytes | str] = [json.dumps({"i": i}) for i in range(count)]
+    await produce_records(bootstrap, topic, values + ([b"\xff not json"] if junk else []))
 
 
 @contextlib.contextmanager
@@ -49,39 +40,23 @@ def agent_worker(
     and stops it with SIGTERM (a graceful drain)."""
     ledger, log = tmp_path / "ledger.jsonl", tmp_path / "worker.log"
     (web_port,) = find_free_ports(1)
-    env = dict(
-        os.environ,
-        AGENT_APP_ID=f"qf-agent-{uuid.uuid4().hex[:8]}",
-        AGENT_TOPIC=topic,
-        AGENT_BROKER=f"kafka://{bootstrap}",
-        AGENT_LEDGER=str(ledger),
-    )
-    with open(log, "wb") as out:
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "faust",
-                "-A",
-                module,
-                "--datadir",
-                str(tmp_path / "data"),
-                "worker",
-                "-l",
-                "info",
-                "--web-port",
-                str(web_port),
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    env = {
+        "AGENT_APP_ID": f"qf-agent-{uuid.uuid4().hex[:8]}",
+        "AGENT_TOPIC": topic,
+        "AGENT_BROKER": f"kafka://{bootstrap}",
+        "AGENT_LEDGER": str(ledger),
+        # These tests read key=value text from the log (e.g. "offset=50"): console format.
+        "QUEUEFLOW_LOG_FORMAT": "console",
+    }
+    argv = faust_worker_argv(module, tmp_path / "data", web_port=web_port)
+    worker = WorkerProcess(argv, log, env, cwd=ROOT)
+    worker.start()
+    assert worker.process is not None
     try:
-        yield worker, ledger, log, web_port
+        yield worker.process, ledger, log, web_port
     finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=60)
+        worker.terminate()
+        worker.process.wait(timeout=60)
 
 
 def wait_for_ledger(

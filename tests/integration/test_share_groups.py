@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from queueflow import ACCEPT, REJECT, RELEASE, ShareConsumer, ShareRecord
 from queueflow.testing import LeaderWorker
+from queueflow.testing import produce as produce_records
 
 DELIVERY_LIMIT = 3
 LOCK_MS = 3000
@@ -41,13 +41,9 @@ CONSUMER_SCRIPT = Path(__file__).with_name("crashing_consumer.py")
 
 
 async def produce(bootstrap: str, topic: str, count: int, partitions: int = 1) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        for i in range(count):
-            await producer.send_and_wait(topic, f"record-{i}".encode(), partition=i % partitions)
-    finally:
-        await producer.stop()
+    """``record-<i>`` for i in 0..count-1, round-robin over ``partitions``."""
+    values = [f"record-{i}" for i in range(count)]
+    await produce_records(bootstrap, topic, values, partitions=partitions)
 
 
 def consumer(bootstrap: str, app_id: str, group: str, mode: str = "explicit") -> ShareConsumer:
