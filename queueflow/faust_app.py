@@ -1,4 +1,6 @@
-"""``queueflow.App``: a :class:`faust.App` that hosts share groups.
+"""``queueflow.App``: a :class:`faust.App` that hosts share groups. The only module that imports
+Faust: it builds the server and member contexts from the Faust app and wires the share-group
+coordinator and the share-partition leaders to Faust agents, tables and timers.
 
 A worker of a queueflow app has one of three roles (``role=`` or ``$QUEUEFLOW_ROLE``):
 
@@ -16,22 +18,33 @@ Users with their own :class:`faust.App` use :func:`queueflow.attach` instead of 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
+import mode
+import prometheus_client
 import structlog
 
-from queueflow import metrics
+from queueflow import logging as qf_logging
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
-from queueflow.kafka.config import KafkaClientConfig, bootstrap_servers
-from queueflow.member.agent import Handler, ShareAgent
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.member.agent import Decoder, Handler, ShareAgent
+from queueflow.member.context import MemberContext
+from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
+from queueflow.server.context import ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
-from queueflow.server.leader import LeaderTicker, LogOffsets, ShareLeader, monotonic_ms
+from queueflow.server.leader import ShareLeader, monotonic_ms
+from queueflow.server.log_offsets import LogOffsets
+from queueflow.server.ticker import LeaderTicker
 from queueflow.settings import ShareGroupSettings
+from queueflow.structs import ShareRecord, TopicPartition
+
+__all__ = ["LEADER_GROUP_DEFAULTS", "ROLES", "App", "ShareGroups", "attach"]
 
 log = structlog.get_logger("queueflow.faust_app")
 
@@ -42,6 +55,133 @@ STALL_CHECK_INTERVAL_S = 0.1
 #: SIGKILLed leader's share-partitions move after the session timeout, so Faust's 60 s default
 #: would stall them for a minute.
 LEADER_GROUP_DEFAULTS = {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 1.0}
+
+
+class FaustRuntime:
+    """:class:`~queueflow.server.context.ServerRuntime` of a Faust worker."""
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+
+    @property
+    def generation(self) -> int:
+        """Faust's consumer-group generation."""
+        return int(self.app.consumer_generation_id)
+
+    @property
+    def rebalancing(self) -> bool:
+        """True while Faust rebalances."""
+        return bool(self.app.rebalancing)
+
+    @property
+    def streams_active(self) -> bool:
+        """True when Faust's streams deliver (not rebalancing, flow control active)."""
+        return not self.app.rebalancing and self.app.flow_control.is_active()
+
+    def assigned(self) -> set[TopicPartition]:
+        """The partitions Faust assigned this worker as active."""
+        return {
+            TopicPartition(tp.topic, tp.partition) for tp in self.app.assignor.assigned_actives()
+        }
+
+
+class FaustSender:
+    """:class:`~queueflow.server.context.ControlSender` through the worker's aiokafka producer:
+    no Faust channel, codec or producer buffer on the way (they cost more than the leader's own
+    work)."""
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+
+    async def send(
+        self, topic: str, partition: int, value: bytes, key: bytes | None = None
+    ) -> None:
+        """Produce ``value`` to ``topic[partition]``."""
+        await self.app.producer.send(topic, key, value, partition, None, None)
+
+
+def raw_table(app: faust.App, name: str, partitions: int | None = None) -> Any:
+    """A Faust table with bytes keys and values (queueflow encodes its own records)."""
+    table = app.Table(name, partitions=partitions)
+    # Faust derives serializers from key_type/value_type (json). The changelog topic decodes
+    # during recovery, so it needs raw serializers too.
+    for obj in (table, table.changelog_topic):
+        obj.key_serializer = "raw"
+        obj.value_serializer = "raw"
+    return table
+
+
+def control_topic(app: faust.App, name: str, partitions: int | None = None) -> Any:
+    """A Faust topic of raw control messages (requests, ticks, fences)."""
+    return app.topic(
+        name,
+        internal=True,
+        partitions=partitions,
+        key_serializer="raw",
+        value_serializer="raw",
+        config=topics.CONTROL_TOPIC_CONFIG,
+    )
+
+
+RequestHandler = Callable[[int, int, bytes], Awaitable[None]]
+
+
+def serve(app: faust.App, topic: Any, name: str, handle: RequestHandler) -> Any:
+    """A Faust agent that passes each record of ``topic`` to ``handle(partition, offset,
+    value)``, in order, inside its stream event (so table writes are allowed)."""
+
+    async def run(stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            await handle(message.partition, message.offset, event.value)
+
+    return app.agent(topic, name=name)(run)
+
+
+def faust_decoder(app: faust.App, topic: Any) -> Decoder | None:
+    """Decodes records with ``topic``'s key/value types and serializers; None for a topic name or
+    a topic whose records stay raw bytes."""
+    if isinstance(topic, str):
+        return None
+    if (
+        topic.value_type is None
+        and topic.value_serializer == "raw"
+        and topic.key_type is None
+        and topic.key_serializer in ("raw", None)
+    ):
+        return None
+    serializers = app.serializers
+
+    def decode(record: ShareRecord) -> None:
+        record.value = serializers.loads_value(
+            topic.value_type, record.raw_value, serializer=topic.value_serializer
+        )
+        if record.key is not None:
+            # An undecodable key leaves the raw key: the value decides whether it's handled.
+            with contextlib.suppress(Exception):
+                record.key = serializers.loads_key(
+                    topic.key_type, record.key, serializer=topic.key_serializer
+                )
+
+    return decode
+
+
+class ShareAgentService(mode.Service):
+    """Starts and stops a :class:`ShareAgent` with the Faust worker (after table recovery)."""
+
+    def __init__(self, agent: ShareAgent, **kwargs: Any) -> None:
+        self.agent = agent
+        super().__init__(**kwargs)
+
+    @property
+    def label(self) -> str:
+        return f"ShareAgent: {self.agent.name}"
+
+    async def on_start(self) -> None:
+        await self.agent.start()
+
+    async def on_stop(self) -> None:
+        await self.agent.stop()
 
 
 class ShareGroups:
@@ -69,6 +209,7 @@ class ShareGroups:
                 f"queueflow role={role!r} (from role= or $QUEUEFLOW_ROLE) is not one of "
                 f"{', '.join(ROLES)}"
             )
+        qf_logging.configure()
         self.app = app
         self.role = role
         self.namespace: str = app.conf.id
@@ -77,30 +218,48 @@ class ShareGroups:
             if isinstance(settings, ShareGroupSettings)
             else ShareGroupSettings.load(settings)
         )
+        self.metrics = Metrics()
+        self.kafka = KafkaClientConfig.from_broker(
+            app.conf.broker,
+            client_id=self.namespace,
+            replication_factor=int(app.conf.topic_replication_factor),
+        )
+        self.member_context = MemberContext.for_kafka(
+            self.kafka, self.namespace, self.settings, self.metrics
+        )
         self.agents: list[ShareAgent] = []
         self.leaders: dict[str, ShareLeader] = {}
+        self._request_topics: dict[str, Any] = {}
+        self._tables: dict[str, Any] = {}
         self.coordinator: ShareGroupCoordinator | None = None
-        self.reply_topic = app.topic(
-            topics.reply_topic(self.namespace),
-            internal=True,
-            partitions=topics.REPLY_PARTITIONS,
-            key_serializer="raw",
-            value_serializer="raw",
-            config=topics.CONTROL_TOPIC_CONFIG,
-        )
-        app.share_namespace = self.namespace  # type: ignore[attr-defined]
-        app.share_settings = self.settings  # type: ignore[attr-defined]
-        app.share_leaders = self.leaders  # type: ignore[attr-defined]
-        app.reply_topic = self.reply_topic  # type: ignore[attr-defined]
-        metrics.expose(app)
+        self._expose_metrics()
         if role == "member":
             app.producer_only = True
             return
-        bootstrap = bootstrap_servers(app.conf.broker)
-        self._offsets = LogOffsets(bootstrap)
-        self._metadata = TopicMetadata(KafkaClientConfig(bootstrap))
-        self.coordinator = ShareGroupCoordinator(app, self._metadata)  # type: ignore[arg-type]
-        self._ticker = LeaderTicker(app)  # type: ignore[arg-type]
+        conf = app.conf
+        self._offsets = LogOffsets(self.kafka)
+        self._metadata = TopicMetadata(self.kafka)
+        self.server_context = ServerContext(
+            namespace=self.namespace,
+            settings=self.settings,
+            sender=FaustSender(app),
+            runtime=FaustRuntime(app),
+            log_offsets=self._offsets,
+            topic_metadata=self._metadata,
+            stall_limit_ms=int(
+                (conf.broker_session_timeout + conf.broker_heartbeat_interval) * 1000
+            ),
+            metrics=self.metrics,
+        )
+        self._coordinator_topic = control_topic(
+            app, topics.coordinator_topic(self.namespace), topics.COORDINATOR_PARTITIONS
+        )
+        self.coordinator = ShareGroupCoordinator(
+            self.server_context,
+            raw_table(app, topics.GROUPS_TABLE, partitions=topics.COORDINATOR_PARTITIONS),
+        )
+        serve(app, self._coordinator_topic, "share-group-coordinator", self.coordinator.handle)
+        self._ticker = LeaderTicker(self.server_context, self.leaders)
         app.timer(self.settings.lock_check_interval_ms / 1000, name="queueflow-ticker")(
             self._ticker.tick
         )
@@ -112,6 +271,21 @@ class ShareGroups:
     def leads(self) -> bool:
         """True when this worker hosts the coordinator and share-partition leaders."""
         return self.role != "member"
+
+    def _expose_metrics(self) -> None:
+        """Serve this app's metrics, with prometheus_client's default registry, at
+        ``/metrics``; if the app already has a ``/metrics`` page, feed this app's registry to the
+        default registry it most likely serves instead."""
+        registry = self.metrics.registry
+        if "/metrics" in self.app.web.views:
+            prometheus_client.REGISTRY.register(_RegistryCollector(registry))
+            return
+        app = self.app
+
+        @app.page("/metrics")
+        async def metrics_page(web: Any, request: Any) -> Any:
+            body = render_all(prometheus_client.REGISTRY, registry)
+            return app.web.bytes(body, content_type=CONTENT_TYPE.split(";")[0])
 
     def share_agent(
         self,
@@ -125,22 +299,25 @@ class ShareGroups:
         """Declare a share agent; see :meth:`App.share_agent`."""
 
         def decorator(handler: Handler) -> ShareAgent:
+            topic_name = topic if isinstance(topic, str) else topic.get_topic_name()
+            agent_name = name or f"{handler.__module__}.{handler.__qualname__}"
             agent = ShareAgent(
-                self.app,
+                self.member_context,
                 handler,
-                topic,
+                topic_name,
                 group,
                 concurrency=concurrency,
-                name=name,  # type: ignore[arg-type]
+                name=agent_name,
                 lock_duration_ms=lock_duration_ms,
-                loop=None,
-                beacon=None,
+                decode=faust_decoder(self.app, topic),
+                client_id=f"{self.namespace}:{agent_name}",
             )
             self.agents.append(agent)
             if self.leads:
-                self.lead(agent.topic_name)
+                self.lead(topic_name)
             if self.role != "leader":
-                self.app._extra_services.append(agent)  # started after table recovery
+                # started after table recovery
+                self.app._extra_services.append(ShareAgentService(agent))
             return agent
 
         return decorator
@@ -152,7 +329,13 @@ class ShareGroups:
         if not self.leads:
             return None
         if topic not in self.leaders:
-            self.leaders[topic] = ShareLeader(self.app, topic, self._offsets)  # type: ignore[arg-type]
+            request_topic = control_topic(self.app, topics.fetch_topic(self.namespace, topic))
+            table = raw_table(self.app, topics.state_table(topic))
+            leader = ShareLeader(self.server_context, topic, table)
+            serve(self.app, request_topic, f"share-leader-{topic}", leader.handle)
+            self.leaders[topic] = leader
+            self._request_topics[topic] = request_topic
+            self._tables[topic] = table
         return self.leaders[topic]
 
     async def prepare(self) -> None:
@@ -162,16 +345,18 @@ class ShareGroups:
         Raises:
             ConfigurationError: a source topic does not exist.
         """
-        bootstrap = bootstrap_servers(self.app.conf.broker)
         if self.leaders:
-            counts = await partition_counts(KafkaClientConfig(bootstrap), list(self.leaders))
-            for name, leader in self.leaders.items():
-                leader.set_partition_count(counts[name])
-                await leader.fetch_topic.maybe_declare()
+            counts = await partition_counts(self.kafka, list(self.leaders))
+            for name in self.leaders:
+                request_topic, table = self._request_topics[name], self._tables[name]
+                request_topic.partitions = counts[name]
+                table.partitions = counts[name]
+                table.changelog_topic.partitions = counts[name]
+                await request_topic.maybe_declare()
         if self.coordinator is not None:
-            await self.coordinator.topic.maybe_declare()
+            await self._coordinator_topic.maybe_declare()
         await ensure_topic(
-            KafkaClientConfig(bootstrap),
+            self.kafka,
             topics.reply_topic(self.namespace),
             topics.REPLY_PARTITIONS,
             topics.CONTROL_TOPIC_CONFIG,
@@ -185,22 +370,32 @@ class ShareGroups:
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         epoch = self.app.consumer_generation_id
-        for leader in self.leaders.values():
-            name = leader.fetch_topic.get_topic_name()
+        for topic, leader in self.leaders.items():
+            name = self._request_topics[topic].get_topic_name()
             leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
 
     async def _watch_stalls(self) -> None:
-        now = monotonic_ms()
+        now = monotonic_ms(self.server_context.clock)
         for leader in self.leaders.values():
             await leader.watch_stalls(now)
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
-        for leader in self.leaders.values():
-            name = leader.fetch_topic.get_topic_name()
+        for topic, leader in self.leaders.items():
+            name = self._request_topics[topic].get_topic_name()
             leader.revoke({tp.partition for tp in revoked if tp.topic == name})
         if self.coordinator is not None:
-            name = self.coordinator.topic.get_topic_name()
+            name = self._coordinator_topic.get_topic_name()
             self.coordinator.revoke({tp.partition for tp in revoked if tp.topic == name})
+
+
+class _RegistryCollector:
+    """Collects another registry's metrics (to show them on an existing ``/metrics`` page)."""
+
+    def __init__(self, registry: prometheus_client.CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Any:
+        return self.registry.collect()
 
 
 class App(faust.App):
@@ -294,6 +489,9 @@ def attach(
 
     Returns:
         The :class:`ShareGroups` whose ``share_agent`` decorator declares agents.
+
+    Raises:
+        ConfigurationError: an unknown role or an invalid setting.
     """
     groups = ShareGroups(app, role=role, settings=settings)
     original = app.on_first_start

@@ -21,20 +21,21 @@ next poll, or are sent at once by :meth:`commit_sync` / :meth:`commit_async`.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import structlog
 
-from queueflow.errors import ConfigurationError, ErrorCode, QueueflowError, ShareGroupError
-from queueflow.kafka.config import bootstrap_servers
-from queueflow.member.acks import AcknowledgementBuffer
-from queueflow.member.client import MemberClient
+from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.member.context import MemberContext
+from queueflow.member.session import ShareFetchSession
 from queueflow.settings import ShareGroupSettings
-from queueflow.structs import AcknowledgeType, ShareRecord
+from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
-TopicPartition = tuple[str, int]
+__all__ = ["CommitCallback", "IllegalStateError", "ShareConsumer"]
+
+#: ``callback(offsets: {(topic, partition): {offset, ...}}, exception or None)``.
 CommitCallback = Callable[[dict[TopicPartition, set[int]], Exception | None], Any]
 
 
@@ -58,6 +59,10 @@ class ShareConsumer:
         max_poll_records: records acquired per share-partition per poll.
         lock_duration_ms: this consumer's acquisition lock duration, or ``None`` for the group's.
         settings: share-group settings overrides.
+        client_id: the Kafka client id, shown by admin tooling.
+        context: the member context to run in, instead of one built from
+            ``bootstrap_servers`` and ``settings`` (e.g. an in-process one from
+            :mod:`queueflow.testing.inprocess`).
 
     Raises:
         ConfigurationError: an invalid mode or setting.
@@ -74,6 +79,7 @@ class ShareConsumer:
         lock_duration_ms: int | None = None,
         settings: ShareGroupSettings | Mapping[str, Any] | None = None,
         client_id: str = "queueflow-share-consumer",
+        context: MemberContext | None = None,
     ) -> None:
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ConfigurationError(
@@ -81,18 +87,23 @@ class ShareConsumer:
             )
         self.group = group
         self.app_id = app_id
-        self.bootstrap = _bootstrap(bootstrap_servers)
         self.mode = acknowledgement_mode
-        self.settings = (
-            settings
-            if isinstance(settings, ShareGroupSettings)
-            else ShareGroupSettings.load(settings)
-        )
+        if context is None:
+            context = MemberContext.for_kafka(
+                KafkaClientConfig.from_broker(bootstrap_servers, client_id=client_id),
+                app_id,
+                (
+                    settings
+                    if isinstance(settings, ShareGroupSettings)
+                    else ShareGroupSettings.load(settings)
+                ),
+            )
+        self.ctx = context
+        self.settings = context.settings
         self.max_poll_records = max_poll_records or self.settings.max_poll_records
         self.lock_duration_ms = lock_duration_ms
         self.client_id = client_id
-        self._client: MemberClient | None = None
-        self._acks = AcknowledgementBuffer()
+        self._session: ShareFetchSession | None = None
         self._delivered: dict[tuple[str, int, int], ShareRecord] = {}
         self._callback: CommitCallback | None = None
         self._closed = False
@@ -104,11 +115,11 @@ class ShareConsumer:
     @property
     def member_id(self) -> str | None:
         """This member's id once subscribed."""
-        return None if self._client is None else self._client.member_id
+        return None if self._session is None else self._session.member_id
 
     def assignment(self) -> set[TopicPartition]:
         """The share-partitions the coordinator assigned to this member."""
-        return set() if self._client is None else set(self._client.assignment)
+        return set() if self._session is None else set(self._session.assignment)
 
     async def subscribe(self, topics: Iterable[str]) -> None:
         """Join the share group subscribed to ``topics`` (exact names; no patterns).
@@ -118,12 +129,17 @@ class ShareConsumer:
             ShareGroupError: no coordinator answered (no leader worker running for ``app_id``).
         """
         self._check_open()
-        if self._client is not None:
-            await self._client.close(leave=True)
-        self._client = MemberClient(
-            self.bootstrap, self.app_id, self.group, topics, self.settings, self.client_id
+        if self._session is not None:
+            await self._session.close(leave=True)
+        self._session = ShareFetchSession(
+            self.ctx,
+            self.group,
+            topics,
+            self.client_id,
+            self.lock_duration_ms,
+            on_acknowledged=self._report,
         )
-        await self._client.start()
+        await self._session.start()
 
     def set_acknowledgement_commit_callback(self, callback: CommitCallback | None) -> None:
         """``callback(offsets: {(topic, partition): {offset, ...}}, exception or None)`` runs
@@ -148,9 +164,10 @@ class ShareConsumer:
                 f"{record.topic}[{record.partition}]@{record.offset} was not returned by the last "
                 "poll or is already acknowledged"
             )
-        self._acks.add((record.topic, record.partition), record.offset, kind)
-        if kind is AcknowledgeType.RELEASE and self._client is not None:
-            self._client.remember_released(record)
+        session = self._require_session()
+        session.acknowledge(TopicPartition(record.topic, record.partition), record.offset, kind)
+        if kind is AcknowledgeType.RELEASE:
+            session.remember_released(record)
 
     async def poll(self, timeout_ms: int = 1000) -> list[ShareRecord]:
         """Fetch records from the assigned share-partitions.
@@ -171,51 +188,38 @@ class ShareConsumer:
             IllegalStateError: explicit mode with unacknowledged records, or not subscribed.
             ShareGroupError: a non-retriable error (see :attr:`ErrorCode.retriable`).
         """
-        client = self._require_client()
+        session = self._require_session()
         self._settle_previous()
-        deadline = time.monotonic() + timeout_ms / 1000
+        clock = self.ctx.clock
+        deadline = clock.monotonic() + timeout_ms / 1000
         backoff = 0.005
         while True:
-            tps = sorted(client.assignment | set(self._acks.partitions()))
+            tps = sorted(session.assignment | set(session.acks.partitions()))
             results = await asyncio.gather(
-                *(self._fetch(tp, tp in client.assignment) for tp in tps)
+                *(self._fetch(tp, tp in session.assignment) for tp in tps)
             )
             records = [r for batch in results for r in batch]
-            if records or time.monotonic() >= deadline:
+            if records or clock.monotonic() >= deadline:
                 for r in records:
                     self._delivered[(r.topic, r.partition, r.offset)] = r
                 return records
-            await asyncio.sleep(min(backoff, max(deadline - time.monotonic(), 0)))
+            await asyncio.sleep(min(backoff, max(deadline - clock.monotonic(), 0)))
             backoff = min(backoff * 2, 0.1)
 
     async def _fetch(self, tp: TopicPartition, assigned: bool) -> list[ShareRecord]:
-        client = self._require_client()
-        acks = self._acks.take(tp)
-        want = self.max_poll_records if assigned else 0
-        if not acks and not want:
-            return []
-        sent = time.monotonic()
+        session = self._require_session()
         try:
-            response = await client.share_fetch(tp[0], tp[1], want, acks, self.lock_duration_ms)
+            result = await session.fetch(tp, self.max_poll_records if assigned else 0)
         except ShareGroupError as exc:
-            self._acks.restore(tp, acks)  # the leader may not have seen them: send them again
             if not exc.code.retriable:
                 raise
             self._note_error(tp, exc)  # e.g. a leader failing over: try again next poll
             return []
-        error = None
-        if response.ack_error != ErrorCode.NONE.value:
-            error = ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
-        self._report(tp, acks, error)
-        if response.error != ErrorCode.NONE.value:
-            self._note_error(tp, ShareGroupError(ErrorCode(response.error), response.error_message))
+        if result.error is not None:
+            self._note_error(tp, result.error)
         else:
             self.partition_errors.pop(tp, None)
-        if not response.acquired:
-            return []
-        return await client.read_acquired(
-            tp, response.acquired, self._acks, client.lock_deadline(sent, response)
-        )
+        return result.records
 
     def _note_error(self, tp: TopicPartition, error: ShareGroupError) -> None:
         if tp not in self.partition_errors:
@@ -229,10 +233,11 @@ class ShareConsumer:
             )
         self.partition_errors[tp] = error
 
-    def _report(self, tp: TopicPartition, acks: list[Any], error: Exception | None) -> None:
-        if self._callback is not None and acks:
-            offsets = {o for first, last, _ in acks for o in range(first, last + 1)}
-            self._callback({tp: offsets}, error)
+    def _report(
+        self, tp: TopicPartition, offsets: list[int], error: ShareGroupError | None
+    ) -> None:
+        if self._callback is not None and offsets:
+            self._callback({tp: set(offsets)}, error)
 
     def _settle_previous(self) -> None:
         if not self._delivered:
@@ -242,8 +247,9 @@ class ShareConsumer:
                 f"{len(self._delivered)} records from the last poll are not acknowledged; in "
                 "explicit mode acknowledge every record before polling again"
             )
+        session = self._require_session()
         for topic, partition, offset in list(self._delivered):
-            self._acks.add((topic, partition), offset, AcknowledgeType.ACCEPT)
+            session.acknowledge(TopicPartition(topic, partition), offset, AcknowledgeType.ACCEPT)
         self._delivered.clear()
 
     async def commit_sync(
@@ -251,38 +257,31 @@ class ShareConsumer:
     ) -> dict[TopicPartition, Exception | None]:
         """Send pending acknowledgements now and wait for the leaders' answers.
 
-        In implicit mode this first ACCEPTs the records of the last poll.
+        In implicit mode this first ACCEPTs the records of the last poll. Acknowledgements a
+        leader refuses as stale are dropped and the others sent again (see
+        :class:`~queueflow.member.session.ShareFetchSession`); the commit callback hears of
+        both.
+
+        Args:
+            timeout_ms: the longest to wait, in ms (None: until every leader answered or timed
+                out, ``queueflow.request.timeout.ms`` each).
 
         Returns:
-            ``{(topic, partition): None or the error}`` for each share-partition acknowledged.
+            ``{(topic, partition): None or the error}`` for each share-partition acknowledged:
+            the result of its last acknowledgement batch.
+
+        Raises:
+            asyncio.TimeoutError: ``timeout_ms`` passed first.
         """
-        client = self._require_client()
+        session = self._require_session()
         if self.mode == "implicit":
             self._settle_previous()
         results: dict[TopicPartition, Exception | None] = {}
 
         async def one(tp: TopicPartition) -> None:
-            # One request per batch: a batch whose earlier request failed goes alone first;
-            # the result is that of the last (newest) batch.
-            while acks := self._acks.take(tp):
-                failed = False
-                try:
-                    response = await client.share_fetch(tp[0], tp[1], 0, acks)
-                    results[tp] = (
-                        None
-                        if response.ack_error == ErrorCode.NONE.value
-                        else ShareGroupError(
-                            ErrorCode(response.ack_error), response.ack_error_message
-                        )
-                    )
-                except ShareGroupError as exc:
-                    results[tp] = exc
-                    failed = True
-                self._report(tp, acks, results[tp])
-                if failed:
-                    break
+            results[tp] = await session.flush(tp)
 
-        work = asyncio.gather(*(one(tp) for tp in self._acks.partitions()))
+        work = asyncio.gather(*(one(tp) for tp in session.acks.partitions()))
         if timeout_ms is None:
             await work
         else:
@@ -301,12 +300,14 @@ class ShareConsumer:
         """
         if self._closed:
             return
-        if self._client is not None:
+        if self._session is not None:
             for topic, partition, offset in list(self._delivered):
-                self._acks.add((topic, partition), offset, AcknowledgeType.RELEASE)
+                self._session.acknowledge(
+                    TopicPartition(topic, partition), offset, AcknowledgeType.RELEASE
+                )
             self._delivered.clear()
             await self.commit_sync()
-            await self._client.close(leave=True)
+            await self._session.close(leave=True)
         self._closed = True
 
     async def __aenter__(self) -> ShareConsumer:
@@ -319,12 +320,8 @@ class ShareConsumer:
         if self._closed:
             raise IllegalStateError("this ShareConsumer is closed")
 
-    def _require_client(self) -> MemberClient:
+    def _require_session(self) -> ShareFetchSession:
         self._check_open()
-        if self._client is None:
+        if self._session is None:
             raise IllegalStateError("call subscribe() before poll() or commit")
-        return self._client
-
-
-def _bootstrap(value: str) -> str:
-    return bootstrap_servers(value)
+        return self._session

@@ -1,4 +1,4 @@
-"""The share-group coordinator: a Faust agent on ``<app>-share-coordinator``.
+"""The share-group coordinator, served from the coordinator topic ``<app>-share-coordinator``.
 
 It handles ShareGroupHeartbeat requests (join, heartbeat, leave) and clock ticks with the pure
 :class:`~queueflow.engine.group.ShareGroup` state machine, keeps group metadata in the
@@ -9,89 +9,85 @@ share-partition leaders to release the records of members that left or timed out
 
 from __future__ import annotations
 
-import json
-from typing import TYPE_CHECKING, Any
-
 import structlog
 
-from queueflow import metrics
 from queueflow.engine.assignor import TopicPartition
 from queueflow.engine.group import ShareGroup
 from queueflow.errors import ShareGroupError
-from queueflow.kafka.admin import TopicMetadata
-from queueflow.member.client import now_ms
+from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
-from queueflow.protocol import topics
-from queueflow.server.leader import raw_table, send_control, send_reply
+from queueflow.server.context import ServerContext
+from queueflow.server.durable import StateTable
+from queueflow.server.leader import send_reply
 
-if TYPE_CHECKING:
-    from faust.types import EventT, StreamT
-
-    from queueflow.faust_app import App
+__all__ = ["ShareGroupCoordinator"]
 
 log = structlog.get_logger("queueflow.server.coordinator")
 
 
 class ShareGroupCoordinator:
-    """Coordinator of every share group whose coordinator partition this worker owns."""
+    """Coordinator of every share group whose coordinator partition this worker owns (KIP-932
+    "Share group coordinator"): membership, member epochs and assignment.
 
-    def __init__(self, app: App, metadata: TopicMetadata) -> None:
-        self.app = app
-        self.metadata = metadata
-        self.topic = app.topic(
-            topics.coordinator_topic(app.share_namespace),
-            internal=True,
-            partitions=topics.COORDINATOR_PARTITIONS,
-            key_serializer="raw",
-            value_serializer="raw",
-            config=topics.CONTROL_TOPIC_CONFIG,
-        )
-        self.table = raw_table(app, topics.GROUPS_TABLE, partitions=topics.COORDINATOR_PARTITIONS)
+    Requests arrive through :meth:`handle`, in log order, from the host's stream of the
+    coordinator topic ``<app>-share-coordinator``.
+
+    Args:
+        ctx: the server context.
+        table: the group metadata table (``share-groups``).
+    """
+
+    def __init__(self, ctx: ServerContext, table: StateTable) -> None:
+        self.ctx = ctx
+        self.table = table
+        self.request_topic = topics.coordinator_topic(ctx.namespace)
         self.groups: dict[str, ShareGroup] = {}
-        self._last_event_ms = now_ms()
-        self.agent = app.agent(self.topic, name="share-group-coordinator")(self._run)
+        self._last_event_ms = ctx.clock.now_ms()
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget groups whose coordinator partition moved away."""
         for group_id in [g for g in self.groups if topics.coordinator_partition(g) in partitions]:
             del self.groups[group_id]
 
-    async def _run(self, stream: StreamT[Any]) -> None:
-        async for event in stream.events():
-            try:
-                await self._handle(event)
-            except Exception:
-                log.exception("coordinator_request_failed")
+    async def handle(self, partition: int, offset: int, value: bytes) -> None:
+        """Handle one record of the coordinator topic (``partition``, ``offset``: its position).
+
+        Never raises: a bad or failed request is logged and skipped.
+        """
+        try:
+            await self._handle(value)
+        except Exception:
+            log.exception("coordinator_request_failed", partition=partition, offset=offset)
 
     def _group(self, group_id: str) -> ShareGroup:
         group = self.groups.get(group_id)
         if group is None:
-            s = self.app.share_settings
+            s = self.ctx.settings
             raw = self.table.get(group_id.encode())
             if raw is None:
                 group = ShareGroup(group_id, s.session_timeout_ms, s.max_size)
             else:
-                group = ShareGroup.from_dict(
-                    group_id, json.loads(raw), s.session_timeout_ms, s.max_size, now_ms()
+                group = group_codec.decode_group(
+                    group_id, raw, s.session_timeout_ms, s.max_size, self.ctx.clock.now_ms()
                 )
             self.groups[group_id] = group
         return group
 
     def _persist(self, group: ShareGroup) -> None:
-        self.table[group.group_id.encode()] = json.dumps(group.to_dict()).encode()
-        metrics.GROUP_MEMBERS.labels(group.group_id).set(len(group.members))
-        metrics.GROUP_EPOCH.labels(group.group_id).set(group.group_epoch)
+        self.table[group.group_id.encode()] = group_codec.encode_group(group)
+        self.ctx.metrics.group_members.labels(group.group_id).set(len(group.members))
+        self.ctx.metrics.group_epoch.labels(group.group_id).set(group.group_epoch)
 
-    async def _handle(self, event: EventT[Any]) -> None:
+    async def _handle(self, value: bytes) -> None:
         try:
-            message = protocol.decode(event.value)
+            message = protocol.decode(value)
         except ShareGroupError as exc:
             log.error("undecodable_coordinator_request", error=str(exc))
             return
-        now = now_ms()
+        now = self.ctx.clock.now_ms()
         gap = now - self._last_event_ms
         self._last_event_ms = now
-        if self._last_event_ms and gap > 2 * self.app.share_settings.heartbeat_interval_ms:
+        if self._last_event_ms and gap > 2 * self.ctx.settings.heartbeat_interval_ms:
             # This coordinator was not running (broker outage, pause, rebalance): members could
             # not heartbeat either, so that time doesn't count against their sessions.
             for group in self.groups.values():
@@ -111,12 +107,12 @@ class ShareGroupCoordinator:
                     await self._release(group, released, "session timeout")
             return
         if not isinstance(message, protocol.HeartbeatRequest):
-            log.error("unexpected_coordinator_message", kind=message.kind)
+            log.error("unexpected_coordinator_message", kind=type(message).__name__)
             return
         response = protocol.HeartbeatResponse(
             member_id=message.member_id,
             request_id=message.request_id,
-            heartbeat_interval_ms=self.app.share_settings.heartbeat_interval_ms,
+            heartbeat_interval_ms=self.ctx.settings.heartbeat_interval_ms,
         )
         try:
             group = self._group(message.group)
@@ -127,7 +123,7 @@ class ShareGroupCoordinator:
             return
         epoch_before, members_before = group.group_epoch, len(group.members)
         try:
-            counts = await self.metadata.partition_counts(list(message.subscribed_topics))
+            counts = await self.ctx.topic_metadata.partition_counts(list(message.subscribed_topics))
             result = group.heartbeat(
                 message.member_id,
                 message.member_epoch,
@@ -160,7 +156,7 @@ class ShareGroupCoordinator:
         self, request: protocol.HeartbeatRequest, response: protocol.HeartbeatResponse
     ) -> None:
         await send_reply(
-            self.app, request.member_id, request.reply_partition, protocol.encode(response)
+            self.ctx, request.member_id, request.reply_partition, protocol.encode(response)
         )
 
     async def _release(
@@ -175,9 +171,8 @@ class ShareGroupCoordinator:
                     message = protocol.ReleaseMember(
                         group.group_id, name, partition, member_id, reason
                     )
-                    await send_control(
-                        self.app,
-                        topics.fetch_topic(self.app.share_namespace, name),
+                    await self.ctx.sender.send(
+                        topics.fetch_topic(self.ctx.namespace, name),
                         partition,
                         protocol.encode(message),
                     )

@@ -1,186 +1,86 @@
-"""Share-partition leaders: a Faust agent per source topic that serves ShareFetch requests.
+"""Share-partition leaders: one :class:`ShareLeader` per source topic serves ShareFetch requests.
 
 The worker that owns partition ``p`` of the request topic ``<app>-share-fetch-<topic>`` (which is
 co-partitioned with ``<topic>`` and with the state table's changelog) leads every share-partition
-``(group, <topic>, p)``. Leadership therefore moves with Faust's rebalances, the state is local to
-the leader (RocksDB), and every state change happens inside a Faust stream event of partition
-``p``, which is what Faust tables require.
+``(group, <topic>, p)``. Leadership therefore moves with the host's rebalances, the state is local
+to the leader (RocksDB), and every state change happens while handling a record of request
+partition ``p``, which is what Faust tables require.
 
 Per request, in order (KIP-932 "ShareFetch API"): expire elapsed locks, apply the piggy-backed
 acknowledgements atomically, acquire up to ``max_records`` records, write the state change as one
 delta, answer on the reply topic. The engine (:mod:`queueflow.engine.partition`) owns the rules;
-:mod:`~queueflow.engine.fencing` decides when this worker may serve a partition;
-this module owns the I/O.
+:mod:`queueflow.engine.fencing` decides when this worker may serve a partition; this module owns
+the I/O, through its :class:`~queueflow.server.context.ServerContext`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import time
-from typing import TYPE_CHECKING, Any
-
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client import Gauge
 
-from queueflow import metrics
+from queueflow.clock import Clock
 from queueflow.engine.fencing import FenceOutcome, LeaderFencing
-from queueflow.engine.partition import (
-    AcknowledgementBatch,
-    AcknowledgeType,
-    SharePartitionConfig,
-)
+from queueflow.engine.partition import AcknowledgementBatch, SharePartitionConfig
 from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
-from queueflow.member.client import now_ms
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.server.durable import DurableSharePartition
+from queueflow.server.context import ServerContext
+from queueflow.server.durable import DurableSharePartition, StateTable
+from queueflow.settings import ShareGroupSettings
+from queueflow.structs import AcknowledgeType, TopicPartition
 
-if TYPE_CHECKING:
-    from faust.types import EventT, StreamT
-
-    from queueflow.faust_app import App
+__all__ = ["FENCE_RESEND_MS", "ShareLeader", "engine_config", "monotonic_ms", "send_reply"]
 
 log = structlog.get_logger("queueflow.server.leader")
 
-#: How often the end offsets of source partitions being fetched are refreshed (s), and how long
-#: after the last ShareFetch they stay watched (s).
-LOG_END_REFRESH_S = 0.005
-LOG_END_WATCH_S = 2.0
 #: Resend an own fence not read back within this many ms (see :mod:`queueflow.engine.fencing`).
 FENCE_RESEND_MS = 1000
 
 
-async def send_control(
-    app: App, topic: str, partition: int, value: bytes, key: bytes | None = None
+async def send_reply(
+    ctx: ServerContext, member_id: str, reply_partition: int, value: bytes
 ) -> None:
-    """Produce a control message through the worker's aiokafka producer: no Faust channel,
-    codec or producer buffer on the way (they cost more than the leader's own work)."""
-    await app.producer.send(topic, key, value, partition, None, None)
-
-
-async def send_reply(app: App, member_id: str, reply_partition: int, value: bytes) -> None:
-    """Answer a member on the reply topic partition it reads."""
-    await send_control(
-        app, topics.reply_topic(app.share_namespace), reply_partition, value, member_id.encode()
+    """Answer a member on the reply topic partition it reads, keyed by its member id."""
+    await ctx.sender.send(
+        topics.reply_topic(ctx.namespace), reply_partition, value, member_id.encode()
     )
 
 
-def monotonic_ms() -> int:
-    """Monotonic clock in ms (the stall guard's and fence resends' clock)."""
-    return int(time.monotonic() * 1000)
+def monotonic_ms(clock: Clock) -> int:
+    """``clock``'s monotonic time in ms (the stall guard's and fence resends' clock)."""
+    return int(clock.monotonic() * 1000)
 
 
-def engine_config(app: App) -> SharePartitionConfig:
-    """The engine limits from the app's share-group settings."""
-    s = app.share_settings
+def engine_config(settings: ShareGroupSettings) -> SharePartitionConfig:
+    """The engine limits from share-group settings."""
     return SharePartitionConfig(
-        max_in_flight_records=s.partition_max_record_locks,
-        delivery_count_limit=s.delivery_count_limit,
-        record_lock_duration_ms=s.record_lock_duration_ms,
-        max_record_lock_duration_ms=s.max_record_lock_duration_ms,
+        max_in_flight_records=settings.partition_max_record_locks,
+        delivery_count_limit=settings.delivery_count_limit,
+        record_lock_duration_ms=settings.record_lock_duration_ms,
+        max_record_lock_duration_ms=settings.max_record_lock_duration_ms,
     )
-
-
-def raw_table(app: App, name: str, partitions: int | None = None) -> Any:
-    """A Faust table with bytes keys and values (queueflow encodes its own records)."""
-    table = app.Table(name, partitions=partitions)
-    # Faust derives serializers from key_type/value_type (json). The changelog topic decodes
-    # during recovery, so it needs raw serializers too.
-    for obj in (table, table.changelog_topic):
-        obj.key_serializer = "raw"
-        obj.value_serializer = "raw"
-    return table
-
-
-class LogOffsets:
-    """Log start and end offsets of source partitions, from a group-less consumer.
-
-    The end offsets of partitions fetched from recently are refreshed in the background every
-    :data:`LOG_END_REFRESH_S`, so a ShareFetch that finds nothing to acquire need not wait for a
-    ListOffsets round trip (which would hold up every request behind it in the leader agent).
-    """
-
-    def __init__(self, bootstrap: str) -> None:
-        self.bootstrap = bootstrap
-        self._consumer: AIOKafkaConsumer | None = None
-        self.end: dict[TopicPartition, int] = {}
-        self._watched: dict[TopicPartition, float] = {}  # partition -> last asked (monotonic s)
-        self._refresher: asyncio.Task[None] | None = None
-
-    def cached_end(self, tp: TopicPartition) -> int | None:
-        """The last known high watermark of ``tp`` (``None`` if unknown); keeps it refreshed in
-        the background for :data:`LOG_END_WATCH_S`."""
-        self._watched[tp] = time.monotonic()
-        if self._refresher is None or self._refresher.done():
-            self._refresher = asyncio.ensure_future(self._refresh_watched())
-        return self.end.get(tp)
-
-    async def _refresh_watched(self) -> None:
-        while self._watched:
-            await asyncio.sleep(LOG_END_REFRESH_S)
-            now = time.monotonic()
-            for tp in [tp for tp, at in self._watched.items() if now - at > LOG_END_WATCH_S]:
-                del self._watched[tp]
-            if not self._watched:
-                return
-            try:
-                consumer = await self._client()
-                self.end.update(await consumer.end_offsets(list(self._watched)))
-            except Exception as exc:  # the broker may be restarting: keep the last values
-                log.warning("log_end_refresh_failed", error=repr(exc))
-                await asyncio.sleep(1.0)
-
-    async def _client(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
-            self._consumer = AIOKafkaConsumer(
-                bootstrap_servers=self.bootstrap, enable_auto_commit=False
-            )
-            await self._consumer.start()
-        return self._consumer
-
-    async def log_end(self, tp: TopicPartition) -> int:
-        """Refresh and return the high watermark of ``tp``."""
-        consumer = await self._client()
-        self.end[tp] = (await consumer.end_offsets([tp]))[tp]
-        return self.end[tp]
-
-    async def log_start(self, tp: TopicPartition) -> int:
-        """The log start offset of ``tp``."""
-        consumer = await self._client()
-        return (await consumer.beginning_offsets([tp]))[tp]
-
-    async def close(self) -> None:
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._refresher
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
 
 
 class ShareLeader:
-    """The share-partition leaders of one source topic on this worker.
+    """The share-partition leaders of one source topic on this worker (KIP-932
+    "Share-partition leader"): every share group's share-partitions of the request partitions
+    this worker owns.
+
+    Requests arrive through :meth:`handle`, one request partition at a time and in log order,
+    from the host's stream of the request topic ``<app>-share-fetch-<topic>``.
 
     Args:
-        app: the queueflow app (role ``all`` or ``leader``).
+        ctx: the server context.
         topic: the source topic name.
+        table: the share-partition state table of ``topic`` (co-partitioned with it).
     """
 
-    def __init__(self, app: App, topic: str, offsets: LogOffsets) -> None:
-        self.app = app
+    def __init__(self, ctx: ServerContext, topic: str, table: StateTable) -> None:
+        self.ctx = ctx
         self.topic = topic
-        self.offsets = offsets
-        self.config = engine_config(app)
-        self.fetch_topic = app.topic(
-            topics.fetch_topic(app.share_namespace, topic),
-            internal=True,
-            key_serializer="raw",
-            value_serializer="raw",
-            config=topics.CONTROL_TOPIC_CONFIG,
-        )
-        self.table = raw_table(app, topics.state_table(topic))
+        self.table = table
+        self.request_topic = topics.fetch_topic(ctx.namespace, topic)
+        self.config = engine_config(ctx.settings)
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
         # Share-partitions of partitions this worker lost, kept in case a rebalance gives the
@@ -191,23 +91,10 @@ class ShareLeader:
         # #606), so requests this worker already applied come round again; applied twice, an
         # old RELEASE would release a record acquired since.
         self._applied: dict[int, int] = {}
-        self._gauge_cache: dict[tuple[str, int], tuple[Any, Any, Any]] = {}
-        conf = app.conf
-        self.fencing = LeaderFencing(
-            int((conf.broker_session_timeout + conf.broker_heartbeat_interval) * 1000)
-        )
-        self.agent = app.agent(self.fetch_topic, name=f"share-leader-{topic}")(self._run)
+        self._gauge_cache: dict[tuple[str, int], tuple[Gauge, Gauge, Gauge]] = {}
+        self.fencing = LeaderFencing(ctx.stall_limit_ms)
         self._log = log.bind(topic=topic)
-        self._state_writes = metrics.STATE_WRITES.labels(topic)
-
-    def set_partition_count(self, count: int) -> None:
-        """Co-partition the request topic and the state table with the source topic.
-
-        Called once at start-up, before Faust declares the topics.
-        """
-        self.fetch_topic.partitions = count
-        self.table.partitions = count
-        self.table.changelog_topic.partitions = count
+        self._state_writes = ctx.metrics.state_writes.labels(topic)
 
     def assign(self, partitions: set[int], epoch: int) -> None:
         """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation);
@@ -220,12 +107,13 @@ class ShareLeader:
     async def send_fences(self) -> None:
         """Append this worker's fence to the partitions it leads but isn't live on yet, once
         Faust has finished rebalancing (see :mod:`queueflow.engine.fencing`)."""
-        if self.app.rebalancing or not self.app.flow_control.is_active():
+        if not self.ctx.runtime.streams_active:
             return  # what the stream fetches now would be dropped, the fence with it
-        for p in self.fencing.fences_due(monotonic_ms(), FENCE_RESEND_MS):
+        clock = self.ctx.clock
+        for p in self.fencing.fences_due(monotonic_ms(clock), FENCE_RESEND_MS):
             epoch = self.fencing.partitions[p].epoch
-            payload = protocol.encode(protocol.Fence(leader_epoch=epoch, sent_ms=now_ms()))
-            await send_control(self.app, self.fetch_topic.get_topic_name(), p, payload)
+            payload = protocol.encode(protocol.Fence(leader_epoch=epoch, sent_ms=clock.now_ms()))
+            await self.ctx.sender.send(self.request_topic, p, payload)
             self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
 
     def revoke(self, partitions: set[int]) -> None:
@@ -249,7 +137,7 @@ class ShareLeader:
         if not partitions:
             return
         self._drop(set(partitions), fenced=reason)
-        metrics.LEADER_STEP_DOWNS.labels(self.topic).inc(len(partitions))
+        self.ctx.metrics.leader_step_downs.labels(self.topic).inc(len(partitions))
         self._log.warning(
             "leader_stepped_down",
             partitions=sorted(partitions),
@@ -264,8 +152,9 @@ class ShareLeader:
         stalled = self.fencing.alive(now_monotonic_ms)
         if stalled:
             self.step_down(stalled, self.fencing.partitions[stalled[0]].fenced or "stalled")
+        runtime = self.ctx.runtime
         resumed = self.fencing.resume_after_stall(
-            now_monotonic_ms, self.app.consumer_generation_id, self.app.rebalancing
+            now_monotonic_ms, runtime.generation, runtime.rebalancing
         )
         for p in resumed:
             self._log.info(
@@ -275,31 +164,31 @@ class ShareLeader:
             )
         await self.send_fences()
 
-    async def _run(self, stream: StreamT[Any]) -> None:
-        async for event in stream.events():
-            try:
-                await self._handle(event)
-            except FencedStateEpochError as exc:  # stepped down while handling it
-                self._log.warning(
-                    "stale_write_refused",
-                    partition=event.message.partition,
-                    error=str(exc),
-                    code=exc.code.value,
-                )
-            except Exception:  # never let one bad request stop the leader
-                self._log.exception("leader_request_failed", partition=event.message.partition)
+    async def handle(self, partition: int, offset: int, value: bytes) -> None:
+        """Handle one record of request partition ``partition`` at ``offset`` (in log order).
 
-    async def _handle(self, event: EventT[Any]) -> None:
-        partition, offset = event.message.partition, event.message.offset
+        Never raises for a bad or failed request: it is logged and skipped, so one bad request
+        can't stop the leader.
+        """
+        try:
+            await self._handle(partition, offset, value)
+        except FencedStateEpochError as exc:  # stepped down while handling it
+            self._log.warning(
+                "stale_write_refused", partition=partition, error=str(exc), code=exc.code.value
+            )
+        except Exception:  # never let one bad request stop the leader
+            self._log.exception("leader_request_failed", partition=partition)
+
+    async def _handle(self, partition: int, offset: int, value: bytes) -> None:
         if offset <= self._applied.get(partition, -1):
             return  # handled here before (Faust re-delivers from its committed offset)
         self._applied[partition] = offset
         try:
-            message = protocol.decode(event.value)
+            message = protocol.decode(value)
         except ShareGroupError as exc:
             self._log.error("undecodable_request", partition=partition, error=str(exc))
             return
-        now = now_ms()
+        now = self.ctx.clock.now_ms()
         if isinstance(message, protocol.Fence):
             self._on_fence(partition, message.leader_epoch)
             return
@@ -332,7 +221,7 @@ class ShareLeader:
             live = self.fencing.is_live(partition)
             response = await self._share_fetch(message, partition, now, acquire=live)
             await send_reply(
-                self.app, message.member_id, message.reply_partition, protocol.encode(response)
+                self.ctx, message.member_id, message.reply_partition, protocol.encode(response)
             )
 
     def _epoch(self, partition: int) -> int:
@@ -375,7 +264,7 @@ class ShareLeader:
                 self.topic,
                 partition,
                 self.config,
-                self.app.share_settings.snapshot_update_records_per_snapshot,
+                self.ctx.settings.snapshot_update_records_per_snapshot,
                 leader_epoch=self._epoch(partition),
             )
         except CorruptStateError as exc:
@@ -386,17 +275,17 @@ class ShareLeader:
             raise
         if durable is None:
             tp = TopicPartition(self.topic, partition)
-            if self.app.share_settings.auto_offset_reset == "earliest":
-                start = await self.offsets.log_start(tp)
+            if self.ctx.settings.auto_offset_reset == "earliest":
+                start = await self.ctx.log_offsets.log_start(tp)
             else:
-                start = await self.offsets.log_end(tp)
+                start = await self.ctx.log_offsets.log_end(tp)
             durable = DurableSharePartition.create(
                 self.table,
                 group,
                 self.topic,
                 partition,
                 self.config,
-                self.app.share_settings.snapshot_update_records_per_snapshot,
+                self.ctx.settings.snapshot_update_records_per_snapshot,
                 start,
                 leader_epoch=self._epoch(partition),
             )
@@ -450,9 +339,9 @@ class ShareLeader:
                 )
         if acquire and request.max_records > 0 and now < request.deadline_ms:
             tp = TopicPartition(self.topic, partition)
-            log_end = self.offsets.cached_end(tp)
+            log_end = self.ctx.log_offsets.cached_end(tp)
             if log_end is None:
-                log_end = await self.offsets.log_end(tp)
+                log_end = await self.ctx.log_offsets.log_end(tp)
             try:
                 acquired = engine.acquire(
                     request.member_id, request.max_records, log_end, now, request.lock_duration_ms
@@ -474,37 +363,14 @@ class ShareLeader:
         start.set(engine.start_offset)
         return response
 
-    def _gauges(self, group: str, partition: int) -> tuple[Any, Any, Any]:
+    def _gauges(self, group: str, partition: int) -> tuple[Gauge, Gauge, Gauge]:
         key = (group, partition)
         gauges = self._gauge_cache.get(key)
         if gauges is None:
             labels = (group, self.topic, str(partition))
             gauges = self._gauge_cache[key] = (
-                metrics.IN_FLIGHT.labels(*labels),
-                metrics.ACQUIRED.labels(*labels),
-                metrics.START_OFFSET.labels(*labels),
+                self.ctx.metrics.in_flight.labels(*labels),
+                self.ctx.metrics.acquired.labels(*labels),
+                self.ctx.metrics.start_offset.labels(*labels),
             )
         return gauges
-
-
-class LeaderTicker:
-    """Sends :class:`~queueflow.protocol.messages.Tick` events into the request partitions this
-    worker
-    owns, so lock expiry and session expiry run inside stream events of those partitions."""
-
-    def __init__(self, app: App) -> None:
-        self.app = app
-
-    async def tick(self) -> None:
-        """Send one tick to every owned request partition (called by a Faust timer)."""
-        owned = self.app.assignor.assigned_actives()
-        names = {
-            leader.fetch_topic.get_topic_name(): leader
-            for leader in self.app.share_leaders.values()
-        }
-        names[topics.coordinator_topic(self.app.share_namespace)] = None
-        payload = protocol.encode(protocol.Tick(sent_ms=now_ms()))
-        for tp in owned:
-            if tp.topic in names:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await send_control(self.app, tp.topic, tp.partition, payload)

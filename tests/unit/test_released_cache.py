@@ -1,10 +1,11 @@
-"""The partition reader's cache of RELEASEd records (``queueflow.member.client``), no Kafka."""
+"""The partition reader's cache of RELEASEd records (``queueflow.member.reader``), no Kafka."""
 
 from __future__ import annotations
 
 import asyncio
 
-from queueflow.member import client
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.member import reader as reader_module
 from queueflow.structs import ShareRecord
 
 
@@ -14,9 +15,10 @@ def record(offset: int, key: bytes = b"k") -> ShareRecord:
     )
 
 
-def reader() -> client._PartitionReader:
-    async def make() -> client._PartitionReader:
-        return client._PartitionReader("localhost:1", "t", 0)  # never started: no connection
+def reader() -> reader_module.PartitionReader:
+    async def make() -> reader_module.PartitionReader:
+        # never started: no connection
+        return reader_module.PartitionReader(KafkaClientConfig("localhost:1"), "t", 0)
 
     return asyncio.run(make())
 
@@ -45,7 +47,7 @@ def test_a_range_only_partly_cached_is_read_from_kafka() -> None:
 
 
 def test_the_cache_is_bounded_oldest_first(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(client, "RELEASED_CACHE_RECORDS", 3)
+    monkeypatch.setattr(reader_module, "RELEASED_CACHE_RECORDS", 3)
     r = reader()
     for o in range(5):
         r.remember_released(record(o))

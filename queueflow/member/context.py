@@ -1,0 +1,113 @@
+"""What the member side is given: settings, the clock, metrics, and its link to the cluster.
+
+A :class:`MemberContext` is built once per app (or per :class:`~queueflow.ShareConsumer`) and
+passed to every member it runs. Its :class:`MemberIO` is the seam between members and the
+cluster: :class:`KafkaMemberIO` in production, an in-process one
+(:mod:`queueflow.testing.inprocess`) in unit tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from queueflow.clock import SYSTEM_CLOCK, Clock
+from queueflow.kafka.admin import ensure_topic, partition_counts
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.member.reader import KafkaRecordReader, RecordSource
+from queueflow.member.transport import KafkaMemberTransport, MemberTransport
+from queueflow.metrics import Metrics
+from queueflow.protocol import topics as internal
+from queueflow.settings import ShareGroupSettings
+
+__all__ = ["KafkaMemberIO", "MemberContext", "MemberIO"]
+
+
+class MemberIO(Protocol):
+    """How members of one app reach the cluster."""
+
+    async def partition_counts(self, topics: list[str]) -> dict[str, int]:
+        """Partition counts of ``topics``.
+
+        Raises:
+            ConfigurationError: a topic does not exist (the message says how to create it).
+        """
+        ...
+
+    async def prepare(self) -> None:
+        """Make sure what members need exists (the reply topic); idempotent."""
+        ...
+
+    def transport(self, member_id: str, client_id: str) -> MemberTransport:
+        """A new (not started) request/reply transport for one member."""
+        ...
+
+    def record_source(self) -> RecordSource:
+        """A new reader of acquired records for one member."""
+        ...
+
+
+class KafkaMemberIO:
+    """:class:`MemberIO` over a Kafka cluster.
+
+    Args:
+        kafka: the cluster.
+        namespace: the app id whose leaders serve the members.
+    """
+
+    def __init__(self, kafka: KafkaClientConfig, namespace: str) -> None:
+        self.kafka = kafka
+        self.namespace = namespace
+
+    async def partition_counts(self, topics: list[str]) -> dict[str, int]:
+        """See :meth:`MemberIO.partition_counts`."""
+        return await partition_counts(self.kafka, topics)
+
+    async def prepare(self) -> None:
+        """Create the reply topic if it does not exist."""
+        await ensure_topic(
+            self.kafka,
+            internal.reply_topic(self.namespace),
+            internal.REPLY_PARTITIONS,
+            internal.CONTROL_TOPIC_CONFIG,
+        )
+
+    def transport(self, member_id: str, client_id: str) -> MemberTransport:
+        """See :meth:`MemberIO.transport`."""
+        return KafkaMemberTransport(self.kafka, self.namespace, member_id, client_id)
+
+    def record_source(self) -> RecordSource:
+        """See :meth:`MemberIO.record_source`."""
+        return KafkaRecordReader(self.kafka)
+
+
+@dataclass(slots=True)
+class MemberContext:
+    """Everything the members of one app share.
+
+    Args:
+        namespace: the app id whose leaders and coordinator serve the members.
+        settings: share-group settings.
+        io: the link to the cluster.
+        clock: wall and monotonic time.
+        metrics: where member metrics go.
+    """
+
+    namespace: str
+    settings: ShareGroupSettings
+    io: MemberIO
+    clock: Clock = SYSTEM_CLOCK
+    metrics: Metrics = field(default_factory=Metrics)
+
+    @classmethod
+    def for_kafka(
+        cls,
+        kafka: KafkaClientConfig,
+        namespace: str,
+        settings: ShareGroupSettings,
+        metrics: Metrics | None = None,
+    ) -> MemberContext:
+        """The context of members on a Kafka cluster."""
+        return cls(
+            namespace, settings, KafkaMemberIO(kafka, namespace), metrics=metrics or Metrics()
+        )

@@ -1,0 +1,174 @@
+"""Membership of one member in its share group (KIP-932 ShareGroupHeartbeat).
+
+Join (member epoch 0), heartbeat every ``group.share.heartbeat.interval.ms`` with the current
+epoch, leave (epoch -1). The coordinator answers each heartbeat with the member's epoch and its
+assigned share-partitions; :attr:`Membership.assignment` follows the last answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import uuid
+from collections.abc import Iterable
+
+import stamina
+import structlog
+from aiokafka.errors import KafkaError
+
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.member.transport import Requester
+from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics as internal
+from queueflow.settings import ShareGroupSettings
+from queueflow.structs import TopicPartition
+
+__all__ = ["JOIN_ATTEMPTS", "Membership"]
+
+log = structlog.get_logger("queueflow.member.membership")
+
+#: Join attempts while no coordinator answers (e.g. during a leader failover); the waits
+#: between them grow 1, 2, 4, 8, 10 s.
+JOIN_ATTEMPTS = 6
+#: How long (s) a leave may take before the member gives up on it.
+LEAVE_TIMEOUT_S = 5.0
+
+
+def _no_answer(exc: Exception) -> bool:
+    return isinstance(exc, ShareGroupError) and exc.code is ErrorCode.REQUEST_TIMED_OUT
+
+
+class Membership:
+    """One member's share-group membership.
+
+    Args:
+        requester: sends heartbeats and correlates the answers.
+        namespace: the app id whose coordinator serves the group.
+        group: the share group id.
+        topics: the subscribed topics.
+        settings: share-group settings (heartbeat interval).
+        client_id: shown by admin tooling.
+        member_id: the member id (a new UUID when not given).
+    """
+
+    def __init__(
+        self,
+        requester: Requester,
+        namespace: str,
+        group: str,
+        topics: Iterable[str],
+        settings: ShareGroupSettings,
+        client_id: str,
+        member_id: str | None = None,
+    ) -> None:
+        self.requester = requester
+        self.namespace = namespace
+        self.group = group
+        self.topics = sorted(set(topics))
+        self.settings = settings
+        self.client_id = client_id
+        self.member_id = member_id or str(uuid.uuid4())
+        self.member_epoch = 0
+        self.assignment: set[TopicPartition] = set()
+        #: Set whenever :attr:`assignment` changes.
+        self.assignment_changed = asyncio.Event()
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._closing = False
+        self._log = log.bind(group=group, member_id=self.member_id)
+
+    async def join(self) -> None:
+        """Join, retrying with back-off while no coordinator answers, then heartbeat in the
+        background.
+
+        Raises:
+            ShareGroupError: the coordinator refused the join, or ``REQUEST_TIMED_OUT`` after
+                :data:`JOIN_ATTEMPTS` attempts without an answer.
+        """
+        async for attempt in stamina.retry_context(
+            on=_no_answer,
+            attempts=JOIN_ATTEMPTS,
+            timeout=None,
+            wait_initial=1.0,
+            wait_max=10.0,
+            wait_jitter=0.0,
+        ):
+            with attempt:
+                if attempt.num > 1:
+                    self._log.warning("join_retry", attempt=attempt.num - 1)
+                await self._heartbeat(join=True)
+        self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="queueflow-heartbeat")
+
+    async def leave(self) -> None:
+        """Leave the group, so its leaders release what this member holds; a failure to leave
+        is logged (the session timeout then does it)."""
+        self._closing = True
+        await self._stop_heartbeats()
+        try:
+            await asyncio.wait_for(self._heartbeat(leave=True), timeout=LEAVE_TIMEOUT_S)
+        except (asyncio.TimeoutError, ShareGroupError, KafkaError) as exc:
+            self._log.warning("leave_failed", error=repr(exc))
+
+    async def stop(self) -> None:
+        """Stop heartbeating without leaving."""
+        self._closing = True
+        await self._stop_heartbeats()
+
+    async def _stop_heartbeats(self) -> None:
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._heartbeats
+            self._heartbeats = None
+
+    async def _heartbeat(self, join: bool = False, leave: bool = False) -> None:
+        epoch = -1 if leave else (0 if join else self.member_epoch)
+        rid = self.requester.next_id()
+        request = protocol.HeartbeatRequest(
+            group=self.group,
+            member_id=self.member_id,
+            member_epoch=epoch,
+            subscribed_topics=self.topics,
+            reply_partition=self.requester.reply_partition,
+            request_id=rid,
+            client_id=self.client_id,
+            host=socket.gethostname(),
+        )
+        response = await self.requester.call(
+            internal.coordinator_topic(self.namespace),
+            internal.coordinator_partition(self.group),
+            rid,
+            protocol.encode(request),
+        )
+        if not isinstance(response, protocol.HeartbeatResponse):
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"the coordinator answered a heartbeat with {type(response).__name__}",
+            )
+        if response.error == ErrorCode.UNKNOWN_MEMBER_ID.value and not leave:
+            # The coordinator dropped us (session timeout): rejoin; our records were released.
+            self._log.warning("member_rejoining", reason=response.error_message)
+            self.member_epoch = 0
+            return await self._heartbeat(join=True)
+        if response.error != ErrorCode.NONE.value:
+            raise ShareGroupError(ErrorCode(response.error), response.error_message)
+        if leave:
+            self.assignment = set()
+            self.assignment_changed.set()
+            return None
+        self.member_epoch = response.member_epoch
+        new = {TopicPartition(t, p) for t, parts in response.assignment.items() for p in parts}
+        if new != self.assignment:
+            self._log.info("assignment", member_epoch=self.member_epoch, assignment=sorted(new))
+            self.assignment = new
+            self.assignment_changed.set()
+        return None
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval_ms / 1000
+        while not self._closing:
+            await asyncio.sleep(interval)
+            try:
+                await self._heartbeat()
+            except (ShareGroupError, KafkaError) as exc:
+                self._log.warning("heartbeat_failed", error=str(exc))

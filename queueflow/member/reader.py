@@ -1,0 +1,231 @@
+"""Reading acquired records by offset from the source topic.
+
+Members never receive payloads from leaders: a ShareFetch answer holds offset ranges and
+delivery counts only, and the member reads those offsets from Kafka through Kafka's own fetch
+path (:class:`KafkaRecordReader`). Offsets in a range that hold no record (transaction markers,
+compacted-away records) are reported as gaps, which the member acknowledges as ``GAP``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Protocol
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.protocol import messages as protocol
+from queueflow.structs import ShareRecord, TopicPartition
+
+__all__ = ["RELEASED_CACHE_RECORDS", "KafkaRecordReader", "PartitionReader", "RecordSource"]
+
+
+class RecordSource(Protocol):
+    """Where a member reads the payloads of the records it acquired."""
+
+    async def read(
+        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
+    ) -> tuple[list[ShareRecord], list[int]]:
+        """Read the acquired ranges ``[(first, last, delivery_count), ...]`` of ``tp``.
+
+        Returns:
+            (records in offset order, gap offsets: acquired offsets that hold no record).
+
+        Raises:
+            ShareGroupError: ``REQUEST_TIMED_OUT`` when they can't be read in ``timeout_ms``.
+        """
+        ...
+
+    def remember_released(self, record: ShareRecord) -> None:
+        """Keep a RELEASEd record so its redelivery to this member needs no read."""
+        ...
+
+    async def drop(self, tp: TopicPartition) -> None:
+        """Forget ``tp`` (no longer assigned): close what reads it."""
+        ...
+
+    async def close(self) -> None:
+        """Close everything."""
+        ...
+
+
+class KafkaRecordReader:
+    """A :class:`RecordSource` over Kafka: one :class:`PartitionReader` per source partition.
+
+    Args:
+        kafka: the cluster.
+    """
+
+    def __init__(self, kafka: KafkaClientConfig) -> None:
+        self.kafka = kafka
+        self._readers: dict[TopicPartition, PartitionReader] = {}
+
+    async def read(
+        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
+    ) -> tuple[list[ShareRecord], list[int]]:
+        """See :meth:`RecordSource.read`."""
+        reader = self._readers.get(tp)
+        if reader is None:
+            reader = self._readers[tp] = PartitionReader(self.kafka, tp[0], tp[1])
+        return await reader.read(acquired, timeout_ms)
+
+    def remember_released(self, record: ShareRecord) -> None:
+        """See :meth:`RecordSource.remember_released`."""
+        reader = self._readers.get(TopicPartition(record.topic, record.partition))
+        if reader is not None and record.raw_value is not None:
+            reader.remember_released(record)
+
+    async def drop(self, tp: TopicPartition) -> None:
+        """See :meth:`RecordSource.drop`."""
+        reader = self._readers.pop(tp, None)
+        if reader is not None:
+            await reader.close()
+
+    async def close(self) -> None:
+        """See :meth:`RecordSource.close`."""
+        for reader in self._readers.values():
+            await reader.close()
+        self._readers.clear()
+
+
+#: RELEASEd records a partition reader keeps for their redelivery (oldest dropped first).
+RELEASED_CACHE_RECORDS = 10_000
+
+
+class PartitionReader:
+    """Reads acquired offset ranges of one source partition with a group-less consumer.
+
+    Args:
+        kafka: the cluster.
+        topic / partition: the source partition.
+    """
+
+    def __init__(self, kafka: KafkaClientConfig, topic: str, partition: int) -> None:
+        self.tp = KafkaTopicPartition(topic, partition)
+        self.consumer = AIOKafkaConsumer(
+            **kafka.client_kwargs(),
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=50,
+            max_partition_fetch_bytes=1 << 20,
+        )
+        self.position = -1
+        self.released: OrderedDict[int, ShareRecord] = OrderedDict()
+        self._lock = asyncio.Lock()  # one read at a time: reads seek
+        self._started = False
+
+    def remember_released(self, record: ShareRecord) -> None:
+        """Keep a record its handler RELEASEd: it is likely acquired again by this member, and
+        reading it back from Kafka would cost a seek and a fetch of its own."""
+        self.released[record.offset] = record
+        if len(self.released) > RELEASED_CACHE_RECORDS:
+            self.released.popitem(last=False)
+
+    def _take_released(
+        self, first: int, last: int, delivery_count: int, out: list[ShareRecord]
+    ) -> bool:
+        """Serve ``first..last`` from the released records if all are there."""
+        if any(o not in self.released for o in range(first, last + 1)):
+            return False
+        for offset in range(first, last + 1):
+            r = self.released.pop(offset)
+            out.append(
+                ShareRecord(
+                    r.topic,
+                    r.partition,
+                    offset,
+                    r.raw_key,
+                    r.raw_value,
+                    r.headers,
+                    r.timestamp,
+                    delivery_count,
+                    r.raw_value,
+                    r.raw_key,
+                )
+            )
+        return True
+
+    async def start(self) -> None:
+        """Start the consumer (once)."""
+        async with self._lock:
+            if not self._started:
+                await self.consumer.start()
+                self.consumer.assign([self.tp])
+                self._started = True
+
+    async def close(self) -> None:
+        """Stop the consumer."""
+        await self.consumer.stop()
+
+    async def read(
+        self, acquired: list[protocol.WireAcquired], timeout_ms: int
+    ) -> tuple[list[ShareRecord], list[int]]:
+        """Read the acquired ranges; see :meth:`RecordSource.read`.
+
+        Raises:
+            ShareGroupError: ``REQUEST_TIMED_OUT`` if they can't be read within ``timeout_ms``.
+        """
+        await self.start()
+        async with self._lock:
+            return await self._read(acquired, timeout_ms)
+
+    async def _read(
+        self, acquired: list[protocol.WireAcquired], timeout_ms: int
+    ) -> tuple[list[ShareRecord], list[int]]:
+        records: list[ShareRecord] = []
+        gaps: list[int] = []
+        deadline = time.monotonic() + timeout_ms / 1000
+        for first, last, delivery_count in acquired:
+            if first in self.released and self._take_released(first, last, delivery_count, records):
+                continue
+            if self.position != first:
+                self.consumer.seek(self.tp, first)
+                self.position = first
+            expected = first
+            while expected <= last:
+                batch = await self.consumer.getmany(
+                    self.tp, timeout_ms=200, max_records=last - expected + 1
+                )
+                messages = batch.get(self.tp, [])
+                append = records.append
+                for m in messages:
+                    offset = m.offset
+                    if offset != expected:  # offsets without records (compaction, markers)
+                        gaps.extend(range(expected, min(offset, last + 1)))
+                        if offset > last:
+                            expected = last + 1
+                            break
+                    append(
+                        ShareRecord(
+                            m.topic,
+                            m.partition,
+                            offset,
+                            m.key,
+                            m.value,
+                            m.headers,
+                            m.timestamp,
+                            delivery_count,
+                            m.value,
+                            m.key,
+                        )
+                    )
+                    expected = offset + 1
+                position = await self.consumer.position(self.tp)
+                if not messages and position > expected:
+                    # The consumer skipped offsets without records (control records).
+                    gaps.extend(range(expected, min(position, last + 1)))
+                    expected = min(position, last + 1)
+                if time.monotonic() > deadline:
+                    raise ShareGroupError(
+                        ErrorCode.REQUEST_TIMED_OUT,
+                        f"{self.tp.topic}[{self.tp.partition}]: offsets {expected}..{last} were "
+                        f"acquired but could not be read within {timeout_ms} ms",
+                    )
+            self.position = last + 1
+            if (await self.consumer.position(self.tp)) != self.position:
+                self.position = -1  # force a seek next time
+        return records, gaps

@@ -1,0 +1,337 @@
+"""The ShareFetch session of one member: the one place that fetches and acknowledges.
+
+Both :class:`~queueflow.ShareConsumer` and ``@share_agent`` (:class:`~queueflow.ShareAgent`)
+run on a :class:`ShareFetchSession`. It owns
+
+* membership (join, heartbeats, leave) and the request/reply transport;
+* the acknowledgement buffer: outcomes ride along with the next ShareFetch of their
+  share-partition, or go alone (ShareAcknowledge) in :meth:`ShareFetchSession.flush`
+  (KIP-932 "Batching");
+* what happens when a leader refuses a request's acknowledgements as a whole (KIP-932 applies a
+  request's acknowledgements atomically): the stale offsets it names are dropped and the others
+  are sent again on their own (:meth:`~queueflow.member.acks.AcknowledgementBuffer.refused`);
+* reading the acquired records by offset, with GAP for offsets without a record and RELEASE
+  for every acquired offset when the read fails, and each record's lock deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import structlog
+
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.member.acks import AcknowledgementBuffer
+from queueflow.member.context import MemberContext
+from queueflow.member.membership import Membership
+from queueflow.member.transport import Requester
+from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics as internal
+from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
+
+__all__ = ["AcknowledgementCallback", "FetchResult", "ShareFetchSession", "ranges_text"]
+
+log = structlog.get_logger("queueflow.member.session")
+
+#: ``callback(tp, offsets, error)`` after a leader answered acknowledgements: the offsets
+#: applied (``error`` None), or refused for good (``error`` the leader's).
+AcknowledgementCallback = Callable[[TopicPartition, list[int], ShareGroupError | None], None]
+
+#: Acknowledgement errors after which the still-valid outcomes are sent again.
+_SPLITTABLE = {ErrorCode.INVALID_RECORD_STATE.value, ErrorCode.INVALID_REQUEST.value}
+
+
+def ranges_text(offsets: Iterable[int]) -> str:
+    """``[1, 2, 3, 7]`` → ``"1..3,7"`` (sorted offsets, for log lines)."""
+    out: list[str] = []
+    for _, run in itertools.groupby(enumerate(offsets), key=lambda item: item[1] - item[0]):
+        block = [offset for _, offset in run]
+        out.append(str(block[0]) if len(block) == 1 else f"{block[0]}..{block[-1]}")
+    return ",".join(out)
+
+
+def _offsets(acks: list[protocol.WireAck]) -> list[int]:
+    return [o for first, last, _ in acks for o in range(first, last + 1)]
+
+
+@dataclass(slots=True)
+class FetchResult:
+    """What one ShareFetch brought.
+
+    Attributes:
+        records: the acquired records, in offset order, with their lock deadline set.
+        error: the leader's error for the fetch as a whole (e.g. ``CORRUPT_STATE``), or None.
+        round_trip_s: request to answer, in seconds.
+        acquired: how many offsets were acquired (records plus gaps).
+        lock_timeout_ms: their acquisition lock duration as the leader said (KIP-1222
+            ``AcquisitionLockTimeoutMs``), 0 if it did not.
+    """
+
+    records: list[ShareRecord] = field(default_factory=list)
+    error: ShareGroupError | None = None
+    round_trip_s: float = 0.0
+    acquired: int = 0
+    lock_timeout_ms: int = 0
+
+
+class ShareFetchSession:
+    """One member's ShareFetch session.
+
+    Args:
+        ctx: the member context.
+        group: the share group id.
+        topics: the subscribed topics.
+        client_id: shown by admin tooling.
+        lock_duration_ms: this member's own acquisition lock duration (ms), or None for the
+            group's (KIP-932 lets a consumer ask for its own, bounded by
+            ``group.share.max.record.lock.duration.ms``).
+        on_acknowledged: called after each answered acknowledgement batch.
+
+    Raises (from :meth:`start`):
+        ConfigurationError: a subscribed topic does not exist.
+        ShareGroupError: ``REQUEST_TIMED_OUT`` when no coordinator answers the join.
+    """
+
+    def __init__(
+        self,
+        ctx: MemberContext,
+        group: str,
+        topics: Iterable[str],
+        client_id: str,
+        lock_duration_ms: int | None = None,
+        on_acknowledged: AcknowledgementCallback | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.group = group
+        self.lock_duration_ms = lock_duration_ms
+        self.on_acknowledged = on_acknowledged
+        self.acks = AcknowledgementBuffer()
+        self.partitions: dict[str, int] = {}
+        #: Outcomes the leaders refused as stale (their records are delivered again).
+        self.acks_dropped = 0
+        self.member_id = str(uuid.uuid4())
+        self._requester = Requester(
+            ctx.io.transport(self.member_id, client_id),
+            ctx.namespace,
+            ctx.settings.request_timeout_ms,
+        )
+        self._membership = Membership(
+            self._requester, ctx.namespace, group, topics, ctx.settings, client_id, self.member_id
+        )
+        self._started = False
+        self._source = ctx.io.record_source()
+        self._log = log.bind(group=group, member_id=self.member_id)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def topics(self) -> list[str]:
+        """The subscribed topics."""
+        return self._membership.topics
+
+    @property
+    def assignment(self) -> set[TopicPartition]:
+        """The share-partitions the coordinator assigned to this member."""
+        return self._membership.assignment
+
+    @property
+    def assignment_changed(self) -> asyncio.Event:
+        """Set whenever :attr:`assignment` changes (clear it after reading)."""
+        return self._membership.assignment_changed
+
+    async def start(self) -> None:
+        """Check the topics, connect, join the group and start heartbeating."""
+        io = self.ctx.io
+        self.partitions = await io.partition_counts(self.topics)
+        await io.prepare()
+        self._started = True
+        await self._requester.start()
+        await self._membership.join()
+
+    async def close(self, leave: bool = True) -> None:
+        """Leave the group (so leaders release what this member holds) and disconnect."""
+        if self._started:
+            if leave:
+                await self._membership.leave()
+            else:
+                await self._membership.stop()
+        await self._source.close()
+        await self._requester.close()
+
+    # -- acknowledgements ------------------------------------------------------------------
+    def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
+        """Record the outcome of one record; it leaves with the next request of ``tp``."""
+        self.acks.add(tp, offset, kind)
+
+    def remember_released(self, record: ShareRecord) -> None:
+        """Keep a RELEASEd record so that its redelivery to this member needs no Kafka read."""
+        self._source.remember_released(record)
+
+    async def flush(self, tp: TopicPartition) -> ShareGroupError | None:
+        """Send the pending acknowledgements of ``tp`` now (ShareAcknowledge), one request per
+        batch (a batch whose earlier request failed goes alone first), and wait for the answers.
+
+        Returns:
+            None if the last batch was applied, else its error. A request that got no answer
+            stops the flush: its acknowledgements are kept to be sent again, and its error
+            (``REQUEST_TIMED_OUT``) is returned.
+        """
+        result: ShareGroupError | None = None
+        while acks := self.acks.take(tp):
+            try:
+                response = await self._request(tp, 0, acks)
+            except ShareGroupError as exc:
+                self.acks.restore(tp, acks)  # the leader may not have seen them
+                return exc
+            result = self._acknowledged(tp, acks, response)
+        return result
+
+    async def flush_all(self) -> dict[TopicPartition, ShareGroupError | None]:
+        """:meth:`flush` every share-partition with pending acknowledgements."""
+        return {tp: await self.flush(tp) for tp in self.acks.partitions()}
+
+    # -- fetching --------------------------------------------------------------------------
+    async def fetch(self, tp: TopicPartition, max_records: int) -> FetchResult:
+        """One ShareFetch of ``tp`` for up to ``max_records`` records (0: acknowledge only),
+        with the pending acknowledgements of ``tp`` riding along, then read the records.
+
+        Raises:
+            ShareGroupError: ``REQUEST_TIMED_OUT`` (the acknowledgements are kept to be sent
+                again), or the read of the acquired records failed (they were RELEASEd).
+            aiokafka.errors.KafkaError: the request could not be sent.
+        """
+        acks = self.acks.take(tp)
+        if not max_records and not acks:
+            return FetchResult()
+        clock = self.ctx.clock
+        sent = clock.monotonic()
+        try:
+            response = await self._request(tp, max_records, acks)
+        except Exception:
+            self.acks.restore(tp, acks)  # the leader may not have seen them: send them again
+            raise
+        result = FetchResult(round_trip_s=clock.monotonic() - sent)
+        if acks:
+            self._acknowledged(tp, acks, response)
+        if response.error != ErrorCode.NONE.value:
+            result.error = ShareGroupError(ErrorCode(response.error), response.error_message)
+            return result
+        if response.acquired:
+            result.acquired = sum(last - first + 1 for first, last, _ in response.acquired)
+            result.lock_timeout_ms = response.lock_timeout_ms
+            deadline = (
+                sent + response.lock_timeout_ms / 1000 if response.lock_timeout_ms else math.inf
+            )
+            result.records = await self._read(tp, response.acquired, deadline)
+        return result
+
+    async def drop(self, tp: TopicPartition) -> None:
+        """Forget a share-partition no longer assigned (close its reader)."""
+        await self._source.drop(tp)
+
+    async def _request(
+        self, tp: TopicPartition, max_records: int, acks: list[protocol.WireAck]
+    ) -> protocol.ShareFetchResponse:
+        requester = self._requester
+        if not self._started:
+            raise RuntimeError("ShareFetchSession.start() was not called")
+        rid = requester.next_id()
+        request = protocol.ShareFetchRequest(
+            group=self.group,
+            topic=tp[0],
+            partition=tp[1],
+            member_id=self.member_id,
+            request_id=rid,
+            reply_partition=requester.reply_partition,
+            max_records=max_records,
+            acks=acks,
+            lock_duration_ms=self.lock_duration_ms if max_records else None,
+            deadline_ms=self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms,
+        )
+        response = await requester.call(
+            internal.fetch_topic(self.ctx.namespace, tp[0]),
+            tp[1],
+            rid,
+            protocol.encode(request),
+        )
+        if not isinstance(response, protocol.ShareFetchResponse):
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"the leader of {tp[0]}[{tp[1]}] answered a ShareFetch with "
+                f"{type(response).__name__}",
+            )
+        return response
+
+    async def _read(
+        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], lock_deadline: float
+    ) -> list[ShareRecord]:
+        """Read the acquired ranges; acknowledge gaps as GAP, and RELEASE every acquired offset
+        if the read fails (rather than let the records sit until their locks expire)."""
+        try:
+            records, gaps = await self._source.read(
+                tp, acquired, self.ctx.settings.request_timeout_ms
+            )
+        except Exception:
+            for first, last, _count in acquired:
+                for offset in range(first, last + 1):
+                    self.acks.add(tp, offset, AcknowledgeType.RELEASE)
+            raise
+        for offset in gaps:
+            self.acks.add(tp, offset, AcknowledgeType.GAP)
+        if lock_deadline != math.inf:
+            for record in records:
+                record.lock_deadline = lock_deadline
+        return records
+
+    def _acknowledged(
+        self,
+        tp: TopicPartition,
+        acks: list[protocol.WireAck],
+        response: protocol.ShareFetchResponse,
+    ) -> ShareGroupError | None:
+        """Handle the leader's answer to a request's acknowledgements; returns its error.
+
+        Refused as stale (``INVALID_RECORD_STATE``, ``INVALID_REQUEST``): the offsets the leader
+        names are dropped and the rest is sent again on its own (only the stale ones are lost,
+        and their records are delivered again). Refused otherwise (``CORRUPT_STATE`` ...): all
+        are lost and their records are delivered again.
+        """
+        callback = self.on_acknowledged
+        if response.ack_error == ErrorCode.NONE.value:
+            if callback is not None:
+                callback(tp, _offsets(acks), None)
+            return None
+        error = ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
+        if response.ack_error not in _SPLITTABLE:
+            self._log.warning(
+                "acknowledgement_refused",
+                topic=tp[0],
+                partition=tp[1],
+                error=response.ack_error,
+                detail=response.ack_error_message,
+                records=sum(last - first + 1 for first, last, _ in acks),
+                note="these records will be delivered again",
+            )
+            if callback is not None:
+                callback(tp, _offsets(acks), error)
+            return error
+        dropped = self.acks.refused(tp, acks, response.ack_stale)
+        if dropped:
+            self.acks_dropped += len(dropped)
+            self.ctx.metrics.acknowledgements_dropped.labels(self.group, tp[0]).inc(len(dropped))
+            self._log.warning(
+                "stale_acknowledgements_dropped",
+                topic=tp[0],
+                partition=tp[1],
+                offsets=ranges_text(dropped),
+                error=response.ack_error,
+                detail=response.ack_error_message,
+                note="these records will be delivered again",
+            )
+            if callback is not None:
+                callback(tp, dropped, error)
+        return error

@@ -1,0 +1,206 @@
+"""How a member reaches the leaders and the coordinator: requests out, replies back.
+
+* :class:`MemberTransport` is the seam: send a request record to an internal topic partition,
+  hand every reply addressed to this member to a callback. :class:`KafkaMemberTransport` does it
+  over Kafka (the request topics and the reply topic); an in-process one
+  (:mod:`queueflow.testing.inprocess`) does it in memory for unit tests.
+* :class:`Requester` correlates requests and replies by request id and turns a missing answer
+  into ``REQUEST_TIMED_OUT`` (KIP-932 RPCs are request/response; queueflow carries them as
+  records, so the correlation is ours).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics as internal
+
+__all__ = ["KafkaMemberTransport", "MemberTransport", "ReplyHandler", "Requester"]
+
+log = structlog.get_logger("queueflow.member.transport")
+
+#: Called with the raw bytes of each reply addressed to this member.
+ReplyHandler = Callable[[bytes], None]
+
+
+class MemberTransport(Protocol):
+    """Carries one member's requests and replies.
+
+    Attributes:
+        reply_partition: the reply-topic partition this member reads; leaders answer there.
+    """
+
+    reply_partition: int
+
+    async def start(self, on_reply: ReplyHandler) -> None:
+        """Connect; from now on call ``on_reply(bytes)`` for each reply keyed by this member."""
+        ...
+
+    async def send(self, topic: str, partition: int, payload: bytes) -> None:
+        """Append one request record to ``topic[partition]``, keyed by the member id."""
+        ...
+
+    async def close(self) -> None:
+        """Disconnect (idempotent)."""
+        ...
+
+
+class KafkaMemberTransport:
+    """Requests as records on the request topics, replies read from one reply-topic partition.
+
+    Args:
+        kafka: the cluster.
+        namespace: the app id (names the reply topic).
+        member_id: the key of this member's requests and replies.
+        client_id: the Kafka client id.
+    """
+
+    def __init__(
+        self, kafka: KafkaClientConfig, namespace: str, member_id: str, client_id: str
+    ) -> None:
+        self.kafka = kafka
+        self.namespace = namespace
+        self.member_id = member_id
+        self._key = member_id.encode()
+        self.client_id = client_id
+        self.reply_partition = random.randrange(internal.REPLY_PARTITIONS)
+        self._producer: AIOKafkaProducer | None = None
+        self._replies: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self, on_reply: ReplyHandler) -> None:
+        """Start the producer and the reply consumer (at the reply partition's end)."""
+        self._producer = AIOKafkaProducer(
+            **self.kafka.client_kwargs(self.client_id), linger_ms=0, acks=1
+        )
+        await self._producer.start()
+        self._replies = AIOKafkaConsumer(
+            **self.kafka.client_kwargs(self.client_id),
+            enable_auto_commit=False,
+            fetch_max_wait_ms=500,
+        )
+        await self._replies.start()
+        tp = KafkaTopicPartition(internal.reply_topic(self.namespace), self.reply_partition)
+        self._replies.assign([tp])
+        await self._replies.seek_to_end(tp)
+        await self._replies.position(tp)
+        self._reader = asyncio.create_task(self._read(on_reply), name="queueflow-replies")
+
+    async def _read(self, on_reply: ReplyHandler) -> None:
+        assert self._replies is not None
+        key = self._key
+        while True:
+            batches = await self._replies.getmany(timeout_ms=1000)
+            for messages in batches.values():
+                for message in messages:
+                    if message.key == key and message.value is not None:
+                        on_reply(message.value)
+
+    async def send(self, topic: str, partition: int, payload: bytes) -> None:
+        """Produce one request record (acks=1, no linger).
+
+        Raises:
+            RuntimeError: :meth:`start` was not called.
+            aiokafka.errors.KafkaError: the record could not be produced.
+        """
+        if self._producer is None:
+            raise RuntimeError("KafkaMemberTransport.start() was not called")
+        await self._producer.send(topic, payload, key=self._key, partition=partition)
+
+    async def close(self) -> None:
+        """Stop the reply reader, the consumer and the producer."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
+        if self._replies is not None:
+            await self._replies.stop()
+            self._replies = None
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+
+class Requester:
+    """Request/reply correlation for one member.
+
+    Args:
+        transport: carries the requests and replies.
+        namespace: the app id, for error messages.
+        timeout_ms: how long to wait for an answer (``queueflow.request.timeout.ms``).
+    """
+
+    def __init__(self, transport: MemberTransport, namespace: str, timeout_ms: int) -> None:
+        self.transport = transport
+        self.namespace = namespace
+        self.timeout_ms = timeout_ms
+        self._next = 0
+        self._pending: dict[int, asyncio.Future[protocol.Message]] = {}
+        self._log = log.bind(namespace=namespace)
+
+    @property
+    def reply_partition(self) -> int:
+        """The reply-topic partition the transport reads."""
+        return self.transport.reply_partition
+
+    async def start(self) -> None:
+        """Start the transport, with replies going to :meth:`on_reply`."""
+        await self.transport.start(self.on_reply)
+
+    def next_id(self) -> int:
+        """A new request id (unique per member)."""
+        self._next += 1
+        return self._next
+
+    def on_reply(self, data: bytes) -> None:
+        """Resolve the pending request a reply answers; undecodable replies are logged."""
+        try:
+            reply = protocol.decode(data)
+        except ShareGroupError as exc:
+            self._log.error("undecodable_reply", error=str(exc))
+            return
+        fut = self._pending.get(getattr(reply, "request_id", -1))
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
+    async def call(
+        self, topic: str, partition: int, request_id: int, payload: bytes
+    ) -> protocol.Message:
+        """Send a request and wait for its answer.
+
+        Raises:
+            ShareGroupError: ``REQUEST_TIMED_OUT`` when no answer comes within ``timeout_ms``.
+            aiokafka.errors.KafkaError: the request could not be sent.
+        """
+        fut: asyncio.Future[protocol.Message] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = fut
+        try:
+            await self.transport.send(topic, partition, payload)
+            return await asyncio.wait_for(fut, self.timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise ShareGroupError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"no answer from {topic}[{partition}] within {self.timeout_ms} ms; "
+                f"is a queueflow leader worker for app {self.namespace!r} running?",
+            ) from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def close(self) -> None:
+        """Close the transport and cancel the requests still waiting."""
+        await self.transport.close()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.cancel()

@@ -1,0 +1,359 @@
+"""An in-process share-group cluster: coordinator, leaders and members wired in memory.
+
+The real :class:`~queueflow.server.coordinator.ShareGroupCoordinator`,
+:class:`~queueflow.server.leader.ShareLeader`, :class:`~queueflow.member.session.ShareFetchSession`,
+:class:`~queueflow.ShareConsumer` and :class:`~queueflow.ShareAgent` run against in-memory topics
+and tables instead of Kafka and Faust, so their behaviour can be unit-tested in milliseconds::
+
+    cluster = InProcessCluster(topics={"jobs": 2}, clock=FakeClock())
+    cluster.produce("jobs", b"hello", partition=0)
+    async with cluster:
+        consumer = cluster.consumer("workers")
+        await consumer.subscribe(["jobs"])
+        records = await consumer.poll(timeout_ms=1000)
+
+Requests go through the real wire encoding and reach the leaders one request partition at a
+time, in order, as a Faust agent would deliver them; every leader and the coordinator are live
+from :meth:`InProcessCluster.start`. Time is the injected clock: with a
+:class:`~queueflow.testing.FakeClock`, locks and sessions expire only when the test advances it
+and calls :meth:`InProcessCluster.tick`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from queueflow.clock import SYSTEM_CLOCK, Clock
+from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.member.agent import Handler, ShareAgent
+from queueflow.member.consumer import ShareConsumer
+from queueflow.member.context import MemberContext
+from queueflow.member.transport import ReplyHandler
+from queueflow.metrics import Metrics
+from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics as internal
+from queueflow.server.context import ServerContext
+from queueflow.server.coordinator import ShareGroupCoordinator
+from queueflow.server.leader import ShareLeader
+from queueflow.server.ticker import LeaderTicker
+from queueflow.settings import ShareGroupSettings
+from queueflow.structs import ShareRecord, TopicPartition
+
+__all__ = ["InProcessCluster", "StoredRecord"]
+
+RequestHandler = Callable[[int, int, bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A record of an in-memory source partition (``value`` None marks an offset without a
+    record, such as a transaction marker)."""
+
+    key: bytes | None
+    value: bytes | None
+    timestamp: int
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class _Bus:
+    """In-memory control topics: request partitions feed their handler one record at a time, in
+    order; the reply topic feeds members by key. A :class:`ControlSender`."""
+
+    def __init__(self, reply_topic: str) -> None:
+        self.reply_topic = reply_topic
+        self.handlers: dict[str, RequestHandler] = {}
+        self.members: dict[bytes, ReplyHandler] = {}
+        self.sent: list[tuple[str, int, bytes]] = []
+        self._logs: dict[tuple[str, int], asyncio.Queue[tuple[int, bytes]]] = {}
+        self._next: dict[tuple[str, int], int] = {}
+        self._pumps: list[asyncio.Task[None]] = []
+
+    async def send(
+        self, topic: str, partition: int, value: bytes, key: bytes | None = None
+    ) -> None:
+        if topic == self.reply_topic:
+            handler = self.members.get(key or b"")
+            if handler is not None:
+                asyncio.get_running_loop().call_soon(handler, value)
+            return
+        if topic not in self.handlers:
+            raise ShareGroupError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no in-process handler for {topic!r}"
+            )
+        self.sent.append((topic, partition, value))
+        key_tp = (topic, partition)
+        queue = self._logs.get(key_tp)
+        if queue is None:
+            queue = self._logs[key_tp] = asyncio.Queue()
+            self._pumps.append(asyncio.ensure_future(self._pump(topic, partition, queue)))
+        offset = self._next.get(key_tp, 0)
+        self._next[key_tp] = offset + 1
+        queue.put_nowait((offset, value))
+
+    async def _pump(
+        self, topic: str, partition: int, queue: asyncio.Queue[tuple[int, bytes]]
+    ) -> None:
+        handler = self.handlers[topic]
+        while True:
+            offset, value = await queue.get()
+            await handler(partition, offset, value)
+            queue.task_done()
+
+    async def drain(self) -> None:
+        """Wait until every request sent so far has been handled."""
+        for queue in list(self._logs.values()):
+            await queue.join()
+
+    async def close(self) -> None:
+        for task in self._pumps:
+            task.cancel()
+        for task in self._pumps:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._pumps.clear()
+
+
+class _Transport:
+    """A member's :class:`~queueflow.member.transport.MemberTransport` on the bus."""
+
+    reply_partition = 0
+
+    def __init__(self, bus: _Bus, member_id: str) -> None:
+        self.bus = bus
+        self.key = member_id.encode()
+
+    async def start(self, on_reply: ReplyHandler) -> None:
+        self.bus.members[self.key] = on_reply
+
+    async def send(self, topic: str, partition: int, payload: bytes) -> None:
+        await self.bus.send(topic, partition, payload, self.key)
+
+    async def close(self) -> None:
+        self.bus.members.pop(self.key, None)
+
+
+class _RecordSource:
+    """A member's :class:`~queueflow.member.reader.RecordSource` on the in-memory partitions."""
+
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+
+    async def read(
+        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
+    ) -> tuple[list[ShareRecord], list[int]]:
+        log = self.cluster.records[TopicPartition(*tp)]
+        records: list[ShareRecord] = []
+        gaps: list[int] = []
+        for first, last, count in acquired:
+            for offset in range(first, last + 1):
+                stored = log[offset]
+                if stored.value is None:
+                    gaps.append(offset)
+                    continue
+                records.append(
+                    ShareRecord(
+                        tp[0],
+                        tp[1],
+                        offset,
+                        stored.key,
+                        stored.value,
+                        stored.headers,
+                        stored.timestamp,
+                        count,
+                        stored.value,
+                        stored.key,
+                    )
+                )
+        return records, gaps
+
+    def remember_released(self, record: ShareRecord) -> None:
+        pass
+
+    async def drop(self, tp: TopicPartition) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class _MemberIO:
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+
+    async def partition_counts(self, topics: list[str]) -> dict[str, int]:
+        counts = self.cluster.topics
+        for name in topics:
+            if name not in counts:
+                raise ConfigurationError(f"unknown topic {name!r} (in-process cluster)")
+        return {name: counts[name] for name in topics}
+
+    async def prepare(self) -> None:
+        pass
+
+    def transport(self, member_id: str, client_id: str) -> _Transport:
+        return _Transport(self.cluster.bus, member_id)
+
+    def record_source(self) -> _RecordSource:
+        return _RecordSource(self.cluster)
+
+
+class _Runtime:
+    """The host runtime of a cluster whose one worker owns every partition, generation 1."""
+
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+        self.generation = 1
+        self.rebalancing = False
+        self.streams_active = True
+
+    def assigned(self) -> set[TopicPartition]:
+        namespace = self.cluster.namespace
+        owned = {TopicPartition(internal.coordinator_topic(namespace), 0)}
+        for name, count in self.cluster.topics.items():
+            request_topic = internal.fetch_topic(namespace, name)
+            owned.update(TopicPartition(request_topic, p) for p in range(count))
+        return owned
+
+
+class InProcessCluster:
+    """One app's share groups in memory: a coordinator and a leader per source topic, with
+    in-memory source partitions, state tables and control topics.
+
+    Args:
+        topics: source topics and their partition counts, ``{"jobs": 2}``.
+        namespace: the app id.
+        settings: share-group settings (default: ``auto_offset_reset="earliest"``, a short
+            heartbeat interval and request timeout for tests).
+        clock: the clock (a :class:`~queueflow.testing.FakeClock` makes locks and sessions
+            expire only when the test says).
+    """
+
+    def __init__(
+        self,
+        topics: Mapping[str, int],
+        *,
+        namespace: str = "inprocess",
+        settings: ShareGroupSettings | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.topics = dict(topics)
+        self.namespace = namespace
+        self.settings = settings or ShareGroupSettings(
+            auto_offset_reset="earliest",
+            heartbeat_interval_ms=200,
+            session_timeout_ms=10_000,
+            request_timeout_ms=2_000,
+        )
+        self.clock = clock
+        self.metrics = Metrics()
+        self.records: dict[TopicPartition, list[StoredRecord]] = {
+            TopicPartition(t, p): [] for t, n in self.topics.items() for p in range(n)
+        }
+        self.bus = _Bus(internal.reply_topic(namespace))
+        self.server = ServerContext(
+            namespace=namespace,
+            settings=self.settings,
+            sender=self.bus,
+            runtime=_Runtime(self),
+            log_offsets=self,
+            topic_metadata=self,
+            stall_limit_ms=60_000,
+            clock=clock,
+            metrics=self.metrics,
+        )
+        #: The state tables, by source topic (and ``"groups"`` for the coordinator's).
+        self.tables: dict[str, dict[bytes, bytes]] = {"groups": {}}
+        self.coordinator = ShareGroupCoordinator(self.server, self.tables["groups"])
+        self.bus.handlers[internal.coordinator_topic(namespace)] = self.coordinator.handle
+        self.leaders: dict[str, ShareLeader] = {}
+        for name in self.topics:
+            table = self.tables[name] = {}
+            leader = self.leaders[name] = ShareLeader(self.server, name, table)
+            self.bus.handlers[internal.fetch_topic(namespace, name)] = leader.handle
+        self.ticker = LeaderTicker(self.server, self.leaders)
+        self.member_context = MemberContext(
+            namespace, self.settings, _MemberIO(self), clock=clock, metrics=self.metrics
+        )
+        self._agents: list[ShareAgent] = []
+
+    # -- source topics ---------------------------------------------------------------------
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None,
+        *,
+        key: bytes | None = None,
+        partition: int = 0,
+        headers: tuple[tuple[str, bytes], ...] = (),
+    ) -> int:
+        """Append a record (``value`` None: an offset without a record); returns its offset."""
+        log = self.records[TopicPartition(topic, partition)]
+        log.append(StoredRecord(key, value, self.clock.now_ms(), headers))
+        return len(log) - 1
+
+    # LogOffsetsSource
+    def cached_end(self, tp: TopicPartition) -> int | None:
+        return len(self.records[TopicPartition(*tp)])
+
+    async def log_end(self, tp: TopicPartition) -> int:
+        return len(self.records[TopicPartition(*tp)])
+
+    async def log_start(self, tp: TopicPartition) -> int:
+        return 0
+
+    # PartitionCounts
+    async def partition_counts(self, names: list[str]) -> dict[str, int]:
+        return {n: self.topics[n] for n in names if n in self.topics}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Make every leader live: assign it all partitions and let it read its own fence."""
+        for name, leader in self.leaders.items():
+            leader.assign(set(range(self.topics[name])), self.server.runtime.generation)
+            await leader.send_fences()
+        await self.bus.drain()
+        for leader in self.leaders.values():
+            for p in range(self.topics[leader.topic]):
+                if not leader.fencing.is_live(p):
+                    raise RuntimeError(f"in-process leader of {leader.topic}[{p}] is not live")
+
+    async def tick(self) -> None:
+        """One tick of the ticker (expire locks and sessions at the clock's time), handled."""
+        await self.ticker.tick()
+        await self.bus.drain()
+
+    async def close(self) -> None:
+        """Stop the agents started with :meth:`agent` and the bus."""
+        for agent in self._agents:
+            await agent.stop()
+        await self.bus.close()
+
+    async def __aenter__(self) -> InProcessCluster:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- members ---------------------------------------------------------------------------
+    def consumer(self, group: str, **kwargs: Any) -> ShareConsumer:
+        """A :class:`~queueflow.ShareConsumer` of ``group`` in this cluster (not subscribed)."""
+        return ShareConsumer(group, app_id=self.namespace, context=self.member_context, **kwargs)
+
+    async def agent(self, handler: Handler, topic: str, group: str, **kwargs: Any) -> ShareAgent:
+        """Start a :class:`~queueflow.ShareAgent` running ``handler`` (stopped by
+        :meth:`close`, or stop it yourself)."""
+        agent = ShareAgent(self.member_context, handler, topic, group, **kwargs)
+        await agent.start()
+        self._agents.append(agent)
+        return agent
+
+    def share_partition(self, group: str, topic: str, partition: int) -> Any:
+        """The leader's engine (:class:`~queueflow.engine.partition.SharePartition`) of a
+        share-partition, or None before its first request."""
+        durable = self.leaders[topic].partitions.get((group, partition))
+        return None if durable is None else durable.engine
