@@ -21,66 +21,49 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
 import tempfile
 import time
 import uuid
-from datetime import datetime
 from pathlib import Path
-
-from aiokafka import AIOKafkaProducer
 
 from queueflow import ACCEPT, ShareConsumer
 from queueflow.devtools.broker import LocalBroker, create_topic, find_free_ports
-from queueflow.testing import LeaderWorker
+from queueflow.testing import LeaderWorker, event_time, produce
 
 SETTINGS = {"share.auto.offset.reset": "earliest"}
 MEMBER = {"group.share.heartbeat.interval.ms": 1000, "max.poll.records": 50}
-STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})\].*?\] (\w+)\s")
 RECORDS = 200_000
 
 
+#: The leader events whose times are reported (from the worker's JSON log lines).
+LEADER_EVENTS = ("leader_assigned", "leader_live", "share_partition_restored")
+
+
 def event_times(worker: LeaderWorker, topic: str) -> dict[str, list[float]]:
-    """Wall-clock times of the worker's leader events for ``topic`` (from Faust's log prefix)."""
+    """Wall-clock times of the worker's leader events for ``topic`` (their JSON timestamps)."""
     times: dict[str, list[float]] = {}
-    for line in worker.log_text().splitlines():
-        if topic not in line:
-            continue
-        for name in ("leader_assigned", "leader_live", "share_partition_restored"):
-            if f" {name} " in line:
-                m = STAMP.match(line)
-                if m:
-                    t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                    times.setdefault(name, []).append(t)
+    for event in worker.events():
+        if event["event"] in LEADER_EVENTS and event.get("topic") == topic:
+            times.setdefault(event["event"], []).append(event_time(event))
     return times
 
 
-async def produce(bootstrap: str, topic: str, count: int) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20)
-    await producer.start()
-    try:
-        for i in range(count):
-            await producer.send(topic, b"x" * 100)
-            if i % 5000 == 0:
-                await producer.flush()
-    finally:
-        await producer.stop()
-
-
 def latest_leader(workers: list[LeaderWorker], topic: str) -> LeaderWorker:
-    lines = [
-        (m, w)
+    """The worker that became live on ``topic`` with the highest leader epoch."""
+    live = [
+        (int(event["leader_epoch"]), w)
         for w in workers
-        for m in re.finditer(r"leader_live\s.*leader_epoch=(\d+)", w.log_text())
+        for event in w.events("leader_live")
+        if event.get("topic") == topic
     ]
-    return max(lines, key=lambda mw: int(mw[0].group(1)))[1]
+    return max(live, key=lambda epoch_worker: epoch_worker[0])[1]
 
 
 async def one_round(bootstrap: str, tmp: Path) -> dict[str, float]:
     topic = f"bench-failover-{uuid.uuid4().hex[:6]}"
     create_topic(bootstrap, topic, 1)
-    await produce(bootstrap, topic, 20_000)
+    await produce(bootstrap, topic, [b"x" * 100] * 20_000, linger_ms=20)
     app_id = f"bench-failover-{uuid.uuid4().hex[:6]}"
     workers = [
         LeaderWorker(app_id, [topic], bootstrap, tmp / f"{app_id}-{n}", SETTINGS).start()

@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from queueflow.testing import WorkerProcess
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 _STAMP = struct.Struct(">d")
@@ -183,6 +185,7 @@ def produce(
             failed.append(str(err))
 
     started = time.monotonic()
+    deadline = started + timeout_s
     for i in range(count):
         while True:
             try:
@@ -191,6 +194,11 @@ def produce(
                 )
                 break
             except BufferError:
+                # librdkafka's queue is full: serve delivery reports until there is room.
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"produce to {topic}: queue still full after {timeout_s} s"
+                    ) from None
                 producer.poll(0.05)
         if i % 1000 == 0:
             producer.poll(0)
@@ -227,64 +235,43 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
-class Worker:
-    """A benchmark subprocess: its argv, environment, log file and stats file."""
+class Worker(WorkerProcess):
+    """A benchmark subprocess: its argv, environment, log file and stats file.
+
+    A :class:`queueflow.testing.WorkerProcess` run from the repository root (so queueflow's
+    events are JSON lines in its log), plus the stats file it reports to (``BENCH_STATS``).
+    """
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], run_dir: Path) -> None:
+        super().__init__(argv, run_dir / f"{name}.log", env, cwd=ROOT)
         self.name = name
-        self.argv = argv
-        self.env = env
-        self.log_path = run_dir / f"{name}.log"
         self.stats_path = run_dir / f"{name}.stats.json"
         self.env.setdefault("BENCH_STATS", str(self.stats_path))
-        self.proc: subprocess.Popen[bytes] | None = None
         self.cpu_at_go: float | None = None
 
-    def start(self) -> Worker:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv,
-                cwd=ROOT,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        return self
-
     @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+    def pid(self) -> int:  # type: ignore[override]
+        assert self.process is not None
+        return self.process.pid
 
     def stats(self) -> dict[str, Any]:
         return read_json(self.stats_path) or {}
 
     def log_tail(self, lines: int = 25) -> str:
-        try:
-            text = self.log_path.read_bytes().decode(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
+        return super().log_tail(lines)
 
     def signal(self, sig: int) -> None:
-        if self.alive():
-            assert self.proc is not None
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
+        self.send_signal(sig)
 
     def reap(self, timeout_s: float) -> None:
-        if self.proc is None:
+        if self.process is None:
             return
         try:
-            self.proc.wait(timeout=timeout_s)
+            self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.process.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=10)
+                self.process.wait(timeout=10)
 
 
 class Fleet:

@@ -16,8 +16,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -29,6 +27,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
+from queueflow.testing import WorkerProcess, faust_worker_argv
 
 PARTITIONS = 2
 WORKERS = (("all", 0), ("all", 1), ("member", 2), ("member", 3))
@@ -101,7 +100,7 @@ def main() -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     broker: LocalBroker | None = None
     bootstrap = bootstrap_from_env()
-    workers: list[subprocess.Popen[bytes]] = []
+    workers: list[WorkerProcess] = []
     started = time.monotonic()
     try:
         if bootstrap is None:
@@ -125,37 +124,15 @@ def main() -> int:
             ledger = run_dir / f"worker-{i}.jsonl"
             ledgers.append(ledger)
             env = dict(
-                os.environ,
                 QUEUEFLOW_ROLE=role,
                 DEMO_TOPIC=topic,
                 DEMO_RESULTS=str(ledger),
                 DEMO_BROKER=f"kafka://{bootstrap}",
                 DEMO_APP_ID=f"queueflow-demo-{run_id}",
             )
-            (web_port,) = find_free_ports(1)
-            log = open(run_dir / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed by the child
-            workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "faust",
-                        "-A",
-                        "examples.demo.app",
-                        "--datadir",
-                        str(run_dir / f"worker-{i}"),
-                        "worker",
-                        "-l",
-                        "info",
-                        "--web-port",
-                        str(web_port),
-                    ],
-                    cwd=ROOT,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+            argv = faust_worker_argv("examples.demo.app", run_dir / f"worker-{i}")
+            worker = WorkerProcess(argv, run_dir / f"worker-{i}.log", env, cwd=ROOT)
+            workers.append(worker.start())
         print(
             f"started {len(workers)} workers: " + ", ".join(f"#{i} {role}" for role, i in WORKERS),
             flush=True,
@@ -173,7 +150,7 @@ def main() -> int:
                 f"{outcomes['ACCEPT']} rejected={outcomes['REJECT']}",
                 flush=True,
             )
-            dead = [w for w in workers if w.poll() is not None]
+            dead = [w.process for w in workers if w.process is not None and not w.alive()]
             if dead:
                 print(f"a worker exited early (code {dead[0].returncode}); see {run_dir}")
                 return 1
@@ -219,11 +196,12 @@ def main() -> int:
         return 1 if problems else 0
     finally:
         for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
+            w.terminate()
         for w in workers:
+            if w.process is None:
+                continue
             try:
-                w.wait(timeout=30)
+                w.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 w.kill()
         if broker is not None:

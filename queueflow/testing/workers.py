@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from queueflow.devtools.broker import find_free_ports
 from queueflow.settings import SETTINGS
@@ -31,6 +31,8 @@ __all__ = ["READY_LINE", "LeaderWorker", "WorkerProcess", "faust_worker_argv"]
 
 #: What a Faust worker logs once it is ready (tables recovered, agents started).
 READY_LINE = "[^Worker]: Ready"
+_W = TypeVar("_W", bound="WorkerProcess")
+
 #: Seconds between two looks at the log while waiting for :data:`READY_LINE`.
 _READY_POLL_S = 0.2
 
@@ -94,8 +96,8 @@ class WorkerProcess:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self, env: Mapping[str, str] | None = None, header: str | None = None) -> None:
-        """Launch the process (without waiting for it to be ready).
+    def start(self: _W, env: Mapping[str, str] | None = None, header: str | None = None) -> _W:
+        """Launch the process (without waiting for it to be ready); returns ``self``.
 
         Args:
             env: environment for this start only, on top of the constructor's.
@@ -120,6 +122,7 @@ class WorkerProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
+        return self
 
     def wait_ready(self, timeout_s: float = 90.0, what: str = "worker") -> None:
         """Wait until the log shows :attr:`READY_LINE` after the latest start.

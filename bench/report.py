@@ -1,0 +1,166 @@
+"""The bench's output: the results table and bench/results/latest.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["fmt_rate", "num", "table", "write"]
+
+
+def fmt_rate(result: dict[str, Any]) -> str:
+    if result.get("rate"):
+        text = f"{result['rate']:,.0f} records/s ({result.get('records')} in "
+        text += f"{result.get('seconds')} s)"
+        if result.get("error"):
+            text += f" [{result['error']}]"
+        return text
+    return f"n/a [{result.get('error', 'no result')}]"
+
+
+def num(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, (int, float)):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def table(results: dict[str, Any]) -> str:
+    rows: list[tuple[str, str, str]] = []
+
+    def err(r: dict[str, Any]) -> str:
+        return f" [{r['error']}]" if r.get("error") else ""
+
+    s1 = results.get("S1")
+    if s1:
+        for key in "abcdel":
+            r = s1.get(key)
+            if r is None:
+                continue
+            note = ""
+            if r.get("cpu_us_per_record_total") is not None:
+                note = f"CPU/record: {num(r['cpu_us_per_record_total'], 1)} us consumers"
+            if r.get("broker_cpu_us_per_record") is not None:
+                note += ", " if note else "CPU/record: "
+                note += f"{num(r['broker_cpu_us_per_record'], 1)} us broker"
+            if key == "e" and r.get("tool_rate"):
+                note += f"; tool's own figure, group join included: {num(r['tool_rate'])}/s"
+            if key in "al":
+                note += f"; {r.get('layout')} layout, concurrency {r.get('concurrency')}"
+            rows.append(
+                (f"S1({key}) {r.get('label', '')}", f"{num(r.get('rate'))} rec/s", note + err(r))
+            )
+        for c, r in s1.get("w", {}).get("by_concurrency", {}).items():
+            rows.append(
+                (
+                    f"S1(w) queueflow, handler concurrency {c}",
+                    f"{num(r.get('rate'))} rec/s",
+                    err(r).strip(),
+                )
+            )
+        ratios = (
+            ("ratio_queueflow_raw", "raw aiokafka", ">= 0.5"),
+            ("ratio_queueflow_native", "native ShareConsumer (Python)", ">= 1.0"),
+            ("ratio_queueflow_native_java", "ShareConsumerPerformance (Java)", ""),
+            ("ratio_queueflow_faust", "plain Faust agent", ""),
+        )
+        for key, label, target in ratios:
+            if s1.get(key) is not None:
+                rows.append(
+                    (
+                        f"S1 queueflow / {label}",
+                        num(s1[key], 3),
+                        f"target {target}" if target else "",
+                    )
+                )
+        for item in s1.get("skipped", []):
+            rows.append(("S1 skipped", item, ""))
+    s2 = results.get("S2")
+    if s2:
+        for kind in ("queueflow", "faust"):
+            for n, r in s2.get(kind, {}).items():
+                layout = f"{r.get('processes')} proc x {r.get('concurrency')}"
+                rows.append(
+                    (
+                        f"S2 {kind} n={n} ({layout})",
+                        f"{num(r.get('rate'))} rec/s",
+                        f"efficiency {num(r.get('efficiency'), 2)}, vs 100/s per consumer "
+                        f"{num(r.get('efficiency_vs_ideal'), 2)}" + err(r),
+                    )
+                )
+        for item in s2.get("skipped", []):
+            rows.append(("S2 skipped", item, ""))
+        if s2.get("error"):
+            rows.append(("S2", "n/a", s2["error"][:100]))
+    s3 = results.get("S3")
+    if s3:
+        for label, run in s3.get("runs", {}).items():
+            for key, what in (
+                ("to_handler_ms", "produce -> handler start"),
+                ("to_ack_ms", "produce -> ack answered"),
+            ):
+                p = run.get(key, {})
+                rows.append(
+                    (
+                        f"S3 at {label} of S1(a): {what}",
+                        f"p50 {num(p.get('p50'), 1)} / p99 {num(p.get('p99'), 1)} / "
+                        f"p999 {num(p.get('p999'), 1)} ms",
+                        f"{num(run.get('produce_rate'))} rec/s" + err(run),
+                    )
+                )
+    s4 = results.get("S4")
+    if s4:
+        note = s4.get("error", "")
+        if s4.get("overhead") is not None:
+            note = (
+                f"overhead vs S1(a): {num(100 * s4['overhead'], 1)}% "
+                f"(10% more deliveries; {s4.get('records')} records)"
+            )
+        rows.append(("S4 redelivery (10% RELEASEd once)", f"{num(s4.get('rate'))} rec/s", note))
+    s5 = results.get("S5")
+    if s5:
+        leader = s5.get("leader", {})
+        for key in ("2000", "10000", "10000_fragmented"):
+            step = leader.get(key)
+            if step:
+                what = f"{step['in_flight_per_partition']:,} in flight/partition"
+                if key.endswith("fragmented"):
+                    what += ", 1 run each"
+                rows.append(
+                    (
+                        f"S5 leader RSS, {what}",
+                        f"{num(step.get('rss_mb'), 1)} MB",
+                        f"+{num(step.get('delta_bytes_per_record'))} B/record over idle "
+                        f"({num(leader['baseline'].get('rss_mb'), 1)} MB)",
+                    )
+                )
+        if s5.get("error"):
+            rows.append(("S5 leader", "n/a", s5["error"][:100]))
+        engine = s5.get("engine", {})
+        for key, label in (
+            ("own_runs", "worst case, every record its own run"),
+            ("batches", "fetched in batches of 500"),
+        ):
+            e = engine.get(key)
+            if e:
+                rows.append(
+                    (
+                        f"S5 engine B/record ({label})",
+                        num(e["bytes_per_record"], 1),
+                        "target <= 200",
+                    )
+                )
+    width = max((len(r[0]) for r in rows), default=10)
+    width2 = max((len(r[1]) for r in rows), default=10)
+    lines = [f"{'scenario':<{width}}  {'figure':<{width2}}  note", "-" * (width + width2 + 40)]
+    lines += [f"{a:<{width}}  {b:<{width2}}  {c}" for a, b, c in rows]
+    return "\n".join(lines)
+
+
+def write(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    tmp.replace(path)
