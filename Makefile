@@ -8,12 +8,15 @@ STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard queueflow tests examples bench)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint demo chaos bench broker-start broker-stop broker-status clean
+.PHONY: help venv test lint typecheck imports check demo chaos bench broker-start broker-stop broker-status clean
 
 help:
 	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
 	@echo "make test          run the test suite (starts a throwaway local Kafka broker)"
 	@echo "make lint          ruff check + ruff format --check"
+	@echo "make typecheck     mypy (strict on the engine and the base layer)"
+	@echo "make imports       the import contracts (lint-imports: layers, stdlib-only engine)"
+	@echo "make check         lint + typecheck + imports (what CI runs before the tests)"
 	@echo "make demo          run examples.demo"
 	@echo "make bench         run the benchmark suite (bench/): prints a table, writes bench/results/latest.json; < 15 min"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost"
@@ -35,6 +38,18 @@ test: venv
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
 	$(BIN)/ruff format --check $(LINT_PATHS)
+
+# The engine and the standard-library-only base layer are held to mypy --strict.
+STRICT_PATHS := queueflow/engine queueflow/structs.py queueflow/errors.py queueflow/clock.py queueflow/settings.py
+
+typecheck: venv
+	$(BIN)/mypy
+	$(BIN)/mypy --strict $(STRICT_PATHS)
+
+imports: venv
+	$(BIN)/lint-imports
+
+check: lint typecheck imports
 
 demo: venv
 	$(BIN)/python -m examples.demo

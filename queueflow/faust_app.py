@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import faust
 import mode
@@ -102,7 +102,7 @@ class FaustSender:
 
 def raw_table(app: faust.App, name: str, partitions: int | None = None) -> Any:
     """A Faust table with bytes keys and values (queueflow encodes its own records)."""
-    table = app.Table(name, partitions=partitions)
+    table: Any = app.Table(name, partitions=partitions)
     # Faust derives serializers from key_type/value_type (json). The changelog topic decodes
     # during recovery, so it needs raw serializers too.
     for obj in (table, table.changelog_topic):
@@ -264,8 +264,9 @@ class ShareGroups:
             self._ticker.tick
         )
         app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)
-        app.on_partitions_revoked.connect(self._on_revoked)
-        app.on_partitions_assigned.connect(self._on_assigned)
+        # Faust's signal type wants a ``signal=`` keyword; the receivers take **kwargs.
+        app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
+        app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
 
     @property
     def leads(self) -> bool:
@@ -317,7 +318,8 @@ class ShareGroups:
                 self.lead(topic_name)
             if self.role != "leader":
                 # started after table recovery
-                self.app._extra_services.append(ShareAgentService(agent))
+                # (typed as classes, but Faust starts instances too)
+                self.app._extra_services.append(cast(Any, ShareAgentService(agent)))
             return agent
 
         return decorator

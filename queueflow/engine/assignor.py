@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-#: A share-partition: (topic, partition).
-TopicPartition = tuple[str, int]
+from queueflow.structs import TopicPartition
 
 
 def assign(
@@ -40,7 +39,7 @@ def assign(
     topics = sorted({t for subs in members.values() for t in subs if t in partitions})
     for topic in topics:
         subscribers = sorted(m for m, subs in members.items() if topic in subs)
-        tps = [(topic, p) for p in range(partitions[topic])]
+        tps = [TopicPartition(topic, p) for p in range(partitions[topic])]
         totals = {m: len(result[m]) for m in subscribers}
         for member, assigned in _assign_topic(subscribers, tps, previous, totals).items():
             result[member].extend(assigned)

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueflow.engine.assignor import TopicPartition, assign
+from queueflow.engine.assignor import assign
+from queueflow.structs import TopicPartition
 from queueflow.errors import ErrorCode, ShareGroupError
 
 
@@ -152,10 +153,8 @@ class ShareGroup:
         if wanted != {t: n for t, n in self.partitions.items() if t in wanted}:
             changed = True
         self.partitions.update(wanted)
-        released: list[tuple[str, list[TopicPartition]]] = []
-        if changed:
-            released = self._rebalance()
-        return HeartbeatResult(member.member_epoch, list(member.assignment), released)
+        moved = self._rebalance() if changed else []
+        return HeartbeatResult(member.member_epoch, list(member.assignment), moved)
 
     def leave(self, member_id: str) -> list[tuple[str, list[TopicPartition]]]:
         """Remove a member that leaves; returns what the leaders must release."""
@@ -253,7 +252,7 @@ class ShareGroup:
                     mid,
                     int(epoch),
                     tuple(topics),
-                    [(str(t), int(p)) for t, p in tps],
+                    [TopicPartition(str(t), int(p)) for t, p in tps],
                     now_ms,
                     client_id,
                     host,

@@ -12,9 +12,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from queueflow.protocol.messages import WireAck
-from queueflow.structs import AcknowledgeType
+from queueflow.structs import AcknowledgeType, TopicPartition
 
-TopicPartition = tuple[str, int]
+
 
 
 def to_wire(outcomes: dict[int, AcknowledgeType]) -> list[WireAck]:

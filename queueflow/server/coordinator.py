@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import structlog
 
-from queueflow.engine.assignor import TopicPartition
 from queueflow.engine.group import ShareGroup
 from queueflow.errors import ShareGroupError
 from queueflow.protocol import group_codec, topics
@@ -19,6 +18,7 @@ from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
 from queueflow.server.leader import send_reply
+from queueflow.structs import TopicPartition
 
 __all__ = ["ShareGroupCoordinator"]
 

@@ -85,7 +85,7 @@ class LogOffsets:
     async def log_start(self, tp: TopicPartition) -> int:
         """The log start offset of ``tp``."""
         consumer = await self._client()
-        return (await consumer.beginning_offsets([tp]))[tp]
+        return int((await consumer.beginning_offsets([tp]))[tp])
 
     async def close(self) -> None:
         """Stop the background refresh and close the consumer."""

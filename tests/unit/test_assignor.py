@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueflow.engine.assignor import TopicPartition, assign
+from queueflow.engine.assignor import assign
+from queueflow.structs import TopicPartition
 
 
 def members_of(n: int, topics: Sequence[str] = ("t",)) -> dict[str, list[str]]:
