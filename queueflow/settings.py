@@ -1,21 +1,45 @@
 """Share-group settings, declared once with their KIP-932 names, defaults, ranges and env vars.
 
-Each setting is a :class:`Setting` in :data:`SETTINGS`. A value comes from, in order: the keyword
-given to :class:`ShareGroupSettings`, the environment variable (the KIP-932 name upper-cased with
-dots turned into underscores and a ``QUEUEFLOW_`` prefix, e.g.
-``QUEUEFLOW_GROUP_SHARE_RECORD_LOCK_DURATION_MS``), then the default. Names follow KIP-932 and the
-Kafka 4.x broker configs where an equivalent exists; queueflow-only settings start with
-``queueflow.``.
+Each setting is a :class:`Setting` in :data:`SETTINGS`, the one source of truth: the defaults of
+:class:`ShareGroupSettings`, the limits the share-partition engine checks
+(:class:`queueflow.engine.partition.SharePartitionConfig`) and the table in
+``docs/configuration.md`` (:func:`markdown_table`) all come from it. An import-time check
+(:func:`check_declarations`) fails if the dataclass and the table disagree.
+
+``python -m queueflow.settings`` prints the Markdown table;
+``python -m queueflow.settings --write docs/configuration.md`` updates the doc in place.
+
+A value comes from, in order: the keyword given to :class:`ShareGroupSettings`, the environment
+variable (the KIP-932 name upper-cased with dots turned into underscores and a ``QUEUEFLOW_``
+prefix, e.g. ``QUEUEFLOW_GROUP_SHARE_RECORD_LOCK_DURATION_MS``), then the default. Names follow
+KIP-932 and the Kafka 4.x broker configs where an equivalent exists; queueflow-only settings start
+with ``queueflow.``.
+
+This module uses the standard library only: the engine imports it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from queueflow.errors import ConfigurationError
+
+__all__ = [
+    "SETTINGS",
+    "Setting",
+    "ShareGroupSettings",
+    "check_declarations",
+    "int_default",
+    "lookup",
+    "markdown_table",
+    "str_default",
+    "with_markdown_table",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,10 +49,12 @@ class Setting:
     Args:
         attr: the Python attribute on :class:`ShareGroupSettings`.
         name: the KIP-932 / Kafka config name (or ``queueflow.*``).
-        default: the default value.
-        minimum / maximum: inclusive bounds for integers, or ``None``.
+        default: the default value; its type (``int`` or ``str``) is the setting's type.
+        minimum / maximum: inclusive bounds for integers, or ``None`` for unbounded.
         choices: allowed values for strings, or ``None``.
-        doc: one line for the configuration reference.
+        doc: one line for the configuration reference (Markdown; no ``|``).
+        read_by: which process's value applies (leader, coordinator, member, share agent), for
+            the configuration reference.
     """
 
     attr: str
@@ -38,6 +64,7 @@ class Setting:
     maximum: int | None = None
     choices: tuple[str, ...] | None = None
     doc: str = ""
+    read_by: str = ""
 
     @property
     def env(self) -> str:
@@ -45,7 +72,7 @@ class Setting:
         return "QUEUEFLOW_" + self.name.replace("queueflow.", "").replace(".", "_").upper()
 
     def allowed(self) -> str:
-        """The allowed range, as shown in errors and docs."""
+        """The allowed range, as shown in errors and docs: ``[lo..hi]``, ``[lo..]`` or choices."""
         if self.choices:
             return " | ".join(self.choices)
         lo = "" if self.minimum is None else str(self.minimum)
@@ -53,23 +80,36 @@ class Setting:
         return f"[{lo}..{hi}]"
 
     def parse(self, raw: Any, source: str) -> int | str:
-        """Convert and check ``raw``; raise :class:`ConfigurationError` naming the setting."""
+        """Convert and check ``raw`` (a value, or its string form from the environment).
+
+        Args:
+            raw: the value to check; integers may be given as numeric strings.
+            source: where it came from, for the message (``arguments``, ``$ENV_VAR``, ``default``).
+
+        Returns:
+            The value as ``int`` or ``str`` (the type of :attr:`default`).
+
+        Raises:
+            ConfigurationError: not an integer, out of ``[minimum..maximum]`` or not one of
+                :attr:`choices`; the message names the setting, the value, ``source`` and the
+                allowed range.
+        """
         if isinstance(self.default, int):
             try:
-                value: int | str = int(raw)
+                number = int(raw)
             except (TypeError, ValueError):
                 raise ConfigurationError(
                     f"{self.name}={raw!r} (from {source}) is not an integer; "
                     f"allowed range {self.allowed()}, default {self.default}"
                 ) from None
-            if (self.minimum is not None and value < self.minimum) or (
-                self.maximum is not None and value > self.maximum
+            if (self.minimum is not None and number < self.minimum) or (
+                self.maximum is not None and number > self.maximum
             ):
                 raise ConfigurationError(
-                    f"{self.name}={value} (from {source}) is out of range; "
+                    f"{self.name}={number} (from {source}) is out of range; "
                     f"allowed range {self.allowed()}, default {self.default}"
                 )
-            return value
+            return number
         value = str(raw)
         if self.choices and value not in self.choices:
             raise ConfigurationError(
@@ -79,6 +119,10 @@ class Setting:
         return value
 
 
+_LOCK_READERS = "leader; share agent (checks `lock_duration_ms`)"
+
+#: Every share-group setting, in the order of the configuration reference. Bounds follow the Kafka
+#: 4.x broker configs (notes §2.1) unless a doc line says otherwise.
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "record_lock_duration_ms",
@@ -87,6 +131,20 @@ SETTINGS: tuple[Setting, ...] = (
         1000,
         3600000,
         doc="Acquisition lock duration (ms) for records a consumer acquires.",
+        read_by="leader",
+    ),
+    Setting(
+        "min_record_lock_duration_ms",
+        "group.share.min.record.lock.duration.ms",
+        1000,
+        1000,
+        30000,
+        doc=(
+            "Lower bound (ms) for `group.share.record.lock.duration.ms` and for a consumer's own "
+            "lock duration. Kafka's default is 15000; queueflow keeps 1000 (its former fixed "
+            "minimum)."
+        ),
+        read_by=_LOCK_READERS,
     ),
     Setting(
         "max_record_lock_duration_ms",
@@ -94,7 +152,11 @@ SETTINGS: tuple[Setting, ...] = (
         60000,
         30000,
         3600000,
-        doc="Upper bound (ms) for a consumer's own lock duration.",
+        doc=(
+            "Upper bound (ms) for `group.share.record.lock.duration.ms` and for a consumer's own "
+            "lock duration."
+        ),
+        read_by=_LOCK_READERS,
     ),
     Setting(
         "delivery_count_limit",
@@ -103,6 +165,7 @@ SETTINGS: tuple[Setting, ...] = (
         2,
         10,
         doc="Delivery attempts after which a record is Archived.",
+        read_by="leader",
     ),
     Setting(
         "partition_max_record_locks",
@@ -111,6 +174,7 @@ SETTINGS: tuple[Setting, ...] = (
         100,
         10000,
         doc="In-flight records per share-partition (SPEO - SPSO).",
+        read_by="leader",
     ),
     Setting(
         "session_timeout_ms",
@@ -119,6 +183,7 @@ SETTINGS: tuple[Setting, ...] = (
         1000,
         None,
         doc="A member silent for longer than this (ms) is removed; its records are released.",
+        read_by="coordinator",
     ),
     Setting(
         "heartbeat_interval_ms",
@@ -127,14 +192,24 @@ SETTINGS: tuple[Setting, ...] = (
         100,
         None,
         doc="How often (ms) members heartbeat to the share-group coordinator.",
+        read_by="member",
     ),
-    Setting("max_size", "group.share.max.size", 200, 1, 1000, doc="Members per share group."),
+    Setting(
+        "max_size",
+        "group.share.max.size",
+        200,
+        1,
+        1000,
+        doc="Members per share group.",
+        read_by="coordinator",
+    ),
     Setting(
         "auto_offset_reset",
         "share.auto.offset.reset",
         "latest",
         choices=("latest", "earliest"),
         doc="Where a new share-partition's SPSO starts: the log end or the log start.",
+        read_by="leader",
     ),
     Setting(
         "snapshot_update_records_per_snapshot",
@@ -143,6 +218,7 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         500,
         doc="State deltas written between two full snapshots of a share-partition.",
+        read_by="leader",
     ),
     Setting(
         "max_poll_records",
@@ -151,6 +227,7 @@ SETTINGS: tuple[Setting, ...] = (
         1,
         10000,
         doc="Records a member acquires per ShareFetch.",
+        read_by="member",
     ),
     Setting(
         "acknowledgement_linger_ms",
@@ -159,6 +236,7 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         10000,
         doc="How long (ms) acknowledgements wait to ride along with the next fetch.",
+        read_by="share agent",
     ),
     Setting(
         "request_timeout_ms",
@@ -167,6 +245,7 @@ SETTINGS: tuple[Setting, ...] = (
         100,
         600000,
         doc="How long (ms) a member waits for a leader or coordinator to answer.",
+        read_by="member",
     ),
     Setting(
         "shutdown_timeout_ms",
@@ -175,6 +254,7 @@ SETTINGS: tuple[Setting, ...] = (
         0,
         3600000,
         doc="On SIGTERM, how long (ms) handlers may run before their records are released.",
+        read_by="share agent",
     ),
     Setting(
         "lock_check_interval_ms",
@@ -183,39 +263,89 @@ SETTINGS: tuple[Setting, ...] = (
         10,
         60000,
         doc="How often (ms) leaders check acquisition locks and coordinators check sessions.",
+        read_by="leader, coordinator (ticker)",
     ),
 )
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}
+_BY_NAME = {s.name: s for s in SETTINGS}
 
 
-@dataclass(frozen=True, slots=True)
-class ShareGroupSettings:
-    """Validated share-group settings (KIP-932 "Configuration").
-
-    Build with keywords (``ShareGroupSettings(delivery_count_limit=3)``) or
-    :meth:`load` with KIP-932 names (``{"group.share.delivery.count.limit": 3}``);
-    anything not given comes from its environment variable, then its default.
+def lookup(key: str) -> Setting:
+    """The :class:`Setting` with attribute name or KIP-932 name ``key``.
 
     Raises:
-        ConfigurationError: a value is of the wrong type or out of its allowed range; the message
-            names the setting, the value, where it came from and the allowed range.
+        KeyError: no such setting (a programming error, unlike an unknown name in
+            :meth:`ShareGroupSettings.load`, which raises :class:`ConfigurationError`).
+    """
+    setting = _BY_ATTR.get(key) or _BY_NAME.get(key)
+    if setting is None:
+        raise KeyError(f"no share-group setting {key!r}")
+    return setting
+
+
+def int_default(key: str) -> int:
+    """The default of the integer setting ``key`` (attribute or KIP-932 name).
+
+    Raises:
+        KeyError: no such setting. TypeError: the setting is not an integer.
+    """
+    default = lookup(key).default
+    if not isinstance(default, int):
+        raise TypeError(f"share-group setting {key!r} is not an integer")
+    return default
+
+
+def str_default(key: str) -> str:
+    """The default of the string setting ``key`` (attribute or KIP-932 name).
+
+    Raises:
+        KeyError: no such setting. TypeError: the setting is not a string.
+    """
+    default = lookup(key).default
+    if not isinstance(default, str):
+        raise TypeError(f"share-group setting {key!r} is not a string")
+    return default
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShareGroupSettings:
+    """Validated share-group settings (KIP-932 "Configuration"; Kafka ``group.share.*`` configs).
+
+    Build with keywords (``ShareGroupSettings(delivery_count_limit=3)``) or :meth:`load` with
+    KIP-932 names (``{"group.share.delivery.count.limit": 3}``). Keyword-only, so that adding a
+    setting never shifts positional arguments. The attributes and their defaults are those of
+    :data:`SETTINGS` (checked at import by :func:`check_declarations`); durations are in ms.
+
+    Cross-setting checks:
+
+    * ``group.share.min.record.lock.duration.ms`` <= ``group.share.record.lock.duration.ms``
+      <= ``group.share.max.record.lock.duration.ms``;
+    * ``group.share.heartbeat.interval.ms`` < ``group.share.session.timeout.ms``.
+
+    Raises:
+        ConfigurationError: a value is of the wrong type or out of its allowed range, or a
+            cross-setting check fails; the message names the setting(s), the value, where it came
+            from and the allowed range.
     """
 
-    record_lock_duration_ms: int = 30000
-    max_record_lock_duration_ms: int = 60000
-    delivery_count_limit: int = 5
-    partition_max_record_locks: int = 2000
-    session_timeout_ms: int = 45000
-    heartbeat_interval_ms: int = 5000
-    max_size: int = 200
-    auto_offset_reset: str = "latest"
-    snapshot_update_records_per_snapshot: int = 500
-    max_poll_records: int = 500
-    acknowledgement_linger_ms: int = 20
-    request_timeout_ms: int = 10000
-    shutdown_timeout_ms: int = 30000
-    lock_check_interval_ms: int = 250
+    # Defaults are read from SETTINGS (never written here); the annotations keep the attributes
+    # typed for mypy, and check_declarations() fails at import if they disagree with the table.
+    record_lock_duration_ms: int = int_default("record_lock_duration_ms")
+    min_record_lock_duration_ms: int = int_default("min_record_lock_duration_ms")
+    max_record_lock_duration_ms: int = int_default("max_record_lock_duration_ms")
+    delivery_count_limit: int = int_default("delivery_count_limit")
+    partition_max_record_locks: int = int_default("partition_max_record_locks")
+    session_timeout_ms: int = int_default("session_timeout_ms")
+    heartbeat_interval_ms: int = int_default("heartbeat_interval_ms")
+    max_size: int = int_default("max_size")
+    auto_offset_reset: str = str_default("auto_offset_reset")
+    snapshot_update_records_per_snapshot: int = int_default("snapshot_update_records_per_snapshot")
+    max_poll_records: int = int_default("max_poll_records")
+    acknowledgement_linger_ms: int = int_default("acknowledgement_linger_ms")
+    request_timeout_ms: int = int_default("request_timeout_ms")
+    shutdown_timeout_ms: int = int_default("shutdown_timeout_ms")
+    lock_check_interval_ms: int = int_default("lock_check_interval_ms")
 
     @classmethod
     def load(
@@ -228,13 +358,13 @@ class ShareGroupSettings:
             env: the environment to read (defaults to :data:`os.environ`).
 
         Raises:
-            ConfigurationError: an unknown setting name, or a value out of range.
+            ConfigurationError: an unknown setting name, a value out of range, or a failed
+                cross-setting check.
         """
         env = os.environ if env is None else env
-        by_name = {s.name: s for s in SETTINGS}
         given: dict[str, tuple[Any, str]] = {}
         for key, raw in (overrides or {}).items():
-            setting = _BY_ATTR.get(key) or by_name.get(key)
+            setting = _BY_ATTR.get(key) or _BY_NAME.get(key)
             if setting is None:
                 raise ConfigurationError(
                     f"unknown share-group setting {key!r}; known settings: "
@@ -242,6 +372,7 @@ class ShareGroupSettings:
                 )
             given[setting.attr] = (raw, "arguments")
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         for setting in SETTINGS:
             if setting.attr in given:
                 raw, source = given[setting.attr]
@@ -250,24 +381,191 @@ class ShareGroupSettings:
             else:
                 raw, source = setting.default, "default"
             values[setting.attr] = setting.parse(raw, source)
+            sources[setting.attr] = source
+        return cls._build(values, sources)
+
+    @classmethod
+    def _build(cls, values: dict[str, Any], sources: dict[str, str]) -> ShareGroupSettings:
+        # Cross-checks run here too so that their messages can say where each value came from;
+        # __post_init__ repeats them (cheaply) for direct construction.
+        _cross_check(values, sources)
         return cls(**values)
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # convert and check values given to the constructor directly
-            value = _BY_ATTR[f.name].parse(getattr(self, f.name), "arguments")
-            object.__setattr__(self, f.name, value)
-        if self.record_lock_duration_ms > self.max_record_lock_duration_ms:
-            raise ConfigurationError(
-                f"group.share.record.lock.duration.ms={self.record_lock_duration_ms} exceeds "
-                f"group.share.max.record.lock.duration.ms={self.max_record_lock_duration_ms}; "
-                "raise the maximum or lower the lock duration"
-            )
-        if self.heartbeat_interval_ms >= self.session_timeout_ms:
-            raise ConfigurationError(
-                f"group.share.heartbeat.interval.ms={self.heartbeat_interval_ms} must be below "
-                f"group.share.session.timeout.ms={self.session_timeout_ms}"
-            )
+        values: dict[str, Any] = {}
+        for setting in SETTINGS:  # convert and check values given to the constructor directly
+            value = setting.parse(getattr(self, setting.attr), "arguments")
+            object.__setattr__(self, setting.attr, value)
+            values[setting.attr] = value
+        _cross_check(values, {})
 
     def as_kip_names(self) -> dict[str, int | str]:
         """The settings keyed by their KIP-932 names (for logs, admin output and docs)."""
         return {s.name: getattr(self, s.attr) for s in SETTINGS}
+
+
+def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """Checks between settings; ``sources`` (attr -> where from) only enriches the messages."""
+
+    def show(attr: str) -> str:
+        source = sources.get(attr, "arguments")
+        return f"{_BY_ATTR[attr].name}={values[attr]} (from {source})"
+
+    low, lock, high = (
+        values["min_record_lock_duration_ms"],
+        values["record_lock_duration_ms"],
+        values["max_record_lock_duration_ms"],
+    )
+    if low > high:
+        raise ConfigurationError(
+            f"{show('min_record_lock_duration_ms')} exceeds "
+            f"{show('max_record_lock_duration_ms')}; the minimum must not exceed the maximum"
+        )
+    if lock > high:
+        raise ConfigurationError(
+            f"{show('record_lock_duration_ms')} exceeds {show('max_record_lock_duration_ms')}; "
+            f"allowed range [{low}..{high}]: raise the maximum or lower the lock duration"
+        )
+    if lock < low:
+        raise ConfigurationError(
+            f"{show('record_lock_duration_ms')} is below {show('min_record_lock_duration_ms')}; "
+            f"allowed range [{low}..{high}]: lower the minimum or raise the lock duration"
+        )
+    if values["heartbeat_interval_ms"] >= values["session_timeout_ms"]:
+        raise ConfigurationError(
+            f"{show('heartbeat_interval_ms')} must be below {show('session_timeout_ms')}"
+        )
+
+
+def check_declarations(cls: type = ShareGroupSettings) -> None:
+    """Check that :data:`SETTINGS` is consistent and that ``cls`` declares exactly its settings.
+
+    Runs at import. For each :class:`Setting`, ``cls`` must have a field named :attr:`Setting.attr`
+    (in table order), annotated with the type of :attr:`Setting.default` and defaulting to it; the
+    table itself must have unique attributes, names and env vars, defaults within their own
+    ranges, and bounds or choices that fit the type.
+
+    Raises:
+        TypeError: a declaration disagrees; the message names the setting and the difference.
+    """
+    problems: list[str] = []
+    for label, keys in (
+        ("attribute", [s.attr for s in SETTINGS]),
+        ("name", [s.name for s in SETTINGS]),
+        ("env var", [s.env for s in SETTINGS]),
+    ):
+        dupes = sorted({k for k in keys if keys.count(k) > 1})
+        if dupes:
+            problems.append(f"duplicate {label}s in SETTINGS: {', '.join(dupes)}")
+    for s in SETTINGS:
+        if isinstance(s.default, int):
+            if s.choices is not None:
+                problems.append(f"{s.name}: an integer setting cannot have choices")
+            if s.minimum is not None and s.maximum is not None and s.minimum > s.maximum:
+                problems.append(f"{s.name}: minimum {s.minimum} > maximum {s.maximum}")
+        elif not s.choices or s.minimum is not None or s.maximum is not None:
+            problems.append(f"{s.name}: a string setting needs choices and no bounds")
+        try:
+            s.parse(s.default, "default")
+        except ConfigurationError as exc:
+            problems.append(str(exc))
+        if "|" in s.doc or "|" in s.read_by:
+            problems.append(f"{s.name}: '|' in doc or read_by breaks the Markdown table")
+
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls.__qualname__} is not a dataclass")
+    hints = typing.get_type_hints(cls)
+    declared = [f.name for f in dataclasses.fields(cls)]
+    expected = [s.attr for s in SETTINGS]
+    if declared != expected:
+        missing = [a for a in expected if a not in declared]
+        extra = [a for a in declared if a not in expected]
+        problems.append(
+            f"{cls.__qualname__} fields differ from SETTINGS: missing {missing}, extra {extra}"
+            + ("" if missing or extra else " (same names, different order)")
+        )
+    for f in dataclasses.fields(cls):
+        if f.name not in _BY_ATTR:
+            continue
+        s = _BY_ATTR[f.name]
+        if hints.get(f.name) is not type(s.default):
+            problems.append(
+                f"{cls.__qualname__}.{f.name} is annotated {hints.get(f.name)!r}, but {s.name} "
+                f"is {type(s.default).__name__}"
+            )
+        if type(f.default) is not type(s.default) or f.default != s.default:
+            problems.append(
+                f"{cls.__qualname__}.{f.name} defaults to {f.default!r}, but {s.name} "
+                f"defaults to {s.default!r}"
+            )
+    if problems:
+        raise TypeError("share-group settings declarations disagree:\n  " + "\n  ".join(problems))
+
+
+def markdown_table() -> str:
+    """The settings table of ``docs/configuration.md``, generated from :data:`SETTINGS`.
+
+    Returns:
+        A Markdown table (header, separator, one row per setting), ending with a newline.
+        Regenerate the doc's copy with ``python -m queueflow.settings``.
+    """
+    rows = [
+        "| Setting (KIP-932 / Kafka name) | Environment variable | Default | Allowed | Read by "
+        "| Meaning |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in SETTINGS:
+        allowed = ", ".join(f"`{c}`" for c in s.choices) if s.choices else f"`{s.allowed()}`"
+        rows.append(
+            f"| `{s.name}` <br>(`{s.attr}`) | `{s.env}` | `{s.default}` | {allowed} "
+            f"| {s.read_by} | {s.doc} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+#: The comments around the generated table in ``docs/configuration.md``.
+TABLE_START = "<!-- settings-table:start -->"
+TABLE_END = "<!-- settings-table:end -->"
+
+
+def with_markdown_table(text: str) -> str:
+    """``text`` (a Markdown document) with the table between the marker comments regenerated.
+
+    Args:
+        text: a document with one :data:`TABLE_START` line and a later :data:`TABLE_END` line.
+
+    Returns:
+        The document with :func:`markdown_table` between the markers (the rest unchanged).
+
+    Raises:
+        ValueError: the markers are missing or out of order.
+    """
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
+    if start < 0 or end < start:
+        raise ValueError(f"the document needs {TABLE_START} and then {TABLE_END}")
+    head = text[: start + len(TABLE_START)]
+    return f"{head}\n{markdown_table()}{text[end:]}"
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m queueflow.settings [--write PATH]``: print the table, or update PATH in place."""
+    if not argv:
+        print(markdown_table(), end="")
+        return 0
+    if len(argv) == 2 and argv[0] == "--write":
+        with open(argv[1], encoding="utf-8") as f:
+            text = f.read()
+        with open(argv[1], "w", encoding="utf-8") as f:
+            f.write(with_markdown_table(text))
+        return 0
+    print("usage: python -m queueflow.settings [--write docs/configuration.md]")
+    return 2
+
+
+check_declarations()
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))

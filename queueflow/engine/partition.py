@@ -37,6 +37,7 @@ from queueflow.errors import (
     InvalidRecordStateError,
     InvalidRequestError,
 )
+from queueflow.settings import int_default, lookup
 from queueflow.structs import AcknowledgeType
 
 __all__ = [
@@ -55,9 +56,6 @@ _AVAILABLE = RecordState.AVAILABLE
 _ACQUIRED = RecordState.ACQUIRED
 _ACKNOWLEDGED = RecordState.ACKNOWLEDGED
 _ARCHIVED = RecordState.ARCHIVED
-
-#: Smallest acquisition lock a consumer may ask for (``group.share.record.lock.duration.ms`` min).
-MIN_LOCK_DURATION_MS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,20 +116,33 @@ class RunView:
     lock_deadline_ms: int | None
 
 
-def _check_range(name: str, value: object, low: int, high: int) -> None:
+def _check_range(name: str, value: object, low: int | None = None, high: int | None = None) -> None:
+    """Check ``value`` against the range of setting ``name`` (a KIP-932 / Kafka config name).
+
+    The bounds come from :data:`queueflow.settings.SETTINGS` unless ``low`` / ``high`` narrow
+    them (cross-setting checks).
+
+    Raises:
+        ConfigurationError: ``value`` is not an ``int`` (``bool`` excluded) or is out of range.
+    """
+    setting = lookup(name)
+    lo = setting.minimum if low is None else low
+    hi = setting.maximum if high is None else high
+    shown = f"{'' if lo is None else lo}..{'' if hi is None else hi}"
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigurationError(
-            f"{name} must be an integer in {low}..{high}, got {value!r} ({type(value).__name__})"
+            f"{name} must be an integer in {shown}, got {value!r} ({type(value).__name__})"
         )
-    if not low <= value <= high:
-        raise ConfigurationError(
-            f"{name}={value} is out of range: allowed {low}..{high} (inclusive)"
-        )
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise ConfigurationError(f"{name}={value} is out of range: allowed {shown} (inclusive)")
 
 
 @dataclass(frozen=True, slots=True)
 class SharePartitionConfig:
     """Limits of one share-partition (broker configs, notes §2.1; KIP-932 "In-flight records").
+
+    Defaults and allowed ranges are those of :data:`queueflow.settings.SETTINGS` (the names below);
+    the ranges quoted here are today's values there.
 
     Attributes:
         max_in_flight_records: ``group.share.partition.max.record.locks``; SPEO - SPSO never
@@ -139,47 +150,51 @@ class SharePartitionConfig:
         delivery_count_limit: ``group.share.delivery.count.limit``; a record whose delivery fails
             this many times is archived. Allowed 2..10, default 5.
         record_lock_duration_ms: ``group.share.record.lock.duration.ms``; acquisition lock
-            duration in ms. Allowed 1000..3600000 and at most ``max_record_lock_duration_ms``,
-            default 30000.
+            duration in ms. Allowed 1000..3600000 and within
+            ``min_record_lock_duration_ms..max_record_lock_duration_ms``, default 30000.
         max_record_lock_duration_ms: ``group.share.max.record.lock.duration.ms``; upper bound (ms)
-            for a lock duration a consumer asks for. Allowed 30000..3600000, default 60000.
+            for the lock duration and for a lock duration a consumer asks for. Allowed
+            30000..3600000, default 60000.
+        min_record_lock_duration_ms: ``group.share.min.record.lock.duration.ms``; lower bound (ms)
+            for the lock duration and for a lock duration a consumer asks for. Allowed
+            1000..30000, default 1000 (Kafka's is 15000).
 
     Raises:
         ConfigurationError: on construction (see :meth:`validate`).
     """
 
-    max_in_flight_records: int = 2000
-    delivery_count_limit: int = 5
-    record_lock_duration_ms: int = 30000
-    max_record_lock_duration_ms: int = 60000
+    # Field order is positional API (``SharePartitionConfig(100, 2, 1000, 30000)``): add at the end.
+    max_in_flight_records: int = int_default("group.share.partition.max.record.locks")
+    delivery_count_limit: int = int_default("group.share.delivery.count.limit")
+    record_lock_duration_ms: int = int_default("group.share.record.lock.duration.ms")
+    max_record_lock_duration_ms: int = int_default("group.share.max.record.lock.duration.ms")
+    min_record_lock_duration_ms: int = int_default("group.share.min.record.lock.duration.ms")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        """Check every setting against its allowed range.
+        """Check every setting against its allowed range in :data:`queueflow.settings.SETTINGS`.
 
         Raises:
             ConfigurationError: naming the KIP-932/Kafka setting, the value and the allowed range.
         """
-        _check_range(
-            "group.share.partition.max.record.locks", self.max_in_flight_records, 100, 10000
-        )
-        _check_range("group.share.delivery.count.limit", self.delivery_count_limit, 2, 10)
-        _check_range(
-            "group.share.record.lock.duration.ms", self.record_lock_duration_ms, 1000, 3600000
-        )
-        _check_range(
-            "group.share.max.record.lock.duration.ms",
-            self.max_record_lock_duration_ms,
-            30000,
-            3600000,
-        )
-        if self.record_lock_duration_ms > self.max_record_lock_duration_ms:
+        _check_range("group.share.partition.max.record.locks", self.max_in_flight_records)
+        _check_range("group.share.delivery.count.limit", self.delivery_count_limit)
+        _check_range("group.share.record.lock.duration.ms", self.record_lock_duration_ms)
+        _check_range("group.share.max.record.lock.duration.ms", self.max_record_lock_duration_ms)
+        _check_range("group.share.min.record.lock.duration.ms", self.min_record_lock_duration_ms)
+        low, high = self.min_record_lock_duration_ms, self.max_record_lock_duration_ms
+        if low > high:
+            raise ConfigurationError(
+                f"group.share.min.record.lock.duration.ms={low} exceeds "
+                f"group.share.max.record.lock.duration.ms={high}"
+            )
+        if not low <= self.record_lock_duration_ms <= high:
             raise ConfigurationError(
                 f"group.share.record.lock.duration.ms={self.record_lock_duration_ms} is out of "
-                f"range: allowed 1000..{self.max_record_lock_duration_ms} (it must not exceed "
-                "group.share.max.record.lock.duration.ms)"
+                f"range: allowed {low}..{high} (it must lie within "
+                "group.share.min.record.lock.duration.ms..group.share.max.record.lock.duration.ms)"
             )
 
 
@@ -365,8 +380,9 @@ class SharePartition:
             log_end_offset: exclusive end of the records in the log; a value below the SPEO
                 means "no new records".
             now_ms: the current time in ms.
-            lock_duration_ms: the consumer's own lock duration in ms, 1000 ..
-                ``max_record_lock_duration_ms``; None for ``record_lock_duration_ms``.
+            lock_duration_ms: the consumer's own lock duration in ms,
+                ``min_record_lock_duration_ms..max_record_lock_duration_ms``; None for
+                ``record_lock_duration_ms``.
 
         Returns:
             Acquired ranges of equal delivery count, in increasing offset order (maybe empty).
@@ -384,11 +400,13 @@ class SharePartition:
         cfg = self._config
         if lock_duration_ms is None:
             lock_duration_ms = cfg.record_lock_duration_ms
-        elif not MIN_LOCK_DURATION_MS <= lock_duration_ms <= cfg.max_record_lock_duration_ms:
+        elif not (
+            cfg.min_record_lock_duration_ms <= lock_duration_ms <= cfg.max_record_lock_duration_ms
+        ):
             raise InvalidRequestError(
                 f"lock duration {lock_duration_ms} ms is out of range: allowed "
-                f"{MIN_LOCK_DURATION_MS}..{cfg.max_record_lock_duration_ms} ms "
-                "(group.share.max.record.lock.duration.ms)"
+                f"{cfg.min_record_lock_duration_ms}..{cfg.max_record_lock_duration_ms} ms "
+                "(group.share.min.record.lock.duration.ms..group.share.max.record.lock.duration.ms)"
             )
         member = sys.intern(member_id)
         deadline = now_ms + lock_duration_ms

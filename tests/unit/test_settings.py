@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
-from queueflow.errors import ConfigurationError
-from queueflow.settings import SETTINGS, Setting, ShareGroupSettings
+from queueflow.engine.partition import SharePartition, SharePartitionConfig
+from queueflow.errors import ConfigurationError, InvalidRequestError
+from queueflow.settings import SETTINGS, Setting, ShareGroupSettings, check_declarations, lookup
 
 BY_NAME = {s.name: s for s in SETTINGS}
 
 
-def load(overrides: dict[str, object] | None = None, env: dict[str, str] | None = None):
+def load(
+    overrides: dict[str, object] | None = None, env: dict[str, str] | None = None
+) -> ShareGroupSettings:
     return ShareGroupSettings.load(overrides, env={} if env is None else env)
 
 
@@ -186,6 +190,8 @@ def test_out_of_range_names_setting_and_range(name: str, value: int, allowed: st
         ("group.share.partition.max.record.locks", 100),
         ("group.share.partition.max.record.locks", 10000),
         ("share.coordinator.snapshot.update.records.per.snapshot", 0),
+        ("group.share.min.record.lock.duration.ms", 1000),
+        ("group.share.max.record.lock.duration.ms", 3600000),
     ],
 )
 def test_range_bounds_are_inclusive(name: str, value: int) -> None:
@@ -244,3 +250,164 @@ def test_constructor_converts_numeric_strings_and_refuses_junk() -> None:
     assert settings.record_lock_duration_ms == 30000
     with pytest.raises(ConfigurationError, match=r"group\.share\.record\.lock\.duration\.ms"):
         ShareGroupSettings(record_lock_duration_ms="thirty seconds")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------
+# One source: the dataclass and the engine follow SETTINGS
+# ------------------------------------------------------------------------------------------------
+
+
+def test_dataclass_fields_follow_the_table() -> None:
+    check_declarations()  # also runs at import; explicit here so a failure names this test
+    assert [f.name for f in dataclasses.fields(ShareGroupSettings)] == [s.attr for s in SETTINGS]
+
+
+def _settings_class(**changes: tuple[type, object] | None) -> type:
+    """A copy of ShareGroupSettings' declarations with some fields changed (None: removed)."""
+    spec: list[tuple[str, type, object]] = []
+    for s in SETTINGS:
+        change = changes.pop(s.attr, (type(s.default), s.default))
+        if change is not None:
+            spec.append((s.attr, change[0], dataclasses.field(default=change[1])))
+    for name, extra in changes.items():  # fields the table does not have
+        assert extra is not None
+        spec.append((name, extra[0], dataclasses.field(default=extra[1])))
+    return dataclasses.make_dataclass("Copy", spec, frozen=True)
+
+
+def test_declaration_check_accepts_an_exact_copy() -> None:
+    check_declarations(_settings_class())
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"delivery_count_limit": (int, 6)}, "delivery_count_limit defaults to 6"),
+        ({"delivery_count_limit": (str, 5)}, "delivery_count_limit is annotated"),
+        ({"auto_offset_reset": (str, "earliest")}, "defaults to 'earliest'"),
+        ({"max_size": None}, "missing ['max_size']"),
+        ({"surprise_ms": (int, 1)}, "extra ['surprise_ms']"),
+    ],
+)
+def test_declaration_check_rejects_a_disagreeing_dataclass(
+    changes: dict[str, tuple[type, object] | None], expected: str
+) -> None:
+    with pytest.raises(TypeError) as info:
+        check_declarations(_settings_class(**changes))
+    assert expected in str(info.value)
+
+
+def test_settings_are_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        ShareGroupSettings(30000)  # type: ignore[call-arg]
+
+
+def test_lookup_by_either_name() -> None:
+    assert lookup("min_record_lock_duration_ms") is lookup(
+        "group.share.min.record.lock.duration.ms"
+    )
+    with pytest.raises(KeyError):
+        lookup("group.share.no.such.setting")
+
+
+ENGINE_FIELDS = {
+    "max_in_flight_records": "group.share.partition.max.record.locks",
+    "delivery_count_limit": "group.share.delivery.count.limit",
+    "record_lock_duration_ms": "group.share.record.lock.duration.ms",
+    "max_record_lock_duration_ms": "group.share.max.record.lock.duration.ms",
+    "min_record_lock_duration_ms": "group.share.min.record.lock.duration.ms",
+}
+
+
+def test_engine_defaults_come_from_the_table() -> None:
+    cfg = SharePartitionConfig()
+    assert {f.name for f in dataclasses.fields(cfg)} == set(ENGINE_FIELDS)
+    for attr, name in ENGINE_FIELDS.items():
+        assert getattr(cfg, attr) == BY_NAME[name].default, attr
+
+
+@pytest.mark.parametrize(("attr", "name"), ENGINE_FIELDS.items())
+def test_engine_ranges_come_from_the_table(attr: str, name: str) -> None:
+    s = BY_NAME[name]
+    assert s.minimum is not None and s.maximum is not None
+    allowed = f"{s.minimum}..{s.maximum}"
+    for bad in (s.minimum - 1, s.maximum + 1):
+        with pytest.raises(ConfigurationError) as info:
+            SharePartitionConfig(**{attr: bad})
+        message = str(info.value)
+        assert f"{name}={bad}" in message
+        if attr != "record_lock_duration_ms":  # its cross-check may fire first; same style
+            assert allowed in message
+
+
+def test_engine_config_from_settings_round_trips() -> None:
+    s = load({"min_record_lock_duration_ms": 5000, "record_lock_duration_ms": 5000})
+    cfg = SharePartitionConfig(
+        max_in_flight_records=s.partition_max_record_locks,
+        delivery_count_limit=s.delivery_count_limit,
+        record_lock_duration_ms=s.record_lock_duration_ms,
+        max_record_lock_duration_ms=s.max_record_lock_duration_ms,
+        min_record_lock_duration_ms=s.min_record_lock_duration_ms,
+    )
+    assert cfg.min_record_lock_duration_ms == 5000
+
+
+# ------------------------------------------------------------------------------------------------
+# group.share.min.record.lock.duration.ms
+# ------------------------------------------------------------------------------------------------
+
+
+def test_min_record_lock_duration_default_keeps_queueflow_behaviour() -> None:
+    s = BY_NAME["group.share.min.record.lock.duration.ms"]
+    assert (s.default, s.minimum, s.maximum) == (1000, 1000, 30000)  # Kafka: 15000 in [1000..30000]
+    assert s.env == "QUEUEFLOW_GROUP_SHARE_MIN_RECORD_LOCK_DURATION_MS"
+    assert "15000" in s.doc  # the deviation from Kafka's default is documented
+    assert load().min_record_lock_duration_ms == 1000
+
+
+@pytest.mark.parametrize("value", [999, 30001])
+def test_min_record_lock_duration_range(value: int) -> None:
+    with pytest.raises(ConfigurationError, match=r"\[1000\.\.30000\]"):
+        load({"group.share.min.record.lock.duration.ms": value})
+
+
+def test_lock_duration_below_minimum_is_rejected() -> None:
+    env = {"QUEUEFLOW_GROUP_SHARE_MIN_RECORD_LOCK_DURATION_MS": "20000"}
+    with pytest.raises(ConfigurationError) as info:
+        load({"record_lock_duration_ms": 15000}, env=env)
+    message = str(info.value)
+    assert "group.share.record.lock.duration.ms=15000 (from arguments)" in message
+    assert (
+        "group.share.min.record.lock.duration.ms=20000 "
+        "(from $QUEUEFLOW_GROUP_SHARE_MIN_RECORD_LOCK_DURATION_MS)"
+    ) in message
+    assert "[20000..60000]" in message
+    assert load(env=env).record_lock_duration_ms == 30000
+    assert load({"record_lock_duration_ms": 20000}, env=env).record_lock_duration_ms == 20000
+
+
+def test_lock_duration_cross_checks_on_direct_construction() -> None:
+    with pytest.raises(ConfigurationError, match=r"group\.share\.min\.record\.lock\.duration\.ms"):
+        ShareGroupSettings(min_record_lock_duration_ms=30000, record_lock_duration_ms=29999)
+
+
+def test_engine_uses_min_record_lock_duration_for_consumer_locks() -> None:
+    cfg = SharePartitionConfig(min_record_lock_duration_ms=5000)
+    sp = SharePartition(cfg, 0)
+    with pytest.raises(InvalidRequestError) as info:
+        sp.acquire("m", 1, 10, 0, lock_duration_ms=4999)
+    message = str(info.value)
+    assert "lock duration 4999 ms is out of range: allowed 5000..60000 ms" in message
+    assert "group.share.min.record.lock.duration.ms" in message
+    assert sp.end_offset == 0
+    sp.acquire("m", 1, 10, 0, lock_duration_ms=5000)
+    assert sp.record(0).lock_deadline_ms == 5000
+
+
+def test_engine_record_lock_below_minimum_names_both_settings() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        SharePartitionConfig(record_lock_duration_ms=10000, min_record_lock_duration_ms=20000)
+    message = str(info.value)
+    assert "group.share.record.lock.duration.ms=10000" in message
+    assert "20000..60000" in message
+    assert "group.share.min.record.lock.duration.ms" in message

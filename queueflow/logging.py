@@ -1,0 +1,210 @@
+"""Logging plumbing: structlog events as stdlib log records with their real level.
+
+Without :func:`configure`, structlog prints to stdout; a Faust worker redirects stdout into
+stdlib logging at INFO, so an ``error`` event comes out as INFO and vanishes under
+``faust worker -l warn``. :func:`configure` routes structlog through :mod:`structlog.stdlib`:
+each event becomes a :class:`logging.LogRecord` of the logger it was asked for
+(``structlog.get_logger("queueflow.server.leader")``), at its own level, so the level Faust sets
+on the root logger (``-l``) filters queueflow events like any other log line.
+
+Output of the ``queueflow`` logger hierarchy goes to the process's real stderr
+(``sys.__stderr__``, which Faust does not redirect), in one of two formats:
+
+``json`` (``QUEUEFLOW_LOG_FORMAT=json``)
+    One JSON object per line with the keys ``event``, ``level`` (``debug``, ``info``,
+    ``warning``, ``error``, ``critical``), ``logger`` (e.g. ``queueflow.server.leader``),
+    ``timestamp`` (ISO 8601, UTC, e.g. ``2026-11-24T15:44:02.123456Z``), the event's own
+    key-values (values that are not JSON are rendered with :func:`repr`) and, when the event
+    carries an exception (``log.exception(...)``, ``exc_info=True``), ``exception`` with the
+    formatted traceback. Other lines (Faust's own text logs) may be interleaved on the same
+    streams; parsers skip lines that do not start with ``{``.
+``console`` (``QUEUEFLOW_LOG_FORMAT=console``)
+    structlog's human-readable rendering (coloured when stderr is a terminal).
+
+Unset, ``QUEUEFLOW_LOG_FORMAT`` means ``console`` when stderr is a terminal and ``json``
+otherwise (containers, CI, log shippers).
+
+structlog events of loggers outside ``queueflow.*`` (an application's own) are rendered to a text
+message (``event key=value ...``) and go to whatever handlers the root logger has (Faust's).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import MutableMapping
+from typing import Any, TextIO
+
+import structlog
+
+from queueflow.errors import ConfigurationError
+
+__all__ = ["FORMAT_ENV", "ROOT_LOGGER", "configure"]
+
+#: The environment variable choosing the output format: ``json`` or ``console``.
+FORMAT_ENV = "QUEUEFLOW_LOG_FORMAT"
+#: The stdlib logger whose hierarchy :func:`configure` sends to stderr.
+ROOT_LOGGER = "queueflow"
+
+_FORMATS = ("json", "console")
+# Marks the handler configure() installed, so that a second call replaces it (no double lines).
+_MARK = "_queueflow_logging_handler"
+
+EventDict = MutableMapping[str, Any]
+
+
+def configure(
+    json: bool | None = None,
+    level: int | str | None = None,
+    *,
+    stream: TextIO | None = None,
+) -> None:
+    """Route structlog through stdlib logging and send ``queueflow.*`` records to stderr.
+
+    Idempotent: a second call replaces the handler and structlog configuration of the first
+    (never two handlers). Safe before Faust sets up its own logging in a worker: Faust's
+    ``dictConfig`` keeps existing loggers (``disable_existing_loggers=False``) and its stdout
+    redirection does not touch ``sys.__stderr__``. Tests that use
+    :func:`structlog.testing.capture_logs` keep working (loggers are not cached on first use).
+
+    Args:
+        json: True for one JSON object per line, False for console rendering, None to read
+            ``$QUEUEFLOW_LOG_FORMAT`` (``json`` or ``console``; unset: ``console`` if the stream
+            is a terminal, else ``json``).
+        level: level of the ``queueflow`` logger (``logging.INFO``, ``"info"``, ``"WARNING"``).
+            None follows the root logger's output: the higher of the root logger's level and the
+            lowest level of its console/file handlers, read at each record, so the level a Faust
+            worker is started with (``faust worker -l warn``) applies once Faust has set it up.
+        stream: where to write (tests); default ``sys.__stderr__``, the real stderr.
+
+    Raises:
+        ConfigurationError: ``$QUEUEFLOW_LOG_FORMAT`` is neither ``json`` nor ``console``, or
+            ``level`` is not a level.
+    """
+    out = stream or sys.__stderr__ or sys.stderr
+    as_json = _want_json(out) if json is None else json
+    levelno = logging.NOTSET if level is None else _level_number(level)
+
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_logger_name,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.PositionalArgumentsFormatter(),
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.StackInfoRenderer(),
+    ]
+    structlog.configure(
+        processors=[structlog.stdlib.filter_by_level, *shared, _to_stdlib],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        # Not cached: structlog.testing.capture_logs() must still see events of module-level
+        # loggers that have logged before; the cost is one bind per event.
+        cache_logger_on_first_use=False,
+    )
+
+    renderer: list[structlog.typing.Processor]
+    if as_json:
+        renderer = [
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.ExceptionRenderer(),  # exc_info -> "exception": traceback text
+            structlog.processors.JSONRenderer(),  # non-JSON values fall back to repr()
+        ]
+    else:
+        renderer = [
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.dev.ConsoleRenderer(colors=_isatty(out)),
+        ]
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=renderer,
+            # Plain stdlib records of queueflow.* loggers get the same keys.
+            foreign_pre_chain=shared,
+        )
+    )
+    if level is None:
+        handler.addFilter(_RootLevelFilter())
+    setattr(handler, _MARK, True)
+
+    logger = logging.getLogger(ROOT_LOGGER)
+    for old in [h for h in logger.handlers if getattr(h, _MARK, False)]:
+        logger.removeHandler(old)
+        old.close()
+    logger.addHandler(handler)
+    logger.setLevel(levelno)
+    # Our handler writes them; the root's (Faust's) would render the event dict a second time.
+    logger.propagate = False
+    logger.disabled = False
+
+
+class _RootLevelFilter(logging.Filter):
+    """Let a record through only at the level the root logger's output would show it.
+
+    Faust's worker (``-l warn``, with its progress spinner) sets the root *logger* to DEBUG and
+    its console *handler* to the ``-l`` level, so the root logger's level alone does not say
+    what Faust shows. The threshold is the higher of the root logger's effective level and the
+    lowest level of its stream handlers (console or file; the spinner's handler is not one).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= _root_threshold()
+
+
+def _root_threshold() -> int:
+    root = logging.getLogger()
+    outputs = [h.level for h in root.handlers if isinstance(h, logging.StreamHandler)]
+    return max(root.getEffectiveLevel(), min(outputs, default=logging.NOTSET))
+
+
+def _to_stdlib(logger: Any, method_name: str, event_dict: EventDict) -> Any:
+    """Last structlog processor: hand the event to the stdlib logger.
+
+    ``queueflow.*`` events keep their dict for our ProcessorFormatter; other loggers' events are
+    rendered to text here, because the root logger's handlers (Faust's) format plain messages.
+    """
+    name = event_dict.get("logger", "")
+    if name == ROOT_LOGGER or name.startswith(ROOT_LOGGER + "."):
+        return structlog.stdlib.ProcessorFormatter.wrap_for_formatter(
+            logger, method_name, event_dict
+        )
+    exc_info = event_dict.pop("exc_info", None)
+    for key in ("level", "logger", "timestamp"):  # the stdlib formatter shows its own
+        event_dict.pop(key, None)
+    text = str(event_dict.pop("event", ""))
+    if event_dict:
+        text += " " + " ".join(f"{k}={v!r}" for k, v in event_dict.items())
+    return (text,), ({"exc_info": exc_info} if exc_info else {})
+
+
+def _want_json(out: TextIO) -> bool:
+    raw = os.environ.get(FORMAT_ENV, "").strip().lower()
+    if not raw:
+        return not _isatty(out)
+    if raw not in _FORMATS:
+        raise ConfigurationError(
+            f"{FORMAT_ENV}={raw!r} is not allowed; choose one of {' | '.join(_FORMATS)} "
+            "(unset: console on a terminal, else json)"
+        )
+    return raw == "json"
+
+
+def _level_number(level: int | str) -> int:
+    if isinstance(level, int):
+        return level
+    name = level.strip().upper()
+    if name.isdigit():
+        return int(name)
+    number = logging.getLevelName("WARNING" if name == "WARN" else name)
+    if not isinstance(number, int):
+        raise ConfigurationError(
+            f"log level {level!r} is not a level; use debug, info, warning, error or critical"
+        )
+    return number
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):  # closed or file-like without isatty
+        return False
