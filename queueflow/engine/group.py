@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queueflow.engine.assignor import assign
-from queueflow.structs import TopicPartition
 from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.structs import TopicPartition
 
 
 class GroupState(enum.Enum):

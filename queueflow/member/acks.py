@@ -15,8 +15,6 @@ from queueflow.protocol.messages import WireAck
 from queueflow.structs import AcknowledgeType, TopicPartition
 
 
-
-
 def to_wire(outcomes: dict[int, AcknowledgeType]) -> list[WireAck]:
     """Fold ``offset → type`` into ranges of consecutive offsets with one type, in offset order.
 
