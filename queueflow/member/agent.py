@@ -119,13 +119,12 @@ class ShareAgent:
         if concurrency < 1:
             raise ConfigurationError(f"share_agent concurrency={concurrency}; must be >= 1")
         settings = ctx.settings
-        if lock_duration_ms is not None and not (
-            1000 <= lock_duration_ms <= settings.max_record_lock_duration_ms
-        ):
+        low, high = settings.min_record_lock_duration_ms, settings.max_record_lock_duration_ms
+        if lock_duration_ms is not None and not low <= lock_duration_ms <= high:
             raise ConfigurationError(
                 f"share_agent lock_duration_ms={lock_duration_ms} is out of range; allowed "
-                f"[1000..{settings.max_record_lock_duration_ms}] "
-                "(group.share.max.record.lock.duration.ms)"
+                f"[{low}..{high}] (group.share.min.record.lock.duration.ms .. "
+                "group.share.max.record.lock.duration.ms)"
             )
         self.ctx = ctx
         self.handler = handler

@@ -58,6 +58,7 @@ def engine_config(settings: ShareGroupSettings) -> SharePartitionConfig:
         delivery_count_limit=settings.delivery_count_limit,
         record_lock_duration_ms=settings.record_lock_duration_ms,
         max_record_lock_duration_ms=settings.max_record_lock_duration_ms,
+        min_record_lock_duration_ms=settings.min_record_lock_duration_ms,
     )
 
 
