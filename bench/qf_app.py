@@ -20,7 +20,7 @@ Configured by the driver (``bench.suite``) through the environment:
                     appears, and at exit)
 ==================  ===========================================================================
 
-Counting without touching queueflow: ``MemberClient.share_fetch`` is wrapped in this process.
+Counting without touching queueflow: ``ShareFetchSession._request`` is wrapped in this process.
 The wrapper (1) holds fetches that acquire records until the go-file exists (heartbeats are not
 held, so members join and get their assignment first) and (2) counts the acknowledgements a
 leader answered without ``ack_error``: ACCEPT/REJECT are finished records, RELEASE are counted
@@ -41,7 +41,7 @@ from typing import Any
 import queueflow
 from bench.harness import Stats, go, stamp_of, wait_go
 from queueflow.errors import ErrorCode
-from queueflow.member.client import MemberClient
+from queueflow.member.session import ShareFetchSession
 
 MODE = os.environ.get("BENCH_MODE", "noop")
 TOPIC = os.environ["BENCH_TOPIC"]
@@ -71,8 +71,8 @@ app = queueflow.App(
 )
 source = app.topic(TOPIC, key_serializer="raw", value_serializer="raw")
 
-_original_share_fetch = MemberClient.share_fetch
-_original_read_records = MemberClient.read_records
+_original_request = ShareFetchSession._request
+_original_read = ShareFetchSession._read
 
 
 class _Timings:
@@ -128,7 +128,7 @@ class _Timings:
 timings = _Timings()
 
 
-_SHARE_FETCH_SIGNATURE = inspect.signature(_original_share_fetch)
+_REQUEST_SIGNATURE = inspect.signature(_original_request)
 
 
 def _hook_failed(where: str, exc: BaseException) -> None:
@@ -136,20 +136,20 @@ def _hook_failed(where: str, exc: BaseException) -> None:
     stats.extra.setdefault("hook_errors", {})[where] = repr(exc)[:300]
 
 
-async def _share_fetch(self: MemberClient, *args: Any, **kwargs: Any) -> Any:
+async def _request(self: ShareFetchSession, *args: Any, **kwargs: Any) -> Any:
     global _go_seen
     try:
-        call = _SHARE_FETCH_SIGNATURE.bind(self, *args, **kwargs).arguments
-        partition, max_records = call["partition"], call["max_records"]
+        call = _REQUEST_SIGNATURE.bind(self, *args, **kwargs).arguments
+        partition, max_records = call["tp"][1], call["max_records"]
         acks = call.get("acks") or []
     except Exception as exc:  # a new signature: pass through, uncounted
-        _hook_failed("MemberClient.share_fetch", exc)
-        return await _original_share_fetch(self, *args, **kwargs)
+        _hook_failed("ShareFetchSession._request", exc)
+        return await _original_request(self, *args, **kwargs)
     if max_records > 0 and not _go_seen:
         await wait_go()
         _go_seen = True
     sent = time.monotonic()
-    response = await _original_share_fetch(self, *args, **kwargs)
+    response = await _original_request(self, *args, **kwargs)
     try:
         _count(response, partition, max_records, acks, time.monotonic() - sent)
     except Exception as exc:
@@ -184,16 +184,16 @@ def _count(response: Any, partition: int, max_records: int, acks: list[Any], rtt
         stats.last = now
 
 
-async def _read_records(self: MemberClient, *args: Any, **kwargs: Any) -> Any:
+async def _read(self: ShareFetchSession, *args: Any, **kwargs: Any) -> Any:
     started = time.monotonic()
     try:
-        return await _original_read_records(self, *args, **kwargs)
+        return await _original_read(self, *args, **kwargs)
     finally:
         timings.read.append(time.monotonic() - started)
 
 
-MemberClient.share_fetch = _share_fetch  # type: ignore[method-assign]
-MemberClient.read_records = _read_records  # type: ignore[method-assign]
+ShareFetchSession._request = _request  # type: ignore[method-assign]
+ShareFetchSession._read = _read  # type: ignore[method-assign]
 
 
 def _time_leader() -> None:
@@ -212,7 +212,7 @@ def _time_leader() -> None:
 
     async def _share_fetch_timed(self: ShareLeader, request: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            created_ms = request.deadline_ms - self.app.share_settings.request_timeout_ms
+            created_ms = request.deadline_ms - self.ctx.settings.request_timeout_ms
             timings.leader_transit.append(max(time.time() * 1000 - created_ms, 0) / 1000)
         except Exception as exc:
             _hook_failed("ShareLeader._share_fetch", exc)
@@ -258,9 +258,7 @@ if app.share_groups.role == "leader":
     # are created lazily, and creating them from another thread breaks the worker.
     @app.timer(0.2)
     async def _leader_probe() -> None:
-        fetch_topics = {
-            leader.fetch_topic.get_topic_name() for leader in app.share_groups.leaders.values()
-        }
+        fetch_topics = {leader.request_topic for leader in app.share_groups.leaders.values()}
         owned = [tp for tp in app.assignor.assigned_actives() if tp.topic in fetch_topics]
         recovered = app.tables.recovery.completed.is_set() and not app.rebalancing
         stats.extra.update(leader=True, owned=len(owned), recovered=recovered)
@@ -269,8 +267,8 @@ if app.share_groups.role == "leader":
 def _probe() -> dict[str, Any]:
     if app.share_groups.role == "leader":
         return {"timings": timings.summary()}
-    client = handle.client
-    assigned = sorted(p for _t, p in client.assignment) if client is not None else []
+    session = handle.session
+    assigned = sorted(p for _t, p in session.assignment) if session is not None else []
     return {
         "assigned": assigned,
         "ready": bool(assigned),

@@ -57,14 +57,19 @@ def scenario_s5(ctx: Context) -> dict[str, Any]:
 async def s5_acquire(
     ctx: Context, app_id: str, topic: str, partitions: int, pid: int
 ) -> dict[str, Any]:
-    from queueflow.member.client import MemberClient
-
+    from queueflow.kafka.config import KafkaClientConfig
+    from queueflow.member.context import MemberContext
+    from queueflow.member.session import ShareFetchSession
     from queueflow.settings import ShareGroupSettings
+    from queueflow.structs import TopicPartition
 
     settings = ShareGroupSettings.load(
         {"max.poll.records": 10_000, "queueflow.request.timeout.ms": 30_000}
     )
-    client = MemberClient(ctx.bootstrap, app_id, "memory", [topic], settings, "bench-s5")
+    member = MemberContext.for_kafka(KafkaClientConfig(ctx.bootstrap), app_id, settings)
+    # Raw ShareFetch requests (the session's _request): S5 measures the leader holding records
+    # in flight, so nothing is read and nothing acknowledged until the fragmenting step.
+    client = ShareFetchSession(member, "memory", [topic], "bench-s5", lock_duration_ms=600_000)
     await client.start()
     steps: dict[str, Any] = {}
     try:
@@ -72,7 +77,7 @@ async def s5_acquire(
         async def fetch_all(n: int) -> int:
             got = 0
             for p in range(partitions):
-                response = await client.share_fetch(topic, p, n, [], 600_000)
+                response = await client._request(TopicPartition(topic, p), n, [])
                 got += sum(last - first + 1 for first, last, _ in response.acquired)
             return got
 
@@ -92,9 +97,9 @@ async def s5_acquire(
         # Worst case for the engine: ACCEPT every other record, so each in-flight record is a
         # run of its own (5,000 Acquired + 5,000 Acknowledged interleaved per partition).
         for p in range(partitions):
-            start = await client_start_offset(client, topic, p)
+            start = await client_start_offset(ctx.bootstrap, topic, p)
             acks = [(o, o, (1,)) for o in range(start + 1, start + 10_000, 2)]
-            await client.share_fetch(topic, p, 0, acks)
+            await client._request(TopicPartition(topic, p), 0, acks)
         steps["10000_fragmented"] = {
             "in_flight_per_partition": 10_000,
             "runs_per_partition": 10_000,
@@ -114,11 +119,11 @@ async def s5_acquire(
     return steps
 
 
-async def client_start_offset(client: Any, topic: str, partition: int) -> int:
+async def client_start_offset(bootstrap: str, topic: str, partition: int) -> int:
     """The log start offset of ``topic[partition]`` (where the share-partition began)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=client.bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await consumer.start()
     try:
         tp = TopicPartition(topic, partition)
