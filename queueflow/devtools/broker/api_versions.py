@@ -10,13 +10,13 @@ from __future__ import annotations
 from io import BytesIO
 from typing import Any, ClassVar
 
-from aiokafka.protocol.api import (  # type: ignore[import-untyped]
+from aiokafka.protocol.api import (
     Request,
     RequestStruct,
     Response,
     ResponseHeader_v0,
 )
-from aiokafka.protocol.types import (  # type: ignore[import-untyped]
+from aiokafka.protocol.types import (
     CompactArray,
     CompactString,
     Int16,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
-from aiokafka.conn import create_conn  # type: ignore[import-untyped]
-from aiokafka.errors import KafkaError, NoError, for_code  # type: ignore[import-untyped]
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaError, NoError, for_code
 
 from queueflow.devtools.broker.api_versions import (
     FinalizedFeaturesRequest,

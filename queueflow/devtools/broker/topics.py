@@ -8,8 +8,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient  # type: ignore[import-untyped]
-from aiokafka.errors import NoError, for_code  # type: ignore[import-untyped]
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import NoError, for_code
 
 from queueflow.devtools.broker.blocking import run_blocking
 from queueflow.errors import BrokerError, ConfigurationError
