@@ -38,6 +38,10 @@ class ErrorCode(enum.Enum):
     NON_EMPTY_GROUP = "NON_EMPTY_GROUP"
     #: The request timed out before a leader or coordinator answered.
     REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"
+    #: The member speaks a protocol version this coordinator does not support (the heartbeat's
+    #: ``protocol_version`` is outside ``SUPPORTED_PROTOCOL_VERSIONS``); upgrade or downgrade
+    #: queueflow on one side. Not retriable: the same request fails again.
+    UNSUPPORTED_VERSION = "UNSUPPORTED_VERSION"
 
     @property
     def retriable(self) -> bool:

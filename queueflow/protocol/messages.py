@@ -10,34 +10,101 @@ KIP-932 RPC                  queueflow message
 ShareGroupHeartbeat          :class:`HeartbeatRequest` / :class:`HeartbeatResponse`
 ShareFetch                   :class:`ShareFetchRequest` (``max_records`` > 0) / response
 ShareAcknowledge             :class:`ShareFetchRequest` with ``max_records == 0``
-(leader-internal)            :class:`ReleaseMember`, :class:`Tick`
+(leader-internal)            :class:`ReleaseMember`, :class:`Tick`, :class:`Fence`
 ===========================  ===========================================================
 
 Requests travel on internal Kafka topics that Faust agents consume, so that every state change
 happens inside a Faust stream event of the right partition (see docs/architecture.md). Responses
 travel on the reply topic, on the partition the member named in its request.
 
-Encoding is compact JSON; :func:`decode` raises :class:`~queueflow.errors.InvalidRequestError`
-for anything malformed.
+Encoding
+--------
+Each message is a :class:`msgspec.Struct` of a tagged union: a compact JSON object whose ``kind``
+field names the message (``"fetch"``, ``"fetch_response"``, ``"release_member"``, ``"tick"``,
+``"fence"``, ``"heartbeat"``, ``"heartbeat_response"``). Versioning follows Kafka's RPC rules
+(``validVersions`` / tagged fields):
+
+* every message has a schema version ``v`` (1 here), and the heartbeat also carries the member's
+  :data:`PROTOCOL_VERSION`, so the coordinator can answer ``UNSUPPORTED_VERSION``;
+* fields equal to their default are not written. In particular ``v`` and ``protocol_version``
+  are absent at version 1 (absent ``v`` means 1), so version-1 bytes hold only fields that the
+  unversioned decoder of earlier queueflow releases knows (it refused any other field), and
+  those releases' bytes decode here as version 1: old and new workers interoperate during a
+  rolling upgrade, in both directions;
+* unknown fields are ignored, so from this release on a newer peer may add fields with defaults
+  without a version bump;
+* a field of the wrong type, an unknown ``kind`` or bytes that are not JSON are refused by
+  :func:`decode` with :class:`~queueflow.errors.InvalidRequestError` naming the field path.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Final
+
+import msgspec
 
 from queueflow.errors import ErrorCode, InvalidRequestError
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "SUPPORTED_PROTOCOL_VERSIONS",
+    "Fence",
+    "HeartbeatRequest",
+    "HeartbeatResponse",
+    "Message",
+    "ReleaseMember",
+    "ShareFetchRequest",
+    "ShareFetchResponse",
+    "Tick",
+    "WireAck",
+    "WireAcquired",
+    "decode",
+    "encode",
+]
+
+#: Version of the member ↔ leader ↔ coordinator protocol this queueflow speaks. A member sends
+#: it in every :class:`HeartbeatRequest`; the coordinator refuses members whose version is not in
+#: :data:`SUPPORTED_PROTOCOL_VERSIONS` with ``UNSUPPORTED_VERSION``.
+PROTOCOL_VERSION: Final = 1
+#: Protocol versions this queueflow's coordinator and leaders can serve.
+SUPPORTED_PROTOCOL_VERSIONS: Final = range(1, PROTOCOL_VERSION + 1)
+
+# Kafka's own wire integers are int32/int64: anything outside int64 is refused rather than
+# handed to the engine as an arbitrary-precision int.
+_Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 #: Acknowledgement batch on the wire: (first_offset, last_offset, acknowledge types).
 WireAck = tuple[int, int, tuple[int, ...]]
 #: Acquired range on the wire: (first_offset, last_offset, delivery_count).
 WireAcquired = tuple[int, int, int]
 
+# The same shapes with range checks, used for the fields (mypy sees plain ints).
+_WireAck = tuple[_Int64, _Int64, tuple[_Int64, ...]]
+_WireAcquired = tuple[_Int64, _Int64, _Int64]
 
-@dataclass(slots=True)
-class ShareFetchRequest:
+
+class _Message(
+    msgspec.Struct,
+    tag_field="kind",
+    omit_defaults=True,
+    kw_only=True,
+    repr_omit_defaults=True,
+):
+    """Base of every wire message: the ``kind`` tag and the schema version ``v``.
+
+    ``kw_only`` puts ``v`` after each message's own positional fields, so their positional order
+    is unchanged; ``omit_defaults`` keeps version 1 bytes identical to the unversioned format.
+    """
+
+    #: Schema version of this message (>= 1); absent on the wire means 1.
+    v: Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)] = 1
+
+
+class ShareFetchRequest(_Message, tag="fetch"):
     """ShareFetch (and ShareAcknowledge when ``max_records == 0``) for one share-partition.
+
+    KIP-932 "ShareFetch API" / "ShareAcknowledge API".
 
     Args:
         group: share group id.
@@ -46,114 +113,131 @@ class ShareFetchRequest:
         request_id: correlation id, unique per member.
         reply_partition: partition of the reply topic the member reads.
         max_records: records to acquire (0: acknowledge only).
-        acks: acknowledgement batches to apply first, atomically.
-        lock_duration_ms: the member's own lock duration, or ``None`` for the group's.
+        acks: acknowledgement batches ``(first, last, (type, ...))`` to apply first, atomically.
+        lock_duration_ms: the member's own lock duration in ms, or ``None`` for the group's.
         deadline_ms: wall-clock ms after which the member no longer waits; the leader drops the
             request without acquiring anything (its acknowledgements are still applied).
+        v: schema version (keyword only).
     """
+
+    kind: ClassVar[str] = "fetch"
 
     group: str
     topic: str
-    partition: int
+    partition: _Int64
     member_id: str
-    request_id: int
-    reply_partition: int
-    max_records: int
-    acks: list[WireAck] = field(default_factory=list)
-    lock_duration_ms: int | None = None
-    deadline_ms: int = 0
-    kind: str = "fetch"
+    request_id: _Int64
+    reply_partition: _Int64
+    max_records: _Int64
+    acks: list[_WireAck] = msgspec.field(default_factory=list)
+    lock_duration_ms: _Int64 | None = None
+    deadline_ms: _Int64 = 0
 
 
-@dataclass(slots=True)
-class ShareFetchResponse:
-    """Answer to :class:`ShareFetchRequest`.
+class ShareFetchResponse(_Message, tag="fetch_response"):
+    """Answer to :class:`ShareFetchRequest` (KIP-932 "ShareFetch API" response).
 
     ``error`` concerns the fetch as a whole (e.g. ``NOT_LEADER_OR_FOLLOWER``); ``ack_error``
     concerns the acknowledgements, which are all applied or all refused. When they were refused,
     ``ack_stale`` names the offset ranges (inclusive) the member could no longer acknowledge,
     so that it can send its other outcomes again without them.
 
+    ``acquired`` holds ``(first_offset, last_offset, delivery_count)`` ranges.
     ``lock_timeout_ms`` is the acquisition lock duration of the records in ``acquired``
-    (KIP-1222 ``AcquisitionLockTimeoutMs``): they may be acknowledged for at least that long
-    after the member sent the request.
+    (KIP-1222 ``AcquisitionLockTimeoutMs``), in ms: they may be acknowledged for at least that
+    long after the member sent the request.
     """
 
+    kind: ClassVar[str] = "fetch_response"
+
     member_id: str
-    request_id: int
+    request_id: _Int64
     topic: str
-    partition: int
-    acquired: list[WireAcquired] = field(default_factory=list)
+    partition: _Int64
+    acquired: list[_WireAcquired] = msgspec.field(default_factory=list)
     error: str = ErrorCode.NONE.value
     error_message: str = ""
     ack_error: str = ErrorCode.NONE.value
     ack_error_message: str = ""
-    ack_stale: list[tuple[int, int]] = field(default_factory=list)
-    lock_timeout_ms: int = 0
-    kind: str = "fetch_response"
+    ack_stale: list[tuple[_Int64, _Int64]] = msgspec.field(default_factory=list)
+    lock_timeout_ms: _Int64 = 0
 
 
-@dataclass(slots=True)
-class ReleaseMember:
-    """Coordinator → leader: release every record the member holds (it left or timed out)."""
+class ReleaseMember(_Message, tag="release_member"):
+    """Coordinator → leader: release every record the member holds (it left or timed out).
+
+    KIP-932 "Share group membership": a departed member's acquired records become Available.
+    """
+
+    kind: ClassVar[str] = "release_member"
 
     group: str
     topic: str
-    partition: int
+    partition: _Int64
     member_id: str
     reason: str = ""
-    kind: str = "release_member"
 
 
-@dataclass(slots=True)
-class Tick:
+class Tick(_Message, tag="tick"):
     """A timer event sent into a partition the sender owns, so timed work (lock expiry,
-    session expiry) runs inside a Faust stream event of that partition."""
+    session expiry) runs inside a Faust stream event of that partition. ``sent_ms`` is wall-clock
+    ms."""
 
-    sent_ms: int = 0
-    kind: str = "tick"
+    kind: ClassVar[str] = "tick"
+
+    sent_ms: _Int64 = 0
 
 
-@dataclass(slots=True)
-class Fence:
+class Fence(_Message, tag="fence"):
     """A new leader → its request partition: requests after this one are mine.
 
     ``leader_epoch`` is the Faust consumer generation the sender was assigned the partition in
-    (see :mod:`queueflow.engine.fencing`).
+    (see :mod:`queueflow.engine.fencing`); ``sent_ms`` is wall-clock ms.
     """
 
-    leader_epoch: int
-    sent_ms: int = 0
-    kind: str = "fence"
+    kind: ClassVar[str] = "fence"
+
+    leader_epoch: _Int64
+    sent_ms: _Int64 = 0
 
 
-@dataclass(slots=True)
-class HeartbeatRequest:
-    """ShareGroupHeartbeat: ``member_epoch`` 0 joins, -1 leaves, otherwise the current epoch."""
+class HeartbeatRequest(_Message, tag="heartbeat"):
+    """ShareGroupHeartbeat (KIP-932 "ShareGroupHeartbeat API").
+
+    ``member_epoch`` 0 joins, -1 leaves, otherwise the current epoch. ``protocol_version`` is
+    the member's :data:`PROTOCOL_VERSION`; the coordinator answers ``UNSUPPORTED_VERSION`` when
+    it is not in its :data:`SUPPORTED_PROTOCOL_VERSIONS`. It is decoded unchecked so that the
+    coordinator can answer rather than drop the request.
+    """
+
+    kind: ClassVar[str] = "heartbeat"
 
     group: str
     member_id: str
-    member_epoch: int
+    member_epoch: _Int64
     subscribed_topics: list[str]
-    reply_partition: int
-    request_id: int
+    reply_partition: _Int64
+    request_id: _Int64
     client_id: str = ""
     host: str = ""
-    kind: str = "heartbeat"
+    protocol_version: _Int64 = PROTOCOL_VERSION
 
 
-@dataclass(slots=True)
-class HeartbeatResponse:
-    """The member's epoch and its assigned share-partitions ``{topic: [partition, ...]}``."""
+class HeartbeatResponse(_Message, tag="heartbeat_response"):
+    """The member's epoch and its assigned share-partitions ``{topic: [partition, ...]}``.
+
+    KIP-932 "ShareGroupHeartbeat API" response; ``heartbeat_interval_ms`` is in ms.
+    """
+
+    kind: ClassVar[str] = "heartbeat_response"
 
     member_id: str
-    request_id: int
-    member_epoch: int = 0
-    assignment: dict[str, list[int]] = field(default_factory=dict)
-    heartbeat_interval_ms: int = 5000
+    request_id: _Int64
+    member_epoch: _Int64 = 0
+    assignment: dict[str, list[_Int64]] = msgspec.field(default_factory=dict)
+    heartbeat_interval_ms: _Int64 = 5000
     error: str = ErrorCode.NONE.value
     error_message: str = ""
-    kind: str = "heartbeat_response"
 
 
 Message = (
@@ -165,42 +249,70 @@ Message = (
     | HeartbeatRequest
     | HeartbeatResponse
 )
-_KINDS: dict[str, type[Any]] = {
-    "fetch": ShareFetchRequest,
-    "fetch_response": ShareFetchResponse,
-    "release_member": ReleaseMember,
-    "tick": Tick,
-    "fence": Fence,
-    "heartbeat": HeartbeatRequest,
-    "heartbeat_response": HeartbeatResponse,
-}
+
+
+class _Kind(msgspec.Struct):
+    """Reads only the ``kind`` of a message (to name it in error messages)."""
+
+    kind: str = "?"
+
+
+# Created once: the encoder/decoder compile their type information at construction.
+_encoder: Final = msgspec.json.Encoder()
+_decoder: Final[msgspec.json.Decoder[Message]] = msgspec.json.Decoder(Message)
+_kind_decoder: Final = msgspec.json.Decoder(_Kind)
 
 
 def encode(message: Message) -> bytes:
-    """Encode a message as compact JSON bytes."""
-    body = {name: getattr(message, name) for name in message.__slots__}  # type: ignore[union-attr]
-    return json.dumps(body, separators=(",", ":")).encode()
-
-
-def decode(data: bytes | str | dict[str, Any]) -> Message:
-    """Decode bytes (or an already-parsed dict) into a message.
+    """Encode a message as compact JSON bytes (fields equal to their defaults are left out).
 
     Raises:
-        InvalidRequestError: not JSON, an unknown ``kind``, or missing/unknown fields.
+        TypeError: ``message`` is not a queueflow message.
+    """
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | bytearray | memoryview | str | Mapping[str, Any]) -> Message:
+    """Decode bytes (or text, or an already-parsed mapping) into a message.
+
+    Unknown fields are ignored; a missing ``v`` means version 1.
+
+    Raises:
+        InvalidRequestError: not JSON (or truncated), not an object, no or an unknown ``kind``,
+            a missing required field or a field of the wrong type. The message names the kind,
+            the field path (``$.acks[0][2]``) and what was expected.
     """
     try:
-        body = data if isinstance(data, dict) else json.loads(data)
-        cls = _KINDS[body["kind"]]
-        message = cls(**body)
-        if isinstance(message, ShareFetchRequest):
-            message.acks = [(int(a), int(b), tuple(int(t) for t in c)) for a, b, c in message.acks]
-        elif isinstance(message, ShareFetchResponse):
-            message.acquired = [(int(a), int(b), int(c)) for a, b, c in message.acquired]
-            message.ack_stale = [(int(a), int(b)) for a, b in message.ack_stale]
-    except (ValueError, KeyError, TypeError) as exc:
+        if isinstance(data, Mapping):
+            message: Message = msgspec.convert(data, Message)
+            return message
+        return _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise InvalidRequestError(_problem(data, str(exc))) from None
+    except (msgspec.DecodeError, TypeError, RecursionError) as exc:
+        # TypeError: not bytes/str (e.g. a tombstone's None); RecursionError: absurd nesting.
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidRequestError(_problem(data, f"not a JSON message ({reason})")) from None
+
+
+def _problem(data: object, reason: str) -> str:
+    kind = "?"
+    try:
+        if isinstance(data, Mapping):
+            kind = str(data.get("kind", "?"))
+        elif isinstance(data, (bytes, bytearray, memoryview, str)):
+            kind = _kind_decoder.decode(data).kind
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    # Slice before repr: a huge message must not make a huge log line.
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        preview = repr(bytes(data[:120]))
+    elif isinstance(data, str):
+        preview = repr(data[:120])
+    else:
         preview = repr(data)[:120]
-        raise InvalidRequestError(
-            f"undecodable queueflow control message {preview}: {exc!r}; "
-            "is a different queueflow version writing to this topic?"
-        ) from None
-    return message
+    return (
+        f"undecodable queueflow control message (kind {kind!r}): {reason}; got {preview}. "
+        f"Is a peer running an incompatible queueflow version (this one speaks protocol "
+        f"version {PROTOCOL_VERSION}) or something else writing to this topic?"
+    )

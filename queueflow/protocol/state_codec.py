@@ -1,15 +1,19 @@
 """Encoding of durable share-partition state (:mod:`queueflow.engine.state` records).
 
 KIP-932 "Managing durable share-partition state": snapshots (``ShareSnapshot``) and deltas
-(``ShareUpdate``) written to the state table and its changelog. Decoding validates everything;
-any problem is a :class:`~queueflow.errors.CorruptStateError` naming the share-partition.
+(``ShareUpdate``) written to the state table and its changelog. The encoding is compact JSON
+(format version 1, :data:`STATE_FORMAT_VERSION`) read and written with msgspec; the layout is
+the one queueflow has always written, so state already on disk restores unchanged. Decoding
+validates everything; any problem is a :class:`~queueflow.errors.CorruptStateError` naming the
+share-partition and saying what to do.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any, Final, TypeVar
+
+import msgspec
 
 from queueflow.engine.state import (
     PERSISTED_STATES,
@@ -29,32 +33,75 @@ __all__ = [
 ]
 
 #: Version of the JSON encoding written by :func:`encode_snapshot` / :func:`encode_update`.
-STATE_FORMAT_VERSION = 1
-
-# --------------------------------------------------------------------------------------------
-# Encoding
-# --------------------------------------------------------------------------------------------
+STATE_FORMAT_VERSION: Final = 1
 
 _ADVICE = (
     "refusing to serve this share-partition; inspect the changelog record (docs/operations.md, "
     '"Corrupt state", says how to repair or reset it)'
 )
 
+_INT64_MAX = 2**63 - 1
+# Kafka's schema types these int32/int64; bounding them keeps arbitrary-precision ints out.
+_Epoch = Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)]
+_LeaderEpoch = Annotated[int, msgspec.Meta(ge=-1, le=_INT64_MAX)]
+_Offset = Annotated[int, msgspec.Meta(ge=0, le=_INT64_MAX)]
+_UpdateOffset = Annotated[int, msgspec.Meta(ge=-1, le=_INT64_MAX)]  # -1: unchanged
+# [first, last, state, count]; ranges, states and order are checked in _batches() for messages
+# that name the batch.
+_Batch = tuple[int, int, int, int]
 
-def _batches_to_json(batches: Sequence[StateBatch]) -> list[list[int]]:
-    out: list[list[int]] = []
+# `v` and `t` are read untyped so that a wrong version gets its own message (it was probably
+# written by a newer queueflow) rather than a type error.
+
+
+class _SnapshotRecord(msgspec.Struct, kw_only=True):
+    """``{"v":1,"t":"snapshot","snapshot_epoch":E,"state_epoch":S,"leader_epoch":L,
+    "start_offset":O,"batches":[[first,last,state,count],...]}`` (field order is the layout)."""
+
+    v: Any = msgspec.UNSET
+    t: Any = msgspec.UNSET
+    snapshot_epoch: _Epoch
+    state_epoch: _Epoch
+    leader_epoch: _LeaderEpoch
+    start_offset: _Offset
+    batches: list[_Batch]
+
+
+class _UpdateRecord(msgspec.Struct, kw_only=True):
+    """``{"v":1,"t":"update","snapshot_epoch":E,"state_epoch":S,"delta_index":D,
+    "start_offset":O,"reset":false,"batches":[[first,last,state,count],...]}``."""
+
+    v: Any = msgspec.UNSET
+    t: Any = msgspec.UNSET
+    snapshot_epoch: _Epoch
+    state_epoch: _Epoch
+    delta_index: _Epoch
+    start_offset: _UpdateOffset
+    reset: bool = False
+    batches: list[_Batch]
+
+
+_Record = TypeVar("_Record", _SnapshotRecord, _UpdateRecord)
+
+_encoder: Final = msgspec.json.Encoder()
+_snapshot_decoder: Final = msgspec.json.Decoder(_SnapshotRecord)
+_update_decoder: Final = msgspec.json.Decoder(_UpdateRecord)
+
+# --------------------------------------------------------------------------------------------
+# Encoding
+# --------------------------------------------------------------------------------------------
+
+
+def _batches_to_wire(batches: Sequence[StateBatch]) -> list[_Batch]:
+    out: list[_Batch] = []
     for b in batches:
         if b.state not in PERSISTED_STATES:
             raise ValueError(
                 f"cannot persist batch {b.first_offset}..{b.last_offset} in state {b.state!r}: "
                 "only Available, Acknowledged and Archived are persisted (KIP-932)"
             )
-        out.append([int(b.first_offset), int(b.last_offset), int(b.state), int(b.delivery_count)])
+        out.append((int(b.first_offset), int(b.last_offset), int(b.state), int(b.delivery_count)))
     return out
-
-
-def _dumps(obj: dict[str, Any]) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 def encode_snapshot(s: ShareSnapshot) -> bytes:
@@ -66,16 +113,16 @@ def encode_snapshot(s: ShareSnapshot) -> bytes:
     Raises:
         ValueError: a batch is in the ``ACQUIRED`` state, which is never persisted.
     """
-    return _dumps(
-        {
-            "v": STATE_FORMAT_VERSION,
-            "t": "snapshot",
-            "snapshot_epoch": int(s.snapshot_epoch),
-            "state_epoch": int(s.state_epoch),
-            "leader_epoch": int(s.leader_epoch),
-            "start_offset": int(s.start_offset),
-            "batches": _batches_to_json(s.batches),
-        }
+    return _encoder.encode(
+        _SnapshotRecord(
+            v=STATE_FORMAT_VERSION,
+            t="snapshot",
+            snapshot_epoch=int(s.snapshot_epoch),
+            state_epoch=int(s.state_epoch),
+            leader_epoch=int(s.leader_epoch),
+            start_offset=int(s.start_offset),
+            batches=_batches_to_wire(s.batches),
+        )
     )
 
 
@@ -96,17 +143,17 @@ def encode_update(
     Raises:
         ValueError: a batch is in the ``ACQUIRED`` state, which is never persisted.
     """
-    return _dumps(
-        {
-            "v": STATE_FORMAT_VERSION,
-            "t": "update",
-            "snapshot_epoch": int(snapshot_epoch),
-            "state_epoch": int(state_epoch),
-            "delta_index": int(delta_index),
-            "start_offset": int(u.start_offset),
-            "reset": bool(u.reset),
-            "batches": _batches_to_json(u.batches),
-        }
+    return _encoder.encode(
+        _UpdateRecord(
+            v=STATE_FORMAT_VERSION,
+            t="update",
+            snapshot_epoch=int(snapshot_epoch),
+            state_epoch=int(state_epoch),
+            delta_index=int(delta_index),
+            start_offset=int(u.start_offset),
+            reset=bool(u.reset),
+            batches=_batches_to_wire(u.batches),
+        )
     )
 
 
@@ -119,61 +166,55 @@ def _corrupt(where: str, problem: str) -> CorruptStateError:
     return CorruptStateError(f"corrupt share-partition state for {where}: {problem}; {_ADVICE}")
 
 
-def _load(data: bytes, where: str, kind: str) -> dict[str, Any]:
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise _corrupt(where, f"expected bytes, got {type(data).__name__}")
-    try:
-        obj = json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise _corrupt(where, f"the {kind} record is not valid UTF-8 JSON ({exc})") from exc
-    if not isinstance(obj, dict):
-        raise _corrupt(where, f"the {kind} record is a JSON {type(obj).__name__}, not an object")
-    if "v" not in obj:
+def _check_header(version: object, t: object, where: str, kind: str) -> None:
+    if version is msgspec.UNSET:
         raise _corrupt(where, f"the {kind} record has no format version field 'v'")
-    version = obj["v"]
     if version != STATE_FORMAT_VERSION or isinstance(version, bool):
         raise CorruptStateError(
             f"unknown share-partition state format version {version!r} for {where} "
             f"(this queueflow supports version {STATE_FORMAT_VERSION}); it was probably written "
             f"by a newer queueflow: upgrade queueflow, or {_ADVICE}"
         )
-    if obj.get("t") != kind:
-        raise _corrupt(where, f"expected record type 't'={kind!r}, found {obj.get('t')!r}")
-    return obj
+    if t != kind:
+        found = None if t is msgspec.UNSET else t
+        raise _corrupt(where, f"expected record type 't'={kind!r}, found {found!r}")
 
 
-def _int_field(obj: dict[str, Any], name: str, where: str, minimum: int) -> int:
-    if name not in obj:
-        raise _corrupt(where, f"missing field {name!r}")
-    value = obj[name]
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _corrupt(where, f"field {name!r} must be an integer, found {value!r}")
-    if value < minimum:
-        raise _corrupt(where, f"field {name!r} must be >= {minimum}, found {value}")
-    return value
+def _explain_failure(data: bytes, where: str, kind: str, reason: str) -> CorruptStateError:
+    """The error for a record that failed typed decoding: a wrong version or record type if that
+    is the cause (a newer layout fails typed decoding first), else ``reason``."""
+    try:
+        obj = msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError):
+        return _corrupt(where, f"the {kind} record is invalid: {reason}")
+    if not isinstance(obj, dict):
+        return _corrupt(where, f"the {kind} record is a JSON {type(obj).__name__}, not an object")
+    try:
+        _check_header(obj.get("v", msgspec.UNSET), obj.get("t", msgspec.UNSET), where, kind)
+    except CorruptStateError as exc:
+        return exc
+    return _corrupt(where, f"the {kind} record is invalid: {reason}")
 
 
-def _batches_field(obj: dict[str, Any], where: str) -> tuple[StateBatch, ...]:
-    if "batches" not in obj:
-        raise _corrupt(where, "missing field 'batches'")
-    raw = obj["batches"]
-    if not isinstance(raw, list):
-        raise _corrupt(where, f"field 'batches' must be a list, found {type(raw).__name__}")
+def _load(data: bytes, where: str, kind: str, decoder: msgspec.json.Decoder[_Record]) -> _Record:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise _corrupt(where, f"expected bytes, got {type(data).__name__}")
+    try:
+        record = decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise _explain_failure(bytes(data), where, kind, str(exc)) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise _corrupt(where, f"the {kind} record is not valid UTF-8 JSON ({reason})") from None
+    _check_header(record.v, record.t, where, kind)
+    return record
+
+
+def _batches(raw: list[_Batch], where: str) -> tuple[StateBatch, ...]:
     out: list[StateBatch] = []
     prev_last = -1
-    for i, item in enumerate(raw):
-        if (
-            not isinstance(item, list)
-            or len(item) != 4
-            or any(not isinstance(x, int) or isinstance(x, bool) for x in item)
-        ):
-            raise _corrupt(
-                where,
-                f"batch #{i} must be a list [first, last, state, count] of integers, "
-                f"found {item!r}",
-            )
-        first, last, state, count = item
-        if first < 0 or first > last:
+    for i, (first, last, state, count) in enumerate(raw):
+        if first < 0 or first > last or last > _INT64_MAX:
             raise _corrupt(where, f"batch #{i} has an invalid range {first}..{last}")
         if state not in (0, 2, 4):
             raise _corrupt(
@@ -181,8 +222,8 @@ def _batches_field(obj: dict[str, Any], where: str) -> tuple[StateBatch, ...]:
                 f"batch #{i} ({first}..{last}) has state {state}; persisted states are "
                 "0 (Available), 2 (Acknowledged) and 4 (Archived)",
             )
-        if count < 0:
-            raise _corrupt(where, f"batch #{i} ({first}..{last}) has delivery count {count} < 0")
+        if count < 0 or count > _INT64_MAX:
+            raise _corrupt(where, f"batch #{i} ({first}..{last}) has delivery count {count}")
         if first <= prev_last:
             raise _corrupt(
                 where,
@@ -197,23 +238,25 @@ def _batches_field(obj: dict[str, Any], where: str) -> tuple[StateBatch, ...]:
 def decode_snapshot(data: bytes, *, where: str) -> ShareSnapshot:
     """Decode and validate bytes written by :func:`encode_snapshot`.
 
+    Unknown fields are ignored.
+
     Args:
         data: the encoded record.
         where: names the share-partition for error messages, e.g. ``"group=G topic=T partition=P"``.
 
     Raises:
         CorruptStateError: the bytes are not valid JSON, are of an unknown format version, are
-            not a snapshot, or hold invalid fields (negative offsets or counts, a state other than
-            0/2/4, ``first > last``, unordered or overlapping batches). The message names
-            ``where``, the problem and what to do.
+            not a snapshot, or hold invalid fields (a missing field, a field of the wrong type,
+            negative offsets or counts, a state other than 0/2/4, ``first > last``, unordered or
+            overlapping batches). The message names ``where``, the problem and what to do.
     """
-    obj = _load(data, where, "snapshot")
+    record = _load(data, where, "snapshot", _snapshot_decoder)
     return ShareSnapshot(
-        snapshot_epoch=_int_field(obj, "snapshot_epoch", where, 0),
-        state_epoch=_int_field(obj, "state_epoch", where, 0),
-        leader_epoch=_int_field(obj, "leader_epoch", where, -1),
-        start_offset=_int_field(obj, "start_offset", where, 0),
-        batches=_batches_field(obj, where),
+        snapshot_epoch=record.snapshot_epoch,
+        state_epoch=record.state_epoch,
+        leader_epoch=record.leader_epoch,
+        start_offset=record.start_offset,
+        batches=_batches(record.batches, where),
     )
 
 
@@ -231,13 +274,10 @@ def decode_update(data: bytes, *, where: str) -> tuple[ShareUpdate, int, int, in
         CorruptStateError: as for :func:`decode_snapshot`; also a non-boolean ``reset`` or a
             ``start_offset`` below -1.
     """
-    obj = _load(data, where, "update")
-    snapshot_epoch = _int_field(obj, "snapshot_epoch", where, 0)
-    state_epoch = _int_field(obj, "state_epoch", where, 0)
-    delta_index = _int_field(obj, "delta_index", where, 0)
-    start_offset = _int_field(obj, "start_offset", where, -1)
-    reset = obj.get("reset", False)
-    if not isinstance(reset, bool):
-        raise _corrupt(where, f"field 'reset' must be true or false, found {reset!r}")
-    update = ShareUpdate(start_offset=start_offset, batches=_batches_field(obj, where), reset=reset)
-    return update, snapshot_epoch, state_epoch, delta_index
+    record = _load(data, where, "update", _update_decoder)
+    update = ShareUpdate(
+        start_offset=record.start_offset,
+        batches=_batches(record.batches, where),
+        reset=record.reset,
+    )
+    return update, record.snapshot_epoch, record.state_epoch, record.delta_index

@@ -1,27 +1,34 @@
-"""Wire messages (``queueflow.protocol.messages``): encode/decode round trip and malformed input."""
+"""Wire messages (``queueflow.protocol.messages``): round trip, public shape, versioning and
+malformed input."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import fields
-from typing import Any
+from typing import Any, get_args
 
+import msgspec
 import pytest
 
 from queueflow.errors import ErrorCode, InvalidRequestError
+from queueflow.protocol import messages
 from queueflow.protocol.messages import (
+    PROTOCOL_VERSION,
+    SUPPORTED_PROTOCOL_VERSIONS,
     Fence,
     HeartbeatRequest,
     HeartbeatResponse,
+    Message,
     ReleaseMember,
     ShareFetchRequest,
     ShareFetchResponse,
     Tick,
+    WireAck,
+    WireAcquired,
     decode,
     encode,
 )
 
-MESSAGES: list[Any] = [
+MESSAGES: list[Message] = [
     ShareFetchRequest(
         group="g",
         topic="orders",
@@ -75,30 +82,29 @@ MESSAGES: list[Any] = [
     ),
     HeartbeatResponse("m-1", 1),
 ]
+IDS = [f"{type(m).__name__}{i}" for i, m in enumerate(MESSAGES)]
 
 
-def as_tuple(message: Any) -> tuple[Any, ...]:
-    return tuple(getattr(message, f.name) for f in fields(message))
-
-
-@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: f"{type(m).__name__}")
-def test_round_trip(message: Any) -> None:
+@pytest.mark.parametrize("message", MESSAGES, ids=IDS)
+def test_round_trip(message: Message) -> None:
     data = encode(message)
     assert isinstance(data, bytes)
     back = decode(data)
     assert type(back) is type(message)
     assert back == message
-    assert as_tuple(back) == as_tuple(message)
+    assert msgspec.structs.astuple(back) == msgspec.structs.astuple(message)
 
 
-@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: f"{type(m).__name__}")
-def test_decode_accepts_str_and_dict(message: Any) -> None:
+@pytest.mark.parametrize("message", MESSAGES, ids=IDS)
+def test_decode_accepts_str_buffers_and_mappings(message: Message) -> None:
     data = encode(message)
     assert decode(data.decode()) == message
+    assert decode(bytearray(data)) == message
+    assert decode(memoryview(data)) == message
     assert decode(json.loads(data)) == message
 
 
-def test_every_kind_is_covered() -> None:
+def test_every_kind_is_covered_and_kind_reads_the_tag() -> None:
     kinds = {m.kind for m in MESSAGES}
     assert kinds == {
         "fetch",
@@ -109,17 +115,115 @@ def test_every_kind_is_covered() -> None:
         "heartbeat",
         "heartbeat_response",
     }
+    for m in MESSAGES:
+        assert m.kind == type(m).__struct_config__.tag == json.loads(encode(m))["kind"]
 
 
-def test_encoding_is_compact_json_with_kind() -> None:
-    data = encode(Tick(sent_ms=5))
-    assert data == b'{"sent_ms":5,"kind":"tick"}'
+# The public shape the leader, coordinator and member client rely on: field names in positional
+# order (``v`` is keyword-only, last).
+SHAPES: dict[type[Any], tuple[str, ...]] = {
+    ShareFetchRequest: (
+        "group",
+        "topic",
+        "partition",
+        "member_id",
+        "request_id",
+        "reply_partition",
+        "max_records",
+        "acks",
+        "lock_duration_ms",
+        "deadline_ms",
+    ),
+    ShareFetchResponse: (
+        "member_id",
+        "request_id",
+        "topic",
+        "partition",
+        "acquired",
+        "error",
+        "error_message",
+        "ack_error",
+        "ack_error_message",
+        "ack_stale",
+        "lock_timeout_ms",
+    ),
+    ReleaseMember: ("group", "topic", "partition", "member_id", "reason"),
+    Tick: ("sent_ms",),
+    Fence: ("leader_epoch", "sent_ms"),
+    HeartbeatRequest: (
+        "group",
+        "member_id",
+        "member_epoch",
+        "subscribed_topics",
+        "reply_partition",
+        "request_id",
+        "client_id",
+        "host",
+        "protocol_version",
+    ),
+    HeartbeatResponse: (
+        "member_id",
+        "request_id",
+        "member_epoch",
+        "assignment",
+        "heartbeat_interval_ms",
+        "error",
+        "error_message",
+    ),
+}
 
 
-def test_decoded_acks_and_acquired_are_tuples() -> None:
+@pytest.mark.parametrize("cls", list(SHAPES), ids=lambda c: c.__name__)
+def test_public_shape(cls: type[Any]) -> None:
+    assert cls.__struct_fields__ == (*SHAPES[cls], "v")
+    # `v` is keyword-only: one positional argument more than the shape is refused.
+    with pytest.raises(TypeError):
+        cls(*range(len(SHAPES[cls]) + 1))
+
+
+def test_positional_construction_and_defaults() -> None:
+    req = ShareFetchRequest("g", "t", 1, "m", 2, 3, 4, [(1, 2, (1,))], 500, 9)
+    assert (req.acks, req.lock_duration_ms, req.deadline_ms, req.v) == ([(1, 2, (1,))], 500, 9, 1)
+    resp = ShareFetchResponse("m", 1, "t", 0)
+    assert resp.acquired == [] and resp.ack_stale == []
+    assert (resp.error, resp.ack_error, resp.lock_timeout_ms) == ("NONE", "NONE", 0)
+    hb = HeartbeatRequest("g", "m", 0, ["t"], 1, 2, "c", "h")
+    assert hb.protocol_version == PROTOCOL_VERSION
+    assert HeartbeatResponse("m", 1).heartbeat_interval_ms == 5000
+    assert Fence(3).sent_ms == 0 and Tick().sent_ms == 0
+    # default containers are not shared between instances
+    resp.acquired.append((1, 1, 1))
+    assert ShareFetchResponse("m", 1, "t", 0).acquired == []
+
+
+def test_messages_are_mutable() -> None:
+    response = ShareFetchResponse("m", 1, "t", 0)
+    response.error, response.error_message = ErrorCode.CORRUPT_STATE.value, "bad"
+    response.acquired = [(5, 9, 1)]
+    response.ack_stale = [(1, 2)]
+    response.lock_timeout_ms = 30_000
+    back = decode(encode(response))
+    assert back == response
+
+
+def test_type_aliases() -> None:
+    ack: WireAck = (1, 2, (1, 2))
+    acquired: WireAcquired = (1, 2, 3)
+    assert get_args(WireAck) == (int, int, tuple[int, ...])
+    assert get_args(WireAcquired) == (int, int, int)
+    assert (ack, acquired) == ((1, 2, (1, 2)), (1, 2, 3))
+
+
+def test_encoding_is_compact_json_with_kind_first() -> None:
+    assert encode(Tick(sent_ms=5)) == b'{"kind":"tick","sent_ms":5}'
+    assert encode(Tick()) == b'{"kind":"tick"}'
+
+
+def test_decoded_acks_and_acquired_are_tuples_of_ints() -> None:
     req = decode(encode(MESSAGES[0]))
     assert isinstance(req, ShareFetchRequest)
     assert all(isinstance(a, tuple) and isinstance(a[2], tuple) for a in req.acks)
+    assert all(type(x) is int for a in req.acks for x in (a[0], a[1], *a[2]))
     resp = decode(encode(MESSAGES[2]))
     assert isinstance(resp, ShareFetchResponse)
     assert all(isinstance(a, tuple) for a in resp.acquired)
@@ -127,18 +231,80 @@ def test_decoded_acks_and_acquired_are_tuples() -> None:
     assert all(isinstance(a, tuple) for a in resp.ack_stale)
 
 
-def test_response_without_new_fields_decodes_with_defaults() -> None:
-    body = json.loads(encode(MESSAGES[3]))
-    del body["ack_stale"], body["lock_timeout_ms"]
-    resp = decode(body)
+def test_response_without_optional_fields_decodes_with_defaults() -> None:
+    resp = decode(
+        b'{"kind":"fetch_response","member_id":"m","request_id":1,"topic":"t","partition":0}'
+    )
     assert isinstance(resp, ShareFetchResponse)
-    assert (resp.ack_stale, resp.lock_timeout_ms) == ([], 0)
+    assert (resp.acquired, resp.ack_stale, resp.lock_timeout_ms, resp.v) == ([], [], 0, 1)
 
 
-def _fetch_body(**changes: Any) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(encode(MESSAGES[0]))
-    body.update(changes)
-    return body
+# ------------------------------------------------------------------------------------------------
+# Versioning
+# ------------------------------------------------------------------------------------------------
+
+
+def test_protocol_versions() -> None:
+    assert PROTOCOL_VERSION == 1
+    assert PROTOCOL_VERSION in SUPPORTED_PROTOCOL_VERSIONS
+    assert 0 not in SUPPORTED_PROTOCOL_VERSIONS
+    assert PROTOCOL_VERSION + 1 not in SUPPORTED_PROTOCOL_VERSIONS
+    assert set(messages.__all__) >= {"PROTOCOL_VERSION", "SUPPORTED_PROTOCOL_VERSIONS"}
+
+
+def test_unsupported_version_error_code() -> None:
+    assert ErrorCode.UNSUPPORTED_VERSION.value == "UNSUPPORTED_VERSION"
+    assert not ErrorCode.UNSUPPORTED_VERSION.retriable
+
+
+@pytest.mark.parametrize("message", MESSAGES, ids=IDS)
+def test_version_one_is_not_written(message: Message) -> None:
+    """v1 bytes are the unversioned format, which queueflow before versioning can read."""
+    body = json.loads(encode(message))
+    assert "v" not in body
+    assert "protocol_version" not in body
+    assert message.v == 1
+
+
+def test_later_versions_are_written_and_read() -> None:
+    tick = Tick(sent_ms=1, v=2)
+    assert encode(tick) == b'{"kind":"tick","sent_ms":1,"v":2}'
+    assert decode(encode(tick)).v == 2
+    hb = HeartbeatRequest("g", "m", 0, ["t"], 0, 1, protocol_version=2)
+    data = encode(hb)
+    assert json.loads(data)["protocol_version"] == 2
+    back = decode(data)
+    assert isinstance(back, HeartbeatRequest)
+    assert back.protocol_version == 2
+    assert back.protocol_version not in SUPPORTED_PROTOCOL_VERSIONS
+
+
+def test_heartbeat_with_unsupported_protocol_version_still_decodes() -> None:
+    """The coordinator must be able to answer UNSUPPORTED_VERSION rather than drop it."""
+    for version in (0, -1, 99):
+        body = {**json.loads(encode(MESSAGES[8])), "protocol_version": version}
+        back = decode(json.dumps(body).encode())
+        assert isinstance(back, HeartbeatRequest)
+        assert back.protocol_version == version
+
+
+def test_unknown_fields_from_a_newer_peer_are_ignored() -> None:
+    body = {
+        **json.loads(encode(MESSAGES[0])),
+        "v": 3,
+        "priority": 5,
+        "trace": {"id": [1, 2, {"x": None}]},
+    }
+    back = decode(json.dumps(body).encode())
+    assert isinstance(back, ShareFetchRequest)
+    assert back.v == 3
+    back.v = 1
+    assert back == MESSAGES[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Malformed input
+# ------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -148,6 +314,7 @@ def _fetch_body(**changes: Any) -> dict[str, Any]:
         pytest.param(b"", id="empty"),
         pytest.param(b"\xff\xfe\x00", id="not-utf8"),
         pytest.param(b"{", id="truncated"),
+        pytest.param(b'{"kind":"tick","sent_ms":1', id="truncated-object"),
         pytest.param(b"[]", id="list"),
         pytest.param(b"null", id="null"),
         pytest.param(b"42", id="number"),
@@ -155,10 +322,16 @@ def _fetch_body(**changes: Any) -> dict[str, Any]:
         pytest.param(b"{}", id="no-kind"),
         pytest.param(b'{"kind":"nope"}', id="unknown-kind"),
         pytest.param(b'{"kind":["fetch"]}', id="unhashable-kind"),
-        pytest.param(b'{"kind":"tick","sent_ms":1,"extra":2}', id="unknown-field"),
         pytest.param(b'{"kind":"release_member","group":"g"}', id="missing-fields"),
+        pytest.param(b'{"kind":"tick","v":0}', id="version-zero"),
+        pytest.param(b'{"kind":"tick","v":"1"}', id="version-string"),
+        pytest.param(b'{"kind":"tick"}{"kind":"tick"}', id="trailing-data"),
+        pytest.param(b'{"kind":"tick","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}", id="deep"),
         pytest.param({"kind": "heartbeat"}, id="dict-missing-fields"),
+        pytest.param({"kind": "tick", "sent_ms": "1"}, id="dict-wrong-type"),
         pytest.param("not json either", id="str"),
+        pytest.param(None, id="none"),
+        pytest.param(42, id="int"),
     ],
 )
 def test_decode_garbage_raises_invalid_request(data: Any) -> None:
@@ -166,19 +339,54 @@ def test_decode_garbage_raises_invalid_request(data: Any) -> None:
         decode(data)
     assert info.value.code is ErrorCode.INVALID_REQUEST
     assert "undecodable" in str(info.value)
+    assert "queueflow version" in str(info.value)
+
+
+def _fetch_body(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(encode(MESSAGES[0]))
+    body.update(changes)
+    return body
+
+
+def _response_body(**changes: Any) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(encode(MESSAGES[2]))
+    body.update(changes)
+    return body
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "path", "expected"),
     [
-        pytest.param(_fetch_body(acks=[[1, 2]]), id="ack-too-short"),
-        pytest.param(_fetch_body(acks=[["x", 2, [1]]]), id="ack-not-int"),
-        pytest.param(_fetch_body(acks=5), id="acks-not-list"),
+        pytest.param(_fetch_body(acks=[[1, 2]]), "$.acks[0]", "length 3", id="ack-too-short"),
+        pytest.param(_fetch_body(acks=[["x", 2, [1]]]), "$.acks[0][0]", "int", id="ack-not-int"),
+        pytest.param(_fetch_body(acks=[[1, 2, [1.5]]]), "$.acks[0][2][0]", "int", id="ack-type"),
+        pytest.param(_fetch_body(acks=5), "$.acks", "array", id="acks-not-list"),
+        pytest.param(_fetch_body(partition=True), "$.partition", "int", id="bool-for-int"),
+        pytest.param(_fetch_body(partition=1.0), "$.partition", "int", id="float-for-int"),
+        pytest.param(_fetch_body(partition=2**63), "$.partition", "<=", id="huge-int"),
+        pytest.param(_fetch_body(deadline_ms=-(2**70)), "$.deadline_ms", ">=", id="huge-neg"),
+        pytest.param(_fetch_body(group=7), "$.group", "str", id="int-for-str"),
+        pytest.param(_fetch_body(lock_duration_ms="1"), "$.lock_duration_ms", "int", id="opt"),
         pytest.param(
-            {**json.loads(encode(MESSAGES[3])), "acquired": [[1, 2]]}, id="acquired-too-short"
+            _response_body(acquired=[[1, 2]]), "$.acquired[0]", "length 3", id="acquired-short"
+        ),
+        pytest.param(
+            _response_body(ack_stale=[[1, 2, 3]]), "$.ack_stale[0]", "length 2", id="stale-long"
+        ),
+        pytest.param(
+            {**json.loads(encode(MESSAGES[10])), "assignment": {"t": ["0"]}},
+            "$.assignment[...][0]",
+            "int",
+            id="assignment",
         ),
     ],
 )
-def test_decode_malformed_acks_raises_invalid_request(body: dict[str, Any]) -> None:
-    with pytest.raises(InvalidRequestError):
+def test_mistyped_field_names_kind_path_and_expectation(
+    body: dict[str, Any], path: str, expected: str
+) -> None:
+    with pytest.raises(InvalidRequestError) as info:
         decode(json.dumps(body).encode())
+    message = str(info.value)
+    assert f"kind {body['kind']!r}" in message
+    assert f"`{path}`" in message
+    assert expected in message

@@ -161,7 +161,7 @@ def test_unknown_version(version: object) -> None:
         (raw(update_obj(v=version)), decode_update),
     ):
         with pytest.raises(CorruptStateError) as info:
-            decode(data, where=WHERE)  # type: ignore[operator]
+            decode(data, where=WHERE)
         message = str(info.value)
         assert WHERE in message
         assert f"version {version!r}" in message
@@ -170,6 +170,65 @@ def test_unknown_version(version: object) -> None:
 
 def test_unknown_fields_are_ignored() -> None:
     assert decode_snapshot(raw(snapshot_obj(extra=[1, 2])), where=WHERE) == SNAP
+    update = raw(update_obj(extra={"nested": [None]}))
+    assert decode_update(update, where=WHERE) == (UPD, 2, 1, 4)
+
+
+def test_state_written_before_msgspec_restores_unchanged() -> None:
+    """Bytes of the hand-written JSON encoder (same layout; key order and spacing are free)."""
+    spaced = json.dumps(snapshot_obj()).encode()  # default separators: ", " and ": "
+    assert b" " in spaced
+    assert decode_snapshot(spaced, where=WHERE) == SNAP
+    reordered = json.dumps(dict(reversed(list(update_obj().items())))).encode()
+    assert decode_update(reordered, where=WHERE) == (UPD, 2, 1, 4)
+    # `reset` was optional on read
+    no_reset = raw({k: v for k, v in update_obj().items() if k != "reset"})
+    assert decode_update(no_reset, where=WHERE) == (UPD, 2, 1, 4)
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        (raw(snapshot_obj(state_epoch="1")), "$.state_epoch"),
+        (raw(snapshot_obj(**batch_list([1, 2, 0, 1], [3, 4, 0, None]))), "$.batches[1][3]"),
+        (raw(update_obj(reset="no")), "$.reset"),
+        (raw(update_obj(start_offset=2**63)), "$.start_offset"),
+    ],
+)
+def test_wrong_type_names_the_field(data: bytes, path: str) -> None:
+    decode = decode_snapshot if json.loads(data)["t"] == "snapshot" else decode_update
+    with pytest.raises(CorruptStateError) as info:
+        decode(data, where=WHERE)
+    assert f"`{path}`" in str(info.value)
+    assert WHERE in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(raw(snapshot_obj(snapshot_epoch=2**64)), id="huge-epoch"),
+        pytest.param(raw(snapshot_obj(**batch_list([1, 2**63, 0, 1]))), id="huge-offset"),
+        pytest.param(raw(snapshot_obj(**batch_list([1, 2, 0, 2**63]))), id="huge-count"),
+        pytest.param(raw(snapshot_obj(**batch_list([1, 2, 0, 2**80]))), id="bigint-count"),
+        pytest.param(raw(snapshot_obj(leader_epoch=-2)), id="leader-epoch-below-minus-1"),
+        pytest.param(b'{"v":1,"x":' + b"[" * 50_000 + b"]" * 50_000 + b"}", id="deep"),
+        pytest.param(encode_snapshot(SNAP)[:-1], id="truncated"),
+        pytest.param(b"", id="empty"),
+        pytest.param(None, id="none"),
+        pytest.param("{}", id="str"),
+    ],
+)
+def test_more_corrupt_snapshots(data: Any) -> None:
+    with pytest.raises(CorruptStateError) as info:
+        decode_snapshot(data, where=WHERE)
+    assert WHERE in str(info.value)
+
+
+def test_unknown_version_with_a_different_layout() -> None:
+    """A newer writer's record says so, even when its fields no longer fit version 1."""
+    data = raw({"v": 2, "t": "snapshot", "spso": 5, "batches": {"ranges": []}})
+    with pytest.raises(CorruptStateError, match=r"version 2 .*upgrade queueflow"):
+        decode_snapshot(data, where=WHERE)
 
 
 # ------------------------------------------------------------------------------------------------
