@@ -12,7 +12,7 @@ from __future__ import annotations
 import structlog
 
 from queueflow.engine.group import ShareGroup
-from queueflow.errors import ShareGroupError
+from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
@@ -114,6 +114,22 @@ class ShareGroupCoordinator:
             request_id=message.request_id,
             heartbeat_interval_ms=self.ctx.settings.heartbeat_interval_ms,
         )
+        if message.protocol_version not in protocol.SUPPORTED_PROTOCOL_VERSIONS:
+            supported = protocol.SUPPORTED_PROTOCOL_VERSIONS
+            response.error = ErrorCode.UNSUPPORTED_VERSION.value
+            response.error_message = (
+                f"member protocol version {message.protocol_version} is not supported by this "
+                f"coordinator (versions {supported.start}..{supported.stop - 1}); run the same "
+                "queueflow version on the leaders and members, or upgrade the leaders first"
+            )
+            log.warning(
+                "unsupported_protocol_version",
+                group=message.group,
+                member_id=message.member_id,
+                protocol_version=message.protocol_version,
+            )
+            await self._reply(message, response)
+            return
         try:
             group = self._group(message.group)
         except ShareGroupError as exc:  # corrupt group metadata: answer, don't go silent

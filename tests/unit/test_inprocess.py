@@ -270,3 +270,40 @@ def queueflow_protocol() -> Any:
     from queueflow.protocol import messages
 
     return messages
+
+
+def test_a_member_of_an_unsupported_protocol_version_is_refused() -> None:
+    from queueflow.protocol import messages, topics
+
+    async def scenario() -> Any:
+        async with cluster_with(0) as cluster:
+            replies: list[bytes] = []
+            cluster.bus.members[b"m-future"] = replies.append
+            request = messages.HeartbeatRequest(
+                group="g",
+                member_id="m-future",
+                member_epoch=0,
+                subscribed_topics=[TOPIC],
+                reply_partition=0,
+                request_id=1,
+                protocol_version=99,
+            )
+            await cluster.bus.send(
+                topics.coordinator_topic(cluster.namespace),
+                0,
+                messages.encode(request),
+                b"m-future",
+            )
+            await cluster.bus.drain()
+            await asyncio.sleep(0)
+            assert (
+                cluster.coordinator.groups.get("g") is None
+                or not cluster.coordinator.groups["g"].members
+            )
+            return messages.decode(replies[0])
+
+    with capture_logs() as logs:
+        reply = run(scenario())
+    assert reply.error == ErrorCode.UNSUPPORTED_VERSION.value
+    assert "protocol version 99" in reply.error_message
+    assert events(logs, "unsupported_protocol_version")
