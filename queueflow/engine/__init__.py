@@ -24,7 +24,6 @@ from queueflow.engine.state import (
 )
 
 __all__ = [
-    "STATE_FORMAT_VERSION",
     "AcknowledgeType",
     "AcknowledgementBatch",
     "AcquiredRecords",
@@ -36,10 +35,6 @@ __all__ = [
     "ShareSnapshot",
     "ShareUpdate",
     "StateBatch",
-    "decode_snapshot",
-    "decode_update",
-    "encode_snapshot",
-    "encode_update",
     "merge_batches",
     "replay",
 ]
