@@ -87,9 +87,12 @@ class ShareGroupCoordinator:
         now = self.ctx.clock.now_ms()
         gap = now - self._last_event_ms
         self._last_event_ms = now
-        if self._last_event_ms and gap > 2 * self.ctx.settings.heartbeat_interval_ms:
-            # This coordinator was not running (broker outage, pause, rebalance): members could
-            # not heartbeat either, so that time doesn't count against their sessions.
+        settings = self.ctx.settings
+        # Members heartbeat and the ticker ticks at their intervals; a longer silence means this
+        # coordinator was not running (broker outage, pause, rebalance): members could not
+        # heartbeat either, so that time doesn't count against their sessions.
+        expected_gap_ms = max(settings.heartbeat_interval_ms, settings.lock_check_interval_ms)
+        if self._last_event_ms and gap > 2 * expected_gap_ms:
             for group in self.groups.values():
                 group.touch_all(now)
         if isinstance(message, protocol.Tick):

@@ -71,6 +71,9 @@ class _Bus:
         self._logs: dict[tuple[str, int], asyncio.Queue[tuple[int, bytes]]] = {}
         self._next: dict[tuple[str, int], int] = {}
         self._pumps: list[asyncio.Task[None]] = []
+        self._outstanding = 0  # requests sent and not yet handled
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     async def send(
         self, topic: str, partition: int, value: bytes, key: bytes | None = None
@@ -92,6 +95,8 @@ class _Bus:
             self._pumps.append(asyncio.ensure_future(self._pump(topic, partition, queue)))
         offset = self._next.get(key_tp, 0)
         self._next[key_tp] = offset + 1
+        self._outstanding += 1
+        self._idle.clear()
         queue.put_nowait((offset, value))
 
     async def _pump(
@@ -100,13 +105,17 @@ class _Bus:
         handler = self.handlers[topic]
         while True:
             offset, value = await queue.get()
-            await handler(partition, offset, value)
-            queue.task_done()
+            try:
+                await handler(partition, offset, value)
+            finally:
+                self._outstanding -= 1
+                if not self._outstanding:
+                    self._idle.set()
 
     async def drain(self) -> None:
-        """Wait until every request sent so far has been handled."""
-        for queue in list(self._logs.values()):
-            await queue.join()
+        """Wait until every request sent so far, and every request their handling sent in turn
+        (a coordinator's ReleaseMember after a Tick), has been handled."""
+        await self._idle.wait()
 
     async def close(self) -> None:
         for task in self._pumps:

@@ -75,9 +75,7 @@ async def eventually(condition: Callable[[], bool], what: str, timeout_s: float 
 
 
 async def settle(cluster: InProcessCluster) -> None:
-    """Drain the bus twice: a ReleaseMember the coordinator sends while the bus drains is only
-    waited for by the second drain."""
-    await cluster.bus.drain()
+    """Wait until every request sent so far, and those their handling sent, is handled."""
     await cluster.bus.drain()
 
 

@@ -68,10 +68,7 @@ async def eventually(condition: Callable[[], bool], what: str, timeout_s: float 
 
 
 async def settle(cluster: InProcessCluster) -> None:
-    """Drain the bus twice: a request a handler sends while the bus drains (the coordinator's
-    ReleaseMember after a Tick) is only waited for by the second drain (see
-    test_tick_waits_for_the_records_a_session_expiry_releases)."""
-    await cluster.bus.drain()
+    """Wait until every request sent so far, and those their handling sent, is handled."""
     await cluster.bus.drain()
 
 
@@ -324,16 +321,6 @@ def test_a_clock_jump_without_coordinator_events_gives_every_member_a_fresh_sess
     assert not events(logs, "member_session_expired")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "coordinator.py treats any gap of more than 2 x group.share.heartbeat.interval.ms "
-        "between two coordinator events as an outage and calls touch_all(); the ticker's own "
-        "Ticks are those events, so with queueflow.lock.check.interval.ms (default 250, up to "
-        "60000) above twice the heartbeat interval (e.g. 100 ms) every Tick refreshes every "
-        "session and a silent member is never expired when no other member heartbeats"
-    ),
-)
 def test_a_silent_member_expires_when_ticks_come_at_the_lock_check_interval() -> None:
     """Valid settings (heartbeat 100 ms, lock check 250 ms, session 1000 ms): ticks every
     250 ms for 2 s must expire a member silent all along."""
@@ -353,17 +340,6 @@ def test_a_silent_member_expires_when_ticks_come_at_the_lock_check_interval() ->
     assert run(scenario()) == set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "queueflow/testing/inprocess.py _Bus.drain() joins each request queue once, in "
-        "creation order: a request a handler sends while drain() waits (the coordinator's "
-        "ReleaseMember after a session-expiring Tick) lands in a queue already joined and is "
-        "left unhandled, so InProcessCluster.tick() (a drain) can return before the records "
-        "are released; it does whenever the ticker's set of partitions happens to tick the "
-        "fetch partition before the coordinator (hash order, varies with PYTHONHASHSEED)"
-    ),
-)
 def test_tick_waits_for_the_records_a_session_expiry_releases() -> None:
     """The ticker's order forced to fetch partition first, then the coordinator: after the
     drain, the expired member's records must be Available."""
