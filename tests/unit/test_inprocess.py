@@ -3,48 +3,21 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from inprocess_helpers import TOPIC, cluster_with, events, eventually, run
 from structlog.testing import capture_logs
 
 import queueflow
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.member.session import ShareFetchSession
+from queueflow.protocol import messages as protocol
 from queueflow.structs import TopicPartition
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
 
-TOPIC = "jobs"
 TP = TopicPartition(TOPIC, 0)
-
-
-def run(coro: Awaitable[Any]) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout=30))
-
-
-def cluster_with(
-    records: int, partitions: int = 1, clock: FakeClock | None = None
-) -> InProcessCluster:
-    cluster = InProcessCluster({TOPIC: partitions}, clock=clock or FakeClock())
-    for i in range(records):
-        cluster.produce(TOPIC, f"r{i}".encode(), partition=i % partitions)
-    return cluster
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    """Wait until ``condition()`` holds, checking every 10 ms; fail after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.01)
-
-
-def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [e for e in logs if e["event"] == name]
 
 
 def test_a_consumer_acquires_accepts_and_the_spso_moves() -> None:
@@ -261,8 +234,8 @@ def test_a_leader_that_reads_a_newer_fence_steps_down_and_writes_nothing() -> No
             consumer = cluster.consumer("g")
             await consumer.subscribe([TOPIC])
             assert await consumer.poll(timeout_ms=2000)
-            fence = queueflow_protocol().Fence(leader_epoch=2)
-            await cluster.bus.send(leader.request_topic, 0, queueflow_protocol().encode(fence))
+            fence = protocol.Fence(leader_epoch=2)
+            await cluster.bus.send(leader.request_topic, 0, protocol.encode(fence))
             await cluster.bus.drain()
             assert not leader.partitions
             before = dict(cluster.tables[TOPIC])
@@ -274,12 +247,6 @@ def test_a_leader_that_reads_a_newer_fence_steps_down_and_writes_nothing() -> No
     with capture_logs() as logs:
         run(scenario())
     assert events(logs, "leader_stepped_down")[0]["partitions"] == [0]
-
-
-def queueflow_protocol() -> Any:
-    from queueflow.protocol import messages
-
-    return messages
 
 
 def test_a_member_of_an_unsupported_protocol_version_is_refused() -> None:

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from inprocess_helpers import TOPIC, cluster_with, events, eventually, produce, run, settle
 from structlog.testing import capture_logs
 
 import queueflow
@@ -23,64 +24,11 @@ from queueflow.member.consumer import IllegalStateError
 from queueflow.member.session import ShareFetchSession
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.settings import ShareGroupSettings
 from queueflow.structs import ShareRecord, TopicPartition
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
 
-TOPIC = "jobs"
 TP0, TP1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
-
-
-def run(coro: Awaitable[Any]) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout=30))
-
-
-def settings(**overrides: Any) -> ShareGroupSettings:
-    """The in-process cluster's default test settings, with ``overrides``."""
-    values: dict[str, Any] = {
-        "auto_offset_reset": "earliest",
-        "heartbeat_interval_ms": 200,
-        "session_timeout_ms": 10_000,
-        "request_timeout_ms": 2_000,
-    }
-    values.update(overrides)
-    return ShareGroupSettings(**values)
-
-
-def cluster_with(
-    records: int, partitions: int = 1, clock: FakeClock | None = None, **overrides: Any
-) -> InProcessCluster:
-    cluster = InProcessCluster(
-        {TOPIC: partitions}, clock=clock or FakeClock(), settings=settings(**overrides)
-    )
-    produce(cluster, records, partitions)
-    return cluster
-
-
-def produce(cluster: InProcessCluster, records: int, partitions: int = 1) -> None:
-    """``records`` records spread round-robin over the partitions, ``r<n>`` numbered on."""
-    done = sum(len(log) for log in cluster.records.values())
-    for i in range(done, done + records):
-        cluster.produce(TOPIC, f"r{i}".encode(), partition=i % partitions)
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    """Wait until ``condition()`` holds, checking every 10 ms; fail after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.01)
-
-
-async def settle(cluster: InProcessCluster) -> None:
-    """Wait until every request sent so far, and those their handling sent, is handled."""
-    await cluster.bus.drain()
-
-
-def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [e for e in logs if e["event"] == name]
 
 
 def spso(cluster: InProcessCluster, partition: int = 0) -> int | None:

@@ -5,11 +5,11 @@ and a :class:`~queueflow.testing.FakeClock`."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import pytest
+from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, settle
 from structlog.testing import capture_logs
 
 from queueflow.engine.partition import RecordState
@@ -19,61 +19,11 @@ from queueflow.protocol import topics
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.durable import snapshot_key
 from queueflow.server.leader import ShareLeader
-from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
 
-TOPIC = "jobs"
 ACCEPT, RELEASE = int(AcknowledgeType.ACCEPT), int(AcknowledgeType.RELEASE)
-
-
-def run(coro: Awaitable[Any]) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout=30))
-
-
-def settings(**overrides: Any) -> ShareGroupSettings:
-    """The in-process cluster's default test settings, with ``overrides``."""
-    values: dict[str, Any] = {
-        "auto_offset_reset": "earliest",
-        "heartbeat_interval_ms": 200,
-        "session_timeout_ms": 10_000,
-        "request_timeout_ms": 2_000,
-    }
-    values.update(overrides)
-    return ShareGroupSettings(**values)
-
-
-def cluster_with(
-    records: int,
-    partitions: int = 1,
-    clock: FakeClock | None = None,
-    **overrides: Any,
-) -> InProcessCluster:
-    cluster = InProcessCluster(
-        {TOPIC: partitions}, clock=clock or FakeClock(), settings=settings(**overrides)
-    )
-    for i in range(records):
-        cluster.produce(TOPIC, f"r{i}".encode(), partition=i % partitions)
-    return cluster
-
-
-async def eventually(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
-    """Wait until ``condition()`` holds, checking every 10 ms; fail after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.01)
-
-
-async def settle(cluster: InProcessCluster) -> None:
-    """Wait until every request sent so far, and those their handling sent, is handled."""
-    await cluster.bus.drain()
-
-
-def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [e for e in logs if e["event"] == name]
 
 
 class RawMember:
