@@ -42,6 +42,9 @@ ACCEPT = AcknowledgeType.ACCEPT
 RELEASE = AcknowledgeType.RELEASE
 #: The record can't be processed: it becomes Archived and is never delivered again.
 REJECT = AcknowledgeType.REJECT
+#: Keep working on the record: its acquisition lock is extended (KIP-1222); it still needs one
+#: of the outcomes above.
+RENEW = AcknowledgeType.RENEW
 
 __version__ = "0.1.0"
 
@@ -81,6 +84,7 @@ __all__ = [
     "ACCEPT",
     "REJECT",
     "RELEASE",
+    "RENEW",
     "AcknowledgeType",
     "App",
     "ConfigurationError",

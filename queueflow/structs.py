@@ -30,13 +30,16 @@ class AcknowledgeType(enum.IntEnum):
     """How a consumer acknowledges a record (KIP-932 ShareAcknowledge ``AcknowledgeTypes``).
 
     Wire values as in Kafka's ``AcknowledgeType``; ``GAP`` (0) marks an offset that has no
-    record, e.g. removed by compaction or a transaction marker.
+    record, e.g. removed by compaction or a transaction marker. ``RENEW`` (4, KIP-1222) keeps
+    the record Acquired by the same member and extends its acquisition lock: the record still
+    needs a final ACCEPT, RELEASE or REJECT.
     """
 
     GAP = 0
     ACCEPT = 1
     RELEASE = 2
     REJECT = 3
+    RENEW = 4
 
 
 @dataclass(slots=True)

@@ -398,18 +398,8 @@ class SharePartition:
         if max_records < 1:
             raise InvalidRequestError(f"max records must be >= 1, got {max_records}")
         cfg = self._config
-        if lock_duration_ms is None:
-            lock_duration_ms = cfg.record_lock_duration_ms
-        elif not (
-            cfg.min_record_lock_duration_ms <= lock_duration_ms <= cfg.max_record_lock_duration_ms
-        ):
-            raise InvalidRequestError(
-                f"lock duration {lock_duration_ms} ms is out of range: allowed "
-                f"{cfg.min_record_lock_duration_ms}..{cfg.max_record_lock_duration_ms} ms "
-                "(group.share.min.record.lock.duration.ms..group.share.max.record.lock.duration.ms)"
-            )
         member = sys.intern(member_id)
-        deadline = now_ms + lock_duration_ms
+        deadline = now_ms + self._lock_duration(lock_duration_ms)
         remaining = max_records
         ranges: list[tuple[int, int, int]] = []  # (first, last, delivery count)
         runs = self._runs
@@ -475,41 +465,80 @@ class SharePartition:
                 out.append(AcquiredRecords(first, last, count))
         return out
 
+    def _lock_duration(self, lock_duration_ms: int | None) -> int:
+        """A consumer's own lock duration (ms), checked; the group's when ``None``."""
+        cfg = self._config
+        if lock_duration_ms is None:
+            return cfg.record_lock_duration_ms
+        if not (
+            cfg.min_record_lock_duration_ms <= lock_duration_ms <= cfg.max_record_lock_duration_ms
+        ):
+            raise InvalidRequestError(
+                f"lock duration {lock_duration_ms} ms is out of range: allowed "
+                f"{cfg.min_record_lock_duration_ms}..{cfg.max_record_lock_duration_ms} ms "
+                "(group.share.min.record.lock.duration.ms..group.share.max.record.lock.duration.ms)"
+            )
+        return lock_duration_ms
+
     # ----------------------------------------------------------------------------------------
     # Acknowledge (KIP-932 "Record delivery and acknowledgement": Acquired -> ...)
     # ----------------------------------------------------------------------------------------
 
     def acknowledge(
-        self, member_id: str, batches: Sequence[AcknowledgementBatch], now_ms: int
+        self,
+        member_id: str,
+        batches: Sequence[AcknowledgementBatch],
+        now_ms: int,
+        lock_duration_ms: int | None = None,
     ) -> None:
         """Apply a consumer's acknowledgements atomically, then advance the SPSO.
 
         ``ACCEPT`` -> Acknowledged; ``REJECT`` -> Archived; ``GAP`` -> Archived (no record at that
         offset); ``RELEASE`` -> Available, or Archived once the delivery count has reached
-        ``delivery_count_limit``. The acquisition lock is cleared.
+        ``delivery_count_limit``; the acquisition lock is cleared. ``RENEW`` (KIP-1222) keeps
+        the record Acquired by the member, with the same delivery count, and moves its lock
+        deadline to ``now_ms + lock_duration_ms``.
 
         Args:
             member_id: the acknowledging member.
             batches: ordered, non-overlapping batches within SPSO..SPEO-1.
             now_ms: the current time in ms (acknowledgements are accepted until the lock is
-                expired by :meth:`expire_locks`).
+                expired by :meth:`expire_locks`; RENEW counts its new lock from it).
+            lock_duration_ms: the lock a RENEW grants, in ms; ``None`` is the group's
+                ``group.share.record.lock.duration.ms``.
 
         Raises:
             InvalidRequestError: batches unordered or overlapping, ``first_offset >
-                last_offset``, a bad number of acknowledge types or an unknown type, or offsets
-                outside SPSO..SPEO-1.
+                last_offset``, a bad number of acknowledge types or an unknown type, offsets
+                outside SPSO..SPEO-1, or a RENEW lock duration out of range.
             InvalidRecordStateError: an offset is not Acquired by ``member_id``.
             On any error nothing changes.
 
         KIP-932 "Client programming interface": "the share-partition leader guarantees that
         acknowledgements for the records in a batch are performed atomically".
         """
-        del now_ms  # Locks elapse only through expire_locks(); see its docstring.
         plan = self._validate_acks(member_id, batches)
-        # Everything is valid: apply. Nothing below can fail.
+        renew_deadline: int | None = None
+        if any(ack is AcknowledgeType.RENEW for _, _, ack in plan):
+            renew_deadline = now_ms + self._lock_duration(lock_duration_ms)
+        # Everything is valid: apply. Nothing below can fail. Other locks elapse only through
+        # expire_locks(); see its docstring.
         for first, last, ack in plan:
-            self._apply(first, last, self._ack_transform(ack))
+            if ack is AcknowledgeType.RENEW:
+                assert renew_deadline is not None
+                self._renew(first, last, renew_deadline)
+            else:
+                self._apply(first, last, self._ack_transform(ack))
         self._advance()
+
+    def _renew(self, first: int, last: int, deadline: int) -> None:
+        """Move the locks of ``first..last`` (Acquired by one member, validated) to ``deadline``.
+        The durable state doesn't change: Acquired is never persisted."""
+        group = self._lock_group(deadline)
+        group.ranges.append((first, last))
+        self._apply(
+            first, last, lambda r: (_ACQUIRED, r.count, r.member, deadline), persisted=False
+        )
 
     def _validate_acks(
         self, member_id: str, batches: Sequence[AcknowledgementBatch]
@@ -895,8 +924,9 @@ class SharePartition:
         if len(merged) != hi - lo + 1:
             runs[lo : hi + 1] = merged
 
-    def _apply(self, first: int, last: int, transform: _Transform) -> int:
-        """Apply ``transform`` to every run in ``first..last``; return the records changed."""
+    def _apply(self, first: int, last: int, transform: _Transform, persisted: bool = True) -> int:
+        """Apply ``transform`` to every run in ``first..last``; return the records changed.
+        ``persisted=False``: the change doesn't show in durable state (no delta for it)."""
         runs = self._runs
         i = self._split_at(first)
         j = self._split_at(last + 1)
@@ -907,7 +937,7 @@ class SharePartition:
             if new is not None:
                 self._retag(r, *new)
                 changed += r.last - r.first + 1
-        if changed:
+        if changed and persisted:
             self._mark_dirty(first, last)
         self._merge_window(i - 1, j)
         return changed

@@ -151,15 +151,32 @@ class ShareConsumer:
     ) -> None:
         """Acknowledge a record returned by the last poll (sent with the next poll or commit).
 
+        ``RENEW`` (KIP-1222) extends the record's acquisition lock instead: the record stays to
+        be acknowledged (with ACCEPT, RELEASE or REJECT; in explicit mode before the next poll).
+        Send it with :meth:`commit_sync` while the work on the record goes on.
+
         Raises:
             IllegalStateError: the record was not delivered by the last poll, or was already
                 acknowledged.
-            ConfigurationError: ``kind`` is not ACCEPT, RELEASE or REJECT.
+            ConfigurationError: ``kind`` is not ACCEPT, RELEASE, REJECT or RENEW.
         """
         self._check_open()
+        key = (record.topic, record.partition, record.offset)
+        if kind is AcknowledgeType.RENEW:  # KIP-1222: keep it, with a fresh lock
+            if key not in self._delivered:
+                raise IllegalStateError(
+                    f"{record.topic}[{record.partition}]@{record.offset} was not returned by the "
+                    "last poll or is already acknowledged; only those can be renewed"
+                )
+            self._require_session().acknowledge(
+                TopicPartition(record.topic, record.partition), record.offset, kind
+            )
+            return
         if kind not in (AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT):
-            raise ConfigurationError(f"acknowledge type {kind!r}; use ACCEPT, RELEASE or REJECT")
-        if self._delivered.pop((record.topic, record.partition, record.offset), None) is None:
+            raise ConfigurationError(
+                f"acknowledge type {kind!r}; use ACCEPT, RELEASE, REJECT or RENEW"
+            )
+        if self._delivered.pop(key, None) is None:
             raise IllegalStateError(
                 f"{record.topic}[{record.partition}]@{record.offset} was not returned by the last "
                 "poll or is already acknowledged"

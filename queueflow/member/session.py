@@ -34,7 +34,13 @@ from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
-__all__ = ["AcknowledgementCallback", "FetchResult", "ShareFetchSession", "ranges_text"]
+__all__ = [
+    "AcknowledgementCallback",
+    "Acquisition",
+    "FetchResult",
+    "ShareFetchSession",
+    "ranges_text",
+]
 
 log = structlog.get_logger("queueflow.member.session")
 
@@ -77,6 +83,32 @@ class FetchResult:
     round_trip_s: float = 0.0
     acquired: int = 0
     lock_timeout_ms: int = 0
+
+
+@dataclass(slots=True)
+class Acquisition:
+    """What one ShareFetch acquired, as coordinates (see :meth:`ShareFetchSession.acquire`).
+
+    Attributes:
+        tp: the share-partition.
+        ranges: acquired offset ranges ``(first, last, delivery_count)``, inclusive, in order.
+        lock_timeout_ms: their acquisition lock duration as the leader said (KIP-1222
+            ``AcquisitionLockTimeoutMs``), 0 if it did not.
+        sent: ``ctx.clock.monotonic()`` seconds when the request was sent: the locks last at
+            least until ``sent + lock_timeout_ms / 1000``.
+        error: the leader's error for the fetch as a whole, or None.
+    """
+
+    tp: TopicPartition
+    ranges: list[tuple[int, int, int]] = field(default_factory=list)
+    lock_timeout_ms: int = 0
+    sent: float = 0.0
+    error: ShareGroupError | None = None
+
+    @property
+    def count(self) -> int:
+        """How many offsets were acquired."""
+        return sum(last - first + 1 for first, last, _ in self.ranges)
 
 
 class ShareFetchSession:
@@ -167,6 +199,15 @@ class ShareFetchSession:
         """Record the outcome of one record; it leaves with the next request of ``tp``."""
         self.acks.add(tp, offset, kind)
 
+    def acknowledge_range(
+        self, tp: TopicPartition, first: int, last: int, kind: AcknowledgeType
+    ) -> None:
+        """Record one outcome for the offsets ``first..last`` (inclusive) of ``tp``, e.g. a
+        RENEW (KIP-1222) of records still being worked on, or the outcome of a batch acquired
+        with :meth:`acquire`; it leaves with the next request of ``tp`` (or :meth:`flush`)."""
+        for offset in range(first, last + 1):
+            self.acks.add(tp, offset, kind)
+
     def remember_released(self, record: ShareRecord) -> None:
         """Keep a RELEASEd record so that its redelivery to this member needs no Kafka read."""
         self._source.remember_released(record)
@@ -227,6 +268,33 @@ class ShareFetchSession:
                 sent + response.lock_timeout_ms / 1000 if response.lock_timeout_ms else math.inf
             )
             result.records = await self._read(tp, response.acquired, deadline)
+        return result
+
+    async def acquire(self, tp: TopicPartition, max_records: int) -> Acquisition:
+        """One ShareFetch of ``tp`` for up to ``max_records`` records that returns their
+        coordinates without reading them (for members whose records are read elsewhere, such
+        as a Spark source's executors); pending acknowledgements of ``tp`` ride along.
+
+        Raises:
+            ShareGroupError: ``REQUEST_TIMED_OUT`` (the acknowledgements are kept to be sent
+                again).
+            aiokafka.errors.KafkaError: the request could not be sent.
+        """
+        acks = self.acks.take(tp)
+        sent = self.ctx.clock.monotonic()
+        try:
+            response = await self._request(tp, max_records, acks)
+        except Exception:
+            self.acks.restore(tp, acks)
+            raise
+        if acks:
+            self._acknowledged(tp, acks, response)
+        result = Acquisition(tp, sent=sent)
+        if response.error != ErrorCode.NONE.value:
+            result.error = ShareGroupError(ErrorCode(response.error), response.error_message)
+        else:
+            result.ranges = list(response.acquired)
+            result.lock_timeout_ms = response.lock_timeout_ms
         return result
 
     async def drop(self, tp: TopicPartition) -> None:

@@ -330,6 +330,7 @@ class ShareLeader:
                         for first, last, types in request.acks
                     ],
                     now,
+                    request.lock_duration_ms,
                 )
             except (ShareGroupError, ValueError) as exc:
                 code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST

@@ -284,3 +284,49 @@ def test_a_member_of_an_unsupported_protocol_version_is_refused() -> None:
     assert reply.error == ErrorCode.UNSUPPORTED_VERSION.value
     assert "protocol version 99" in reply.error_message
     assert events(logs, "unsupported_protocol_version")
+
+
+def test_renew_keeps_a_record_past_its_first_lock() -> None:
+    """KIP-1222 RENEW: a consumer still working on a record extends its lock; the record is
+    not redelivered when the first lock would have elapsed, and the final ACCEPT is applied."""
+    clock = FakeClock()
+
+    async def scenario() -> None:
+        async with cluster_with(1, clock=clock) as cluster:
+            consumer = cluster.consumer("g", acknowledgement_mode="explicit")
+            await consumer.subscribe([TOPIC])
+            [record] = await consumer.poll(timeout_ms=1000)
+            lock = cluster.settings.record_lock_duration_ms
+            clock.advance(lock - 1000)
+            consumer.acknowledge(record, queueflow.RENEW)
+            assert await consumer.commit_sync() == {TP: None}
+            clock.advance(2000)  # past the first lock, within the renewed one
+            await cluster.tick()
+            engine = cluster.share_partition("g", TOPIC, 0)
+            assert engine.record(0).state.name == "ACQUIRED"
+            consumer.acknowledge(record)  # ACCEPT
+            assert await consumer.commit_sync() == {TP: None}
+            assert engine.start_offset == 1
+            await consumer.close()
+
+    run(scenario())
+
+
+def test_acquire_returns_coordinates_without_reading() -> None:
+    reports: list[Any] = []
+
+    async def scenario() -> None:
+        async with cluster_with(5) as cluster:
+            session = session_of(cluster, reports)
+            await session.start()
+            got = await session.acquire(TP, 3)
+            assert (got.ranges, got.count, got.error) == ([(0, 2, 1)], 3, None)
+            assert got.lock_timeout_ms == cluster.settings.record_lock_duration_ms
+            session.acknowledge_range(TP, 0, 2, queueflow.ACCEPT)
+            again = await session.acquire(TP, 10)  # the ACCEPTs ride along
+            assert again.ranges == [(3, 4, 1)]
+            assert cluster.share_partition("g", TOPIC, 0).start_offset == 3
+            await session.close()
+
+    run(scenario())
+    assert reports == [([0, 1, 2], None)]

@@ -213,7 +213,7 @@ def test_a_record_is_acknowledged_once_and_only_with_a_consumer_type() -> None:
             consumer.acknowledge(first, queueflow.REJECT)
             with pytest.raises(IllegalStateError, match=r"jobs\[0\]@0 .*already acknowledged"):
                 consumer.acknowledge(first, queueflow.ACCEPT)
-            with pytest.raises(ConfigurationError, match="use ACCEPT, RELEASE or REJECT"):
+            with pytest.raises(ConfigurationError, match="use ACCEPT, RELEASE, REJECT or RENEW"):
                 consumer.acknowledge(second, queueflow.AcknowledgeType.GAP)
             consumer.acknowledge(second, queueflow.RELEASE)  # the refused GAP took nothing
             await consumer.commit_sync()

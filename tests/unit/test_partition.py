@@ -693,3 +693,46 @@ def test_restore_archives_records_acquired_at_the_delivery_limit() -> None:
     assert restored.start_offset == 2
     assert restored.record(0).state is RecordState.ARCHIVED
     assert restored.acquire("m2", 10, log_end_offset=2, now_ms=3) == []
+
+
+# --------------------------------------------------------------------------------------------
+# RENEW (KIP-1222): the owner extends its acquisition lock
+# --------------------------------------------------------------------------------------------
+
+
+def test_renew_extends_the_lock_and_keeps_the_record_acquired() -> None:
+    sp = SharePartition(CFG, 0)
+    sp.acquire("m1", 4, 4, now_ms=0)  # locked until 30000
+    sp.take_changes()
+    sp.acknowledge("m1", [batch(1, 2, A.RENEW)], now_ms=20_000)
+    assert sp.record(1) == RecordView(AQ, 1, "m1", 50_000)
+    assert sp.record(0).lock_deadline_ms == 30_000
+    assert sp.take_changes() is None  # Acquired isn't persisted: a renew writes nothing
+    assert sp.expire_locks(30_000) == 2  # 0 and 3 elapse at the old deadline
+    assert states(sp, 0, 3) == [(AV, 1), (AQ, 1), (AQ, 1), (AV, 1)]
+    assert sp.expire_locks(50_000) == 2
+    assert states(sp, 1, 2) == [(AV, 1), (AV, 1)]
+
+
+def test_renew_with_the_members_own_lock_duration_and_then_accept() -> None:
+    sp = SharePartition(CFG, 0)
+    sp.acquire("m1", 2, 2, now_ms=0, lock_duration_ms=5_000)
+    sp.acknowledge("m1", [batch(0, 1, A.RENEW)], now_ms=4_000, lock_duration_ms=5_000)
+    assert sp.next_lock_deadline() == 9_000
+    sp.expire_locks(8_999)
+    sp.acknowledge("m1", [batch(0, 1, A.ACCEPT)], now_ms=8_999)
+    assert sp.start_offset == 2 and sp.acquired_count == 0
+
+
+def test_renew_of_records_not_held_or_with_a_bad_duration_changes_nothing() -> None:
+    sp = SharePartition(CFG, 0)
+    sp.acquire("m1", 2, 2, now_ms=0)
+    before = full_state(sp)
+    with pytest.raises(InvalidRecordStateError):
+        sp.acknowledge("m2", [batch(0, 1, A.RENEW)], now_ms=1)
+    with pytest.raises(InvalidRequestError, match="lock duration 999 ms is out of range"):
+        sp.acknowledge("m1", [batch(0, 0, A.RENEW), batch(1, 1, A.ACCEPT)], 1, 999)
+    assert full_state(sp) == before
+    sp.expire_locks(30_000)
+    with pytest.raises(InvalidRecordStateError):  # the lock elapsed first: too late to renew
+        sp.acknowledge("m1", [batch(0, 1, A.RENEW)], now_ms=30_001)

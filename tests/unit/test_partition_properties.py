@@ -99,7 +99,13 @@ class Model:
         self.speo = max(self.speo, stop)
         return got
 
-    def acknowledge(self, member: str, batches: list[AcknowledgementBatch]) -> None:
+    def acknowledge(
+        self,
+        member: str,
+        batches: list[AcknowledgementBatch],
+        now: int = 0,
+        dur: int | None = None,
+    ) -> None:
         prev = None
         for b in batches:
             n = b.last_offset - b.first_offset + 1
@@ -117,6 +123,10 @@ class Model:
                 rec = self.recs[o]
                 if rec[0] is not AQ or rec[2] != member:
                     raise InvalidRecordStateError("model")
+        renews = any(AcknowledgeType.RENEW in b.acknowledge_types for b in batches)
+        if renews and dur is not None and not 1000 <= dur <= 60000:
+            raise InvalidRequestError("model")
+        renewed = now + (dur if dur is not None else self.cfg.record_lock_duration_ms)
         for b in batches:
             types = b.acknowledge_types
             for k, o in enumerate(range(b.first_offset, b.last_offset + 1)):
@@ -126,6 +136,8 @@ class Model:
                     rec[:] = [AK, rec[1], None, None]
                 elif t is AcknowledgeType.RELEASE:
                     self.release(o)
+                elif t is AcknowledgeType.RENEW:  # KIP-1222: still Acquired, a new lock
+                    rec[3] = renewed
                 else:  # REJECT, GAP
                     rec[:] = [AR, rec[1], None, None]
         self.advance()
@@ -257,9 +269,10 @@ class ShareMachine(RuleBasedStateMachine):
             batches.append(AcknowledgementBatch(last, last + 1, (AcknowledgeType.ACCEPT,)))
         elif spoil == 2 and len(batches) > 1:  # unordered
             batches.reverse()
+        dur = data.draw(st.sampled_from([None, None, None, 1000, 45000, 999]))
         self.same_error(
-            lambda: self.sp.acknowledge(member, batches, self.now),
-            lambda: self.model.acknowledge(member, batches),
+            lambda: self.sp.acknowledge(member, batches, self.now, dur),
+            lambda: self.model.acknowledge(member, batches, self.now, dur),
         )
 
     def draw_batch(self, data: st.DataObject) -> AcknowledgementBatch:
@@ -279,7 +292,7 @@ class ShareMachine(RuleBasedStateMachine):
             batches.sort(key=lambda b: b.first_offset)
         self.same_error(
             lambda: self.sp.acknowledge(member, batches, self.now),
-            lambda: self.model.acknowledge(member, batches),
+            lambda: self.model.acknowledge(member, batches, self.now),
         )
 
     @rule(member=st.sampled_from((*MEMBERS, "ghost")))
