@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import structlog
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaError
 
 from queueflow.errors import ShareGroupError
 from queueflow.member.context import MemberContext
@@ -301,8 +302,8 @@ class SparkMember:
         """Acquire from one share-partition; returns (ranges, whether to ask it again)."""
         try:
             acquisition = await session.acquire(tp, max_records)
-        except ShareGroupError as exc:
-            log.warning("spark_acquire_failed", topic=tp[0], partition=tp[1], error=str(exc))
+        except (ShareGroupError, KafkaError) as exc:  # e.g. a leader failing over: next time
+            log.warning("spark_acquire_failed", topic=tp[0], partition=tp[1], error=repr(exc))
             return [], False
         if acquisition.error is not None:
             log.warning(
