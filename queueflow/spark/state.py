@@ -410,8 +410,7 @@ class QueueflowStateReader(DataSourceReader):
                 ``read.timeout.ms``.
         """
         o = self.options
-        assert isinstance(partition, ChangelogPartition), partition
-        if partition.end <= partition.start:
+        if not isinstance(partition, ChangelogPartition) or partition.end <= partition.start:
             return
         table = asyncio.run(self._read_changelog(partition))
         yield from state_rows(partition.topic, table, group=o.group, view=o.view)
