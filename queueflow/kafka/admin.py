@@ -19,6 +19,7 @@ __all__ = [
     "ensure_topic",
     "existing_partition_counts",
     "partition_counts",
+    "topic_partition_counts",
     "unknown_topic_error",
 ]
 
@@ -68,16 +69,35 @@ async def ensure_topic(
 async def existing_partition_counts(
     admin: AIOKafkaAdminClient, names: Iterable[str]
 ) -> dict[str, int]:
-    """Partition counts of the topics among ``names`` that exist (never auto-creates)."""
-    names = list(names)
+    """Partition counts of the topics among ``names`` that exist; never creates a topic.
+
+    A metadata request naming a topic makes a broker with ``auto.create.topics.enable=true``
+    (Kafka's default) create it, so the names are first looked up in the list of all topics and
+    only the existing ones are described.
+    """
+    names = set(names)
     if not names:
         return {}
-    described = await admin.describe_topics(names)
+    existing = names & set(await admin.list_topics())
+    if not existing:
+        return {}
+    described = await admin.describe_topics(sorted(existing))
     return {
         d["topic"]: len(d["partitions"])
         for d in described
         if d["error_code"] == 0 and d["partitions"]
     }
+
+
+async def topic_partition_counts(config: KafkaClientConfig, names: Iterable[str]) -> dict[str, int]:
+    """Partition counts of the topics among ``names`` that exist (missing ones are absent);
+    never creates a topic."""
+    admin = admin_client(config)
+    await admin.start()
+    try:
+        return await existing_partition_counts(admin, names)
+    finally:
+        await admin.close()
 
 
 def unknown_topic_error(name: str, bootstrap: str) -> ConfigurationError:

@@ -13,45 +13,20 @@ cannot be pickled) with :meth:`SourceOptions.kafka_config`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from queueflow.errors import ConfigurationError
-from queueflow.kafka.config import KafkaClientConfig, bootstrap_servers
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.options import KafkaOptions, lower_options, shown_value
 
 __all__ = [
-    "KAFKA_CLIENT_OPTIONS",
     "SPARK_OPTIONS",
     "ConnectionOptions",
     "SourceOptions",
     "parse_connection_options",
     "parse_source_options",
 ]
-
-#: ``kafka.<name>`` options passed to every aiokafka client queueflow creates, and how each
-#: is parsed (``str`` or ``int``). The ``ssl.*`` ones build one ``ssl_context``
-#: (:func:`aiokafka.helpers.create_ssl_context`). Only settings every client (producer,
-#: consumer, admin) accepts are allowed: one client refusing a keyword would fail the query.
-KAFKA_CLIENT_OPTIONS: dict[str, type] = {
-    "client.id": str,
-    "security.protocol": str,
-    "sasl.mechanism": str,
-    "sasl.plain.username": str,
-    "sasl.plain.password": str,
-    "sasl.kerberos.service.name": str,
-    "sasl.kerberos.domain.name": str,
-    "ssl.cafile": str,
-    "ssl.capath": str,
-    "ssl.certfile": str,
-    "ssl.keyfile": str,
-    "ssl.password": str,
-    "request.timeout.ms": int,
-    "connections.max.idle.ms": int,
-    "retry.backoff.ms": int,
-    "metadata.max.age.ms": int,
-}
-
-_SSL_KEYS = {"ssl.cafile", "ssl.capath", "ssl.certfile", "ssl.keyfile", "ssl.password"}
 
 #: Options Spark itself may put in a source's options; accepted and ignored.
 SPARK_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
@@ -87,38 +62,29 @@ class ConnectionOptions:
     """Where the share group lives: the cluster, the queueflow app and the group.
 
     Attributes:
-        bootstrap: ``host:port[,host:port]``.
+        kafka: the cluster and its ``kafka.<name>`` client settings
+            (:class:`~queueflow.kafka.options.KafkaOptions`).
         app_id: the id of the queueflow app whose leaders and coordinator serve the group.
         group: the share group id.
-        kafka: the ``kafka.<name>`` client settings, by name without the prefix (strings and
-            ints as parsed; see :data:`KAFKA_CLIENT_OPTIONS`).
     """
 
-    bootstrap: str
+    kafka: KafkaOptions
     app_id: str
     group: str
-    kafka: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port[,host:port]`` of the cluster."""
+        return self.kafka.bootstrap
 
     def kafka_config(self, client_id: str = "queueflow-spark") -> KafkaClientConfig:
-        """The aiokafka configuration of these options (a fresh ``ssl_context`` if any).
+        """The aiokafka configuration of these options (a fresh ``ssl_context`` if any); call
+        it where the client runs.
 
         Args:
             client_id: the client id, unless ``kafka.client.id`` was given.
         """
-        extra: dict[str, Any] = {}
-        ssl_args: dict[str, Any] = {}
-        for name, value in self.kafka.items():
-            if name == "client.id":
-                client_id = value
-            elif name in _SSL_KEYS:
-                ssl_args[name.removeprefix("ssl.")] = value
-            else:
-                extra[name.replace(".", "_")] = value
-        if ssl_args:
-            from aiokafka.helpers import create_ssl_context
-
-            extra["ssl_context"] = create_ssl_context(**ssl_args)
-        return KafkaClientConfig(self.bootstrap, client_id=client_id, extra=extra)
+        return self.kafka.client_config(client_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,16 +112,6 @@ class SourceOptions(ConnectionOptions):
     poll_timeout_ms: int = 500
 
 
-def _lower(options: Mapping[str, Any]) -> dict[str, str]:
-    return {str(k).lower(): "" if v is None else str(v) for k, v in options.items()}
-
-
-def _shown(name: str, value: str) -> str:
-    """``value`` for an error message; secrets (also misspelt ones) are masked."""
-    secret = any(word in name for word in ("password", "secret", "pasword", "token"))
-    return "'***'" if secret else repr(value)
-
-
 def _required(opts: Mapping[str, str], name: str, what: str) -> str:
     value = opts.get(name.lower(), "").strip()
     if not value:
@@ -181,37 +137,11 @@ def _int(opts: Mapping[str, str], name: str, minimum: int, maximum: int = 2**31 
     return value
 
 
-def _kafka_options(opts: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, raw in opts.items():
-        if not key.startswith("kafka.") or key == "kafka.bootstrap.servers":
-            continue
-        name = key.removeprefix("kafka.")
-        kind = KAFKA_CLIENT_OPTIONS.get(name)
-        if kind is None:
-            raise ConfigurationError(
-                f"option {key!r}={_shown(key, raw)} is not a supported Kafka client setting; "
-                "allowed: " + ", ".join(f"kafka.{n}" for n in KAFKA_CLIENT_OPTIONS)
-            )
-        if kind is int:
-            parsed = _int(opts, key, 1)
-            out[name] = parsed
-        else:
-            out[name] = raw
-    return out
-
-
-def _connection(opts: Mapping[str, str]) -> tuple[str, str, str, dict[str, Any]]:
-    raw = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers") or ""
-    if not raw.strip():
-        raise ConfigurationError(
-            f"option 'bootstrap.servers' is missing (given: {raw or None!r}); set it (or "
-            "'kafka.bootstrap.servers') to host:port[,host:port] of the Kafka cluster"
-        )
-    bootstrap = bootstrap_servers(raw)
+def _connection(opts: Mapping[str, str]) -> tuple[KafkaOptions, str, str]:
+    kafka = KafkaOptions.parse(opts)
     app_id = _required(opts, "app.id", "the id of the queueflow app whose leaders serve the group")
     group = _required(opts, "group", "the share group id")
-    return bootstrap, app_id, group, _kafka_options(opts)
+    return kafka, app_id, group
 
 
 def _check_unknown(opts: Mapping[str, str], known: set[str]) -> None:
@@ -219,7 +149,7 @@ def _check_unknown(opts: Mapping[str, str], known: set[str]) -> None:
         k for k in opts if k not in known and k not in SPARK_OPTIONS and not k.startswith("kafka.")
     )
     if unknown:
-        shown = ", ".join(f"{k}={_shown(k, opts[k])}" for k in unknown)
+        shown = ", ".join(f"{k}={shown_value(k, opts[k])}" for k in unknown)
         raise ConfigurationError(
             f"unknown option(s) {shown} for format 'queueflow'; allowed: "
             + ", ".join(SOURCE_OPTION_NAMES)
@@ -238,10 +168,9 @@ def parse_connection_options(options: Mapping[str, Any]) -> ConnectionOptions:
         ConfigurationError: a required option is missing, or one is unknown or invalid; the
             message names it, the value and what is allowed.
     """
-    opts = _lower(options)
+    opts = lower_options(options)
     _check_unknown(opts, _CONNECTION_KEYS | _SOURCE_KEYS)
-    bootstrap, app_id, group, kafka = _connection(opts)
-    return ConnectionOptions(bootstrap, app_id, group, kafka)
+    return ConnectionOptions(*_connection(opts))
 
 
 def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
@@ -255,9 +184,9 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
             ``group``, ``topic``/``topics``), a value is not allowed, or an option is unknown;
             the message names the option, the value and what is allowed.
     """
-    opts = _lower(options)
+    opts = lower_options(options)
     _check_unknown(opts, _CONNECTION_KEYS | _SOURCE_KEYS)
-    bootstrap, app_id, group, kafka = _connection(opts)
+    kafka, app_id, group = _connection(opts)
     if "topic" in opts and "topics" in opts:
         raise ConfigurationError(
             f"options 'topic'={opts['topic']!r} and 'topics'={opts['topics']!r} are both set; "
@@ -279,10 +208,9 @@ def parse_source_options(options: Mapping[str, Any]) -> SourceOptions:
         )
     poll = _int(opts, "pollTimeoutMs", 0, 600_000)
     return SourceOptions(
-        bootstrap,
+        kafka,
         app_id,
         group,
-        kafka,
         topics=topics,
         max_records_per_trigger=_int(opts, "maxRecordsPerTrigger", 1),
         lock_duration_ms=lock,

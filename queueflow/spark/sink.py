@@ -48,7 +48,8 @@ is not stable. A share-group handler drops duplicates with :func:`idempotency_ke
 
 **Connection options** (shared with ``queueflow-state``; the ``kafka.*`` names are those of the
 ``queueflow`` source): ``bootstrap.servers`` (or ``kafka.bootstrap.servers``) and the client
-settings of :data:`KAFKA_CLIENT_OPTIONS`, e.g. ``kafka.security.protocol``,
+settings of :data:`~queueflow.kafka.options.KAFKA_CLIENT_OPTIONS`, e.g.
+``kafka.security.protocol``,
 ``kafka.sasl.mechanism``, ``kafka.sasl.plain.username``, ``kafka.sasl.plain.password``,
 ``kafka.ssl.cafile``, ``kafka.ssl.certfile``, ``kafka.ssl.keyfile``, ``kafka.ssl.password``.
 """
@@ -58,8 +59,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import structlog
@@ -80,18 +81,16 @@ from pyspark.sql.types import (
 )
 
 from queueflow.errors import ConfigurationError
-from queueflow.kafka.admin import admin_client, existing_partition_counts
-from queueflow.kafka.config import KafkaClientConfig, bootstrap_servers
+from queueflow.kafka.admin import topic_partition_counts
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.options import KafkaOptions, lower_options
 
 __all__ = [
     "IDEMPOTENCY_HEADER",
-    "KAFKA_CLIENT_OPTIONS",
-    "KafkaOptions",
     "SinkCommitMessage",
     "idempotency_key",
     "make_stream_writer",
     "make_writer",
-    "topic_partition_counts",
 ]
 
 log = structlog.get_logger("queueflow.spark.sink")
@@ -104,168 +103,10 @@ BATCH_ID_PROPERTY: Final = "streaming.sql.batchId"
 #: Task-local property holding the streaming query id (``StreamExecution.QUERY_ID_KEY``).
 QUERY_ID_PROPERTY: Final = "sql.streaming.queryId"
 
-#: ``kafka.<name>`` client settings (the same names the ``queueflow`` source accepts) and how
-#: each is parsed; ``kafka.a.b`` becomes aiokafka's ``a_b`` keyword argument, except
-#: ``kafka.client.id`` (the client id) and ``kafka.ssl.*`` (arguments of
-#: ``aiokafka.helpers.create_ssl_context``, building one ``ssl_context``).
-KAFKA_CLIENT_OPTIONS: Final[Mapping[str, type]] = {
-    "client.id": str,
-    "security.protocol": str,
-    "sasl.mechanism": str,
-    "sasl.plain.username": str,
-    "sasl.plain.password": str,
-    "sasl.kerberos.service.name": str,
-    "sasl.kerberos.domain.name": str,
-    "ssl.cafile": str,
-    "ssl.capath": str,
-    "ssl.certfile": str,
-    "ssl.keyfile": str,
-    "ssl.password": str,
-    "request.timeout.ms": int,
-    "connections.max.idle.ms": int,
-    "retry.backoff.ms": int,
-    "metadata.max.age.ms": int,
-}
-_SECRETS: Final = ("sasl.plain.password", "ssl.password")
-_SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-_SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
 #: Sends awaited together before more are queued (bounds the futures held per task).
 _SEND_WINDOW: Final = 5000
 #: Seconds a topic's metadata may take to arrive before the write fails.
 _METADATA_TIMEOUT_S: Final = 30.0
-
-
-def _lower(options: Mapping[str, str]) -> dict[str, str]:
-    """Spark passes options in a case-insensitive map; compare names in lower case."""
-    return {str(k).lower(): str(v) for k, v in options.items()}
-
-
-@dataclass(frozen=True)
-class KafkaOptions:
-    """The connection options of a queueflow data source, validated on the driver and pickled
-    to executors (an SSL context cannot be pickled, so it is built by :meth:`client_config`).
-
-    Attributes:
-        bootstrap: ``host:port[,host:port]``.
-        extra: aiokafka keyword arguments (``security_protocol``, ``sasl_*``, ...).
-        ssl: ``create_ssl_context`` arguments (``cafile``, ``capath``, ``certfile``,
-            ``keyfile``, ``password``).
-        client_id: ``kafka.client.id``, or None for the data source's own.
-    """
-
-    bootstrap: str
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    ssl: Mapping[str, str] = field(default_factory=dict)
-    client_id: str | None = None
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str], ignore: Iterable[str] = ()) -> KafkaOptions:
-        """Read ``bootstrap.servers`` (or ``kafka.bootstrap.servers``) and the ``kafka.*``
-        security options.
-
-        Args:
-            options: the data source's options (names are case-insensitive).
-            ignore: further ``kafka.*`` option names the caller handles itself.
-
-        Raises:
-            ConfigurationError: ``bootstrap.servers`` is missing or names no ``host:port``, a
-                ``kafka.*`` option is not one of the supported ones, or the security protocol
-                or SASL mechanism is unknown.
-        """
-        opts = _lower(options)
-        raw = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
-        if not raw:
-            raise ConfigurationError(
-                "missing option 'bootstrap.servers': set it to the Kafka cluster's host:port "
-                "list, e.g. .option('bootstrap.servers', 'localhost:9092')"
-            )
-        skip = {"kafka.bootstrap.servers", *(n.lower() for n in ignore)}
-        extra: dict[str, Any] = {}
-        ssl: dict[str, str] = {}
-        client_id: str | None = None
-        for key, value in opts.items():
-            if not key.startswith("kafka.") or key in skip:
-                continue
-            name = key.removeprefix("kafka.")
-            kind = KAFKA_CLIENT_OPTIONS.get(name)
-            shown = "'***'" if name in _SECRETS else repr(value)
-            if kind is None:
-                raise ConfigurationError(
-                    f"option {key!r}={shown} is not a supported Kafka client setting; allowed: "
-                    + ", ".join(f"kafka.{n}" for n in KAFKA_CLIENT_OPTIONS)
-                    + " (and kafka.bootstrap.servers)"
-                )
-            if kind is int:
-                try:
-                    number = int(value.strip())
-                except ValueError:
-                    number = 0
-                if number < 1:
-                    raise ConfigurationError(
-                        f"option {key!r}={value!r} is not allowed; use a positive integer"
-                    )
-                extra[name.replace(".", "_")] = number
-            elif name == "client.id":
-                client_id = value
-            elif name.startswith("ssl."):
-                ssl[name.removeprefix("ssl.")] = value
-            else:
-                extra[name.replace(".", "_")] = value
-        protocol = extra.get("security_protocol")
-        if protocol is not None:
-            extra["security_protocol"] = protocol = protocol.upper()
-            if protocol not in _SECURITY_PROTOCOLS:
-                raise ConfigurationError(
-                    f"option 'kafka.security.protocol'={protocol!r} is not one of "
-                    f"{', '.join(_SECURITY_PROTOCOLS)}"
-                )
-        mechanism = extra.get("sasl_mechanism")
-        if mechanism is not None:
-            extra["sasl_mechanism"] = mechanism = mechanism.upper()
-            if mechanism not in _SASL_MECHANISMS:
-                raise ConfigurationError(
-                    f"option 'kafka.sasl.mechanism'={mechanism!r} is not one of "
-                    f"{', '.join(_SASL_MECHANISMS)}"
-                )
-        return cls(bootstrap_servers(raw), extra, ssl, client_id)
-
-    def client_config(self, client_id: str) -> KafkaClientConfig:
-        """The :class:`KafkaClientConfig` for aiokafka clients (call it where the client runs).
-
-        An SSL context is created (``aiokafka.helpers.create_ssl_context``) when SSL files are
-        given or the protocol is ``SSL``/``SASL_SSL``.
-        """
-        extra: dict[str, Any] = dict(self.extra)
-        if self.ssl or extra.get("security_protocol") in ("SSL", "SASL_SSL"):
-            from aiokafka.helpers import create_ssl_context
-
-            extra["ssl_context"] = create_ssl_context(**self.ssl)
-            extra.setdefault("security_protocol", "SSL")
-        return KafkaClientConfig(self.bootstrap, client_id=self.client_id or client_id, extra=extra)
-
-
-async def topic_partition_counts(config: KafkaClientConfig, names: Iterable[str]) -> dict[str, int]:
-    """Partition counts of the topics among ``names`` that exist; never creates a topic.
-
-    A metadata request naming a topic makes a broker with ``auto.create.topics.enable=true``
-    (Kafka's default) create it, so the names are first looked up in the list of all topics and
-    only existing ones are described.
-
-    Args:
-        config: the cluster.
-        names: topic names.
-
-    Returns:
-        ``{topic: partition count}`` for the existing topics; missing ones are absent.
-    """
-    wanted = set(names)
-    admin = admin_client(config)
-    await admin.start()
-    try:
-        existing = wanted & set(await admin.list_topics())
-        return await existing_partition_counts(admin, sorted(existing))
-    finally:
-        await admin.close()
 
 
 def idempotency_key(record: Any) -> str | None:
@@ -407,7 +248,7 @@ class _Sink:
                 ".mode('append') for a batch write and outputMode 'append' or 'update' for a "
                 "stream"
             )
-        opts = _lower(options)
+        opts = lower_options(options)
         self.kafka = KafkaOptions.parse(opts)
         self.topic: str | None = opts.get("topic") or None
         self.columns = _check_columns(schema, self.topic)

@@ -58,9 +58,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from queueflow.engine.state import RecordState, ShareUpdate, StateBatch, replay
 from queueflow.errors import ConfigurationError, CorruptStateError
+from queueflow.kafka.admin import topic_partition_counts
+from queueflow.kafka.options import KafkaOptions
 from queueflow.protocol.state_codec import decode_snapshot, decode_update
 from queueflow.protocol.topics import state_table
-from queueflow.spark.sink import KafkaOptions, topic_partition_counts
 
 __all__ = [
     "RANGES_SCHEMA",

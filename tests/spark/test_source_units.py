@@ -84,7 +84,7 @@ def test_ssl_options_build_a_context(tmp_path) -> None:
     import ssl
 
     opts = parse_source_options({**BASE, "kafka.security.protocol": "SSL"})
-    assert "ssl_context" not in opts.kafka_config().extra
+    assert isinstance(opts.kafka_config().extra["ssl_context"], ssl.SSLContext)  # system CAs
     with pytest.raises(ConfigurationError, match=r"'kafka\.sasl\.plain\.pasword'='\*\*\*'") as info:
         parse_source_options({**BASE, "kafka.sasl.plain.pasword": "hunter2"})
     assert "hunter2" not in str(info.value)
