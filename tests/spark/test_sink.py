@@ -28,9 +28,9 @@ from pyspark.sql.types import (
 )
 
 from queueflow.errors import ConfigurationError
+from queueflow.kafka.options import KafkaOptions
 from queueflow.spark.sink import (
     IDEMPOTENCY_HEADER,
-    KafkaOptions,
     idempotency_key,
     make_stream_writer,
     make_writer,
