@@ -323,12 +323,16 @@ def run(p: Pipeline) -> int:
     ends = end_offsets(bootstrap, [flights_topic, results_topic])
     settle_deadline = time.monotonic() + SETTLE_TIMEOUT_S
     while True:
-        left = with_timeout(
-            lambda: sj.unfinished(spark, bootstrap, p.app_id, groups, ends),
-            SPARK_TIMEOUT_S,
-            "state read",
-            spark,
-        )
+        try:
+            left = with_timeout(
+                lambda: sj.unfinished(spark, bootstrap, p.app_id, groups, ends),
+                SPARK_TIMEOUT_S,
+                "state read",
+                spark,
+            )
+        except Exception as exc:  # a failed check, but the statistics are still worth checking
+            left = [f"the share-group state could not be read: {str(exc).strip()[:500]}"]
+            break
         if not left or time.monotonic() > settle_deadline:
             break
         time.sleep(POLL_S)
