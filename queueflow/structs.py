@@ -56,6 +56,7 @@ class ShareRecord:
         lock_deadline: ``time.monotonic()`` seconds by which this member must have acknowledged
             it: the ShareFetch's send time plus the acquisition lock duration, so at or before
             the leader's own deadline (``inf`` when unknown).
+        timestamp_type: Kafka's timestamp type of ``timestamp``: 0 CreateTime, 1 LogAppendTime.
     """
 
     topic: str
@@ -69,3 +70,4 @@ class ShareRecord:
     raw_value: bytes | None = field(default=None, repr=False)
     raw_key: bytes | None = field(default=None, repr=False)
     lock_deadline: float = field(default=math.inf, repr=False)
+    timestamp_type: int = field(default=0, repr=False)

@@ -145,6 +145,7 @@ class PartitionReader:
                     delivery_count,
                     r.raw_value,
                     r.raw_key,
+                    timestamp_type=r.timestamp_type,
                 )
             )
         return True
@@ -211,6 +212,7 @@ class PartitionReader:
                             delivery_count,
                             m.value,
                             m.key,
+                            timestamp_type=m.timestamp_type,
                         )
                     )
                     expected = offset + 1

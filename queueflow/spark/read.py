@@ -154,10 +154,7 @@ def arrow_schema() -> Any:
 
 
 def records_to_batch(records: Sequence[ShareRecord]) -> Any:
-    """A :class:`pyarrow.RecordBatch` of ``records`` in the source's schema.
-
-    ``timestampType`` is null: the record reader does not report it.
-    """
+    """A :class:`pyarrow.RecordBatch` of ``records`` in the source's schema."""
     import pyarrow as pa
 
     schema = arrow_schema()
@@ -170,7 +167,7 @@ def records_to_batch(records: Sequence[ShareRecord]) -> Any:
         pa.array([r.timestamp * 1000 for r in records], pa.int64()).cast(
             schema.field("timestamp").type
         ),
-        pa.nulls(len(records), pa.int32()),
+        pa.array([r.timestamp_type for r in records], pa.int32()),
         pa.array(
             [[{"key": k, "value": v} for k, v in (r.headers or ())] for r in records],
             schema.field("headers").type,

@@ -185,6 +185,7 @@ def test_arrow_batch_matches_sparks_schema() -> None:
     assert row["partition"] == 0 and row["offset"] == 5 and row["delivery_count"] == 2
     assert row["headers"] == [{"key": "h", "value": b"1"}]
     assert row["timestamp"].timestamp() == pytest.approx(1_700_000_000.123)
+    assert row["timestampType"] == 0  # CreateTime, as Spark's Kafka source reports it
 
 
 def test_runtime_checks() -> None:
