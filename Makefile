@@ -56,7 +56,7 @@ demo: venv
 	$(BIN)/python -m examples.demo
 
 bench: venv
-	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/pip install -q -e '.[bench,spark]'
 	$(BIN)/python -m bench
 
 chaos: venv

@@ -152,11 +152,50 @@ def table(results: dict[str, Any]) -> str:
                         "target <= 200",
                     )
                 )
+    rows += s8_rows(results.get("S8"))
     width = max((len(r[0]) for r in rows), default=10)
     width2 = max((len(r[1]) for r in rows), default=10)
     lines = [f"{'scenario':<{width}}  {'figure':<{width2}}  note", "-" * (width + width2 + 40)]
     lines += [f"{a:<{width}}  {b:<{width2}}  {c}" for a, b, c in rows]
     return "\n".join(lines)
+
+
+def s8_rows(s8: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """S8's table rows: one per variant (records/s), then the ratios with their targets."""
+    if not s8:
+        return []
+    rows: list[tuple[str, str, str]] = []
+    if s8.get("error"):
+        rows.append(("S8 Spark source throughput", "n/a", s8["error"][:100]))
+    labels = {"queueflow": "queueflow", "kafka": "built-in Kafka"}
+    for side in ("queueflow", "kafka"):
+        part = s8.get(side) or {}
+        if part.get("session_error"):
+            continue
+        for r in part.get("variants", {}).values():
+            n = r.get("tasks")
+            how = f"minPartitions={n}" if side == "queueflow" or n != 1 else "default"
+            note = (
+                f"{r.get('records')} in {num(r.get('seconds'), 2)} s, {r.get('batches')} batches, "
+                f"tasks/batch {r.get('tasks_per_batch')}"
+                if r.get("rate")
+                else ""
+            )
+            rows.append(
+                (
+                    f"S8 {labels[side]} {r.get('work')}, {n} task(s) ({how})",
+                    f"{num(r.get('rate'))} rec/s",
+                    note + (f" [{r['error']}]" if r.get("error") else ""),
+                )
+            )
+    if s8.get("baseline_unavailable"):
+        rows.append(("S8 built-in baseline", "unavailable", s8["baseline_unavailable"][:160]))
+    else:
+        if s8.get("baseline_note"):
+            rows.append(("S8 built-in baseline", "note", s8["baseline_note"]))
+        for r in s8.get("ratios", []):
+            rows.append((f"S8 {r['label']}", num(r.get("value"), 3), f"target {r['target']}"))
+    return rows
 
 
 def write(path: Path, results: dict[str, Any]) -> None:

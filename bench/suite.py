@@ -11,7 +11,9 @@ S2  scaling past partitions: 1 partition, a handler that awaits 10 ms, 1..32 con
 S3  latency at 50 % of S1's queueflow throughput;
 S4  redelivery: RELEASE 10 % of records once;
 S5  memory: leader RSS with 2,000 and 10,000 in-flight records per partition, and the engine's
-    bytes per in-flight record.
+    bytes per in-flight record;
+S8  Spark source throughput: the ``queueflow`` source vs Spark's built-in Kafka source on one
+    partition, 1/2/4 tasks, a no-op and a 5 ms-per-record ``foreachBatch``.
 
 Every figure comes from counters the consumer processes report (``bench.harness.Stats``), from
 the first record delivered to the last acknowledgement answered (or record consumed). Prints a
@@ -19,7 +21,7 @@ table and writes ``bench/results/latest.json``. Benchmarks never assert: failure
 in the results and the suite goes on.
 
 Modules: :mod:`bench.suite` (this: arguments, the broker, the budget, the run),
-``bench.scenario_s1`` .. ``bench.scenario_s5`` (one per scenario), :mod:`bench.variants` (the
+``bench.scenario_s1`` .. ``bench.scenario_s8`` (one per scenario), :mod:`bench.variants` (the
 consumers compared), :mod:`bench.measure` (launching and measuring worker fleets),
 :mod:`bench.profiling` (py-spy), :mod:`bench.context` (shared context and constants),
 :mod:`bench.report` (table and JSON), :mod:`bench.harness` (processes, stats, producing).
@@ -48,25 +50,27 @@ from bench.scenario_s2 import scenario_s2
 from bench.scenario_s3 import scenario_s3
 from bench.scenario_s4 import scenario_s4
 from bench.scenario_s5 import scenario_s5
+from bench.scenario_s8 import scenario_s8
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, find_free_ports
 
 __all__ = ["SCENARIOS", "main", "parse_args"]
 
 #: Seconds each scenario needs at least (its reserve while earlier scenarios run).
-MIN_SECONDS = {"S1": 120.0, "S2": 150.0, "S3": 45.0, "S4": 35.0, "S5": 40.0}
+MIN_SECONDS = {"S1": 120.0, "S2": 150.0, "S3": 45.0, "S4": 35.0, "S5": 40.0, "S8": 240.0}
 SCENARIOS = {
     "S1": scenario_s1,
     "S2": scenario_s2,
     "S3": scenario_s3,
     "S4": scenario_s4,
     "S5": scenario_s5,
+    "S8": scenario_s8,
 }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=200_000, help="S1 records (default 200000)")
-    p.add_argument("--scenarios", default="S1,S2,S3,S4,S5", help="comma-separated subset")
+    p.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S8", help="comma-separated subset")
     p.add_argument(
         "--s1-variants",
         default="abcdewl",
@@ -127,6 +131,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="overall seconds: timeouts shrink and optional runs (S1 w/l, S2 Faust, "
         "S3 10%%) are skipped to stay within it (default 780)",
     )
+    p.add_argument("--s8-records", type=int, default=100_000, help="S8 no-op records")
+    p.add_argument("--s8-slow-records", type=int, default=4_000, help="S8 5 ms/record records")
+    p.add_argument("--s8-tasks", default="1,2,4", help="S8 Spark task counts")
+    p.add_argument(
+        "--s8-kafka-package",
+        default=None,
+        help="S8 built-in source's Maven coordinate (default "
+        "org.apache.spark:spark-sql-kafka-0-10_2.13:<installed pyspark version>)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     p.add_argument(
         "--keep-logs",
@@ -137,6 +150,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.scenarios = [s.strip().upper() for s in args.scenarios.split(",") if s.strip()]
     args.s1_variants = list(args.s1_variants)
     args.s2_consumers = [int(x) for x in args.s2_consumers.split(",") if x.strip()]
+    args.s8_tasks = [int(x) for x in args.s8_tasks.split(",") if x.strip()]
     if args.s4_records is None:
         args.s4_records = max(args.records // 2, 1000)
     return args
