@@ -387,7 +387,7 @@ def test_restart_after_a_driver_crash_loses_nothing(
 
 def test_bad_options_name_the_option(spark: Any, kafka_bootstrap: str, tmp_path: Path) -> None:
     """A wrong option fails the query with the ConfigurationError naming it (every option's
-    checks: tests/spark/test_source_units.py)."""
+    checks: tests/spark/test_spark_source_units.py)."""
     bad = {
         "bootstrap.servers": kafka_bootstrap,
         "app.id": "x",
