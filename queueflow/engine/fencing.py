@@ -23,8 +23,8 @@ queueflow's state lives in the leader's own Faust table, so the arbiter is Kafka
   it sends a new fence and serves again once it reads it.
 
 A superseded leader's writes from before the fence carry its old state epoch, and delta keys
-include the state epoch (:func:`queueflow.server.durable.delta_key`), so replay never mixes two
-leaders' writes.
+include the state epoch (:func:`~queueflow.protocol.state_codec.delta_key`), so replay never
+mixes two leaders' writes.
 
 This module is pure: callers pass monotonic times in ms.
 """

@@ -10,7 +10,7 @@ share-partition and saying what to do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
@@ -27,9 +27,13 @@ from queueflow.errors import CorruptStateError
 __all__ = [
     "STATE_FORMAT_VERSION",
     "decode_snapshot",
+    "decode_state",
     "decode_update",
+    "delta_key",
     "encode_snapshot",
     "encode_update",
+    "parse_state_key",
+    "snapshot_key",
 ]
 
 #: Version of the JSON encoding written by :func:`encode_snapshot` / :func:`encode_update`.
@@ -281,3 +285,79 @@ def decode_update(data: bytes, *, where: str) -> tuple[ShareUpdate, int, int, in
         reset=record.reset,
     )
     return update, record.snapshot_epoch, record.state_epoch, record.delta_index
+
+
+# --------------------------------------------------------------------------------------------
+# Table keys, and a share-partition's snapshot with its deltas
+# --------------------------------------------------------------------------------------------
+
+
+def snapshot_key(group: str, partition: int) -> bytes:
+    """Table key of a share-partition's snapshot: ``S/<group>/<partition>``."""
+    return f"S/{group}/{partition}".encode()
+
+
+def delta_key(
+    group: str, partition: int, state_epoch: int, snapshot_epoch: int, index: int
+) -> bytes:
+    """Table key of one delta: unique per (state epoch, snapshot epoch, index), so compaction
+    keeps it and two leaders (two state epochs) never write the same key."""
+    return f"D/{group}/{partition}/{state_epoch:010d}/{snapshot_epoch:010d}/{index:06d}".encode()
+
+
+def parse_state_key(key: bytes) -> tuple[str, str, int, tuple[int, int, int] | None]:
+    """``(kind, group, partition, (state epoch, snapshot epoch, index) or None)`` of a table key
+    written by :func:`snapshot_key` (kind ``"S"``) or :func:`delta_key` (kind ``"D"``).
+
+    Raises:
+        ValueError: the key is of neither form.
+    """
+    text = key.decode()
+    if text.startswith("S/"):
+        group, partition = text[2:].rsplit("/", 1)
+        return "S", group, int(partition), None
+    if text.startswith("D/"):
+        group, partition, state_epoch, snapshot_epoch, index = text[2:].rsplit("/", 4)
+        return "D", group, int(partition), (int(state_epoch), int(snapshot_epoch), int(index))
+    raise ValueError(f"{key!r} is neither S/<group>/<partition> nor D/<group>/<partition>/...")
+
+
+def decode_state(
+    snapshot: bytes,
+    delta: Callable[[int, int, int], bytes | None],
+    *,
+    where: str,
+) -> tuple[ShareSnapshot, list[ShareUpdate]]:
+    """A share-partition's snapshot and the deltas that follow it, as a leader restores them
+    (KIP-932 "Managing durable share-partition state"): the deltas stored under the snapshot's
+    (state epoch, snapshot epoch), index 0, 1, ... up to the first missing one. Deltas of other
+    epochs (a fenced leader's late writes, superseded ones) are not read.
+
+    Args:
+        snapshot: the encoded snapshot.
+        delta: ``delta(state_epoch, snapshot_epoch, index)`` returns the encoded delta stored
+            under that key, or None.
+        where: names the share-partition for error messages.
+
+    Returns:
+        ``(snapshot, updates)``, ready for :func:`queueflow.engine.state.replay`.
+
+    Raises:
+        CorruptStateError: a record is corrupt or of an unknown version, or a delta's own epochs
+            differ from those of the key it is stored under.
+    """
+    decoded = decode_snapshot(snapshot, where=where)
+    epochs = (decoded.state_epoch, decoded.snapshot_epoch)
+    updates: list[ShareUpdate] = []
+    index = 0
+    while (raw := delta(*epochs, index)) is not None:
+        update, snapshot_epoch, state_epoch, _index = decode_update(raw, where=where)
+        if (state_epoch, snapshot_epoch) != epochs:
+            raise CorruptStateError(
+                f"corrupt share-partition state for {where}: the delta stored under state epoch "
+                f"{epochs[0]}, snapshot epoch {epochs[1]}, index {index} says state epoch "
+                f"{state_epoch}, snapshot epoch {snapshot_epoch}; {_ADVICE}"
+            )
+        updates.append(update)
+        index += 1
+    return decoded, updates

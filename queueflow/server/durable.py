@@ -31,10 +31,14 @@ from queueflow.engine.state import (
 from queueflow.errors import CorruptStateError, FencedStateEpochError
 from queueflow.protocol.state_codec import (
     decode_snapshot,
-    decode_update,
+    decode_state,
+    delta_key,
     encode_snapshot,
     encode_update,
+    snapshot_key,
 )
+
+__all__ = ["DurableSharePartition", "StateTable", "delta_key", "snapshot_key"]
 
 
 class StateTable(Protocol):
@@ -43,19 +47,6 @@ class StateTable(Protocol):
     def get(self, key: bytes, default: None = None) -> bytes | None: ...
     def __setitem__(self, key: bytes, value: bytes) -> None: ...
     def __delitem__(self, key: bytes) -> None: ...
-
-
-def snapshot_key(group: str, partition: int) -> bytes:
-    """Table key of a share-partition's snapshot."""
-    return f"S/{group}/{partition}".encode()
-
-
-def delta_key(
-    group: str, partition: int, state_epoch: int, snapshot_epoch: int, index: int
-) -> bytes:
-    """Table key of one delta: unique per (state epoch, snapshot epoch, index), so compaction
-    keeps it and two leaders (two state epochs) never write the same key."""
-    return f"D/{group}/{partition}/{state_epoch:010d}/{snapshot_epoch:010d}/{index:06d}".encode()
 
 
 class DurableSharePartition:
@@ -126,22 +117,14 @@ class DurableSharePartition:
         raw = table.get(snapshot_key(group, partition))
         if raw is None:
             return None
-        snapshot = decode_snapshot(raw, where=where)
-        updates = []
-        index = 0
-        epochs = (snapshot.state_epoch, snapshot.snapshot_epoch)
-        while (delta := table.get(delta_key(group, partition, *epochs, index))) is not None:
-            update, snapshot_epoch, state_epoch, _index = decode_update(delta, where=where)
-            if (state_epoch, snapshot_epoch) != epochs:
-                raise CorruptStateError(
-                    f"corrupt share-partition state for {where}: the delta stored under state "
-                    f"epoch {epochs[0]}, snapshot epoch {epochs[1]}, index {index} says state "
-                    f"epoch {state_epoch}, snapshot epoch {snapshot_epoch}; refusing to "
-                    "serve this share-partition (docs/operations.md, "
-                    '"Corrupt state", says how to repair or reset it)'
-                )
-            updates.append(update)
-            index += 1
+        snapshot, updates = decode_state(
+            raw,
+            lambda state_epoch, snapshot_epoch, index: table.get(
+                delta_key(group, partition, state_epoch, snapshot_epoch, index)
+            ),
+            where=where,
+        )
+        index = len(updates)
         start, batches = replay(snapshot, updates)
         engine = SharePartition.restore(config, start, batches)
         durable = cls(

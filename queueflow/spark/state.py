@@ -56,11 +56,11 @@ from typing import Any, Final
 import structlog
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from queueflow.engine.state import RecordState, ShareUpdate, StateBatch, replay
+from queueflow.engine.state import RecordState, StateBatch, replay
 from queueflow.errors import ConfigurationError, CorruptStateError
 from queueflow.kafka.admin import topic_partition_counts
 from queueflow.kafka.options import KafkaOptions
-from queueflow.protocol.state_codec import decode_snapshot, decode_update
+from queueflow.protocol.state_codec import decode_state, parse_state_key
 from queueflow.protocol.topics import state_table
 
 __all__ = [
@@ -129,18 +129,6 @@ class _Entries:
     deltas: dict[tuple[int, int, int], bytes] | None = None
 
 
-def _parse_key(key: bytes) -> tuple[str, str, int, tuple[int, int, int] | None]:
-    """``(kind, group, partition, delta epochs and index or None)``; ValueError if unknown."""
-    text = key.decode()
-    if text.startswith("S/"):
-        group, partition = text[2:].rsplit("/", 1)
-        return "S", group, int(partition), None
-    if text.startswith("D/"):
-        group, partition, state_epoch, snapshot_epoch, index = text[2:].rsplit("/", 4)
-        return "D", group, int(partition), (int(state_epoch), int(snapshot_epoch), int(index))
-    raise ValueError("neither S/<group>/<partition> nor D/<group>/<partition>/...")
-
-
 @dataclass(frozen=True)
 class _SharePartitionState:
     spso: int
@@ -154,21 +142,10 @@ def _replay(entries: _Entries, where: str) -> _SharePartitionState | None:
     """The leader's restore rule (queueflow.server.durable.DurableSharePartition.load)."""
     if entries.snapshot is None:
         return None  # deltas without a snapshot: a leader sees no state either
-    snapshot = decode_snapshot(entries.snapshot, where=where)
-    epochs = (snapshot.state_epoch, snapshot.snapshot_epoch)
     deltas = entries.deltas or {}
-    updates: list[ShareUpdate] = []
-    index = 0
-    while (raw := deltas.get((*epochs, index))) is not None:
-        update, snapshot_epoch, state_epoch, _ = decode_update(raw, where=where)
-        if (state_epoch, snapshot_epoch) != epochs:
-            raise CorruptStateError(
-                f"corrupt share-partition state for {where}: the delta stored under state epoch "
-                f"{epochs[0]}, snapshot epoch {epochs[1]}, index {index} says state epoch "
-                f"{state_epoch}, snapshot epoch {snapshot_epoch}"
-            )
-        updates.append(update)
-        index += 1
+    snapshot, updates = decode_state(
+        entries.snapshot, lambda *epochs_index: deltas.get(epochs_index), where=where
+    )
     spso, batches = replay(snapshot, updates, where=where)
     if snapshot.state_epoch > _INT32_MAX or snapshot.snapshot_epoch > _INT32_MAX:
         raise CorruptStateError(f"corrupt share-partition state for {where}: epochs out of range")
@@ -205,7 +182,7 @@ def state_rows(
     by_sp: dict[tuple[str, int], _Entries] = defaultdict(_Entries)
     for key, value in table.items():
         try:
-            _kind, g, partition, delta = _parse_key(key)
+            _kind, g, partition, delta = parse_state_key(key)
         except (ValueError, UnicodeDecodeError) as exc:
             if group is None:
                 error = f"unrecognised state table key {key!r} in the changelog of {topic!r}: {exc}"

@@ -41,35 +41,8 @@ UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 
 
 @pytest.fixture(scope="module")
-def session(request: pytest.FixtureRequest) -> Any:
-    """The session's SparkSession with a ``queueflow`` format whose writers are the sink's."""
-    try:
-        spark = request.getfixturevalue("spark")
-    except Exception:  # queueflow.spark.register failed (another format not importable)
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.builder.getOrCreate()  # the one the fixture started
-    try:
-        from queueflow.spark.source import QueueflowDataSource
-    except ImportError:  # the source is not there yet: a format with the sink only
-        import sys
-
-        from pyspark import cloudpickle
-        from pyspark.sql.datasource import DataSource
-
-        class QueueflowDataSource(DataSource):  # type: ignore[no-redef]
-            @classmethod
-            def name(cls) -> str:
-                return "queueflow"
-
-            def writer(self, schema: Any, overwrite: bool) -> Any:
-                return make_writer(self.options, schema, overwrite)
-
-            def streamWriter(self, schema: Any, overwrite: bool) -> Any:
-                return make_stream_writer(self.options, schema, overwrite)
-
-        cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers can't import us
-    spark.dataSource.register(QueueflowDataSource)
+def session(spark: Any) -> Any:
+    """The session's SparkSession (queueflow's formats registered by the fixture)."""
     return spark
 
 

@@ -20,7 +20,6 @@ from queueflow.engine.state import RecordState, ShareSnapshot, ShareUpdate, Stat
 from queueflow.errors import ConfigurationError
 from queueflow.protocol.state_codec import encode_snapshot, encode_update
 from queueflow.spark.state import (
-    QueueflowStateDataSource,
     QueueflowStateReader,
     changelog_topic,
     latest_values,
@@ -63,15 +62,8 @@ EXPECTED_RANGES = [  # (first, last, state, delivery count) of group "g", SPSO 0
 
 
 @pytest.fixture(scope="module")
-def session(request: pytest.FixtureRequest) -> Any:
-    """The session's SparkSession with the state source registered."""
-    try:
-        spark = request.getfixturevalue("spark")
-    except Exception:  # queueflow.spark.register failed (another format not importable)
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.builder.getOrCreate()  # the one the fixture started
-    spark.dataSource.register(QueueflowStateDataSource)
+def session(spark: Any) -> Any:
+    """The session's SparkSession (queueflow's formats registered by the fixture)."""
     return spark
 
 
