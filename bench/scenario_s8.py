@@ -359,26 +359,12 @@ def _guarded(run: Any) -> dict[str, Any]:
 def _session(package: str | None) -> Any:
     """A ``local[4]`` SparkSession (the tests' settings, without their JIT limit: this is a
     throughput measurement), with ``spark.jars.packages`` = ``package`` if given."""
-    from pyspark.sql import SparkSession
+    from queueflow.spark.session import local_session
 
-    import queueflow.spark  # before the session: finds Java 17+
-
-    builder = (
-        SparkSession.builder.master(f"local[{SLOTS}]")
-        .appName("queueflow-bench-s8")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", str(SLOTS))
-        .config("spark.default.parallelism", str(SLOTS))
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.streaming.numRecentProgressUpdates", "1000")
-    )
+    conf = {"spark.sql.streaming.numRecentProgressUpdates": "1000"}
     if package:
-        builder = builder.config("spark.jars.packages", package)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    queueflow.spark.register(spark)
-    return spark
+        conf["spark.jars.packages"] = package
+    return local_session("queueflow-bench-s8", cores=SLOTS, conf=conf)
 
 
 def _slow_rows(batches: Any) -> Any:

@@ -247,9 +247,6 @@ def run(p: Pipeline) -> int:
         + f") on {flights_topic} ({PARTITIONS} partitions); starting Spark"
     )
 
-    # Spark's Python workers must run this interpreter (the venv's, with pyarrow).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from examples.pipeline import spark_jobs as sj
 
     p.spark = spark = sj.start_session(p.run_dir)

@@ -30,6 +30,7 @@ from examples.pipeline.config import (
     WEATHER_GROUP,
     data_dir,
 )
+from queueflow.spark.session import local_session
 
 #: Records a micro-batch acquires at most.
 MAX_RECORDS_PER_TRIGGER = 20_000
@@ -54,23 +55,15 @@ HOUR = ["origin", "year", "month", "day", "hour"]
 def start_session(run_dir: Path) -> SparkSession:
     """A ``local[2]`` SparkSession (1 GB driver, 2 shuffle partitions, as the tests configure
     it) with queueflow's data sources registered."""
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("queueflow-pipeline")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-        .config("spark.sql.warehouse.dir", str(run_dir / "warehouse"))
-        .config("spark.local.dir", str(run_dir / "spark-tmp"))
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        .getOrCreate()
+    session: SparkSession = local_session(
+        "queueflow-pipeline",
+        work_dir=run_dir,
+        conf={
+            "spark.sql.execution.arrow.pyspark.enabled": "true",
+            "spark.sql.streaming.stopTimeout": "30s",
+            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+        },
     )
-    session.sparkContext.setLogLevel("ERROR")
-    queueflow.spark.register(session)
     return session
 
 

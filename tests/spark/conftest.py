@@ -29,24 +29,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A local[2] SparkSession with queueflow's data sources registered."""
-    from pyspark.sql import SparkSession
+    from queueflow.spark.session import local_session
 
-    import queueflow.spark
-
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("queueflow-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
-        .config("spark.driver.extraJavaOptions", "-XX:+UseSerialGC -XX:TieredStopAtLevel=1")
-        .getOrCreate()
+    session = local_session(
+        "queueflow-tests",
+        work_dir=tmp_path_factory.mktemp("spark"),
+        conf={"spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"},
     )
-    session.sparkContext.setLogLevel("ERROR")
-    queueflow.spark.register(session)
     try:
         yield session
     finally:
