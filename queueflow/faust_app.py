@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import faust
@@ -36,7 +36,7 @@ from queueflow.member.agent import Decoder, Handler, ShareAgent
 from queueflow.member.context import MemberContext
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
-from queueflow.server.context import ServerContext
+from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.leader import ShareLeader, monotonic_ms
 from queueflow.server.log_offsets import LogOffsets
@@ -121,9 +121,6 @@ def control_topic(app: faust.App, name: str, partitions: int | None = None) -> A
         value_serializer="raw",
         config=topics.CONTROL_TOPIC_CONFIG,
     )
-
-
-RequestHandler = Callable[[int, int, bytes], Awaitable[None]]
 
 
 def serve(app: faust.App, topic: Any, name: str, handle: RequestHandler) -> Any:

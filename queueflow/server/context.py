@@ -8,6 +8,7 @@ them unit-testable without Kafka.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -20,9 +21,16 @@ __all__ = [
     "ControlSender",
     "LogOffsetsSource",
     "PartitionCounts",
+    "RequestHandler",
     "ServerContext",
     "ServerRuntime",
 ]
+
+
+#: How the host hands a leader or the coordinator one record of its request topic, in log order:
+#: ``await handle(partition, offset, value)`` (``ShareLeader.handle``,
+#: ``ShareGroupCoordinator.handle``).
+RequestHandler = Callable[[int, int, bytes], Awaitable[None]]
 
 
 class ControlSender(Protocol):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from queueflow.member.transport import ReplyHandler
 from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
-from queueflow.server.context import ServerContext
+from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.leader import ShareLeader
 from queueflow.server.ticker import LeaderTicker
@@ -44,8 +44,6 @@ from queueflow.settings import ShareGroupSettings
 from queueflow.structs import ShareRecord, TopicPartition
 
 __all__ = ["InProcessCluster", "StoredRecord"]
-
-RequestHandler = Callable[[int, int, bytes], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
