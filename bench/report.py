@@ -152,12 +152,54 @@ def table(results: dict[str, Any]) -> str:
                         "target <= 200",
                     )
                 )
+    rows += s6_rows(results.get("S6"))
     rows += s8_rows(results.get("S8"))
     width = max((len(r[0]) for r in rows), default=10)
     width2 = max((len(r[1]) for r in rows), default=10)
     lines = [f"{'scenario':<{width}}  {'figure':<{width2}}  note", "-" * (width + width2 + 40)]
     lines += [f"{a:<{width}}  {b:<{width2}}  {c}" for a, b, c in rows]
     return "\n".join(lines)
+
+
+def s6_rows(s6: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """S6's table rows: % of a core per process against its target, then the liveness record."""
+    if not s6:
+        return []
+    rows: list[tuple[str, str, str]] = []
+    window = s6.get("window") or {}
+    fetches = window.get("share_fetches") or {}
+    seconds = window.get("seconds")
+    for check in s6.get("checks", []):
+        name, value = check["process"], check.get("pct_of_core")
+        status = {True: "met", False: "MISSED", None: "not measured"}[check.get("met")]
+        note = f"target <= {num(check['target_pct'], 0)} %: {status}"
+        if name in fetches and seconds:
+            note += f"; {num(fetches[name] / seconds, 1)} ShareFetches/s"
+        elif name == "leader" and seconds and window.get("leader_events") is not None:
+            note += f"; {num(window['leader_events'] / seconds, 1)} requests/s handled"
+        rows.append(
+            (
+                f"S6 idle, {num(seconds, 0)} s: {name}",
+                f"{num(value, 2)} % of a core",
+                note,
+            )
+        )
+    live = s6.get("liveness")
+    if live is not None:
+        rows.append(
+            (
+                "S6 one record after the window",
+                "handled" if live.get("handled") else "NOT handled",
+                f"produce -> ack answered {num(live.get('produce_to_ack_ms'))} ms"
+                if live.get("handled")
+                else "within 30 s",
+            )
+        )
+    if s6.get("error"):
+        rows.append(
+            ("S6 idle fleet", "n/a" if not s6.get("checks") else "error", s6["error"][:100])
+        )
+    return rows
 
 
 def s8_rows(s8: dict[str, Any] | None) -> list[tuple[str, str, str]]:

@@ -12,6 +12,8 @@ S3  latency at 50 % of S1's queueflow throughput;
 S4  redelivery: RELEASE 10 % of records once;
 S5  memory: leader RSS with 2,000 and 10,000 in-flight records per partition, and the engine's
     bytes per in-flight record;
+S6  idle fleet: % of a core used by the leader worker, the broker and each of 4 members on an
+    empty 4-partition topic over 30 s, then one record to show the fleet was live;
 S8  Spark source throughput: the ``queueflow`` source vs Spark's built-in Kafka source on one
     partition, 1/2/4 tasks, a no-op and a 5 ms-per-record ``foreachBatch``.
 
@@ -50,19 +52,29 @@ from bench.scenario_s2 import scenario_s2
 from bench.scenario_s3 import scenario_s3
 from bench.scenario_s4 import scenario_s4
 from bench.scenario_s5 import scenario_s5
+from bench.scenario_s6 import scenario_s6
 from bench.scenario_s8 import scenario_s8
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, find_free_ports
 
 __all__ = ["SCENARIOS", "main", "parse_args"]
 
 #: Seconds each scenario needs at least (its reserve while earlier scenarios run).
-MIN_SECONDS = {"S1": 120.0, "S2": 150.0, "S3": 45.0, "S4": 35.0, "S5": 40.0, "S8": 240.0}
+MIN_SECONDS = {
+    "S1": 120.0,
+    "S2": 150.0,
+    "S3": 45.0,
+    "S4": 35.0,
+    "S5": 40.0,
+    "S6": 75.0,  # startup + the 30 s window + the liveness record
+    "S8": 240.0,
+}
 SCENARIOS = {
     "S1": scenario_s1,
     "S2": scenario_s2,
     "S3": scenario_s3,
     "S4": scenario_s4,
     "S5": scenario_s5,
+    "S6": scenario_s6,
     "S8": scenario_s8,
 }
 
@@ -70,7 +82,7 @@ SCENARIOS = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=200_000, help="S1 records (default 200000)")
-    p.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S8", help="comma-separated subset")
+    p.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S8", help="comma-separated subset")
     p.add_argument(
         "--s1-variants",
         default="abcdewl",
@@ -130,6 +142,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=780.0,
         help="overall seconds: timeouts shrink and optional runs (S1 w/l, S2 Faust, "
         "S3 10%%) are skipped to stay within it (default 780)",
+    )
+    p.add_argument(
+        "--s6-seconds",
+        type=float,
+        default=30.0,
+        help="S6 idle window in seconds (default 30)",
     )
     p.add_argument("--s8-records", type=int, default=100_000, help="S8 no-op records")
     p.add_argument("--s8-slow-records", type=int, default=4_000, help="S8 5 ms/record records")
