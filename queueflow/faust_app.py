@@ -293,8 +293,10 @@ class ShareGroups:
         concurrency: int = 1,
         name: str | None = None,
         lock_duration_ms: int | None = None,
+        batch: bool = False,
+        batch_size: int | None = None,
     ) -> Callable[[Handler], ShareAgent]:
-        """Declare a share agent; see :meth:`App.share_agent`."""
+        """Declare a share agent; see :meth:`App.share_agent` (same arguments, same errors)."""
 
         def decorator(handler: Handler) -> ShareAgent:
             topic_name = topic if isinstance(topic, str) else topic.get_topic_name()
@@ -309,6 +311,8 @@ class ShareGroups:
                 lock_duration_ms=lock_duration_ms,
                 decode=faust_decoder(self.app, topic),
                 client_id=f"{self.namespace}:{agent_name}",
+                batch=batch,
+                batch_size=batch_size,
             )
             self.agents.append(agent)
             if self.leads:
@@ -442,22 +446,34 @@ class App(faust.App):
         concurrency: int = 1,
         name: str | None = None,
         lock_duration_ms: int | None = None,
+        batch: bool = False,
+        batch_size: int | None = None,
     ) -> Callable[[Handler], ShareAgent]:
-        """Declare a share agent: ``handler(record)`` runs once per delivery of each record.
+        """Declare a share agent: ``handler(record)`` runs once per delivery of each record
+        (with ``batch=True``, ``handler(records)`` once per batch of deliveries).
 
         Args:
             topic: the source topic (``app.topic(...)`` or a name).
             group: the share group id.
-            concurrency: handler tasks per worker process.
+            concurrency: handler tasks per worker process (with ``batch=True``: batches
+                handled at once).
             name: agent name (defaults to the handler's qualified name).
             lock_duration_ms: this member's acquisition lock duration in ms (KIP-932 allows a
                 consumer its own, up to ``group.share.max.record.lock.duration.ms``).
+            batch: the handler is ``async def handler(records: list[ShareRecord])`` and gets
+                the records of one ShareFetch; it returns one outcome per record, in order
+                (``ACCEPT``/``RELEASE``/``REJECT``/``None``), or one outcome for all of them. A
+                raise, or any other return value, RELEASEs every record of the batch (see
+                :mod:`queueflow.member.agent` and docs/guide.md "Batch handlers").
+            batch_size: with ``batch=True``, the most records per handler call (``None``: a
+                whole ShareFetch, at most ``max.poll.records``).
 
         Returns:
             A decorator; the decorated name becomes the :class:`ShareAgent`.
 
         Raises:
-            ConfigurationError: concurrency < 1, or a lock duration out of range.
+            ConfigurationError: concurrency < 1, batch_size < 1 or without ``batch=True``, or a
+                lock duration out of range.
         """
         return self.share_groups.share_agent(
             topic,
@@ -465,6 +481,8 @@ class App(faust.App):
             concurrency=concurrency,
             name=name,
             lock_duration_ms=lock_duration_ms,
+            batch=batch,
+            batch_size=batch_size,
         )
 
     async def on_first_start(self) -> None:

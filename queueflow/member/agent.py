@@ -2,7 +2,7 @@
 
 A :class:`ShareAgent` joins the share group as a member, runs one fetch loop per assigned
 share-partition and ``concurrency`` handler tasks, and acknowledges every record with the
-handler's outcome:
+handler's outcome (per record, or per batch with ``batch=True``: see below):
 
 ==============================  ==========================================================
 handler does                    outcome
@@ -20,6 +20,27 @@ ShareFetch; one batch is applied atomically by the leader (all through its
 :class:`~queueflow.member.session.ShareFetchSession`). Faust's own offset tracking is not used at
 all (see faust-streaming issue #606). The host (:mod:`queueflow.faust_app`) starts and stops the
 agent with the worker.
+
+Batch handlers (``batch=True``): ``async def handler(records: list[ShareRecord])`` is called
+with the records of one ShareFetch (at most ``batch_size`` of them when set; a larger ShareFetch
+is split into several calls) and returns one outcome per record, in order, or one outcome for
+the whole batch. Every record then gets exactly the outcome the per-record path would give it:
+
+=================================================  ===============================================
+handler does                                       outcome of each record of the batch
+=================================================  ===============================================
+returns a sequence of ``len(records)`` outcomes    that record's outcome (``None`` means ACCEPT)
+returns one outcome (or ``None``)                  that outcome
+raises                                             RELEASE, as a raising per-record handler; one
+                                                   error log line for the batch
+returns anything else (wrong length or type)       RELEASE, as an invalid per-record outcome; one
+                                                   error log line naming the agent, what was
+                                                   returned and what was expected
+=================================================  ===============================================
+
+Records that can't be decoded are REJECTed before the call and left out of ``records``, and
+records whose acquisition lock expired while queued are released unhandled, both exactly as on
+the per-record path (the handler is not called when none is left).
 """
 
 from __future__ import annotations
@@ -27,23 +48,38 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, cast
 
 import structlog
 
 from queueflow.errors import ConfigurationError
 from queueflow.member.context import MemberContext
 from queueflow.member.flow import Backoff, FlowControl
-from queueflow.member.session import ShareFetchSession
+from queueflow.member.session import ShareFetchSession, ranges_text
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
-__all__ = ["FETCHES_IN_FLIGHT", "AgentStats", "Decoder", "Handler", "ShareAgent", "outcome_of"]
+__all__ = [
+    "FETCHES_IN_FLIGHT",
+    "AgentStats",
+    "BatchHandler",
+    "Decoder",
+    "Handler",
+    "RecordHandler",
+    "ShareAgent",
+    "batch_outcomes",
+    "outcome_of",
+]
 
 log = structlog.get_logger("queueflow.member.agent")
 
 #: ``async def handler(record) -> ACCEPT | RELEASE | REJECT | None``.
-Handler = Callable[[ShareRecord], Awaitable[Any]]
+RecordHandler = Callable[[ShareRecord], Awaitable[Any]]
+#: ``async def handler(records) -> Sequence[ACCEPT | RELEASE | REJECT | None]`` (one per record,
+#: in order) or one ``ACCEPT | RELEASE | REJECT | None`` for the whole batch (``batch=True``).
+BatchHandler = Callable[[list[ShareRecord]], Awaitable[Any]]
+#: What a share agent runs: a :data:`RecordHandler`, or a :data:`BatchHandler` with ``batch=True``.
+Handler = RecordHandler | BatchHandler
 #: Replaces ``record.value`` (and ``record.key``) by their decoded form; raises if it can't.
 Decoder = Callable[[ShareRecord], None]
 #: ShareFetch loops per assigned share-partition: one can be in flight while the handlers work
@@ -59,6 +95,40 @@ def outcome_of(result: Any) -> AcknowledgeType | None:
     if isinstance(result, AcknowledgeType) and result in _OUTCOMES:
         return result
     return None
+
+
+def batch_outcomes(result: Any, count: int) -> list[AcknowledgeType] | AcknowledgeType | None:
+    """Map a batch handler's return value for ``count`` records to their outcomes.
+
+    Args:
+        result: what the handler returned: a sequence (not ``str``/``bytes``) of ``count``
+            outcomes (``ACCEPT``, ``RELEASE``, ``REJECT`` or ``None`` each), or one of those for
+            the whole batch.
+        count: the records the handler was called with.
+
+    Returns:
+        One outcome per record, in order; a single outcome for all of them; or ``None`` when
+        ``result`` is none of the above (wrong length, an element that is not an outcome, or
+        another type). Never raises.
+    """
+    single = outcome_of(result)
+    if single is not None:
+        return single
+    if not isinstance(result, Sequence) or isinstance(result, (str, bytes, bytearray)):
+        return None
+    if len(result) != count:
+        return None
+    outcomes: list[AcknowledgeType] = []
+    append = outcomes.append
+    accept = AcknowledgeType.ACCEPT
+    for item in result:
+        if item is None:
+            append(accept)
+        elif isinstance(item, AcknowledgeType) and item in _OUTCOMES:
+            append(item)
+        else:
+            return None
+    return outcomes
 
 
 class AgentStats:
@@ -85,23 +155,31 @@ class AgentStats:
 
 
 class ShareAgent:
-    """A share-group member that runs ``handler`` on each record.
+    """A share-group member that runs ``handler`` on each record, or on batches of records.
 
     Args:
         ctx: the member context of the app.
-        handler: ``async def handler(record: ShareRecord) -> ACCEPT | RELEASE | REJECT | None``.
+        handler: ``async def handler(record: ShareRecord) -> ACCEPT | RELEASE | REJECT | None``;
+            with ``batch=True``, ``async def handler(records: list[ShareRecord]) ->
+            Sequence[ACCEPT | RELEASE | REJECT | None]`` (one outcome per record, in order) or a
+            single outcome for the whole batch (see the module docstring for every case).
         topic: the source topic name.
         group: the share group id.
-        concurrency: handler tasks in this process.
+        concurrency: handler tasks in this process (concurrent handler calls: with
+            ``batch=True``, batches handled at once).
         name: the agent's name (defaults to the handler's qualified name).
         lock_duration_ms: this member's acquisition lock duration (ms), bounded by
             ``group.share.max.record.lock.duration.ms``; ``None`` uses the group's.
         decode: decodes each record before the handler sees it (None: raw bytes).
         client_id: the Kafka client id (defaults to the agent's name).
+        batch: call ``handler`` with a list of records (the records of one ShareFetch) instead
+            of once per record.
+        batch_size: with ``batch=True``, the most records per handler call (``None``: the
+            records of one ShareFetch, at most ``max.poll.records``).
 
     Raises:
-        ConfigurationError: concurrency < 1 or a lock duration out of range (at declaration);
-            an unknown topic (at :meth:`start`).
+        ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``, or a
+            lock duration out of range (at declaration); an unknown topic (at :meth:`start`).
     """
 
     def __init__(
@@ -115,9 +193,17 @@ class ShareAgent:
         lock_duration_ms: int | None = None,
         decode: Decoder | None = None,
         client_id: str | None = None,
+        batch: bool = False,
+        batch_size: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"share_agent concurrency={concurrency}; must be >= 1")
+        if batch_size is not None and not batch:
+            raise ConfigurationError(
+                f"share_agent batch_size={batch_size} needs batch=True (a batch handler)"
+            )
+        if batch_size is not None and batch_size < 1:
+            raise ConfigurationError(f"share_agent batch_size={batch_size}; must be >= 1")
         settings = ctx.settings
         low, high = settings.min_record_lock_duration_ms, settings.max_record_lock_duration_ms
         if lock_duration_ms is not None and not low <= lock_duration_ms <= high:
@@ -128,6 +214,9 @@ class ShareAgent:
             )
         self.ctx = ctx
         self.handler = handler
+        # The same callable, typed for each path.
+        self._call_record = cast(RecordHandler, handler)
+        self._call_batch = cast(BatchHandler, handler)
         self.topic_name = topic
         self.group = group
         self.concurrency = concurrency
@@ -135,6 +224,8 @@ class ShareAgent:
         self.lock_duration_ms = lock_duration_ms
         self.decode = decode
         self.client_id = client_id or self.name
+        self.batch = batch
+        self.batch_size = batch_size
         self.stats = AgentStats()
         self.session: ShareFetchSession | None = None
         self.flow = FlowControl(
@@ -146,6 +237,8 @@ class ShareAgent:
         # Records waiting for a handler; workers wait on _queued when it is empty (a deque and
         # an event: asyncio.Queue's per-item wake-ups cost more than a no-op handler).
         self._queue: collections.deque[ShareRecord] = collections.deque()
+        # With batch=True: batches (the records of one ShareFetch, split by batch_size) instead.
+        self._batches: collections.deque[list[ShareRecord]] = collections.deque()
         self._queued = asyncio.Event()
         # Set when the records outstanding drop to the refill level (fetch loops wait on it).
         self._room_free = asyncio.Event()
@@ -168,9 +261,10 @@ class ShareAgent:
         }
         self._ack_counts = dict.fromkeys(_OUTCOMES, 0)  # published per ShareFetch
 
-    def __call__(self, record: ShareRecord) -> Awaitable[Any]:
-        """Call the handler directly (for unit tests of the handler itself)."""
-        return self.handler(record)
+    def __call__(self, record: Any) -> Awaitable[Any]:
+        """Call the handler directly (for unit tests of the handler itself): with a
+        :class:`ShareRecord`, or with a list of them for a batch handler."""
+        return cast(Callable[[Any], Awaitable[Any]], self.handler)(record)
 
     @property
     def high_water(self) -> int:
@@ -200,13 +294,16 @@ class ShareAgent:
             self.ctx, self.group, [self.topic_name], self.client_id, self.lock_duration_ms
         )
         await self.session.start()
-        self._workers = [self._spawn(self._worker(i)) for i in range(self.concurrency)]
+        worker = self._batch_worker if self.batch else self._worker
+        self._workers = [self._spawn(worker(i)) for i in range(self.concurrency)]
         self._spawn(self._supervise())
         self._log.info(
             "share_agent_started",
             topic=self.topic_name,
             member_id=self.session.member_id,
             concurrency=self.concurrency,
+            batch=self.batch,
+            batch_size=self.batch_size,
         )
 
     async def stop(self) -> None:
@@ -257,6 +354,10 @@ class ShareAgent:
         while self._queue:
             self._acknowledge(self._queue.popleft(), AcknowledgeType.RELEASE)
             self.stats.released += 1
+        while self._batches:
+            for record in self._batches.popleft():
+                self._acknowledge(record, AcknowledgeType.RELEASE)
+                self.stats.released += 1
 
     # -- fetching --------------------------------------------------------------------------
     async def _supervise(self) -> None:
@@ -325,6 +426,14 @@ class ShareAgent:
                 await asyncio.sleep(idle_until - clock.monotonic())
                 continue
             want = await self._reserve(tp)
+            if self.batch:
+                # A batch is handled as a whole and frees its room only at the end: acquire at
+                # most half of the room per ShareFetch, so that the other fetch loop acquires
+                # the next batch while a handler works through this one.
+                cap = max(self.flow.high_water // 2, 1)
+                if want > cap:
+                    self._unreserve(want - cap)
+                    want = cap
             # Shielded: when the share-partition is reassigned mid-request, the request still
             # completes and its records are handled, instead of staying locked until expiry.
             fetch = asyncio.ensure_future(self._fetch_once(tp, want))
@@ -378,7 +487,13 @@ class ShareAgent:
         self.stats.redelivered += redelivered
         self._delivered.inc(len(records))
         self._redelivered.inc(redelivered)
-        self._queue.extend(records)
+        if not self.batch:
+            self._queue.extend(records)
+        elif self.batch_size is None or len(records) <= self.batch_size:
+            self._batches.append(records)
+        else:
+            size = self.batch_size
+            self._batches.extend(records[i : i + size] for i in range(0, len(records), size))
         self._queued.set()
         return len(records)
 
@@ -436,7 +551,7 @@ class ShareAgent:
             self._last_expired_deadline = record.lock_deadline
             self._log.warning(
                 "acquisition_lock_expired_before_handling",
-                queued=len(self._queue),
+                queued=len(self._queue) + sum(len(batch) for batch in self._batches),
                 note="released unhandled; the handlers are slower than the lock "
                 "duration allows (raise group.share.record.lock.duration.ms "
                 "or lower max.poll.records)",
@@ -477,7 +592,7 @@ class ShareAgent:
                 )
                 return AcknowledgeType.REJECT
         try:
-            result = await self.handler(record)
+            result = await self._call_record(record)
         except asyncio.CancelledError:
             self.stats.released += 1
             raise
@@ -511,3 +626,153 @@ class ShareAgent:
         else:
             self.stats.rejected += 1
         return outcome
+
+    # -- batch handling (batch=True) -------------------------------------------------------
+    async def _batch_worker(self, index: int) -> None:
+        # As _worker, one batch (the records of one ShareFetch, split by batch_size) per call.
+        batches, queued = self._batches, self._queued
+        while not self._stopping:
+            if not batches:
+                queued.clear()
+                await queued.wait()
+                continue
+            batch = batches.popleft()
+            self._busy += 1
+            try:
+                await self._handle_batch(batch)
+            finally:
+                self._busy -= 1
+                if self._stopping and not self._busy:
+                    self._idle.set()
+
+    def _admit(self, batch: list[ShareRecord]) -> list[ShareRecord]:
+        """The records of ``batch`` to pass to the handler: those whose lock expired are
+        released unhandled and undecodable ones REJECTed, as on the per-record path."""
+        now = self.ctx.clock.monotonic()
+        decode = self.decode
+        if decode is None and all(record.lock_deadline > now for record in batch):
+            return batch  # the common case: no new list
+        admitted: list[ShareRecord] = []
+        for record in batch:
+            if record.lock_deadline <= now:
+                self._lock_expired_unhandled(record)
+                continue
+            if decode is not None:
+                try:
+                    decode(record)
+                except Exception as exc:
+                    self._undecodable(record, exc)
+                    continue
+            admitted.append(record)
+        return admitted
+
+    def _undecodable(self, record: ShareRecord, exc: Exception) -> None:
+        """REJECT a record the decoder refused, as :meth:`_process` does."""
+        self.stats.undecodable += 1
+        self.stats.rejected += 1
+        self.ctx.metrics.handler_errors.labels(self.group, record.topic, "undecodable").inc()
+        self._log.error("undecodable_record_rejected", error=repr(exc), **self._where(record))
+        self._ack_counts[AcknowledgeType.REJECT] += 1
+        self._acknowledge(record, AcknowledgeType.REJECT)
+        self._unreserve(1)
+
+    async def _handle_batch(self, batch: list[ShareRecord]) -> None:
+        records = self._admit(batch)
+        if not records:
+            return
+        count = len(records)
+        clock = self.ctx.clock
+        started = clock.monotonic()
+        outcomes = await self._process_batch(records)
+        # FlowControl thinks in records: feed it the time per record.
+        self.flow.observe_handler((clock.monotonic() - started) / count)
+        session = self.session
+        if session is not None:
+            first = records[0]
+            tp = TopicPartition(first.topic, first.partition)  # one ShareFetch: one partition
+            acknowledge = session.acknowledge
+            if isinstance(outcomes, AcknowledgeType):
+                for record in records:
+                    acknowledge(tp, record.offset, outcomes)
+                if outcomes is AcknowledgeType.RELEASE:
+                    for record in records:
+                        session.remember_released(record)
+            else:
+                for record, outcome in zip(records, outcomes, strict=True):
+                    acknowledge(tp, record.offset, outcome)
+                    if outcome is AcknowledgeType.RELEASE:
+                        session.remember_released(record)
+        self._unreserve(count)
+
+    def _where_batch(self, records: list[ShareRecord]) -> dict[str, Any]:
+        first = records[0]
+        return {
+            "group": self.group,
+            "topic": first.topic,
+            "partition": first.partition,
+            "offsets": ranges_text(sorted(record.offset for record in records)),
+            "records": len(records),
+            "max_delivery_count": max(record.delivery_count for record in records),
+        }
+
+    async def _process_batch(
+        self, records: list[ShareRecord]
+    ) -> list[AcknowledgeType] | AcknowledgeType:
+        """Call the batch handler; returns one outcome per record or one for all, and counts
+        them (in :attr:`stats` and the acknowledgement counters) as :meth:`_process` does."""
+        count = len(records)
+        stats, topic = self.stats, records[0].topic
+        errors = self.ctx.metrics.handler_errors
+        release = AcknowledgeType.RELEASE
+        try:
+            # A list of its own: whatever the handler does to it, every record is acknowledged.
+            result = await self._call_batch(records.copy())
+        except asyncio.CancelledError:
+            stats.released += count
+            raise
+        except Exception as exc:
+            stats.handler_errors += count
+            stats.released += count
+            self._ack_counts[release] += count
+            errors.labels(self.group, topic, "raised").inc(count)
+            self._log.error(
+                "handler_raised_batch_released",
+                error=repr(exc),
+                exc_info=True,
+                **self._where_batch(records),
+            )
+            return release
+        outcomes = batch_outcomes(result, count)
+        if outcomes is None:
+            stats.handler_errors += count
+            stats.released += count
+            self._ack_counts[release] += count
+            errors.labels(self.group, topic, "invalid_outcome").inc(count)
+            self._log.error(
+                "batch_handler_returned_invalid_outcome_records_released",
+                returned=repr(result)[:200],
+                returned_type=type(result).__name__,
+                returned_length=len(result) if isinstance(result, Sequence) else None,
+                expected=f"a sequence of {count} outcomes (one per record, in order: "
+                "queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None), or one "
+                "outcome for the whole batch",
+                **self._where_batch(records),
+            )
+            return release
+        if isinstance(outcomes, AcknowledgeType):
+            self._count(outcomes, count)
+        else:
+            for kind in _OUTCOMES:
+                n = outcomes.count(kind)
+                if n:
+                    self._count(kind, n)
+        return outcomes
+
+    def _count(self, kind: AcknowledgeType, n: int) -> None:
+        self._ack_counts[kind] += n
+        if kind is AcknowledgeType.ACCEPT:
+            self.stats.accepted += n
+        elif kind is AcknowledgeType.RELEASE:
+            self.stats.released += n
+        else:
+            self.stats.rejected += n

@@ -9,9 +9,11 @@ compacted-away records) are reported as gaps, which the member acknowledges as `
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
-from typing import Protocol
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
@@ -21,7 +23,73 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.protocol import messages as protocol
 from queueflow.structs import ShareRecord, TopicPartition
 
-__all__ = ["RELEASED_CACHE_RECORDS", "KafkaRecordReader", "PartitionReader", "RecordSource"]
+__all__ = [
+    "RELEASED_CACHE_RECORDS",
+    "KafkaRecordReader",
+    "PartitionReader",
+    "RecordSource",
+    "share_records",
+]
+
+
+def share_records(
+    messages: Iterable[Any],
+    topic: str,
+    partition: int,
+    expected: int,
+    last: int,
+    delivery_count: int,
+    out: list[ShareRecord],
+    gaps: list[int],
+) -> int:
+    """Turn the records Kafka returned for ``topic[partition]`` into :class:`ShareRecord` objects.
+
+    The hot loop of a member's reads. Each ``ShareRecord`` is built in place: an empty instance
+    whose slots are filled here, from locals (topic and partition are the partition's; key and
+    value are read once). That skips the dataclass ``__init__`` call (a Python frame and twelve
+    arguments per record); no object is built besides the ``ShareRecord`` (aiokafka builds its
+    ``ConsumerRecord`` in any case). The result equals ``ShareRecord(...)`` field by field
+    (tests/unit/test_batch_agent.py checks every field).
+
+    Args:
+        messages: aiokafka ``ConsumerRecord`` objects of ``topic[partition]`` in offset order (any
+            objects with ``offset``, ``key``, ``value``, ``headers``, ``timestamp`` and
+            ``timestamp_type``).
+        topic / partition: where they were read.
+        expected: the next offset wanted; offsets skipped before a record are gaps.
+        last: the last offset wanted; the first record after it ends the loop.
+        delivery_count: the delivery count of every record (from the acquired range).
+        out: the records are appended to it.
+        gaps: offsets without a record (compaction, transaction markers) are appended to it.
+
+    Returns:
+        The next offset wanted (``last + 1`` once a record after ``last`` was seen).
+    """
+    append = out.append
+    new = object.__new__
+    cls = ShareRecord
+    inf = math.inf
+    for m in messages:
+        offset = m.offset
+        if offset != expected:  # offsets without records (compaction, markers)
+            gaps.extend(range(expected, min(offset, last + 1)))
+            if offset > last:
+                return last + 1
+        # Every field of ShareRecord, in its order (a new field must be set here too).
+        r = new(cls)
+        r.topic = topic
+        r.partition = partition
+        r.offset = offset
+        r.key = r.raw_key = m.key
+        r.value = r.raw_value = m.value
+        r.headers = m.headers
+        r.timestamp = m.timestamp
+        r.delivery_count = delivery_count
+        r.lock_deadline = inf
+        r.timestamp_type = m.timestamp_type
+        append(r)
+        expected = offset + 1
+    return expected
 
 
 class RecordSource(Protocol):
@@ -145,7 +213,8 @@ class PartitionReader:
                     delivery_count,
                     r.raw_value,
                     r.raw_key,
-                    timestamp_type=r.timestamp_type,
+                    math.inf,
+                    r.timestamp_type,
                 )
             )
         return True
@@ -179,6 +248,7 @@ class PartitionReader:
     ) -> tuple[list[ShareRecord], list[int]]:
         records: list[ShareRecord] = []
         gaps: list[int] = []
+        topic, partition = self.tp.topic, self.tp.partition
         deadline = time.monotonic() + timeout_ms / 1000
         for first, last, delivery_count in acquired:
             if first in self.released and self._take_released(first, last, delivery_count, records):
@@ -192,30 +262,9 @@ class PartitionReader:
                     self.tp, timeout_ms=200, max_records=last - expected + 1
                 )
                 messages = batch.get(self.tp, [])
-                append = records.append
-                for m in messages:
-                    offset = m.offset
-                    if offset != expected:  # offsets without records (compaction, markers)
-                        gaps.extend(range(expected, min(offset, last + 1)))
-                        if offset > last:
-                            expected = last + 1
-                            break
-                    append(
-                        ShareRecord(
-                            m.topic,
-                            m.partition,
-                            offset,
-                            m.key,
-                            m.value,
-                            m.headers,
-                            m.timestamp,
-                            delivery_count,
-                            m.value,
-                            m.key,
-                            timestamp_type=m.timestamp_type,
-                        )
-                    )
-                    expected = offset + 1
+                expected = share_records(
+                    messages, topic, partition, expected, last, delivery_count, records, gaps
+                )
                 position = await self.consumer.position(self.tp)
                 if not messages and position > expected:
                     # The consumer skipped offsets without records (control records).
