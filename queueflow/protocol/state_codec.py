@@ -1,15 +1,24 @@
 """Encoding of durable share-partition state (:mod:`queueflow.engine.state` records).
 
 KIP-932 "Managing durable share-partition state": snapshots (``ShareSnapshot``) and deltas
-(``ShareUpdate``) written to the state table and its changelog. The encoding is compact JSON
-(format version 1, :data:`STATE_FORMAT_VERSION`) read and written with msgspec; the layout is
-the one queueflow has always written, so state already on disk restores unchanged. Decoding
-validates everything; any problem is a :class:`~queueflow.errors.CorruptStateError` naming the
-share-partition and saying what to do.
+(``ShareUpdate``) written to the state table and its changelog. Two formats, told apart by each
+value's first byte, so a share-partition may hold values of both (a version 1 snapshot followed by
+version 2 deltas after an upgrade):
+
+* **version 2** (written by :func:`encode_snapshot` / :func:`encode_update`): compact binary,
+  little-endian, packed with :mod:`struct`; the layout is under :data:`STATE_FORMAT_VERSION`.
+* **version 1**: compact JSON read and written with msgspec, the layout queueflow wrote before
+  version 2. It is still read, so state already on disk restores unchanged;
+  :func:`encode_snapshot_v1` / :func:`encode_update_v1` write it for tests and tools only.
+
+Decoding validates everything; any problem is a :class:`~queueflow.errors.CorruptStateError`
+naming the share-partition, what was wrong, and what to do.
 """
 
 from __future__ import annotations
 
+import struct
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final, TypeVar
 
@@ -25,19 +34,52 @@ from queueflow.engine.state import (
 from queueflow.errors import CorruptStateError
 
 __all__ = [
+    "STATE_FORMAT_JSON_VERSION",
     "STATE_FORMAT_VERSION",
     "decode_snapshot",
     "decode_state",
     "decode_update",
     "delta_key",
     "encode_snapshot",
+    "encode_snapshot_v1",
     "encode_update",
+    "encode_update_v1",
     "parse_state_key",
     "snapshot_key",
 ]
 
-#: Version of the JSON encoding written by :func:`encode_snapshot` / :func:`encode_update`.
-STATE_FORMAT_VERSION: Final = 1
+#: Version of the binary encoding written by :func:`encode_snapshot` / :func:`encode_update`.
+#:
+#: Layout (little-endian; every value is one snapshot or one delta)::
+#:
+#:     offset  size  field
+#:          0     1  magic 0xF5 (never in UTF-8 text, so no version 1 JSON value starts with it)
+#:          1     1  format version: 2
+#:          2     1  record type: 0x53 "S" snapshot, 0x55 "U" update (delta)
+#:          3     1  flags: bit 0 reset (updates only), bit 1 wide runs; other bits 0
+#:          4     8  snapshot epoch                                   int64, >= 0
+#:         12     8  state epoch                                      int64, >= 0
+#:         20     8  snapshot: leader epoch (>= -1); update: delta index (>= 0)   int64
+#:         28     8  start offset (SPSO; -1 = unchanged, updates only)  int64
+#:         36     8  base: first offset of the first run, 0 if none   int64, >= 0
+#:         44     4  run count n                                      uint32
+#:         48     -  n runs, each: first - base, last - first, state, delivery count
+#:                   narrow (13 bytes): uint32, uint32, uint8, int32
+#:                   wide   (21 bytes): int64,  int64,  uint8, int32  (flag bit 1)
+#:        end     4  CRC-32 (zlib.crc32) of every byte before it       uint32
+#:
+#: Runs are narrow unless an offset is 2**32 or more past the base. States are 0 Available,
+#: 2 Acknowledged, 4 Archived.
+STATE_FORMAT_VERSION: Final = 2
+
+#: Version of the JSON encoding queueflow wrote before version 2 (still read):
+#: :func:`encode_snapshot_v1` / :func:`encode_update_v1`.
+STATE_FORMAT_JSON_VERSION: Final = 1
+
+_SUPPORTED = (
+    f"this queueflow supports version {STATE_FORMAT_JSON_VERSION} as JSON and version "
+    f"{STATE_FORMAT_VERSION} as binary"
+)
 
 _ADVICE = (
     "refusing to serve this share-partition; inspect the changelog record (docs/operations.md, "
@@ -86,13 +128,168 @@ class _UpdateRecord(msgspec.Struct, kw_only=True):
 
 
 _Record = TypeVar("_Record", _SnapshotRecord, _UpdateRecord)
+_Buffer = bytes | bytearray | memoryview
 
 _encoder: Final = msgspec.json.Encoder()
 _snapshot_decoder: Final = msgspec.json.Decoder(_SnapshotRecord)
 _update_decoder: Final = msgspec.json.Decoder(_UpdateRecord)
 
 # --------------------------------------------------------------------------------------------
-# Encoding
+# Encoding, version 2 (binary; see STATE_FORMAT_VERSION for the layout)
+# --------------------------------------------------------------------------------------------
+
+_MAGIC: Final = 0xF5
+_SNAPSHOT_TYPE: Final = 0x53  # "S"
+_UPDATE_TYPE: Final = 0x55  # "U"
+_TYPE_NAMES: Final = {_SNAPSHOT_TYPE: "snapshot", _UPDATE_TYPE: "update"}
+_FLAG_RESET: Final = 0x01
+_FLAG_WIDE: Final = 0x02
+# magic, version, record type, flags, snapshot epoch, state epoch, leader epoch or delta index,
+# start offset, base, run count
+_HEADER: Final = struct.Struct("<BBBBqqqqqI")
+# first - base, last - first, state, delivery count
+_NARROW_RUN: Final = struct.Struct("<IIBi")
+_WIDE_RUN: Final = struct.Struct("<qqBi")
+_CRC: Final = struct.Struct("<I")
+_PERSISTED_VALUES: Final = frozenset(int(s) for s in PERSISTED_STATES)
+_STATE_OF: Final = {int(s): RecordState(s) for s in PERSISTED_STATES}
+_INT32_MAX = 2**31 - 1
+_INT64_MIN = -(2**63)
+
+
+def _not_persisted(b: StateBatch) -> ValueError:
+    return ValueError(
+        f"cannot persist batch {b.first_offset}..{b.last_offset} in state {b.state!r}: "
+        "only Available, Acknowledged and Archived are persisted (KIP-932)"
+    )
+
+
+def _pack(
+    run: struct.Struct,
+    record_type: int,
+    flags: int,
+    fields: tuple[int, int, int, int],
+    batches: Sequence[StateBatch],
+) -> bytes:
+    """One version 2 value with runs of layout ``run``; struct.error if a value does not fit."""
+    n = len(batches)
+    base = batches[0].first_offset if n else 0
+    size = run.size
+    header = _HEADER.size
+    buf = bytearray(header + size * n + _CRC.size)
+    _HEADER.pack_into(buf, 0, _MAGIC, STATE_FORMAT_VERSION, record_type, flags, *fields, base, n)
+    pack_into = run.pack_into
+    pos = header
+    for b in batches:
+        first = b.first_offset
+        pack_into(buf, pos, first - base, b.last_offset - first, b.state, b.delivery_count)
+        pos += size
+    # The state bytes (each just before a run's int32 count), read back at C speed: cheaper
+    # than a check per batch in the loop above.
+    if not _PERSISTED_VALUES.issuperset(buf[header + size - 5 : pos : size]):
+        raise next(_not_persisted(b) for b in batches if b.state not in PERSISTED_STATES)
+    _CRC.pack_into(buf, pos, zlib.crc32(memoryview(buf)[:pos]))
+    return bytes(buf)
+
+
+def _unencodable(
+    record_type: int,
+    fields: tuple[int, int, int, int],
+    batches: Sequence[StateBatch],
+    exc: struct.error,
+) -> ValueError:
+    """Why a record does not fit version 2 (the message names the field or batch)."""
+    third = "leader epoch" if record_type == _SNAPSHOT_TYPE else "delta index"
+    names = ("snapshot epoch", "state epoch", third, "start offset")
+    for name, value in zip(names, fields, strict=True):
+        if not (isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX):
+            return ValueError(f"cannot encode state: {name} {value!r} is not an int64")
+    for b in batches:
+        if b.state not in PERSISTED_STATES:
+            return _not_persisted(b)
+        if not (
+            isinstance(b.delivery_count, int) and -_INT32_MAX - 1 <= b.delivery_count <= _INT32_MAX
+        ):
+            return ValueError(
+                f"cannot encode batch {b.first_offset}..{b.last_offset}: delivery count "
+                f"{b.delivery_count!r} is not an int32"
+            )
+    return ValueError(
+        f"cannot encode state: a batch's offsets do not fit int64 relative to the first batch "
+        f"(batches must be ordered, with offsets from 0 to 2**63 - 1): {exc}"
+    )
+
+
+def _encode_v2(
+    record_type: int, flags: int, fields: tuple[int, int, int, int], batches: Sequence[StateBatch]
+) -> bytes:
+    if batches and (batches[0].first_offset < 0 or batches[-1].last_offset > _INT64_MAX):
+        b = batches[0] if batches[0].first_offset < 0 else batches[-1]
+        raise ValueError(
+            f"cannot encode batch {b.first_offset}..{b.last_offset}: offsets are 0 to 2**63 - 1"
+        )
+    try:
+        return _pack(_NARROW_RUN, record_type, flags, fields, batches)
+    except struct.error:
+        pass  # an offset 2**32 or more past the base, or a value that fits nothing
+    try:
+        return _pack(_WIDE_RUN, record_type, flags | _FLAG_WIDE, fields, batches)
+    except struct.error as exc:
+        raise _unencodable(record_type, fields, batches, exc) from None
+
+
+def encode_snapshot(s: ShareSnapshot) -> bytes:
+    """Encode a :class:`ShareSnapshot` as format version 2 (binary, :data:`STATE_FORMAT_VERSION`).
+
+    Args:
+        s: the snapshot; its batches ordered and non-overlapping, offsets in ``0..2**63-1``.
+
+    Returns:
+        ``52 + 13 * len(s.batches)`` bytes (21 per batch if an offset is 2**32 or more past
+        the first batch's first offset).
+
+    Raises:
+        ValueError: a batch is in the ``ACQUIRED`` state, which is never persisted; a delivery
+            count does not fit an int32; an epoch or offset does not fit an int64.
+    """
+    return _encode_v2(
+        _SNAPSHOT_TYPE,
+        0,
+        (s.snapshot_epoch, s.state_epoch, s.leader_epoch, s.start_offset),
+        s.batches,
+    )
+
+
+def encode_update(
+    u: ShareUpdate, *, snapshot_epoch: int, state_epoch: int, delta_index: int
+) -> bytes:
+    """Encode a :class:`ShareUpdate` (a delta) as format version 2 (binary,
+    :data:`STATE_FORMAT_VERSION`).
+
+    Args:
+        u: the update, as returned by ``SharePartition.take_changes()``; its batches ordered and
+            non-overlapping, offsets in ``0..2**63-1``; ``start_offset`` -1 means unchanged.
+        snapshot_epoch: epoch of the snapshot this update follows.
+        state_epoch: state epoch of the share-partition.
+        delta_index: position of this update after its snapshot (0, 1, ...).
+
+    Returns:
+        ``52 + 13 * len(u.batches)`` bytes (21 per batch if an offset is 2**32 or more past
+        the first batch's first offset).
+
+    Raises:
+        ValueError: as for :func:`encode_snapshot`.
+    """
+    return _encode_v2(
+        _UPDATE_TYPE,
+        _FLAG_RESET if u.reset else 0,
+        (snapshot_epoch, state_epoch, delta_index, u.start_offset),
+        u.batches,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding, version 1 (JSON; tests and tools only)
 # --------------------------------------------------------------------------------------------
 
 
@@ -100,16 +297,16 @@ def _batches_to_wire(batches: Sequence[StateBatch]) -> list[_Batch]:
     out: list[_Batch] = []
     for b in batches:
         if b.state not in PERSISTED_STATES:
-            raise ValueError(
-                f"cannot persist batch {b.first_offset}..{b.last_offset} in state {b.state!r}: "
-                "only Available, Acknowledged and Archived are persisted (KIP-932)"
-            )
+            raise _not_persisted(b)
         out.append((int(b.first_offset), int(b.last_offset), int(b.state), int(b.delivery_count)))
     return out
 
 
-def encode_snapshot(s: ShareSnapshot) -> bytes:
+def encode_snapshot_v1(s: ShareSnapshot) -> bytes:
     """Encode a :class:`ShareSnapshot` as compact JSON bytes (format version 1).
+
+    For tests and tools only: queueflow writes version 2 (:func:`encode_snapshot`), and reads
+    both.
 
     Layout: ``{"v":1,"t":"snapshot","snapshot_epoch":E,"state_epoch":S,"leader_epoch":L,
     "start_offset":O,"batches":[[first,last,state,count],...]}``.
@@ -119,7 +316,7 @@ def encode_snapshot(s: ShareSnapshot) -> bytes:
     """
     return _encoder.encode(
         _SnapshotRecord(
-            v=STATE_FORMAT_VERSION,
+            v=STATE_FORMAT_JSON_VERSION,
             t="snapshot",
             snapshot_epoch=int(s.snapshot_epoch),
             state_epoch=int(s.state_epoch),
@@ -130,10 +327,13 @@ def encode_snapshot(s: ShareSnapshot) -> bytes:
     )
 
 
-def encode_update(
+def encode_update_v1(
     u: ShareUpdate, *, snapshot_epoch: int, state_epoch: int, delta_index: int
 ) -> bytes:
     """Encode a :class:`ShareUpdate` as compact JSON bytes (format version 1).
+
+    For tests and tools only: queueflow writes version 2 (:func:`encode_update`), and reads
+    both.
 
     Args:
         u: the update, as returned by ``SharePartition.take_changes()``.
@@ -149,7 +349,7 @@ def encode_update(
     """
     return _encoder.encode(
         _UpdateRecord(
-            v=STATE_FORMAT_VERSION,
+            v=STATE_FORMAT_JSON_VERSION,
             t="update",
             snapshot_epoch=int(snapshot_epoch),
             state_epoch=int(state_epoch),
@@ -170,15 +370,43 @@ def _corrupt(where: str, problem: str) -> CorruptStateError:
     return CorruptStateError(f"corrupt share-partition state for {where}: {problem}; {_ADVICE}")
 
 
+def _unknown_version(version: object, where: str, binary: bool = False) -> CorruptStateError:
+    layout = " (binary)" if binary else ""
+    return CorruptStateError(
+        f"unknown share-partition state format version {version!r}{layout} for {where} "
+        f"({_SUPPORTED}); it was probably written by a newer queueflow: upgrade queueflow, "
+        f"or {_ADVICE}"
+    )
+
+
+def _batch_problem(
+    i: int, first: int, last: int, state: int, count: int, prev_last: int, where: str
+) -> CorruptStateError | None:
+    """What is wrong with batch #``i`` (after a batch ending at ``prev_last``), if anything."""
+    if first < 0 or first > last or last > _INT64_MAX:
+        return _corrupt(where, f"batch #{i} has an invalid range {first}..{last}")
+    if state not in _PERSISTED_VALUES:
+        return _corrupt(
+            where,
+            f"batch #{i} ({first}..{last}) has state {state}; persisted states are "
+            "0 (Available), 2 (Acknowledged) and 4 (Archived)",
+        )
+    if count < 0 or count > _INT64_MAX:
+        return _corrupt(where, f"batch #{i} ({first}..{last}) has delivery count {count}")
+    if first <= prev_last:
+        return _corrupt(
+            where,
+            f"batch #{i} ({first}..{last}) overlaps or precedes the previous batch "
+            f"(which ends at {prev_last}); batches must be ordered and non-overlapping",
+        )
+    return None
+
+
 def _check_header(version: object, t: object, where: str, kind: str) -> None:
     if version is msgspec.UNSET:
         raise _corrupt(where, f"the {kind} record has no format version field 'v'")
-    if version != STATE_FORMAT_VERSION or isinstance(version, bool):
-        raise CorruptStateError(
-            f"unknown share-partition state format version {version!r} for {where} "
-            f"(this queueflow supports version {STATE_FORMAT_VERSION}); it was probably written "
-            f"by a newer queueflow: upgrade queueflow, or {_ADVICE}"
-        )
+    if version != STATE_FORMAT_JSON_VERSION or isinstance(version, bool):
+        raise _unknown_version(version, where)
     if t != kind:
         found = None if t is msgspec.UNSET else t
         raise _corrupt(where, f"expected record type 't'={kind!r}, found {found!r}")
@@ -200,7 +428,7 @@ def _explain_failure(data: bytes, where: str, kind: str, reason: str) -> Corrupt
     return _corrupt(where, f"the {kind} record is invalid: {reason}")
 
 
-def _load(data: bytes, where: str, kind: str, decoder: msgspec.json.Decoder[_Record]) -> _Record:
+def _load(data: _Buffer, where: str, kind: str, decoder: msgspec.json.Decoder[_Record]) -> _Record:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise _corrupt(where, f"expected bytes, got {type(data).__name__}")
     try:
@@ -218,42 +446,123 @@ def _batches(raw: list[_Batch], where: str) -> tuple[StateBatch, ...]:
     out: list[StateBatch] = []
     prev_last = -1
     for i, (first, last, state, count) in enumerate(raw):
-        if first < 0 or first > last or last > _INT64_MAX:
-            raise _corrupt(where, f"batch #{i} has an invalid range {first}..{last}")
-        if state not in (0, 2, 4):
-            raise _corrupt(
-                where,
-                f"batch #{i} ({first}..{last}) has state {state}; persisted states are "
-                "0 (Available), 2 (Acknowledged) and 4 (Archived)",
-            )
-        if count < 0 or count > _INT64_MAX:
-            raise _corrupt(where, f"batch #{i} ({first}..{last}) has delivery count {count}")
-        if first <= prev_last:
-            raise _corrupt(
-                where,
-                f"batch #{i} ({first}..{last}) overlaps or precedes the previous batch "
-                f"(which ends at {prev_last}); batches must be ordered and non-overlapping",
-            )
+        problem = _batch_problem(i, first, last, state, count, prev_last, where)
+        if problem is not None:
+            raise problem
         prev_last = last
-        out.append(StateBatch(first, last, RecordState(state), count))
+        out.append(StateBatch(first, last, _STATE_OF[state], count))
     return tuple(out)
 
 
-def decode_snapshot(data: bytes, *, where: str) -> ShareSnapshot:
-    """Decode and validate bytes written by :func:`encode_snapshot`.
+def _is_v2(data: object) -> bool:
+    """Whether ``data`` is a version 2 value (else it is read as version 1 JSON)."""
+    return isinstance(data, (bytes, bytearray, memoryview)) and data[:1] == b"\xf5"
 
-    Unknown fields are ignored.
+
+def _load_v2(
+    data: _Buffer, where: str, kind: str
+) -> tuple[int, int, int, int, tuple[StateBatch, ...], bool]:
+    """Check a version 2 value and unpack it: ``(snapshot epoch, state epoch, leader epoch or
+    delta index, start offset, batches, reset)``."""
+    view = memoryview(data).cast("B")
+    size = len(view)
+    minimum = _HEADER.size + _CRC.size
+    if size < minimum:
+        if size >= 2 and view[1] != STATE_FORMAT_VERSION:
+            raise _unknown_version(view[1], where, binary=True)
+        raise _corrupt(
+            where,
+            f"the {kind} record is truncated: {size} bytes, less than the {minimum} of an empty "
+            f"format version {STATE_FORMAT_VERSION} record",
+        )
+    _magic, version, record_type, flags, a, b, c, start, base, n = _HEADER.unpack_from(view)
+    if version != STATE_FORMAT_VERSION:
+        raise _unknown_version(version, where, binary=True)
+    run = _WIDE_RUN if flags & _FLAG_WIDE else _NARROW_RUN
+    end = _HEADER.size + run.size * n
+    if size != end + _CRC.size:
+        how = "truncated" if size < end + _CRC.size else "followed by extra bytes"
+        raise _corrupt(
+            where,
+            f"the {kind} record is {size} bytes long, but its header says {n} "
+            f"{'wide' if run is _WIDE_RUN else 'narrow'} runs, {end + _CRC.size} bytes: it is "
+            f"{how} (or its header is damaged)",
+        )
+    (stored,) = _CRC.unpack_from(view, end)
+    computed = zlib.crc32(view[:end])
+    if stored != computed:
+        raise _corrupt(
+            where,
+            f"the {kind} record fails its CRC-32 check (stored {stored:#010x}, computed "
+            f"{computed:#010x}): its bytes were altered",
+        )
+    expected = _SNAPSHOT_TYPE if kind == "snapshot" else _UPDATE_TYPE
+    if record_type != expected:
+        found = _TYPE_NAMES.get(record_type, f"unknown type {record_type:#04x}")
+        raise _corrupt(where, f"expected a {kind} record, found {found!r}")
+    allowed = _FLAG_WIDE | (_FLAG_RESET if kind == "update" else 0)
+    if flags & ~allowed:
+        raise _corrupt(where, f"the {kind} record has unknown flags {flags:#04x}")
+    third, third_min = ("leader epoch", -1) if kind == "snapshot" else ("delta index", 0)
+    for name, value, lowest in (
+        ("snapshot epoch", a, 0),
+        ("state epoch", b, 0),
+        (third, c, third_min),
+        ("start offset", start, 0 if kind == "snapshot" else -1),
+        ("base offset", base, 0),
+    ):
+        if value < lowest:
+            raise _corrupt(where, f"the {kind} record has {name} {value} (below {lowest})")
+    out: list[StateBatch] = []
+    append = out.append
+    state_of = _STATE_OF.get
+    prev_last = -1
+    for rel, length, state, count in run.iter_unpack(view[_HEADER.size : end]):
+        first = base + rel
+        last = first + length
+        record_state = state_of(state)
+        if (
+            first <= prev_last
+            or last < first
+            or last > _INT64_MAX
+            or record_state is None
+            or count < 0
+        ):
+            raise _batch_problem(len(out), first, last, state, count, prev_last, where) or _corrupt(
+                where, f"batch #{len(out)} is invalid"
+            )
+        prev_last = last
+        append(StateBatch(first, last, record_state, count))
+    return a, b, c, start, tuple(out), bool(flags & _FLAG_RESET)
+
+
+def decode_snapshot(data: _Buffer, *, where: str) -> ShareSnapshot:
+    """Decode and validate a snapshot of either format: version 2 (binary, written by
+    :func:`encode_snapshot`) or version 1 (JSON, :func:`encode_snapshot_v1`), told apart by the
+    first byte.
+
+    Unknown fields of a version 1 record are ignored.
 
     Args:
-        data: the encoded record.
+        data: the encoded record (bytes, bytearray or memoryview).
         where: names the share-partition for error messages, e.g. ``"group=G topic=T partition=P"``.
 
+    Returns:
+        The snapshot; its batches' states are :class:`RecordState` members.
+
     Raises:
-        CorruptStateError: the bytes are not valid JSON, are of an unknown format version, are
-            not a snapshot, or hold invalid fields (a missing field, a field of the wrong type,
-            negative offsets or counts, a state other than 0/2/4, ``first > last``, unordered or
-            overlapping batches). The message names ``where``, the problem and what to do.
+        CorruptStateError: the value is not bytes; it is of an unknown format version; it is not
+            a snapshot; it is truncated or has extra bytes, fails its checksum (version 2) or is
+            not valid JSON (version 1); or it holds invalid fields (a missing field, a field of
+            the wrong type, negative epochs, offsets or counts, a state other than 0/2/4,
+            ``first > last``, unordered or overlapping batches). The message names ``where``,
+            the problem and what to do.
     """
+    if _is_v2(data):
+        snapshot_epoch, state_epoch, leader_epoch, start, batches, _ = _load_v2(
+            data, where, "snapshot"
+        )
+        return ShareSnapshot(snapshot_epoch, state_epoch, leader_epoch, start, batches)
     record = _load(data, where, "snapshot", _snapshot_decoder)
     return ShareSnapshot(
         snapshot_epoch=record.snapshot_epoch,
@@ -264,11 +573,13 @@ def decode_snapshot(data: bytes, *, where: str) -> ShareSnapshot:
     )
 
 
-def decode_update(data: bytes, *, where: str) -> tuple[ShareUpdate, int, int, int]:
-    """Decode and validate bytes written by :func:`encode_update`.
+def decode_update(data: _Buffer, *, where: str) -> tuple[ShareUpdate, int, int, int]:
+    """Decode and validate a delta of either format: version 2 (binary, written by
+    :func:`encode_update`) or version 1 (JSON, :func:`encode_update_v1`), told apart by the
+    first byte.
 
     Args:
-        data: the encoded record.
+        data: the encoded record (bytes, bytearray or memoryview).
         where: names the share-partition for error messages, e.g. ``"group=G topic=T partition=P"``.
 
     Returns:
@@ -278,6 +589,11 @@ def decode_update(data: bytes, *, where: str) -> tuple[ShareUpdate, int, int, in
         CorruptStateError: as for :func:`decode_snapshot`; also a non-boolean ``reset`` or a
             ``start_offset`` below -1.
     """
+    if _is_v2(data):
+        snapshot_epoch, state_epoch, delta_index, start, batches, reset = _load_v2(
+            data, where, "update"
+        )
+        return ShareUpdate(start, batches, reset), snapshot_epoch, state_epoch, delta_index
     record = _load(data, where, "update", _update_decoder)
     update = ShareUpdate(
         start_offset=record.start_offset,
@@ -338,6 +654,9 @@ def decode_state(
         delta: ``delta(state_epoch, snapshot_epoch, index)`` returns the encoded delta stored
             under that key, or None.
         where: names the share-partition for error messages.
+
+    Each value is decoded in its own format (:func:`decode_snapshot`, :func:`decode_update`),
+    so a version 1 snapshot followed by version 2 deltas, as written across an upgrade, restores.
 
     Returns:
         ``(snapshot, updates)``, ready for :func:`queueflow.engine.state.replay`.

@@ -45,7 +45,9 @@ from queueflow.protocol.state_codec import (
     decode_snapshot,
     decode_update,
     encode_snapshot,
+    encode_snapshot_v1,
     encode_update,
+    encode_update_v1,
 )
 
 FAST = settings(
@@ -227,17 +229,21 @@ def decode_state_or_refuse(fn: Callable[[bytes], T], data: Any) -> T | None:
         assert type(exc) is CorruptStateError
         assert WHERE in str(exc)
         return None
+    # Re-encode in the format read: version 1 holds values version 2 refuses (int64 counts).
+    binary = bytes(data[:1]) == b"\xf5"  # the version 2 magic byte
+    snapshot_encoder = encode_snapshot if binary else encode_snapshot_v1
+    update_encoder = encode_update if binary else encode_update_v1
     if isinstance(value, ShareSnapshot):
         check_batches(value.batches)
         assert value.start_offset >= 0 and value.snapshot_epoch >= 0
-        assert decode_snapshot(encode_snapshot(value), where=WHERE) == value
+        assert decode_snapshot(snapshot_encoder(value), where=WHERE) == value
     else:
         assert isinstance(value, tuple)
         update, snap, state, index = value
         assert isinstance(update, ShareUpdate)
         check_batches(update.batches)
         assert update.start_offset >= -1 and min(snap, state, index) >= 0
-        again = encode_update(update, snapshot_epoch=snap, state_epoch=state, delta_index=index)
+        again = update_encoder(update, snapshot_epoch=snap, state_epoch=state, delta_index=index)
         assert decode_update(again, where=WHERE) == value
     return value
 
@@ -383,9 +389,13 @@ def test_nested_junk(message: Message, depth: int, shape: str, data: st.DataObje
 def test_valid_state_round_trips(
     snapshot: ShareSnapshot, update: ShareUpdate, snap: int, state: int, index: int
 ) -> None:
-    assert decode_snapshot(encode_snapshot(snapshot), where=WHERE) == snapshot
-    data = encode_update(update, snapshot_epoch=snap, state_epoch=state, delta_index=index)
-    assert decode_update(data, where=WHERE) == (update, snap, state, index)
+    for encode_s, encode_u in (
+        (encode_snapshot, encode_update),
+        (encode_snapshot_v1, encode_update_v1),
+    ):
+        assert decode_snapshot(encode_s(snapshot), where=WHERE) == snapshot
+        data = encode_u(update, snapshot_epoch=snap, state_epoch=state, delta_index=index)
+        assert decode_update(data, where=WHERE) == (update, snap, state, index)
 
 
 @MANY
@@ -401,6 +411,8 @@ def test_state_truncated(snapshot: ShareSnapshot, update: ShareUpdate, data: st.
     for fn, encoded in (
         (_snapshot, encode_snapshot(snapshot)),
         (_update, encode_update(update, snapshot_epoch=1, state_epoch=1, delta_index=1)),
+        (_snapshot, encode_snapshot_v1(snapshot)),
+        (_update, encode_update_v1(update, snapshot_epoch=1, state_epoch=1, delta_index=1)),
     ):
         cut = data.draw(st.integers(0, len(encoded) - 1))
         assert decode_state_or_refuse(fn, encoded[:cut]) is None
@@ -412,8 +424,8 @@ def test_state_mistyped_fields(
     snapshot: ShareSnapshot, update: ShareUpdate, junk: Any, data: st.DataObject
 ) -> None:
     for fn, encoded in (
-        (_snapshot, encode_snapshot(snapshot)),
-        (_update, encode_update(update, snapshot_epoch=1, state_epoch=1, delta_index=1)),
+        (_snapshot, encode_snapshot_v1(snapshot)),
+        (_update, encode_update_v1(update, snapshot_epoch=1, state_epoch=1, delta_index=1)),
     ):
         body = replace_field(json.loads(encoded), data, junk)
         decode_state_or_refuse(fn, json.dumps(body).encode())
@@ -429,11 +441,11 @@ batch_junk = st.lists(
 @FAST
 @given(snapshots, batch_junk)
 def test_state_junk_batches(snapshot: ShareSnapshot, batches: Any) -> None:
-    body = {**json.loads(encode_snapshot(snapshot)), "batches": batches}
+    body = {**json.loads(encode_snapshot_v1(snapshot)), "batches": batches}
     decode_state_or_refuse(_snapshot, json.dumps(body).encode())
     body = {
         **json.loads(
-            encode_update(ShareUpdate(0, ()), snapshot_epoch=1, state_epoch=1, delta_index=1)
+            encode_update_v1(ShareUpdate(0, ()), snapshot_epoch=1, state_epoch=1, delta_index=1)
         ),
         "batches": batches,
     }
@@ -443,7 +455,7 @@ def test_state_junk_batches(snapshot: ShareSnapshot, batches: Any) -> None:
 @FAST
 @given(snapshots, st.dictionaries(st.text(max_size=8), json_values, max_size=4))
 def test_state_unknown_fields_are_ignored(snapshot: ShareSnapshot, extra: dict[str, Any]) -> None:
-    encoded = json.loads(encode_snapshot(snapshot))
+    encoded = json.loads(encode_snapshot_v1(snapshot))
     body = {**{k: v for k, v in extra.items() if k not in encoded}, **encoded}
     assert decode_snapshot(json.dumps(body).encode(), where=WHERE) == snapshot
 

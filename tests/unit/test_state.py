@@ -1,4 +1,5 @@
-"""Durable share-partition state records: codec, validation and replay (notes §11)."""
+"""Durable share-partition state records: the version 1 (JSON) codec, validation and replay
+(notes §11). The version 2 (binary) codec is tested in test_state_codec_v2.py."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from queueflow.engine import (
 )
 from queueflow.errors import CorruptStateError, ErrorCode
 from queueflow.protocol.state_codec import (
-    STATE_FORMAT_VERSION,
+    STATE_FORMAT_JSON_VERSION,
     decode_snapshot,
     decode_update,
-    encode_snapshot,
-    encode_update,
+    encode_snapshot_v1,
+    encode_update_v1,
 )
 
 AV = RecordState.AVAILABLE
@@ -39,14 +40,14 @@ UPD = ShareUpdate(start_offset=105, batches=(StateBatch(106, 106, AV, 1),))
 
 
 def snapshot_obj(**changes: Any) -> dict[str, Any]:
-    obj: dict[str, Any] = json.loads(encode_snapshot(SNAP))
+    obj: dict[str, Any] = json.loads(encode_snapshot_v1(SNAP))
     obj.update(changes)
     return obj
 
 
 def update_obj(**changes: Any) -> dict[str, Any]:
     obj: dict[str, Any] = json.loads(
-        encode_update(UPD, snapshot_epoch=2, state_epoch=1, delta_index=4)
+        encode_update_v1(UPD, snapshot_epoch=2, state_epoch=1, delta_index=4)
     )
     obj.update(changes)
     return obj
@@ -62,11 +63,11 @@ def raw(obj: Any) -> bytes:
 
 
 def test_snapshot_round_trip_and_layout() -> None:
-    data = encode_snapshot(SNAP)
+    data = encode_snapshot_v1(SNAP)
     assert decode_snapshot(data, where=WHERE) == SNAP
     assert b" " not in data  # compact
     obj = json.loads(data)
-    assert obj["v"] == STATE_FORMAT_VERSION == 1
+    assert obj["v"] == STATE_FORMAT_JSON_VERSION == 1
     assert obj["t"] == "snapshot"
     assert obj["batches"] == [[100, 104, 0, 2], [105, 105, 2, 1], [107, 110, 4, 5]]
     decoded = decode_snapshot(data, where=WHERE)
@@ -79,7 +80,7 @@ def test_update_round_trip() -> None:
         ShareUpdate(0, (), reset=True),
         ShareUpdate(-1, (StateBatch(3, 3, AR, 1),)),
     ):
-        data = encode_update(update, snapshot_epoch=9, state_epoch=3, delta_index=499)
+        data = encode_update_v1(update, snapshot_epoch=9, state_epoch=3, delta_index=499)
         assert decode_update(data, where=WHERE) == (update, 9, 3, 499)
         assert json.loads(data)["t"] == "update"
 
@@ -87,7 +88,7 @@ def test_update_round_trip() -> None:
 def test_encode_refuses_acquired() -> None:
     bad = ShareUpdate(0, (StateBatch(0, 0, RecordState.ACQUIRED, 1),))
     with pytest.raises(ValueError, match=r"Acquired|ACQUIRED"):
-        encode_update(bad, snapshot_epoch=0, state_epoch=0, delta_index=0)
+        encode_update_v1(bad, snapshot_epoch=0, state_epoch=0, delta_index=0)
 
 
 def batch_list(*items: Any) -> dict[str, Any]:
@@ -132,7 +133,7 @@ def test_corrupt_snapshot_is_refused(what: str, data: bytes) -> None:
 
 
 UPDATE_CORRUPTIONS: list[tuple[str, bytes]] = [
-    ("snapshot given as update", encode_snapshot(SNAP)),
+    ("snapshot given as update", encode_snapshot_v1(SNAP)),
     ("reset not bool", raw(update_obj(reset=1))),
     ("start below -1", raw(update_obj(start_offset=-2))),
     ("negative delta index", raw(update_obj(delta_index=-1))),
@@ -212,7 +213,7 @@ def test_wrong_type_names_the_field(data: bytes, path: str) -> None:
         pytest.param(raw(snapshot_obj(**batch_list([1, 2, 0, 2**80]))), id="bigint-count"),
         pytest.param(raw(snapshot_obj(leader_epoch=-2)), id="leader-epoch-below-minus-1"),
         pytest.param(b'{"v":1,"x":' + b"[" * 50_000 + b"]" * 50_000 + b"}", id="deep"),
-        pytest.param(encode_snapshot(SNAP)[:-1], id="truncated"),
+        pytest.param(encode_snapshot_v1(SNAP)[:-1], id="truncated"),
         pytest.param(b"", id="empty"),
         pytest.param(None, id="none"),
         pytest.param("{}", id="str"),

@@ -33,8 +33,8 @@ from queueflow.protocol.messages import (
 from queueflow.protocol.state_codec import (
     decode_snapshot,
     decode_update,
-    encode_snapshot,
-    encode_update,
+    encode_snapshot_v1,
+    encode_update_v1,
 )
 
 FULL_FETCH = ShareFetchRequest(
@@ -302,7 +302,8 @@ def test_version_1_bytes_are_readable_by_unversioned_peers(
 
 
 # ------------------------------------------------------------------------------------------------
-# Durable state records (the layout queueflow has always written)
+# Durable state records, version 1 (the JSON layout queueflow wrote before version 2; version 2
+# golden bytes are in test_state_codec_v2.py)
 # ------------------------------------------------------------------------------------------------
 
 AV, AK, AR = RecordState.AVAILABLE, RecordState.ACKNOWLEDGED, RecordState.ARCHIVED
@@ -352,10 +353,10 @@ UPDATES: list[tuple[ShareUpdate, int, int, int, bytes]] = [
 
 
 def test_snapshot_golden_bytes() -> None:
-    assert encode_snapshot(SNAPSHOT) == SNAPSHOT_BYTES
+    assert encode_snapshot_v1(SNAPSHOT) == SNAPSHOT_BYTES
     assert decode_snapshot(SNAPSHOT_BYTES, where=WHERE) == SNAPSHOT
     empty = ShareSnapshot(0, 0, -1, 0, ())
-    assert encode_snapshot(empty) == EMPTY_SNAPSHOT_BYTES
+    assert encode_snapshot_v1(empty) == EMPTY_SNAPSHOT_BYTES
     assert decode_snapshot(EMPTY_SNAPSHOT_BYTES, where=WHERE) == empty
 
 
@@ -363,7 +364,9 @@ def test_snapshot_golden_bytes() -> None:
 def test_update_golden_bytes(
     update: ShareUpdate, snap: int, state: int, index: int, data: bytes
 ) -> None:
-    assert encode_update(update, snapshot_epoch=snap, state_epoch=state, delta_index=index) == data
+    assert (
+        encode_update_v1(update, snapshot_epoch=snap, state_epoch=state, delta_index=index) == data
+    )
     assert decode_update(data, where=WHERE) == (update, snap, state, index)
 
 
