@@ -18,12 +18,17 @@ Users with their own :class:`faust.App` use :func:`queueflow.attach` instead of 
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
+import functools
 import os
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
 import faust
+import faust.streams
 import mode
 import prometheus_client
 import structlog
@@ -38,6 +43,7 @@ from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
 from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
+from queueflow.server.endpoint import LeaderEndpoint
 from queueflow.server.leader import ShareLeader, monotonic_ms
 from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
@@ -109,6 +115,147 @@ def raw_table(app: faust.App, name: str, partitions: int | None = None) -> Any:
         obj.key_serializer = "raw"
         obj.value_serializer = "raw"
     return table
+
+
+class _EventMessage:
+    __slots__ = ("partition", "topic")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic, self.partition = topic, partition
+
+
+class _PartitionEvent:
+    """Stands in for a stream event of one partition: Faust's tables and RocksDB store read
+    only ``current_event().message.topic`` and ``.partition`` to pick the partition's store."""
+
+    __slots__ = ("__weakref__", "message")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.message = _EventMessage(topic, partition)
+
+
+@contextlib.contextmanager
+def partition_scope(request_topic: str, partition: int) -> Iterator[object]:
+    """The :data:`~queueflow.server.context.StateScope` of Faust workers: within it, table
+    reads and writes go to ``partition``'s store, as inside a stream event of
+    ``request_topic[partition]`` (Faust finds the partition through its current-event context
+    variable, which this sets for the current task only)."""
+    event = _PartitionEvent(request_topic, partition)
+    token = faust.streams._current_event.set(weakref.ref(event))  # type: ignore[arg-type]
+    try:
+        yield event
+    finally:
+        faust.streams._current_event.reset(token)
+
+
+class ChangelogWriter:
+    """Writes the leaders' share-partition state: the local RocksDB store at once, and the
+    changelog through one ordered outbox on the worker's producer.
+
+    Faust's own table writes are buffered by Faust and, outside a stream event, refused. The
+    leaders write from stream events (the request topics) and from the direct path, so both go
+    through this writer: one queue, sent in order, so a share-partition's snapshots and deltas
+    reach the changelog in the order they were made. :meth:`flush` waits for the broker's
+    acknowledgement of everything written so far (``queueflow.leader.state.durability=acked``).
+    """
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+        self._outbox: collections.deque[tuple[Any, int, bytes, bytes | None, asyncio.Future[None]]]
+        self._outbox = collections.deque()
+        self._unacked: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+
+    def write(self, table: Any, key: bytes, value: bytes | None) -> None:
+        """Write ``key`` (``value`` None: delete) to ``table``'s current partition (the stream
+        event's, or :func:`partition_scope`'s)."""
+        event = faust.streams.current_event()
+        if event is None:
+            raise RuntimeError(
+                "queueflow state written outside a stream event or partition_scope(); "
+                "this is a bug in queueflow"
+            )
+        partition = event.message.partition
+        if value is None:
+            with contextlib.suppress(KeyError):
+                del table.data[key]
+        else:
+            table.data[key] = value
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._outbox.append((table, partition, key, value, done))
+        self._unacked.append(done)
+        while self._unacked and self._unacked[0].done():
+            self._unacked.popleft()
+        self._wake.set()
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.ensure_future(self._send())
+
+    async def _send(self) -> None:
+        producer = self.app.producer
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._outbox:
+                table, partition, key, value, done = self._outbox.popleft()
+                topic = table.changelog_topic.get_topic_name()
+                try:
+                    sent = cast(
+                        "asyncio.Future[Any]",
+                        await producer.send(topic, key, value, partition, None, None),
+                    )
+                except Exception as exc:
+                    log.error("state_changelog_write_failed", topic=topic, error=repr(exc))
+                    done.set_exception(exc)
+                    done.exception()  # retrieved: flush() re-raises for the waiters
+                    continue
+                sent.add_done_callback(functools.partial(self._acked, table, done=done))
+
+    @staticmethod
+    def _acked(table: Any, fut: asyncio.Future[Any], *, done: asyncio.Future[None]) -> None:
+        if done.done():
+            return
+        if fut.cancelled() or fut.exception() is not None:
+            error = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+            log.error("state_changelog_write_failed", error=repr(error))
+            done.set_exception(error or RuntimeError("changelog write failed"))
+            done.exception()
+            return
+        metadata = fut.result()
+        # As Faust's own changelog callback does: recovery can start after this offset.
+        table.data.set_persisted_offset(metadata.topic_partition, metadata.offset)
+        done.set_result(None)
+
+    async def flush(self) -> None:
+        """Wait until the broker acknowledged every state write made so far.
+
+        Raises:
+            Exception: the producer's error when a write failed (the answers that depend on
+                it must not go out as if it were durable).
+        """
+        waiting = list(self._unacked)
+        if waiting:
+            await asyncio.gather(*waiting)
+
+
+class LeaderStateTable:
+    """The :class:`~queueflow.server.durable.StateTable` of one leader: a Faust table read
+    directly and written through the app's :class:`ChangelogWriter`."""
+
+    def __init__(self, table: Any, writer: ChangelogWriter) -> None:
+        self.table = table
+        self.writer = writer
+
+    def get(self, key: bytes, default: None = None) -> bytes | None:
+        """The value of ``key`` in the current partition's store, or None."""
+        value: bytes | None = self.table.data.get(key)
+        return value
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.writer.write(self.table, key, value)
+
+    def __delitem__(self, key: bytes) -> None:
+        self.writer.write(self.table, key, None)
 
 
 def control_topic(app: faust.App, name: str, partitions: int | None = None) -> Any:
@@ -247,6 +394,14 @@ class ShareGroups:
                 (conf.broker_session_timeout + conf.broker_heartbeat_interval) * 1000
             ),
             metrics=self.metrics,
+            state_scope=partition_scope,
+            flush_state=self._flush_state,
+        )
+        self._changelog: ChangelogWriter | None = None  # needs the running loop: see prepare()
+        self.endpoint = (
+            LeaderEndpoint(self.server_context, self.leaders)
+            if self.settings.leader_listener
+            else None
         )
         self._coordinator_topic = control_topic(
             app, topics.coordinator_topic(self.namespace), topics.COORDINATOR_PARTITIONS
@@ -334,7 +489,9 @@ class ShareGroups:
         if topic not in self.leaders:
             request_topic = control_topic(self.app, topics.fetch_topic(self.namespace, topic))
             table = raw_table(self.app, topics.state_table(topic))
-            leader = ShareLeader(self.server_context, topic, table)
+            leader = ShareLeader(
+                self.server_context, topic, LeaderStateTable(table, self._changelog_writer)
+            )
             serve(self.app, request_topic, f"share-leader-{topic}", leader.handle)
             self.leaders[topic] = leader
             self._request_topics[topic] = request_topic
@@ -364,10 +521,23 @@ class ShareGroups:
             topics.REPLY_PARTITIONS,
             topics.CONTROL_TOPIC_CONFIG,
         )
+        if self.endpoint is not None and self.leaders:
+            await self.endpoint.start()
+
+    @property
+    def _changelog_writer(self) -> ChangelogWriter:
+        if self._changelog is None:
+            self._changelog = ChangelogWriter(self.app)
+        return self._changelog
+
+    async def _flush_state(self) -> None:
+        await self._changelog_writer.flush()
 
     async def close(self) -> None:
-        """Close the leaders' metadata clients."""
+        """Close the leaders' endpoint and metadata clients."""
         if self.leads:
+            if self.endpoint is not None:
+                await self.endpoint.close()
             await self._offsets.close()
             await self._metadata.close()
 
@@ -381,6 +551,8 @@ class ShareGroups:
         now = monotonic_ms(self.server_context.clock)
         for leader in self.leaders.values():
             await leader.watch_stalls(now)
+        if self.endpoint is not None:
+            await self.endpoint.announce()
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         for topic, leader in self.leaders.items():

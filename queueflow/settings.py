@@ -35,6 +35,7 @@ __all__ = [
     "ShareGroupSettings",
     "check_declarations",
     "int_default",
+    "listener_address",
     "lookup",
     "markdown_table",
     "str_default",
@@ -75,6 +76,8 @@ class Setting:
         """The allowed range, as shown in errors and docs: ``[lo..hi]``, ``[lo..]`` or choices."""
         if self.choices:
             return " | ".join(self.choices)
+        if isinstance(self.default, str):
+            return "text"
         lo = "" if self.minimum is None else str(self.minimum)
         hi = "" if self.maximum is None else str(self.maximum)
         return f"[{lo}..{hi}]"
@@ -257,6 +260,41 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="share agent",
     ),
     Setting(
+        "fetch_max_wait_ms",
+        "fetch.max.wait.ms",
+        500,
+        0,
+        60000,
+        doc="How long (ms) a leader holds a ShareFetch that finds nothing to acquire before it "
+        "answers empty (KIP-932 MaxWaitMs; long poll, direct path only).",
+        read_by="member",
+    ),
+    Setting(
+        "leader_listener",
+        "queueflow.leader.listener",
+        "0.0.0.0:0",
+        doc="host:port the leader's direct endpoint listens on (port 0: any free port); empty "
+        "turns the direct path off, so members use the request topics.",
+        read_by="leader",
+    ),
+    Setting(
+        "leader_advertised_host",
+        "queueflow.leader.advertised.host",
+        "",
+        doc="Host name members connect to for the direct endpoint; empty: this machine's host "
+        "name if it resolves, else 127.0.0.1.",
+        read_by="leader",
+    ),
+    Setting(
+        "state_durability",
+        "queueflow.leader.state.durability",
+        "acked",
+        choices=("acked", "buffered"),
+        doc="acked: a direct answer leaves once the broker acknowledged its state change in the "
+        "changelog; buffered: at once (faster; a leader crash may lose a change already answered).",
+        read_by="leader",
+    ),
+    Setting(
         "lock_check_interval_ms",
         "queueflow.lock.check.interval.ms",
         250,
@@ -345,6 +383,10 @@ class ShareGroupSettings:
     acknowledgement_linger_ms: int = int_default("acknowledgement_linger_ms")
     request_timeout_ms: int = int_default("request_timeout_ms")
     shutdown_timeout_ms: int = int_default("shutdown_timeout_ms")
+    fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")
+    leader_listener: str = str_default("leader_listener")
+    leader_advertised_host: str = str_default("leader_advertised_host")
+    state_durability: str = str_default("state_durability")
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")
 
     @classmethod
@@ -435,6 +477,29 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
         raise ConfigurationError(
             f"{show('heartbeat_interval_ms')} must be below {show('session_timeout_ms')}"
         )
+    if values["leader_listener"]:
+        try:
+            listener_address(values["leader_listener"])
+        except ValueError as exc:
+            raise ConfigurationError(f"{show('leader_listener')}: {exc}") from None
+
+
+def listener_address(text: str) -> tuple[str, int]:
+    """``"host:port"`` (``[v6]:port`` for IPv6) → ``(host, port)``.
+
+    Raises:
+        ValueError: not ``host:port`` with a port in 0..65535; the message says what is wrong.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not host:port (e.g. 0.0.0.0:0 or 10.0.0.5:9100)")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ValueError(f"the port of {text!r} is not an integer") from None
+    if not 0 <= number <= 65535:
+        raise ValueError(f"the port of {text!r} is not in 0..65535")
+    return host.strip("[]"), number
 
 
 def check_declarations(cls: type = ShareGroupSettings) -> None:
@@ -463,8 +528,8 @@ def check_declarations(cls: type = ShareGroupSettings) -> None:
                 problems.append(f"{s.name}: an integer setting cannot have choices")
             if s.minimum is not None and s.maximum is not None and s.minimum > s.maximum:
                 problems.append(f"{s.name}: minimum {s.minimum} > maximum {s.maximum}")
-        elif not s.choices or s.minimum is not None or s.maximum is not None:
-            problems.append(f"{s.name}: a string setting needs choices and no bounds")
+        elif s.minimum is not None or s.maximum is not None:
+            problems.append(f"{s.name}: a string setting cannot have bounds")
         try:
             s.parse(s.default, "default")
         except ConfigurationError as exc:

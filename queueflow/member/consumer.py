@@ -29,7 +29,7 @@ import structlog
 from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.context import MemberContext
-from queueflow.member.session import ShareFetchSession
+from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -107,6 +107,10 @@ class ShareConsumer:
         self._delivered: dict[tuple[str, int, int], ShareRecord] = {}
         self._callback: CommitCallback | None = None
         self._closed = False
+        # ShareFetches still under way when a poll returned (long polls of other
+        # share-partitions); their records go to a later poll.
+        self._inflight: dict[TopicPartition, asyncio.Task[FetchResult | None]] = {}
+        self._acking: dict[TopicPartition, asyncio.Task[ShareGroupError | None]] = {}
         #: The last ShareFetch error of each share-partition, ``{(topic, partition): error}``;
         #: cleared by the next answer without one. The consumer keeps retrying those
         #: share-partitions (with back-off) and serves the others.
@@ -210,33 +214,77 @@ class ShareConsumer:
         clock = self.ctx.clock
         deadline = clock.monotonic() + timeout_ms / 1000
         backoff = 0.005
+        inflight = self._inflight
         while True:
-            tps = sorted(session.assignment | set(session.acks.partitions()))
-            results = await asyncio.gather(
-                *(self._fetch(tp, tp in session.assignment) for tp in tps)
-            )
-            records = [r for batch in results for r in batch]
+            remaining = max(deadline - clock.monotonic(), 0.0)
+            pending_acks = set(session.acks.partitions())
+            started = []
+            for tp in sorted(session.assignment | pending_acks):
+                if tp in inflight:
+                    if tp in pending_acks:
+                        self._acknowledge_now(tp)  # don't wait for the long poll to end
+                else:
+                    wait_ms = min(self.settings.fetch_max_wait_ms, int(remaining * 1000))
+                    inflight[tp] = asyncio.ensure_future(
+                        self._fetch(tp, tp in session.assignment, wait_ms)
+                    )
+                    started.append(inflight[tp])
+            if not inflight:
+                await asyncio.sleep(min(backoff, remaining))
+                backoff = min(backoff * 2, 0.1)
+                if clock.monotonic() >= deadline:
+                    return []
+                continue
+            # Like a KIP-932 ShareFetch with MinBytes: return as soon as any share-partition
+            # has records; long polls of the others carry on into the next poll.
+            if remaining > 0:
+                done, _ = await asyncio.wait(
+                    inflight.values(), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            else:  # poll(0): one round trip of the fetches that don't wait
+                if started:
+                    await asyncio.wait(started)
+                done = {task for task in inflight.values() if task.done()}
+            records: list[ShareRecord] = []
+            long_polled = False
+            for tp, task in list(inflight.items()):
+                if task in done:
+                    del inflight[tp]
+                    result = task.result()
+                    if result is not None:
+                        records += result.records
+                        long_polled = long_polled or result.long_polled
             if records or clock.monotonic() >= deadline:
                 for r in records:
                     self._delivered[(r.topic, r.partition, r.offset)] = r
                 return records
-            await asyncio.sleep(min(backoff, max(deadline - clock.monotonic(), 0)))
-            backoff = min(backoff * 2, 0.1)
+            if not long_polled:  # answered empty at once (request topic, errors): back off
+                await asyncio.sleep(min(backoff, max(deadline - clock.monotonic(), 0)))
+                backoff = min(backoff * 2, 0.1)
 
-    async def _fetch(self, tp: TopicPartition, assigned: bool) -> list[ShareRecord]:
+    def _acknowledge_now(self, tp: TopicPartition) -> None:
+        """Send ``tp``'s pending acknowledgements alone (ShareAcknowledge) while its ShareFetch
+        is held by the leader (KIP-932: acknowledgements need not wait for a fetch)."""
+        task = self._acking.get(tp)
+        if task is None or task.done():
+            self._acking[tp] = asyncio.ensure_future(self._require_session().flush(tp))
+
+    async def _fetch(
+        self, tp: TopicPartition, assigned: bool, max_wait_ms: int = 0
+    ) -> FetchResult | None:
         session = self._require_session()
         try:
-            result = await session.fetch(tp, self.max_poll_records if assigned else 0)
+            result = await session.fetch(tp, self.max_poll_records if assigned else 0, max_wait_ms)
         except ShareGroupError as exc:
             if not exc.code.retriable:
                 raise
             self._note_error(tp, exc)  # e.g. a leader failing over: try again next poll
-            return []
+            return None
         if result.error is not None:
             self._note_error(tp, result.error)
         else:
             self.partition_errors.pop(tp, None)
-        return result.records
+        return result
 
     def _note_error(self, tp: TopicPartition, error: ShareGroupError) -> None:
         if tp not in self.partition_errors:
@@ -318,6 +366,13 @@ class ShareConsumer:
         if self._closed:
             return
         if self._session is not None:
+            for result in await asyncio.gather(*self._inflight.values(), return_exceptions=True):
+                if isinstance(result, FetchResult):  # acquired after the last poll: release
+                    for record in result.records:
+                        self._delivered[(record.topic, record.partition, record.offset)] = record
+            self._inflight.clear()
+            await asyncio.gather(*self._acking.values(), return_exceptions=True)
+            self._acking.clear()
             for topic, partition, offset in list(self._delivered):
                 self._session.acknowledge(
                     TopicPartition(topic, partition), offset, AcknowledgeType.RELEASE

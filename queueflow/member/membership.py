@@ -73,6 +73,9 @@ class Membership:
         self.assignment: set[TopicPartition] = set()
         #: Set whenever :attr:`assignment` changes.
         self.assignment_changed = asyncio.Event()
+        #: The direct endpoints (``host:port``) of the assigned share-partitions' leaders, as
+        #: the last heartbeat answer named them (see :mod:`queueflow.member.direct`).
+        self.leaders: dict[TopicPartition, str] = {}
         self._heartbeats: asyncio.Task[None] | None = None
         self._closing = False
         self._log = log.bind(group=group, member_id=self.member_id)
@@ -154,9 +157,11 @@ class Membership:
             raise ShareGroupError(ErrorCode(response.error), response.error_message)
         if leave:
             self.assignment = set()
+            self.leaders = {}
             self.assignment_changed.set()
             return None
         self.member_epoch = response.member_epoch
+        self.leaders = {TopicPartition(t, p): address for t, p, address in response.leaders}
         new = {TopicPartition(t, p) for t, parts in response.assignment.items() for p in parts}
         if new != self.assignment:
             self._log.info("assignment", member_epoch=self.member_epoch, assignment=sorted(new))

@@ -28,6 +28,7 @@ import structlog
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
+from queueflow.member.direct import DirectClient, DirectPathError
 from queueflow.member.membership import Membership
 from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
@@ -76,6 +77,8 @@ class FetchResult:
         acquired: how many offsets were acquired (records plus gaps).
         lock_timeout_ms: their acquisition lock duration as the leader said (KIP-1222
             ``AcquisitionLockTimeoutMs``), 0 if it did not.
+        long_polled: the leader held the request until records came or ``fetch.max.wait.ms``
+            passed (the direct path), so an empty answer needs no back-off before the next.
     """
 
     records: list[ShareRecord] = field(default_factory=list)
@@ -83,6 +86,7 @@ class FetchResult:
     round_trip_s: float = 0.0
     acquired: int = 0
     lock_timeout_ms: int = 0
+    long_polled: bool = False
 
 
 @dataclass(slots=True)
@@ -155,6 +159,7 @@ class ShareFetchSession:
         self._membership = Membership(
             self._requester, ctx.namespace, group, topics, ctx.settings, client_id, self.member_id
         )
+        self._direct = DirectClient()
         self._started = False
         self._source = ctx.io.record_source()
         self._log = log.bind(group=group, member_id=self.member_id)
@@ -192,6 +197,7 @@ class ShareFetchSession:
             else:
                 await self._membership.stop()
         await self._source.close()
+        await self._direct.close()
         await self._requester.close()
 
     # -- acknowledgements ------------------------------------------------------------------
@@ -224,7 +230,7 @@ class ShareFetchSession:
         result: ShareGroupError | None = None
         while acks := self.acks.take(tp):
             try:
-                response = await self._request(tp, 0, acks)
+                response, _ = await self._request(tp, 0, acks)
             except ShareGroupError as exc:
                 self.acks.restore(tp, acks)  # the leader may not have seen them
                 return exc
@@ -236,9 +242,14 @@ class ShareFetchSession:
         return {tp: await self.flush(tp) for tp in self.acks.partitions()}
 
     # -- fetching --------------------------------------------------------------------------
-    async def fetch(self, tp: TopicPartition, max_records: int) -> FetchResult:
+    async def fetch(
+        self, tp: TopicPartition, max_records: int, max_wait_ms: int | None = None
+    ) -> FetchResult:
         """One ShareFetch of ``tp`` for up to ``max_records`` records (0: acknowledge only),
         with the pending acknowledgements of ``tp`` riding along, then read the records.
+
+        ``max_wait_ms`` (default ``fetch.max.wait.ms``) is how long the leader may hold the
+        request when nothing is available (KIP-932 ``MaxWaitMs``; the direct path only).
 
         Raises:
             ShareGroupError: ``REQUEST_TIMED_OUT`` (the acknowledgements are kept to be sent
@@ -250,12 +261,16 @@ class ShareFetchSession:
             return FetchResult()
         clock = self.ctx.clock
         sent = clock.monotonic()
+        wait_ms = self.ctx.settings.fetch_max_wait_ms if max_wait_ms is None else max_wait_ms
         try:
-            response = await self._request(tp, max_records, acks)
+            response, direct = await self._request(tp, max_records, acks, wait_ms)
         except Exception:
             self.acks.restore(tp, acks)  # the leader may not have seen them: send them again
             raise
-        result = FetchResult(round_trip_s=clock.monotonic() - sent)
+        result = FetchResult(
+            round_trip_s=clock.monotonic() - sent,
+            long_polled=direct and bool(max_records and wait_ms),
+        )
         if acks:
             self._acknowledged(tp, acks, response)
         if response.error != ErrorCode.NONE.value:
@@ -270,10 +285,13 @@ class ShareFetchSession:
             result.records = await self._read(tp, response.acquired, deadline)
         return result
 
-    async def acquire(self, tp: TopicPartition, max_records: int) -> Acquisition:
+    async def acquire(
+        self, tp: TopicPartition, max_records: int, max_wait_ms: int = 0
+    ) -> Acquisition:
         """One ShareFetch of ``tp`` for up to ``max_records`` records that returns their
         coordinates without reading them (for members whose records are read elsewhere, such
         as a Spark source's executors); pending acknowledgements of ``tp`` ride along.
+        ``max_wait_ms``: as in :meth:`fetch` (default 0: answer at once).
 
         Raises:
             ShareGroupError: ``REQUEST_TIMED_OUT`` (the acknowledgements are kept to be sent
@@ -283,7 +301,7 @@ class ShareFetchSession:
         acks = self.acks.take(tp)
         sent = self.ctx.clock.monotonic()
         try:
-            response = await self._request(tp, max_records, acks)
+            response, _ = await self._request(tp, max_records, acks, max_wait_ms)
         except Exception:
             self.acks.restore(tp, acks)
             raise
@@ -302,8 +320,16 @@ class ShareFetchSession:
         await self._source.drop(tp)
 
     async def _request(
-        self, tp: TopicPartition, max_records: int, acks: list[protocol.WireAck]
-    ) -> protocol.ShareFetchResponse:
+        self,
+        tp: TopicPartition,
+        max_records: int,
+        acks: list[protocol.WireAck],
+        max_wait_ms: int = 0,
+    ) -> tuple[protocol.ShareFetchResponse, bool]:
+        """Send one ShareFetch: straight to the leader's endpoint when the last heartbeat named
+        one, else (or when that fails or the leader refuses as ``NOT_LEADER_OR_FOLLOWER``)
+        through the request topic. Returns the answer and whether it came over the direct
+        path."""
         requester = self._requester
         if not self._started:
             raise RuntimeError("ShareFetchSession.start() was not called")
@@ -319,20 +345,46 @@ class ShareFetchSession:
             acks=acks,
             lock_duration_ms=self.lock_duration_ms if max_records else None,
             deadline_ms=self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms,
+            max_wait_ms=max_wait_ms if max_records else 0,
         )
-        response = await requester.call(
+        address = self._membership.leaders.get(tp)
+        if address is not None:
+            timeout_s = (self.ctx.settings.request_timeout_ms + request.max_wait_ms) / 1000
+            try:
+                response = await self._direct.call(address, request, timeout_s)
+            except DirectPathError as exc:
+                self._reroute(tp, address, str(exc))
+            else:
+                if response.error != ErrorCode.NOT_LEADER_OR_FOLLOWER.value:
+                    return response, True
+                self._reroute(tp, address, response.error_message)
+            request.max_wait_ms = 0  # the request topic's leaders answer at once
+            request.deadline_ms = self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms
+        reply = await requester.call(
             internal.fetch_topic(self.ctx.namespace, tp[0]),
             tp[1],
             rid,
             protocol.encode(request),
         )
-        if not isinstance(response, protocol.ShareFetchResponse):
+        if not isinstance(reply, protocol.ShareFetchResponse):
             raise ShareGroupError(
                 ErrorCode.INVALID_REQUEST,
-                f"the leader of {tp[0]}[{tp[1]}] answered a ShareFetch with "
-                f"{type(response).__name__}",
+                f"the leader of {tp[0]}[{tp[1]}] answered a ShareFetch with {type(reply).__name__}",
             )
-        return response
+        return reply, False
+
+    def _reroute(self, tp: TopicPartition, address: str, reason: str) -> None:
+        """Stop using ``address`` for ``tp`` until a heartbeat names a leader again."""
+        if self._membership.leaders.get(tp) == address:
+            del self._membership.leaders[tp]
+            self._log.info(
+                "direct_path_rerouted",
+                topic=tp[0],
+                partition=tp[1],
+                address=address,
+                reason=reason,
+                note="using the request topic until the next heartbeat names the leader",
+            )
 
     async def _read(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], lock_deadline: float

@@ -124,7 +124,8 @@ def decode_group(
     except msgspec.ValidationError as exc:
         _explain_failure(group_id, data)
         raise _corrupt(group_id, str(exc)) from None
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+        # UnicodeDecodeError: a string with invalid UTF-8 inside otherwise valid JSON.
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise _corrupt(group_id, f"not JSON: {reason}") from None
     _check_version(group_id, record.v)
@@ -143,7 +144,7 @@ def _explain_failure(group_id: str, data: bytes | bytearray | memoryview | str) 
     """Raise the version error when an unknown version is why typed decoding failed."""
     try:
         obj = msgspec.json.decode(data)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return
     if isinstance(obj, dict):
         _check_version(group_id, obj.get("v", msgspec.UNSET))

@@ -52,6 +52,7 @@ __all__ = [
     "Fence",
     "HeartbeatRequest",
     "HeartbeatResponse",
+    "LeaderAnnouncement",
     "Message",
     "ReleaseMember",
     "ShareFetchRequest",
@@ -117,6 +118,10 @@ class ShareFetchRequest(_Message, tag="fetch"):
         lock_duration_ms: the member's own lock duration in ms, or ``None`` for the group's.
         deadline_ms: wall-clock ms after which the member no longer waits; the leader drops the
             request without acquiring anything (its acknowledgements are still applied).
+        max_wait_ms: KIP-932 ``MaxWaitMs``: when nothing can be acquired, a leader reached over
+            the direct path (:mod:`queueflow.server.endpoint`) parks the request up to this
+            many ms and answers as soon as records become available; 0 answers at once (and
+            the request-topic path always does).
         v: schema version (keyword only).
     """
 
@@ -132,6 +137,7 @@ class ShareFetchRequest(_Message, tag="fetch"):
     acks: list[_WireAck] = msgspec.field(default_factory=list)
     lock_duration_ms: _Int64 | None = None
     deadline_ms: _Int64 = 0
+    max_wait_ms: _Int64 = 0
 
 
 class ShareFetchResponse(_Message, tag="fetch_response"):
@@ -227,6 +233,9 @@ class HeartbeatResponse(_Message, tag="heartbeat_response"):
     """The member's epoch and its assigned share-partitions ``{topic: [partition, ...]}``.
 
     KIP-932 "ShareGroupHeartbeat API" response; ``heartbeat_interval_ms`` is in ms.
+    ``leaders`` gives, for the assigned share-partitions whose leader announced one, the
+    ``host:port`` of the leader's direct endpoint: ``[(topic, partition, address), ...]``
+    (KIP-932 members learn share-partition leaders from metadata; here from the coordinator).
     """
 
     kind: ClassVar[str] = "heartbeat_response"
@@ -238,6 +247,25 @@ class HeartbeatResponse(_Message, tag="heartbeat_response"):
     heartbeat_interval_ms: _Int64 = 5000
     error: str = ErrorCode.NONE.value
     error_message: str = ""
+    leaders: list[tuple[str, _Int64, str]] = msgspec.field(default_factory=list)
+
+
+class LeaderAnnouncement(_Message, tag="leader_announcement"):
+    """Leader → coordinator: this worker serves share-partitions of ``topic`` at ``address``.
+
+    ``partitions`` are the source partitions it is live on, ``leader_epoch`` the Faust consumer
+    generation it leads them in (a higher epoch replaces a lower one), ``address`` the
+    ``host:port`` of its direct endpoint. Sent when the leader goes live and every few seconds
+    (the coordinator keeps them in memory only).
+    """
+
+    kind: ClassVar[str] = "leader_announcement"
+
+    topic: str
+    partitions: list[_Int64]
+    leader_epoch: _Int64
+    address: str
+    sent_ms: _Int64 = 0
 
 
 Message = (
@@ -248,6 +276,7 @@ Message = (
     | Fence
     | HeartbeatRequest
     | HeartbeatResponse
+    | LeaderAnnouncement
 )
 
 
@@ -289,8 +318,9 @@ def decode(data: bytes | bytearray | memoryview | str | Mapping[str, Any]) -> Me
         return _decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise InvalidRequestError(_problem(data, str(exc))) from None
-    except (msgspec.DecodeError, TypeError, RecursionError) as exc:
-        # TypeError: not bytes/str (e.g. a tombstone's None); RecursionError: absurd nesting.
+    except (msgspec.DecodeError, TypeError, RecursionError, UnicodeDecodeError) as exc:
+        # TypeError: not bytes/str (e.g. a tombstone's None); RecursionError: absurd nesting;
+        # UnicodeDecodeError: a string of invalid UTF-8 inside otherwise valid JSON.
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise InvalidRequestError(_problem(data, f"not a JSON message ({reason})")) from None
 
@@ -302,7 +332,7 @@ def _problem(data: object, reason: str) -> str:
             kind = str(data.get("kind", "?"))
         elif isinstance(data, (bytes, bytearray, memoryview, str)):
             kind = _kind_decoder.decode(data).kind
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         pass
     # Slice before repr: a huge message must not make a huge log line.
     if isinstance(data, (bytes, bytearray, memoryview)):

@@ -8,7 +8,9 @@ them unit-testable without Kafka.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +26,9 @@ __all__ = [
     "RequestHandler",
     "ServerContext",
     "ServerRuntime",
+    "StateScope",
+    "no_flush",
+    "no_state_scope",
 ]
 
 
@@ -86,6 +91,27 @@ class LogOffsetsSource(Protocol):
         """The log start offset."""
         ...
 
+    async def wait_end_beyond(self, tp: TopicPartition, offset: int, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` seconds until the high watermark of ``tp`` is above
+        ``offset`` (a record at ``offset`` exists); returns the last known high watermark
+        either way (the long-poll ShareFetch's wake-up)."""
+        ...
+
+
+#: ``state_scope(request_topic, partition)``: a context in which the leader may write the state
+#: table of ``partition`` outside a stream event of it (the direct path; see
+#: :mod:`queueflow.server.endpoint`). The host provides it; dict-backed tables need none.
+StateScope = Callable[[str, int], AbstractContextManager[object]]
+
+
+def no_state_scope(request_topic: str, partition: int) -> AbstractContextManager[object]:
+    """The :data:`StateScope` of hosts whose tables may be written anywhere (dicts)."""
+    return contextlib.nullcontext()
+
+
+async def no_flush() -> None:
+    """The ``flush_state`` of hosts whose state writes are durable at once (dicts)."""
+
 
 class PartitionCounts(Protocol):
     """Partition counts of the existing topics among ``names`` (unknown ones are left out)."""
@@ -108,6 +134,9 @@ class ServerContext:
             (:mod:`queueflow.engine.fencing`): the host's session timeout plus heartbeat.
         clock: wall and monotonic time.
         metrics: where server metrics go.
+        state_scope: lets the direct path write a partition's state outside a stream event.
+        flush_state: waits until every state write so far is acknowledged by the broker (the
+            direct path's ``queueflow.leader.state.durability=acked``).
     """
 
     namespace: str
@@ -119,3 +148,5 @@ class ServerContext:
     stall_limit_ms: int
     clock: Clock = SYSTEM_CLOCK
     metrics: Metrics = field(default_factory=Metrics)
+    state_scope: StateScope = no_state_scope
+    flush_state: Callable[[], Awaitable[None]] = no_flush

@@ -9,6 +9,8 @@ share-partition leaders to release the records of members that left or timed out
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import structlog
 
 from queueflow.engine.group import ShareGroup
@@ -23,6 +25,10 @@ from queueflow.structs import TopicPartition
 __all__ = ["ShareGroupCoordinator"]
 
 log = structlog.get_logger("queueflow.server.coordinator")
+
+#: A leader address not announced again within this many ms is no longer handed out (leaders
+#: announce every 2 s; see :mod:`queueflow.server.endpoint`).
+LEADER_ADDRESS_TTL_MS = 6000
 
 
 class ShareGroupCoordinator:
@@ -42,6 +48,9 @@ class ShareGroupCoordinator:
         self.table = table
         self.request_topic = topics.coordinator_topic(ctx.namespace)
         self.groups: dict[str, ShareGroup] = {}
+        #: Direct endpoints of share-partition leaders, from their announcements:
+        #: ``(topic, partition) -> (leader epoch, "host:port", received wall ms)``.
+        self.leader_addresses: dict[tuple[str, int], tuple[int, str, int]] = {}
         self._last_event_ms = ctx.clock.now_ms()
 
     def revoke(self, partitions: set[int]) -> None:
@@ -109,6 +118,9 @@ class ShareGroupCoordinator:
                     self._persist(group)
                     await self._release(group, released, "session timeout")
             return
+        if isinstance(message, protocol.LeaderAnnouncement):
+            self._on_announcement(message, now)
+            return
         if not isinstance(message, protocol.HeartbeatRequest):
             log.error("unexpected_coordinator_message", kind=type(message).__name__)
             return
@@ -156,6 +168,7 @@ class ShareGroupCoordinator:
             response.assignment = {}
             for t, p in result.assignment:
                 response.assignment.setdefault(t, []).append(p)
+            response.leaders = self._addresses(result.assignment, now)
             if result.released:
                 await self._release(group, result.released, "member left")
         except ShareGroupError as exc:
@@ -170,6 +183,39 @@ class ShareGroupCoordinator:
                 state=group.state.value,
             )
         await self._reply(message, response)
+
+    def _on_announcement(self, message: protocol.LeaderAnnouncement, now: int) -> None:
+        """Remember a leader's direct endpoint; a higher leader epoch (a later Faust generation)
+        replaces a lower one, and an equal one refreshes it."""
+        for partition in message.partitions:
+            key = (message.topic, partition)
+            known = self.leader_addresses.get(key)
+            if known is None or message.leader_epoch >= known[0] or self._expired(known, now):
+                if known is None or known[1] != message.address:
+                    log.info(
+                        "share_partition_leader",
+                        topic=message.topic,
+                        partition=partition,
+                        address=message.address,
+                        leader_epoch=message.leader_epoch,
+                    )
+                self.leader_addresses[key] = (message.leader_epoch, message.address, now)
+
+    @staticmethod
+    def _expired(known: tuple[int, str, int], now: int) -> bool:
+        # Not refreshed for three announcement periods: its worker is gone or no longer leads.
+        return now - known[2] > LEADER_ADDRESS_TTL_MS
+
+    def _addresses(
+        self, assignment: Iterable[TopicPartition], now: int
+    ) -> list[tuple[str, int, str]]:
+        """``(topic, partition, address)`` of the assigned share-partitions' leaders."""
+        out = []
+        for tp in assignment:
+            known = self.leader_addresses.get((tp[0], tp[1]))
+            if known is not None and not self._expired(known, now):
+                out.append((tp[0], tp[1], known[1]))
+        return out
 
     async def _reply(
         self, request: protocol.HeartbeatRequest, response: protocol.HeartbeatResponse

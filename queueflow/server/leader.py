@@ -15,6 +15,11 @@ the I/O, through its :class:`~queueflow.server.context.ServerContext`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import structlog
 from prometheus_client import Gauge
 
@@ -94,6 +99,10 @@ class ShareLeader:
         self._applied: dict[int, int] = {}
         self._gauge_cache: dict[tuple[str, int], tuple[Gauge, Gauge, Gauge]] = {}
         self.fencing = LeaderFencing(ctx.stall_limit_ms)
+        # The direct path (serve()): one lock per request partition shared with the stream
+        # path, and one queue of waiting and parked requests per partition.
+        self._locks: dict[int, asyncio.Lock] = {}
+        self._direct: dict[int, _DirectQueue] = {}
         self._log = log.bind(topic=topic)
         self._state_writes = ctx.metrics.state_writes.labels(topic)
 
@@ -124,6 +133,10 @@ class ShareLeader:
         self._drop(partitions, fenced="its partition was revoked by a Faust rebalance")
 
     def _drop(self, partitions: set[int], fenced: str | None = None) -> None:
+        for p in partitions:  # waiting direct requests: refused, their members re-route
+            queue = self._direct.get(p)
+            if queue is not None:
+                queue.fail(self._not_leader)
         for key in [k for k in self.partitions if k[1] in partitions]:
             durable = self.partitions.pop(key)
             if fenced is not None:
@@ -184,28 +197,44 @@ class ShareLeader:
         if offset <= self._applied.get(partition, -1):
             return  # handled here before (Faust re-delivers from its committed offset)
         self._applied[partition] = offset
+        async with self._lock(partition):  # never interleaved with the direct path's batches
+            changed = await self._handle_locked(partition, value)
+        if changed:
+            self._notify(partition)  # records may have become available to parked requests
+
+    def _lock(self, partition: int) -> asyncio.Lock:
+        lock = self._locks.get(partition)
+        if lock is None:
+            lock = self._locks[partition] = asyncio.Lock()
+        return lock
+
+    async def _handle_locked(self, partition: int, value: bytes) -> bool:
+        """Handle one request-log record; True if it changed share-partition state."""
         try:
             message = protocol.decode(value)
         except ShareGroupError as exc:
             self._log.error("undecodable_request", partition=partition, error=str(exc))
-            return
+            return False
         now = self.ctx.clock.now_ms()
         if isinstance(message, protocol.Fence):
             self._on_fence(partition, message.leader_epoch)
-            return
+            return False
         try:
             self.fencing.check(partition)
         except FencedStateEpochError:
-            return  # stepped down: the partition's new leader answers
+            return False  # stepped down: the partition's new leader answers
+        changed = False
         if isinstance(message, protocol.Tick):
             for (_group, p), durable in self.partitions.items():
                 if p == partition and durable.engine.expire_locks(now):
                     durable.persist()
+                    changed = True
         elif isinstance(message, protocol.ReleaseMember):
             durable = await self._share_partition(message.group, partition)
             released = durable.engine.release_member(message.member_id, now)
             if released:
                 durable.persist()
+                changed = True
                 self._log.info(
                     "member_records_released",
                     group=message.group,
@@ -220,10 +249,12 @@ class ShareLeader:
             # refused harmlessly) but acquire nothing, or the records would be locked for a
             # member not waiting for them.
             live = self.fencing.is_live(partition)
-            response = await self._share_fetch(message, partition, now, acquire=live)
+            response, _ = await self._share_fetch(message, partition, now, acquire=live)
             await send_reply(
                 self.ctx, message.member_id, message.reply_partition, protocol.encode(response)
             )
+            changed = bool(message.acks)
+        return changed
 
     def _epoch(self, partition: int) -> int:
         lead = self.fencing.partitions.get(partition)
@@ -306,8 +337,18 @@ class ShareLeader:
         return durable
 
     async def _share_fetch(
-        self, request: protocol.ShareFetchRequest, partition: int, now: int, acquire: bool = True
-    ) -> protocol.ShareFetchResponse:
+        self,
+        request: protocol.ShareFetchRequest,
+        partition: int,
+        now: int,
+        acquire: bool = True,
+        persist: bool = True,
+    ) -> tuple[protocol.ShareFetchResponse, DurableSharePartition | None]:
+        """Apply a request's acknowledgements, then acquire (KIP-932 "ShareFetch API").
+
+        Returns the answer and the share-partition it changed (``None`` when its state could
+        not be loaded). With ``persist=False`` the caller persists (one write per batch).
+        """
         response = protocol.ShareFetchResponse(
             member_id=request.member_id,
             request_id=request.request_id,
@@ -318,7 +359,7 @@ class ShareLeader:
             durable = await self._share_partition(request.group, partition)
         except CorruptStateError as exc:
             response.error, response.error_message = exc.code.value, exc.message
-            return response
+            return response, None
         engine = durable.engine
         engine.expire_locks(now)
         if request.acks:
@@ -340,30 +381,220 @@ class ShareLeader:
                     [AcknowledgementBatch(first, last, ()) for first, last, _ in request.acks],
                 )
         if acquire and request.max_records > 0 and now < request.deadline_ms:
-            tp = TopicPartition(self.topic, partition)
-            log_end = self.ctx.log_offsets.cached_end(tp)
-            if log_end is None:
-                log_end = await self.ctx.log_offsets.log_end(tp)
-            try:
-                acquired = engine.acquire(
-                    request.member_id, request.max_records, log_end, now, request.lock_duration_ms
-                )
-            except ShareGroupError as exc:
-                response.error, response.error_message = exc.code.value, exc.message
-                acquired = []
-            response.acquired = [
-                (a.first_offset, a.last_offset, a.delivery_count) for a in acquired
-            ]
-            response.lock_timeout_ms = (
-                request.lock_duration_ms or self.config.record_lock_duration_ms
+            await self._acquire(request, durable, response, now)
+        if persist:
+            self._persist(request.group, durable)
+        return response, durable
+
+    async def _acquire(
+        self,
+        request: protocol.ShareFetchRequest,
+        durable: DurableSharePartition,
+        response: protocol.ShareFetchResponse,
+        now: int,
+    ) -> None:
+        """Acquire up to the request's ``max_records`` into ``response``."""
+        tp = TopicPartition(self.topic, durable.partition)
+        log_end = self.ctx.log_offsets.cached_end(tp)
+        if log_end is None:
+            log_end = await self.ctx.log_offsets.log_end(tp)
+        try:
+            acquired = durable.engine.acquire(
+                request.member_id, request.max_records, log_end, now, request.lock_duration_ms
             )
+        except ShareGroupError as exc:
+            response.error, response.error_message = exc.code.value, exc.message
+            acquired = []
+        response.acquired = [(a.first_offset, a.last_offset, a.delivery_count) for a in acquired]
+        response.lock_timeout_ms = request.lock_duration_ms or self.config.record_lock_duration_ms
+
+    def _persist(self, group: str, durable: DurableSharePartition) -> None:
+        """Write what changed (one delta) and refresh the share-partition's gauges."""
         if durable.persist():
             self._state_writes.inc()
-        in_flight, acquired_gauge, start = self._gauges(request.group, partition)
+        engine = durable.engine
+        in_flight, acquired_gauge, start = self._gauges(group, durable.partition)
         in_flight.set(engine.in_flight_count)
         acquired_gauge.set(engine.acquired_count)
         start.set(engine.start_offset)
-        return response
+
+    # -- the direct path -------------------------------------------------------------------
+    async def serve(self, request: protocol.ShareFetchRequest) -> protocol.ShareFetchResponse:
+        """Answer a ShareFetch that came over the direct path (:mod:`queueflow.server.endpoint`).
+
+        Requests of one request partition are served in batches: every request waiting when the
+        partition's turn comes is applied in arrival order, each share-partition's state is
+        written once (one delta) for the batch, and, with
+        ``queueflow.leader.state.durability=acked``, the answers leave only once the broker has
+        acknowledged that write. A request that acquires nothing and has ``max_wait_ms`` is
+        parked (KIP-932 long poll): it is answered when records become available (new records
+        at the log end, releases, expired locks) or when its wait ends.
+
+        Args:
+            request: the decoded request.
+
+        Returns:
+            The answer; ``NOT_LEADER_OR_FOLLOWER`` when this worker does not lead (or has not
+            yet gone live on) the request's partition, so the member re-routes.
+        """
+        partition = request.partition
+        if not self.fencing.is_live(partition):
+            return self._not_leader(request)
+        queue = self._direct.get(partition)
+        if queue is None or queue.task is None or queue.task.done():
+            queue = self._direct[partition] = _DirectQueue()
+            queue.task = asyncio.ensure_future(self._serve_partition(partition, queue))
+        future: asyncio.Future[protocol.ShareFetchResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        queue.pending.append((request, future))
+        queue.wake.set()
+        return await future
+
+    def _not_leader(
+        self, request: protocol.ShareFetchRequest, failure: Exception | None = None
+    ) -> protocol.ShareFetchResponse:
+        lead = self.fencing.partitions.get(request.partition)
+        if failure is not None and lead is not None and lead.fenced is None:
+            why = f"could not be served by this worker ({failure!r}); re-send it elsewhere"
+        elif lead is None:
+            why = "is not led by this worker"
+        else:
+            why = lead.fenced or "is led by this worker, which is not live on it yet"
+        return protocol.ShareFetchResponse(
+            member_id=request.member_id,
+            request_id=request.request_id,
+            topic=self.topic,
+            partition=request.partition,
+            error=ErrorCode.NOT_LEADER_OR_FOLLOWER.value,
+            error_message=f"partition {self.topic}[{request.partition}] {why}",
+        )
+
+    def _notify(self, partition: int) -> None:
+        """Something changed in ``partition``: parked requests try again."""
+        queue = self._direct.get(partition)
+        if queue is not None and queue.parked:
+            queue.changed = True
+            queue.wake.set()
+
+    async def _serve_partition(self, partition: int, queue: _DirectQueue) -> None:
+        clock = self.ctx.clock
+        while True:
+            timeout = None
+            if queue.parked:
+                timeout = max(min(p.until for p in queue.parked) - clock.monotonic(), 0.0)
+            if timeout is None or timeout > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queue.wake.wait(), timeout)
+            queue.wake.clear()
+            try:
+                await self._serve_batch(partition, queue)
+            except Exception:  # never let one batch stop the partition's server
+                self._log.exception("direct_batch_failed", partition=partition)
+
+    async def _serve_batch(self, partition: int, queue: _DirectQueue) -> None:
+        clock = self.ctx.clock
+        batch, queue.pending = queue.pending, []
+        mono = clock.monotonic()
+        queue.parked = [p for p in queue.parked if not p.future.done()]  # gone: don't acquire
+        retry = queue.parked if queue.changed else [p for p in queue.parked if p.until <= mono]
+        queue.parked = [p for p in queue.parked if p not in retry]
+        queue.changed = False
+        items = retry + [
+            _Parked(request, future, None, None, mono + request.max_wait_ms / 1000)
+            for request, future in batch
+        ]
+        if not items:
+            return
+        try:
+            await self._apply_batch(partition, items)
+        except Exception as exc:  # answered as refused: the members re-send elsewhere
+            self._log.exception("direct_batch_failed", partition=partition)
+            for item in items:
+                if not item.future.done():
+                    item.future.set_result(self._not_leader(item.request, exc))
+            return
+        if queue.parked and any(request.acks for request, _ in batch):
+            queue.changed = True  # releases may have made records available to parked requests
+            queue.wake.set()
+        for item in items:
+            response = item.response
+            assert response is not None
+            if (
+                not response.acquired
+                and response.error == ErrorCode.NONE.value
+                and item.request.max_records > 0
+                and item.until > clock.monotonic()
+                and item.durable is not None
+            ):
+                queue.parked.append(item)  # long poll: wait for records
+                self._watch(partition, item.durable)
+            elif not item.future.done():
+                item.future.set_result(response)
+
+    async def _apply_batch(self, partition: int, items: list[_Parked]) -> None:
+        """Serve a batch of direct requests of one request partition: parked ones (``response``
+        set) only acquire, new ones apply their acknowledgements and acquire; then each changed
+        share-partition is written once and, with durability ``acked``, flushed.
+
+        Raises:
+            Exception: the stall guard or fencing stopped this worker leading ``partition``
+                (``FencedStateEpochError``), or a state write failed.
+        """
+        clock = self.ctx.clock
+        stalled = self.fencing.alive(monotonic_ms(clock))  # the stall guard, at serve time
+        if stalled:
+            self.step_down(stalled, self.fencing.partitions[stalled[0]].fenced or "stalled")
+        self.fencing.check(partition)
+        if not self.fencing.is_live(partition):
+            raise FencedStateEpochError(f"not live on partition {partition} yet")
+        changed: dict[str, DurableSharePartition] = {}
+        async with self._lock(partition):
+            with self.ctx.state_scope(self.request_topic, partition):
+                now = clock.now_ms()
+                for item in items:
+                    if item.response is None:
+                        item.response, item.durable = await self._share_fetch(
+                            item.request, partition, now, persist=False
+                        )
+                    elif item.durable is not None and now < item.request.deadline_ms:
+                        await self._acquire(item.request, item.durable, item.response, now)
+                    if item.durable is not None:
+                        changed[item.request.group] = item.durable
+                for group, durable in changed.items():
+                    self._persist(group, durable)
+        if changed and self.ctx.settings.state_durability == "acked":
+            await self.ctx.flush_state()
+
+    def _watch(self, partition: int, durable: DurableSharePartition) -> None:
+        """Wake the partition's parked requests when records arrive past the SPEO."""
+        queue = self._direct.get(partition)
+        if queue is None or (queue.watcher is not None and not queue.watcher.done()):
+            return
+        queue.watcher = asyncio.ensure_future(self._watch_log_end(partition, queue, durable))
+
+    async def _watch_log_end(
+        self, partition: int, queue: _DirectQueue, durable: DurableSharePartition
+    ) -> None:
+        tp = TopicPartition(self.topic, partition)
+        clock = self.ctx.clock
+        # Records between the SPEO and the known log end that could not be acquired wait for
+        # acknowledgements or expired locks (those notify); only newer records are waited for.
+        while queue.parked:
+            until = max(p.until for p in queue.parked)
+            end = max(durable.engine.end_offset, self.ctx.log_offsets.cached_end(tp) or 0)
+            try:
+                new_end = await self.ctx.log_offsets.wait_end_beyond(
+                    tp, end, max(until - clock.monotonic(), 0.0)
+                )
+            except Exception as exc:  # the broker may be restarting: the waits still end
+                self._log.warning("log_end_watch_failed", partition=partition, error=repr(exc))
+                return
+            if new_end > end:
+                self._notify(partition)
+                return
+            if clock.monotonic() >= until:
+                return
 
     def _gauges(self, group: str, partition: int) -> tuple[Gauge, Gauge, Gauge]:
         key = (group, partition)
@@ -376,3 +607,44 @@ class ShareLeader:
                 self.ctx.metrics.start_offset.labels(*labels),
             )
         return gauges
+
+
+@dataclass(slots=True, eq=False)
+class _Parked:
+    """A direct request being answered, or parked until records arrive or ``until``."""
+
+    request: protocol.ShareFetchRequest
+    future: asyncio.Future[protocol.ShareFetchResponse]
+    #: The answer so far (None until the request was applied).
+    response: protocol.ShareFetchResponse | None
+    durable: DurableSharePartition | None
+    #: Monotonic seconds when the long poll ends (the request's ``max_wait_ms``).
+    until: float
+
+
+@dataclass(slots=True, eq=False)
+class _DirectQueue:
+    """The direct path's requests of one request partition."""
+
+    pending: list[
+        tuple[protocol.ShareFetchRequest, asyncio.Future[protocol.ShareFetchResponse]]
+    ] = field(default_factory=list)
+    parked: list[_Parked] = field(default_factory=list)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Set when state changed since the parked requests last tried to acquire.
+    changed: bool = False
+    task: asyncio.Future[None] | None = None
+    watcher: asyncio.Future[None] | None = None
+
+    def fail(
+        self,
+        answer: Callable[[protocol.ShareFetchRequest], protocol.ShareFetchResponse],
+    ) -> None:
+        """Answer every pending and parked request with ``answer(request)``."""
+        for request, future in self.pending:
+            if not future.done():
+                future.set_result(answer(request))
+        for parked in self.parked:
+            if not parked.future.done():
+                parked.future.set_result(answer(parked.request))
+        self.pending, self.parked = [], []

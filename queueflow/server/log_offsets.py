@@ -13,6 +13,7 @@ import time
 
 import structlog
 from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
@@ -22,9 +23,12 @@ __all__ = ["LOG_END_REFRESH_S", "LOG_END_WATCH_S", "LogOffsets"]
 log = structlog.get_logger("queueflow.server.log_offsets")
 
 #: How often the end offsets of source partitions being fetched are refreshed (s), and how long
-#: after the last ShareFetch they stay watched (s).
-LOG_END_REFRESH_S = 0.005
+#: after the last ShareFetch they stay watched (s). Parked (long-poll) ShareFetches don't wait
+#: for this refresh: :meth:`LogOffsets.wait_end_beyond` wakes them as records arrive.
+LOG_END_REFRESH_S = 0.05
 LOG_END_WATCH_S = 2.0
+#: The long-poll fetch of :meth:`LogOffsets.wait_end_beyond`: how long the broker holds it (ms).
+ARRIVAL_FETCH_WAIT_MS = 500
 
 
 class LogOffsets:
@@ -44,6 +48,9 @@ class LogOffsets:
         self.end: dict[TopicPartition, int] = {}
         self._watched: dict[TopicPartition, float] = {}  # partition -> last asked (monotonic s)
         self._refresher: asyncio.Task[None] | None = None
+        self._client_lock = asyncio.Lock()
+        # wait_end_beyond: per partition, a consumer long-polling where records are awaited.
+        self._arrivals: dict[TopicPartition, _Arrivals] = {}
 
     def cached_end(self, tp: TopicPartition) -> int | None:
         """The last known high watermark of ``tp`` (``None`` if unknown); keeps it refreshed in
@@ -68,14 +75,6 @@ class LogOffsets:
                 log.warning("log_end_refresh_failed", error=repr(exc))
                 await asyncio.sleep(1.0)
 
-    async def _client(self) -> AIOKafkaConsumer:
-        if self._consumer is None:
-            self._consumer = AIOKafkaConsumer(
-                **self.kafka.client_kwargs(), enable_auto_commit=False
-            )
-            await self._consumer.start()
-        return self._consumer
-
     async def log_end(self, tp: TopicPartition) -> int:
         """Refresh and return the high watermark of ``tp``."""
         consumer = await self._client()
@@ -87,12 +86,133 @@ class LogOffsets:
         consumer = await self._client()
         return int((await consumer.beginning_offsets([tp]))[tp])
 
+    async def wait_end_beyond(self, tp: TopicPartition, offset: int, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` seconds for a record at ``offset`` or later in ``tp``.
+
+        Used by long-poll ShareFetches (KIP-932 ``MaxWaitMs``). Each awaited partition has a
+        consumer of its own that long-polls it from the awaited offset: the broker holds the
+        fetch until a record arrives (up to :data:`ARRIVAL_FETCH_WAIT_MS`), so an idle leader
+        sends about two fetches a second per partition instead of polling the end offsets, and
+        a partition's wait never queues behind another partition's fetch (a broker answers the
+        requests of one connection in order).
+
+        Returns:
+            The high watermark as last known: above ``offset`` if a record arrived in time.
+        """
+        known = self.end.get(tp, -1)
+        if known > offset:
+            return known
+        arrivals = self._arrivals.get(tp)
+        if arrivals is None:
+            arrivals = self._arrivals[tp] = _Arrivals(self, tp)
+        await arrivals.wait(offset, timeout_s)
+        return self.end.get(tp, known)
+
+    async def _client(self) -> AIOKafkaConsumer:
+        async with self._client_lock:  # concurrent callers must not use it before it started
+            if self._consumer is None:
+                consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
+                await consumer.start()
+                self._consumer = consumer
+            return self._consumer
+
     async def close(self) -> None:
-        """Stop the background refresh and close the consumer."""
+        """Stop the background work and close the consumers."""
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._refresher
+        for arrivals in self._arrivals.values():
+            await arrivals.close()
+        self._arrivals.clear()
         if self._consumer is not None:
             await self._consumer.stop()
-            self._consumer = None
+        self._consumer = None
+
+
+class _Arrivals:
+    """Waits for records at or after given offsets of one partition (see
+    :meth:`LogOffsets.wait_end_beyond`)."""
+
+    def __init__(self, offsets: LogOffsets, tp: TopicPartition) -> None:
+        self.offsets = offsets
+        self.tp = tp
+        self.waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.position = -1  # where the consumer reads next, as set or seen here
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def wait(self, offset: int, timeout_s: float) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (offset, future)
+        self.waiters.append(entry)
+        self._wake.set()
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._run())
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        finally:
+            if entry in self.waiters:
+                self.waiters.remove(entry)
+
+    async def _run(self) -> None:
+        tp = self.tp
+        ktp = KafkaTopicPartition(tp.topic, tp.partition)
+        while True:
+            try:
+                if self._consumer is None:
+                    consumer = AIOKafkaConsumer(
+                        **self.offsets.kafka.client_kwargs(),
+                        enable_auto_commit=False,
+                        fetch_max_wait_ms=ARRIVAL_FETCH_WAIT_MS,
+                        max_partition_fetch_bytes=1,  # the broker still returns one batch
+                    )
+                    await consumer.start()
+                    consumer.assign([ktp])
+                    self._consumer, self.position = consumer, -1
+                consumer = self._consumer
+                if not self.waiters:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                lowest = min(offset for offset, _ in self.waiters)
+                if self.position < lowest:
+                    consumer.seek(ktp, lowest)
+                    self.position = lowest
+                # Only a new waiter below the position could need a seek; the others are
+                # served by the fetch under way, which is not interrupted.
+                batch = await consumer.getmany(ktp, timeout_ms=ARRIVAL_FETCH_WAIT_MS, max_records=1)
+                records = batch.get(ktp, [])
+                if not records:
+                    continue
+                last = records[-1].offset
+                end = max(last + 1, consumer.highwater(ktp) or 0)
+                self.offsets.end[tp] = max(self.offsets.end.get(tp, 0), end)
+                self.position = last + 1
+                if end > self.position:  # skip what arrived meanwhile: only the end matters
+                    consumer.seek(ktp, end)
+                    self.position = end
+                for offset, future in self.waiters:
+                    if offset <= last and not future.done():
+                        future.set_result(None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the broker may be restarting: waits end on their own
+                log.warning("log_end_wait_failed", topic=tp[0], partition=tp[1], error=repr(exc))
+                await self._drop_consumer()
+                await asyncio.sleep(1.0)
+
+    async def _drop_consumer(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                await consumer.stop()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self._drop_consumer()

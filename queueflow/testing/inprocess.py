@@ -17,6 +17,10 @@ time, in order, as a Faust agent would deliver them; every leader and the coordi
 from :meth:`InProcessCluster.start`. Time is the injected clock: with a
 :class:`~queueflow.testing.FakeClock`, locks and sessions expire only when the test advances it
 and calls :meth:`InProcessCluster.tick`.
+
+With ``direct=True`` the leaders also serve their direct endpoint (a real TCP server on
+``queueflow.leader.listener``, e.g. ``127.0.0.1:0``) and announce it, so members fetch over the
+direct path (long polls included) as they do against Faust workers.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
+from queueflow.server.endpoint import LeaderEndpoint
 from queueflow.server.leader import ShareLeader
 from queueflow.server.ticker import LeaderTicker
 from queueflow.settings import ShareGroupSettings
@@ -246,8 +251,10 @@ class InProcessCluster:
         namespace: str = "inprocess",
         settings: ShareGroupSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        direct: bool = False,
     ) -> None:
         self.topics = dict(topics)
+        self.direct = direct
         self.namespace = namespace
         self.settings = settings or ShareGroupSettings(
             auto_offset_reset="earliest",
@@ -286,6 +293,9 @@ class InProcessCluster:
             namespace, self.settings, _MemberIO(self), clock=clock, metrics=self.metrics
         )
         self._agents: list[ShareAgent] = []
+        #: The leaders' direct endpoint (with ``direct=True``), listening once started.
+        self.endpoint: LeaderEndpoint | None = None
+        self._end_waiters: list[asyncio.Future[None]] = []
 
     # -- source topics ---------------------------------------------------------------------
     def produce(
@@ -300,6 +310,10 @@ class InProcessCluster:
         """Append a record (``value`` None: an offset without a record); returns its offset."""
         log = self.records[TopicPartition(topic, partition)]
         log.append(StoredRecord(key, value, self.clock.now_ms(), headers))
+        for waiter in self._end_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._end_waiters = []
         return len(log) - 1
 
     # LogOffsetsSource
@@ -311,6 +325,19 @@ class InProcessCluster:
 
     async def log_start(self, tp: TopicPartition) -> int:
         return 0
+
+    async def wait_end_beyond(self, tp: TopicPartition, offset: int, timeout_s: float) -> int:
+        log = self.records[TopicPartition(*tp)]
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while len(log) <= offset:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._end_waiters.append(waiter)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, remaining)
+        return len(log)
 
     # PartitionCounts
     async def partition_counts(self, names: list[str]) -> dict[str, int]:
@@ -327,6 +354,11 @@ class InProcessCluster:
             for p in range(self.topics[leader.topic]):
                 if not leader.fencing.is_live(p):
                     raise RuntimeError(f"in-process leader of {leader.topic}[{p}] is not live")
+        if self.direct:
+            self.endpoint = LeaderEndpoint(self.server, self.leaders)
+            await self.endpoint.start()
+            await self.endpoint.announce()
+            await self.bus.drain()
 
     async def tick(self) -> None:
         """One tick of the ticker (expire locks and sessions at the clock's time), handled."""
@@ -337,6 +369,8 @@ class InProcessCluster:
         """Stop the agents started with :meth:`agent` and the bus."""
         for agent in self._agents:
             await agent.stop()
+        if self.endpoint is not None:
+            await self.endpoint.close()
         await self.bus.close()
 
     async def __aenter__(self) -> InProcessCluster:

@@ -17,6 +17,7 @@ from queueflow.protocol.messages import (
     Fence,
     HeartbeatRequest,
     HeartbeatResponse,
+    LeaderAnnouncement,
     Message,
     ReleaseMember,
     ShareFetchRequest,
@@ -133,6 +134,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "acks",
         "lock_duration_ms",
         "deadline_ms",
+        "max_wait_ms",
     ),
     ShareFetchResponse: (
         "member_id",
@@ -169,7 +171,9 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "heartbeat_interval_ms",
         "error",
         "error_message",
+        "leaders",
     ),
+    LeaderAnnouncement: ("topic", "partitions", "leader_epoch", "address", "sent_ms"),
 }
 
 
@@ -390,3 +394,12 @@ def test_mistyped_field_names_kind_path_and_expectation(
     assert f"kind {body['kind']!r}" in message
     assert f"`{path}`" in message
     assert expected in message
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b'{"kind":"tick","sent_ms":"\xff"}', b'{"kind":"\xff"}', b'{"kind":"fence","v":"\xff"}'],
+)
+def test_invalid_utf8_inside_json_is_an_invalid_request(data: bytes) -> None:
+    with pytest.raises(InvalidRequestError):
+        decode(data)

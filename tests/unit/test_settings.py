@@ -24,6 +24,8 @@ def other_valid_value(s: Setting) -> int | str:
     """A valid value different from the default."""
     if s.choices:
         return next(c for c in s.choices if c != s.default)
+    if isinstance(s.default, str):  # free text: host names and listeners
+        return "127.0.0.1:9100" if ":" in s.default else "leader-1.example"
     assert isinstance(s.default, int)
     if s.maximum is None or s.default + 1 <= s.maximum:
         return s.default + 1
@@ -411,3 +413,11 @@ def test_engine_record_lock_below_minimum_names_both_settings() -> None:
     assert "group.share.record.lock.duration.ms=10000" in message
     assert "20000..60000" in message
     assert "group.share.min.record.lock.duration.ms" in message
+
+
+def test_a_listener_that_is_not_host_port_names_the_setting() -> None:
+    with pytest.raises(ConfigurationError, match=r"queueflow.leader.listener=nohost.*host:port"):
+        load({"queueflow.leader.listener": "nohost"})
+    with pytest.raises(ConfigurationError, match=r"port of 'h:99999' is not in 0..65535"):
+        load({"queueflow.leader.listener": "h:99999"})
+    assert load({"queueflow.leader.listener": ""}).leader_listener == ""

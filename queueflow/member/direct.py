@@ -1,0 +1,154 @@
+"""The member's side of the direct path: ShareFetch straight to the leader's endpoint.
+
+One TCP connection per leader address (:mod:`queueflow.server.endpoint`), shared by all the
+share-partitions that leader serves; requests are pipelined and answers matched by request id.
+A connection that fails is dropped and its waiting requests fail with
+:class:`DirectPathError`, after which the session re-routes (through the request topics) until
+the next heartbeat names a leader again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+
+from queueflow.errors import ShareGroupError
+from queueflow.protocol import framing
+from queueflow.protocol import messages as protocol
+from queueflow.settings import listener_address
+
+__all__ = ["CONNECT_TIMEOUT_S", "DirectClient", "DirectPathError"]
+
+log = structlog.get_logger("queueflow.member.direct")
+
+#: How long (s) a member waits to connect to a leader's endpoint before using the request topic.
+CONNECT_TIMEOUT_S = 2.0
+
+
+class DirectPathError(Exception):
+    """A request over the direct path got no answer (connection refused, reset or timed out).
+
+    The leader may or may not have applied it; the caller re-sends through the request topic
+    (acknowledgements are atomic, so a repeat is refused harmlessly as stale).
+    """
+
+
+class _Connection:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.pending: dict[int, asyncio.Future[protocol.ShareFetchResponse]] = {}
+        self.writer: asyncio.StreamWriter | None = None
+        self.reader_task: asyncio.Task[None] | None = None
+        self.ready: asyncio.Future[None] | None = None
+        self.closed = False
+
+    async def open(self) -> None:
+        host, port = listener_address(self.address)
+        reader, self.writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port), CONNECT_TIMEOUT_S
+        )
+        self.reader_task = asyncio.ensure_future(self._read(reader))
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        error = "the leader closed the connection"
+        try:
+            while (frame := await framing.read_frame(reader)) is not None:
+                try:
+                    message = protocol.decode(frame)
+                except ShareGroupError as exc:
+                    log.error("undecodable_direct_reply", address=self.address, error=str(exc))
+                    continue
+                if isinstance(message, protocol.ShareFetchResponse):
+                    future = self.pending.pop(message.request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(message)
+        except (OSError, asyncio.IncompleteReadError, ShareGroupError) as exc:
+            error = f"connection to the leader failed: {exc!r}"
+        finally:
+            self.fail(error)
+
+    def fail(self, reason: str) -> None:
+        self.closed = True
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(DirectPathError(f"{self.address}: {reason}"))
+        self.pending.clear()
+        if self.writer is not None:
+            self.writer.close()
+
+    async def call(
+        self, request: protocol.ShareFetchRequest, timeout_s: float
+    ) -> protocol.ShareFetchResponse:
+        assert self.writer is not None
+        future: asyncio.Future[protocol.ShareFetchResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self.pending[request.request_id] = future
+        try:
+            framing.write_frame(self.writer, protocol.encode(request))
+            await self.writer.drain()
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise DirectPathError(f"{self.address}: no answer within {timeout_s:.1f} s") from None
+        except OSError as exc:
+            self.fail(repr(exc))
+            raise DirectPathError(f"{self.address}: {exc!r}") from exc
+        finally:
+            self.pending.pop(request.request_id, None)
+
+    async def close(self) -> None:
+        self.fail("closed")
+        if self.reader_task is not None:
+            self.reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.reader_task
+
+
+class DirectClient:
+    """Connections of one member to the leaders' endpoints, opened on first use."""
+
+    def __init__(self) -> None:
+        self._connections: dict[str, _Connection] = {}
+        self._opening: dict[str, asyncio.Future[_Connection]] = {}
+
+    async def call(
+        self, address: str, request: protocol.ShareFetchRequest, timeout_s: float
+    ) -> protocol.ShareFetchResponse:
+        """Send ``request`` to the leader at ``address`` (``host:port``) and wait for the
+        answer, up to ``timeout_s`` seconds.
+
+        Raises:
+            DirectPathError: could not connect, the connection failed, or no answer in time.
+        """
+        connection = await self._connection(address)
+        return await connection.call(request, timeout_s)
+
+    async def _connection(self, address: str) -> _Connection:
+        connection = self._connections.get(address)
+        if connection is not None and not connection.closed:
+            return connection
+        opening = self._opening.get(address)
+        if opening is None:
+            opening = self._opening[address] = asyncio.ensure_future(self._open(address))
+        try:
+            return await asyncio.shield(opening)
+        finally:
+            if opening.done():
+                self._opening.pop(address, None)
+
+    async def _open(self, address: str) -> _Connection:
+        connection = _Connection(address)
+        try:
+            await connection.open()
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise DirectPathError(f"cannot connect to the leader at {address}: {exc!r}") from exc
+        self._connections[address] = connection
+        return connection
+
+    async def close(self) -> None:
+        """Close every connection (their waiting requests fail with DirectPathError)."""
+        for connection in list(self._connections.values()):
+            await connection.close()
+        self._connections.clear()

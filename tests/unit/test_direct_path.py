@@ -1,0 +1,229 @@
+"""The direct member ↔ leader path (issue #11): long-poll ShareFetch, batched state writes,
+NOT_LEADER_OR_FOLLOWER re-routing, and the endpoint over real TCP, on the in-process cluster
+(no Kafka). The leaders, coordinator and members are the real classes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from queueflow.errors import ErrorCode
+from queueflow.member.direct import DirectClient, DirectPathError
+from queueflow.protocol import framing
+from queueflow.protocol import messages as protocol
+from queueflow.settings import ShareGroupSettings
+from queueflow.structs import AcknowledgeType, TopicPartition
+from queueflow.testing.inprocess import InProcessCluster
+from tests.unit.inprocess_helpers import TOPIC, events, run
+
+TP = TopicPartition(TOPIC, 0)
+
+
+def direct_cluster(records: int = 0, partitions: int = 1, **overrides: Any) -> InProcessCluster:
+    values: dict[str, Any] = {
+        "auto_offset_reset": "earliest",
+        "heartbeat_interval_ms": 200,
+        "session_timeout_ms": 10_000,
+        "request_timeout_ms": 2_000,
+        "leader_listener": "127.0.0.1:0",
+        "fetch_max_wait_ms": 3_000,
+    }
+    values.update(overrides)
+    cluster = InProcessCluster(
+        {TOPIC: partitions}, settings=ShareGroupSettings(**values), direct=True
+    )
+    for i in range(records):
+        cluster.produce(TOPIC, f"r{i}".encode(), partition=i % partitions)
+    return cluster
+
+
+def fetch(
+    member: str, rid: int, max_records: int = 10, max_wait_ms: int = 0, **kw: Any
+) -> protocol.ShareFetchRequest:
+    return protocol.ShareFetchRequest(
+        group="g",
+        topic=TOPIC,
+        partition=0,
+        member_id=member,
+        request_id=rid,
+        reply_partition=0,
+        max_records=max_records,
+        deadline_ms=int(time.time() * 1000) + 10_000,
+        max_wait_ms=max_wait_ms,
+        **kw,
+    )
+
+
+def test_a_parked_fetch_is_answered_when_a_record_arrives_not_when_its_wait_ends() -> None:
+    async def scenario() -> None:
+        async with direct_cluster() as cluster:
+            leader = cluster.leaders[TOPIC]
+            started = time.monotonic()
+            parked = asyncio.ensure_future(leader.serve(fetch("m1", 1, max_wait_ms=5_000)))
+            await asyncio.sleep(0)  # let it reach the leader and park
+            for _ in range(50):
+                if leader._direct[0].parked:
+                    break
+                await asyncio.sleep(0.01)
+            assert leader._direct[0].parked and not parked.done()
+            cluster.produce(TOPIC, b"late", partition=0)
+            response = await asyncio.wait_for(parked, 2.0)
+            assert response.acquired == [(0, 0, 1)]
+            assert time.monotonic() - started < 2.0
+
+    run(scenario())
+
+
+def test_an_empty_long_poll_ends_after_max_wait_with_nothing() -> None:
+    async def scenario() -> None:
+        async with direct_cluster() as cluster:
+            started = time.monotonic()
+            response = await cluster.leaders[TOPIC].serve(fetch("m1", 1, max_wait_ms=300))
+            waited = time.monotonic() - started
+            assert response.acquired == [] and response.error == ErrorCode.NONE.value
+            assert 0.25 <= waited < 2.0
+
+    run(scenario())
+
+
+def test_a_release_wakes_a_parked_fetch_of_another_member() -> None:
+    async def scenario() -> None:
+        async with direct_cluster(records=1) as cluster:
+            leader = cluster.leaders[TOPIC]
+            first = await leader.serve(fetch("m1", 1))
+            assert first.acquired == [(0, 0, 1)]
+            parked = asyncio.ensure_future(leader.serve(fetch("m2", 1, max_wait_ms=5_000)))
+            await asyncio.sleep(0.05)
+            assert not parked.done()
+            release = fetch("m1", 2, max_records=0, acks=[(0, 0, (AcknowledgeType.RELEASE,))])
+            assert (await leader.serve(release)).ack_error == ErrorCode.NONE.value
+            response = await asyncio.wait_for(parked, 2.0)
+            assert response.acquired == [(0, 0, 2)]
+
+    run(scenario())
+
+
+def test_requests_waiting_together_are_written_as_one_delta() -> None:
+    async def scenario() -> None:
+        async with direct_cluster(records=40) as cluster:
+            leader = cluster.leaders[TOPIC]
+            await leader.serve(fetch("m0", 1, max_records=1))  # creates the share-partition
+            writes = cluster.leaders[TOPIC].partitions[("g", 0)].writes
+            answers = await asyncio.gather(
+                *(leader.serve(fetch(f"m{i}", 1, max_records=3)) for i in range(1, 11))
+            )
+            acquired = sorted(r for a in answers for r in a.acquired)
+            assert [first for first, _, _ in acquired] == list(range(1, 31, 3))
+            # Ten requests, at most two batches (the first may start alone): far fewer writes.
+            assert leader.partitions[("g", 0)].writes - writes <= 2
+
+    run(scenario())
+
+
+def test_a_partition_this_worker_does_not_lead_is_refused_as_not_leader() -> None:
+    async def scenario() -> None:
+        async with direct_cluster(partitions=1) as cluster:
+            leader = cluster.leaders[TOPIC]
+            leader.revoke({0})
+            response = await leader.serve(fetch("m1", 7))
+            assert response.error == ErrorCode.NOT_LEADER_OR_FOLLOWER.value
+            assert "not led by this worker" in response.error_message
+            assert response.request_id == 7
+
+    run(scenario())
+
+
+def test_members_learn_the_endpoint_from_the_heartbeat_and_fetch_over_it() -> None:
+    async def scenario() -> None:
+        async with direct_cluster(records=3) as cluster:
+            assert cluster.endpoint is not None and cluster.endpoint.address.startswith(
+                "127.0.0.1:"
+            )
+            consumer = cluster.consumer("g")
+            await consumer.subscribe([TOPIC])
+            session = consumer._session
+            assert session is not None
+            assert session._membership.leaders == {TP: cluster.endpoint.address}
+            records = await consumer.poll(timeout_ms=2_000)
+            assert [r.offset for r in records] == [0, 1, 2]
+            # Long poll: the next poll is answered by the arrival, well before fetch.max.wait.ms.
+            started = time.monotonic()
+            poll = asyncio.ensure_future(consumer.poll(timeout_ms=5_000))
+            await asyncio.sleep(0.1)
+            cluster.produce(TOPIC, b"new", partition=0)
+            assert [r.offset for r in await poll] == [3]
+            assert time.monotonic() - started < 2.5
+            await consumer.close()
+
+    run(scenario())
+
+
+def test_a_dead_endpoint_reroutes_the_member_through_the_request_topic() -> None:
+    async def scenario() -> None:
+        async with direct_cluster(records=2) as cluster:
+            consumer = cluster.consumer("g")
+            await consumer.subscribe([TOPIC])
+            session = consumer._session
+            assert session is not None and cluster.endpoint is not None
+            await cluster.endpoint.close()
+            session._membership.leaders[TP] = "127.0.0.1:1"  # nothing listens there
+            with capture_logs() as logs:
+                records = await consumer.poll(timeout_ms=2_000)
+            assert [r.offset for r in records] == [0, 1]
+            (rerouted,) = events(logs, "direct_path_rerouted")
+            assert rerouted["address"] == "127.0.0.1:1"
+            assert TP not in session._membership.leaders
+            await consumer.close()
+
+    run(scenario())
+
+
+def test_the_endpoint_drops_a_peer_that_does_not_speak_the_protocol() -> None:
+    async def scenario() -> None:
+        async with direct_cluster() as cluster:
+            assert cluster.endpoint is not None
+            host, port = cluster.endpoint.address.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            with capture_logs() as logs:
+                writer.write(b"GET / HTTP/1.1\r\n\r\n")
+                await writer.drain()
+                assert await asyncio.wait_for(reader.read(), 2.0) == b""  # closed, no answer
+            (dropped,) = events(logs, "direct_connection_dropped")
+            assert "does not speak queueflow's direct protocol" in dropped["error"]
+            writer.close()
+            # The endpoint still serves real members.
+            client = DirectClient()
+            response = await client.call(cluster.endpoint.address, fetch("m1", 1), 2.0)
+            assert response.error == ErrorCode.NONE.value
+            await client.close()
+
+    run(scenario())
+
+
+def test_a_client_call_to_a_closed_port_fails_with_direct_path_error() -> None:
+    async def scenario() -> None:
+        client = DirectClient()
+        with pytest.raises(
+            DirectPathError, match=r"cannot connect to the leader at 127\.0\.0\.1:1"
+        ):
+            await client.call("127.0.0.1:1", fetch("m1", 1), 1.0)
+        await client.close()
+
+    run(scenario())
+
+
+def test_frames_refuse_absurd_sizes() -> None:
+    async def scenario() -> None:
+        reader = asyncio.StreamReader()
+        reader.feed_data((framing.MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+        with pytest.raises(Exception, match="does not speak"):
+            await framing.read_frame(reader)
+        empty = asyncio.StreamReader()
+        empty.feed_eof()
+        assert await framing.read_frame(empty) is None
+
+    run(scenario())
