@@ -376,6 +376,9 @@ class ShareGroups:
         self._request_topics: dict[str, Any] = {}
         self._tables: dict[str, Any] = {}
         self.coordinator: ShareGroupCoordinator | None = None
+        #: The leaders' direct endpoint (``queueflow.leader.listener``); None on members.
+        self.endpoint: LeaderEndpoint | None = None
+        self._changelog: ChangelogWriter | None = None  # needs the running loop: see lead()
         self._expose_metrics()
         if role == "member":
             app.producer_only = True
@@ -397,7 +400,6 @@ class ShareGroups:
             state_scope=partition_scope,
             flush_state=self._flush_state,
         )
-        self._changelog: ChangelogWriter | None = None  # needs the running loop: see prepare()
         self.endpoint = (
             LeaderEndpoint(self.server_context, self.leaders)
             if self.settings.leader_listener

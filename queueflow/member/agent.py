@@ -243,6 +243,11 @@ class ShareAgent:
         # Set when the records outstanding drop to the refill level (fetch loops wait on it).
         self._room_free = asyncio.Event()
         self._fetchers: dict[TopicPartition, list[asyncio.Task[None]]] = {}
+        # Monotonic start times of the ShareFetches in flight per share-partition, and set when
+        # an outcome was recorded: see _send_acks_while_parked.
+        self._in_flight: dict[TopicPartition, list[float]] = {}
+        self._outcome_recorded = asyncio.Event()
+        self._long_polled: dict[TopicPartition, bool] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0  # handler calls in progress
@@ -297,6 +302,7 @@ class ShareAgent:
         worker = self._batch_worker if self.batch else self._worker
         self._workers = [self._spawn(worker(i)) for i in range(self.concurrency)]
         self._spawn(self._supervise())
+        self._spawn(self._send_acks_while_parked())
         self._log.info(
             "share_agent_started",
             topic=self.topic_name,
@@ -416,6 +422,27 @@ class ShareAgent:
     def _unreserve(self, count: int) -> None:
         if self.flow.release(count) and not self._room_free.is_set():
             self._room_free.set()
+        if count > 0:
+            self._outcome_recorded.set()
+
+    async def _send_acks_while_parked(self) -> None:
+        """Send outcomes alone (KIP-932 ShareAcknowledge) when every ShareFetch of their
+        share-partition has been held by the leader (long poll) for the linger period: they
+        would otherwise wait for the poll to end (``fetch.max.wait.ms``)."""
+        linger_s = max(self.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
+        clock = self.ctx.clock
+        while not self._stopping:
+            await self._outcome_recorded.wait()
+            self._outcome_recorded.clear()
+            await asyncio.sleep(linger_s)
+            session = self.session
+            if session is None:
+                continue
+            now = clock.monotonic()
+            for tp in session.acks.partitions():
+                started = self._in_flight.get(tp, [])
+                if len(started) >= FETCHES_IN_FLIGHT and all(now - t >= linger_s for t in started):
+                    await self._flush(tp)
 
     async def _fetch_loop(self, tp: TopicPartition) -> None:
         clock = self.ctx.clock
@@ -451,7 +478,9 @@ class ShareAgent:
                 )
                 delivered = -1
             self._unreserve(want - max(delivered, 0))
-            self._backoff.observe(tp, clock.monotonic(), delivered, want)
+            # An empty long poll already waited at the leader: no back-off on top of it.
+            waited = delivered == 0 and self._long_polled.pop(tp, False)
+            self._backoff.observe(tp, clock.monotonic(), delivered, 0 if waited else want)
 
     async def _fetch_once(self, tp: TopicPartition, want: int) -> int:
         """One ShareFetch with the pending acknowledgements of ``tp`` riding along.
@@ -464,7 +493,13 @@ class ShareAgent:
         self._publish_ack_counts()
         clock = self.ctx.clock
         started = clock.monotonic()
-        result = await session.fetch(tp, want)
+        in_flight = self._in_flight.setdefault(tp, [])
+        in_flight.append(started)
+        try:
+            result = await session.fetch(tp, want)
+        finally:
+            in_flight.remove(started)
+        self._long_polled[tp] = result.long_polled and not result.acquired
         if result.round_trip_s:
             self._fetch_seconds.observe(result.round_trip_s)
         if result.error is not None:

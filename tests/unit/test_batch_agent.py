@@ -9,14 +9,12 @@ move it a little on every check (:func:`until`)."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import structlog
 from aiokafka.structs import ConsumerRecord
 from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, settle
 from structlog.testing import capture_logs
@@ -480,25 +478,6 @@ def test_bad_batch_arguments_are_refused_at_declaration(
     cluster = InProcessCluster({TOPIC: 1}, clock=FakeClock())
     with pytest.raises(ConfigurationError, match=message):
         ShareAgent(cluster.member_context, handler, TOPIC, "g", **kwargs)
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """Building a ``queueflow.App`` configures logging (``queueflow.logging.configure``): put
-    the ``queueflow`` logger and structlog back as they were for the tests that follow."""
-    logger = logging.getLogger("queueflow")
-    saved = (list(logger.handlers), logger.propagate, logger.level, logger.disabled)
-    config = structlog.get_config()
-    try:
-        yield
-    finally:
-        for handler in logger.handlers:
-            if handler not in saved[0]:
-                handler.close()
-        logger.handlers[:] = saved[0]
-        logger.propagate, logger.disabled = saved[1], saved[3]
-        logger.setLevel(saved[2])
-        structlog.configure(**config)
 
 
 @pytest.mark.usefixtures("restore_logging")

@@ -227,3 +227,25 @@ def test_frames_refuse_absurd_sizes() -> None:
         assert await framing.read_frame(empty) is None
 
     run(scenario())
+
+
+@pytest.mark.usefixtures("restore_logging")
+@pytest.mark.parametrize(
+    ("role", "listener", "has_endpoint"),
+    [
+        ("all", "127.0.0.1:0", True),
+        ("leader", "0.0.0.0:0", True),
+        ("all", "", False),
+        ("member", "127.0.0.1:0", False),
+    ],
+)
+def test_which_workers_get_an_endpoint(role: str, listener: str, has_endpoint: bool) -> None:
+    import queueflow
+
+    app = queueflow.App(
+        f"direct-{role}",
+        broker="kafka://localhost:9092",
+        role=role,
+        share_settings={"queueflow.leader.listener": listener},
+    )
+    assert (app.share_groups.endpoint is not None) is has_endpoint
