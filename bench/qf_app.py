@@ -149,12 +149,14 @@ async def _request(self: ShareFetchSession, *args: Any, **kwargs: Any) -> Any:
         await wait_go()
         _go_seen = True
     sent = time.monotonic()
-    response = await _original_request(self, *args, **kwargs)
+    result = await _original_request(self, *args, **kwargs)
+    # _request returns (response, came over the direct path) since control plane v2.
+    response = result[0] if isinstance(result, tuple) else result
     try:
         _count(response, partition, max_records, acks, time.monotonic() - sent)
     except Exception as exc:
         _hook_failed("count acknowledgements", exc)
-    return response
+    return result
 
 
 def _count(response: Any, partition: int, max_records: int, acks: list[Any], rtt: float) -> None:
@@ -201,6 +203,16 @@ def _time_leader() -> None:
     from queueflow.server.leader import ShareLeader
 
     handle, share_fetch = ShareLeader._handle, ShareLeader._share_fetch
+    apply_batch = ShareLeader._apply_batch
+
+    async def _apply_batch_timed(self: ShareLeader, partition: int, items: Any) -> Any:
+        # The direct path: one service time per batch of requests, one event per request.
+        started = time.monotonic()
+        try:
+            return await apply_batch(self, partition, items)
+        finally:
+            timings.leader_service.append(time.monotonic() - started)
+            timings.leader_events += len(items)
 
     async def _handle(self: ShareLeader, *args: Any, **kwargs: Any) -> Any:
         started = time.monotonic()
@@ -220,6 +232,7 @@ def _time_leader() -> None:
 
     ShareLeader._handle = _handle  # type: ignore[method-assign]
     ShareLeader._share_fetch = _share_fetch_timed  # type: ignore[method-assign]
+    ShareLeader._apply_batch = _apply_batch_timed  # type: ignore[method-assign]
 
 
 if os.environ.get("QUEUEFLOW_ROLE", "all") != "member":

@@ -77,7 +77,7 @@ async def s5_acquire(
         async def fetch_all(n: int) -> int:
             got = 0
             for p in range(partitions):
-                response = await client._request(TopicPartition(topic, p), n, [])
+                response, _ = await client._request(TopicPartition(topic, p), n, [])
                 got += sum(last - first + 1 for first, last, _ in response.acquired)
             return got
 

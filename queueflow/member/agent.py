@@ -426,11 +426,10 @@ class ShareAgent:
             self._outcome_recorded.set()
 
     async def _send_acks_while_parked(self) -> None:
-        """Send outcomes alone (KIP-932 ShareAcknowledge) when every ShareFetch of their
-        share-partition has been held by the leader (long poll) for the linger period: they
-        would otherwise wait for the poll to end (``fetch.max.wait.ms``)."""
+        """Send outcomes alone (KIP-932 ShareAcknowledge), after the linger period, when
+        every fetch loop of their share-partition has a ShareFetch in flight (held by the
+        leader in a long poll): they would otherwise wait for it (``fetch.max.wait.ms``)."""
         linger_s = max(self.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
-        clock = self.ctx.clock
         while not self._stopping:
             await self._outcome_recorded.wait()
             self._outcome_recorded.clear()
@@ -438,10 +437,11 @@ class ShareAgent:
             session = self.session
             if session is None:
                 continue
-            now = clock.monotonic()
+            # Outcomes still pending were recorded after every fetch in flight was sent (a
+            # fetch takes the pending ones along): with all fetch loops in flight, none would
+            # leave before a long poll ends.
             for tp in session.acks.partitions():
-                started = self._in_flight.get(tp, [])
-                if len(started) >= FETCHES_IN_FLIGHT and all(now - t >= linger_s for t in started):
+                if len(self._in_flight.get(tp, ())) >= FETCHES_IN_FLIGHT:
                     await self._flush(tp)
 
     async def _fetch_loop(self, tp: TopicPartition) -> None:

@@ -24,6 +24,7 @@ from queueflow.protocol import messages as protocol
 from queueflow.structs import ShareRecord, TopicPartition
 
 __all__ = [
+    "READER_IDLE_PAUSE_S",
     "RELEASED_CACHE_RECORDS",
     "KafkaRecordReader",
     "PartitionReader",
@@ -162,6 +163,9 @@ class KafkaRecordReader:
 
 #: RELEASEd records a partition reader keeps for their redelivery (oldest dropped first).
 RELEASED_CACHE_RECORDS = 10_000
+#: Seconds without a read after which a partition reader stops prefetching (it resumes on the
+#: next read): an idle member then sends no fetches for its records at all.
+READER_IDLE_PAUSE_S = 1.0
 
 
 class PartitionReader:
@@ -185,6 +189,10 @@ class PartitionReader:
         self.released: OrderedDict[int, ShareRecord] = OrderedDict()
         self._lock = asyncio.Lock()  # one read at a time: reads seek
         self._started = False
+        # Paused after READER_IDLE_PAUSE_S without a read: an idle consumer would otherwise
+        # keep long-polling the partition (prefetch) forever.
+        self._paused = False
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     def remember_released(self, record: ShareRecord) -> None:
         """Keep a record its handler RELEASEd: it is likely acquired again by this member, and
@@ -229,6 +237,8 @@ class PartitionReader:
 
     async def close(self) -> None:
         """Stop the consumer."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
         await self.consumer.stop()
 
     async def read(
@@ -241,7 +251,22 @@ class PartitionReader:
         """
         await self.start()
         async with self._lock:
-            return await self._read(acquired, timeout_ms)
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+            if self._paused:
+                self.consumer.resume(self.tp)
+                self._paused = False
+            try:
+                return await self._read(acquired, timeout_ms)
+            finally:
+                self._idle_timer = asyncio.get_running_loop().call_later(
+                    READER_IDLE_PAUSE_S, self._pause_idle
+                )
+
+    def _pause_idle(self) -> None:
+        if not self._lock.locked() and self._started:
+            self.consumer.pause(self.tp)
+            self._paused = True
 
     async def _read(
         self, acquired: list[protocol.WireAcquired], timeout_ms: int

@@ -77,8 +77,9 @@ class FetchResult:
         acquired: how many offsets were acquired (records plus gaps).
         lock_timeout_ms: their acquisition lock duration as the leader said (KIP-1222
             ``AcquisitionLockTimeoutMs``), 0 if it did not.
-        long_polled: the leader held the request until records came or ``fetch.max.wait.ms``
-            passed (the direct path), so an empty answer needs no back-off before the next.
+        long_polled: the request went to a leader that holds empty polls (the direct path
+            with ``fetch.max.wait.ms`` > 0; it answers at once only when it acquired records or
+            the request carried acknowledgements), so an empty answer needs no back-off.
     """
 
     records: list[ShareRecord] = field(default_factory=list)

@@ -30,6 +30,9 @@ __all__ = ["KafkaMemberTransport", "MemberTransport", "ReplyHandler", "Requester
 
 log = structlog.get_logger("queueflow.member.transport")
 
+#: How long (ms) the broker may hold a member's fetch of the reply topic when it is empty.
+REPLY_FETCH_WAIT_MS = 5000
+
 #: Called with the raw bytes of each reply addressed to this member.
 ReplyHandler = Callable[[bytes], None]
 
@@ -88,7 +91,9 @@ class KafkaMemberTransport:
         self._replies = AIOKafkaConsumer(
             **self.kafka.client_kwargs(self.client_id),
             enable_auto_commit=False,
-            fetch_max_wait_ms=500,
+            # Replies arrive within a long poll anyway; a long wait only makes an idle
+            # member's reply fetches rare.
+            fetch_max_wait_ms=REPLY_FETCH_WAIT_MS,
         )
         await self._replies.start()
         tp = KafkaTopicPartition(internal.reply_topic(self.namespace), self.reply_partition)

@@ -83,6 +83,11 @@ class LogOffsetsSource(Protocol):
         """The last known high watermark, or ``None``; keeps it refreshed for a while."""
         ...
 
+    def known_end(self, tp: TopicPartition) -> int | None:
+        """The last known high watermark, or ``None``, without keeping it refreshed (long
+        polls: :meth:`wait_end_beyond` refreshes it when they park)."""
+        ...
+
     async def log_end(self, tp: TopicPartition) -> int:
         """The current high watermark."""
         ...

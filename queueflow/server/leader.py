@@ -256,6 +256,14 @@ class ShareLeader:
             changed = bool(message.acks)
         return changed
 
+    def has_acquired(self, partition: int) -> bool:
+        """True if a share-partition of request partition ``partition`` has Acquired records
+        (whose locks the ticker must expire)."""
+        return any(
+            p == partition and durable.engine.acquired_count
+            for (_group, p), durable in self.partitions.items()
+        )
+
     def _epoch(self, partition: int) -> int:
         lead = self.fencing.partitions.get(partition)
         return lead.epoch if lead is not None else -1
@@ -395,7 +403,10 @@ class ShareLeader:
     ) -> None:
         """Acquire up to the request's ``max_records`` into ``response``."""
         tp = TopicPartition(self.topic, durable.partition)
-        log_end = self.ctx.log_offsets.cached_end(tp)
+        offsets = self.ctx.log_offsets
+        # A long poll that finds nothing parks, and its wait refreshes the log end: it needs no
+        # background refresh (which would poll the broker while the fleet is idle).
+        log_end = offsets.known_end(tp) if request.max_wait_ms else offsets.cached_end(tp)
         if log_end is None:
             log_end = await self.ctx.log_offsets.log_end(tp)
         try:
@@ -426,9 +437,11 @@ class ShareLeader:
         partition's turn comes is applied in arrival order, each share-partition's state is
         written once (one delta) for the batch, and, with
         ``queueflow.leader.state.durability=acked``, the answers leave only once the broker has
-        acknowledged that write. A request that acquires nothing and has ``max_wait_ms`` is
-        parked (KIP-932 long poll): it is answered when records become available (new records
-        at the log end, releases, expired locks) or when its wait ends.
+        acknowledged that write. A request that acquires nothing, has ``max_wait_ms`` and
+        carries no acknowledgements is parked (KIP-932 long poll): it is answered when records
+        become available (new records at the log end, releases, expired locks) or when its
+        wait ends. One that carries acknowledgements is answered at once, so that their
+        result never waits for records; the member then polls again without them.
 
         Args:
             request: the decoded request.
@@ -524,6 +537,7 @@ class ShareLeader:
                 not response.acquired
                 and response.error == ErrorCode.NONE.value
                 and item.request.max_records > 0
+                and not item.request.acks  # answered at once: "ack answered" never waits
                 and item.until > clock.monotonic()
                 and item.durable is not None
             ):

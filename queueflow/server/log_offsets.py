@@ -27,8 +27,9 @@ log = structlog.get_logger("queueflow.server.log_offsets")
 #: for this refresh: :meth:`LogOffsets.wait_end_beyond` wakes them as records arrive.
 LOG_END_REFRESH_S = 0.05
 LOG_END_WATCH_S = 2.0
-#: The long-poll fetch of :meth:`LogOffsets.wait_end_beyond`: how long the broker holds it (ms).
-ARRIVAL_FETCH_WAIT_MS = 500
+#: The long-poll fetch of :meth:`LogOffsets.wait_end_beyond`: how long the broker holds it (ms)
+#: when no record comes (a record ends it at once; a long wait keeps an idle leader quiet).
+ARRIVAL_FETCH_WAIT_MS = 5000
 
 
 class LogOffsets:
@@ -58,6 +59,10 @@ class LogOffsets:
         self._watched[tp] = time.monotonic()
         if self._refresher is None or self._refresher.done():
             self._refresher = asyncio.ensure_future(self._refresh_watched())
+        return self.end.get(tp)
+
+    def known_end(self, tp: TopicPartition) -> int | None:
+        """The last known high watermark of ``tp`` (``None`` if unknown), without watching it."""
         return self.end.get(tp)
 
     async def _refresh_watched(self) -> None:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.server.context import ServerContext
+from queueflow.server.leader import ShareLeader
 
 __all__ = ["LeaderTicker"]
 
@@ -24,26 +25,32 @@ class LeaderTicker:
 
     Args:
         ctx: the server context (its runtime says which partitions this worker owns).
-        source_topics: a live view of the source topics this worker leads (e.g. the keys of
-            the leaders' dict), read at every tick.
+        leaders: a live view of this worker's leaders by source topic, read at every tick.
     """
 
-    def __init__(self, ctx: ServerContext, source_topics: Iterable[str]) -> None:
+    def __init__(self, ctx: ServerContext, leaders: Mapping[str, ShareLeader]) -> None:
         self.ctx = ctx
-        self.source_topics = source_topics
+        self.leaders = leaders
 
     def request_topics(self) -> set[str]:
         """The request topics that get ticks: each led topic's and the coordinator's."""
-        names = {topics.fetch_topic(self.ctx.namespace, t) for t in self.source_topics}
+        names = {topics.fetch_topic(self.ctx.namespace, t) for t in self.leaders}
         names.add(topics.coordinator_topic(self.ctx.namespace))
         return names
 
     async def tick(self) -> None:
-        """Send one tick to every owned request partition (called every
-        ``queueflow.lock.check.interval.ms``)."""
+        """Send one tick to the coordinator partition and to every owned request partition with
+        Acquired records (called every ``queueflow.lock.check.interval.ms``): a partition with
+        no acquisition lock to expire costs nothing while idle."""
         names = self.request_topics()
+        by_request_topic = {
+            topics.fetch_topic(self.ctx.namespace, t): leader for t, leader in self.leaders.items()
+        }
         payload = protocol.encode(protocol.Tick(sent_ms=self.ctx.clock.now_ms()))
         for tp in self.ctx.runtime.assigned():
+            leader = by_request_topic.get(tp.topic)
+            if leader is not None and not leader.has_acquired(tp.partition):
+                continue
             if tp.topic in names:
                 with contextlib.suppress(asyncio.CancelledError):
                     await self.ctx.sender.send(tp.topic, tp.partition, payload)

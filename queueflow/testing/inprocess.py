@@ -320,6 +320,9 @@ class InProcessCluster:
     def cached_end(self, tp: TopicPartition) -> int | None:
         return len(self.records[TopicPartition(*tp)])
 
+    def known_end(self, tp: TopicPartition) -> int | None:
+        return len(self.records[TopicPartition(*tp)])
+
     async def log_end(self, tp: TopicPartition) -> int:
         return len(self.records[TopicPartition(*tp)])
 

@@ -249,3 +249,17 @@ def test_which_workers_get_an_endpoint(role: str, listener: str, has_endpoint: b
         share_settings={"queueflow.leader.listener": listener},
     )
     assert (app.share_groups.endpoint is not None) is has_endpoint
+
+
+def test_a_fetch_carrying_acknowledgements_is_answered_at_once_not_parked() -> None:
+    async def scenario() -> None:
+        async with direct_cluster(records=1) as cluster:
+            leader = cluster.leaders[TOPIC]
+            assert (await leader.serve(fetch("m1", 1))).acquired == [(0, 0, 1)]
+            started = time.monotonic()
+            accept = fetch("m1", 2, max_wait_ms=5_000, acks=[(0, 0, (AcknowledgeType.ACCEPT,))])
+            response = await asyncio.wait_for(leader.serve(accept), 2.0)
+            assert response.ack_error == ErrorCode.NONE.value and response.acquired == []
+            assert time.monotonic() - started < 2.0
+
+    run(scenario())
