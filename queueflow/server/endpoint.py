@@ -25,11 +25,11 @@ from collections.abc import Mapping
 
 import structlog
 
-from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
-from queueflow.server.leader import ShareLeader
+from queueflow.server.leader import ShareLeader, not_leader
 from queueflow.settings import listener_address
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
@@ -181,13 +181,8 @@ class LeaderEndpoint:
             return
         leader = self.leaders.get(request.topic)
         if leader is None:
-            response = protocol.ShareFetchResponse(
-                member_id=request.member_id,
-                request_id=request.request_id,
-                topic=request.topic,
-                partition=request.partition,
-                error=ErrorCode.NOT_LEADER_OR_FOLLOWER.value,
-                error_message=f"this worker leads no share-partition of topic {request.topic!r}",
+            response = not_leader(
+                request, f"this worker leads no share-partition of topic {request.topic!r}"
             )
         else:
             response = await leader.serve(request)

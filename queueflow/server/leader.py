@@ -34,7 +34,14 @@ from queueflow.server.durable import DurableSharePartition, StateTable
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
 
-__all__ = ["FENCE_RESEND_MS", "ShareLeader", "engine_config", "monotonic_ms", "send_reply"]
+__all__ = [
+    "FENCE_RESEND_MS",
+    "ShareLeader",
+    "engine_config",
+    "monotonic_ms",
+    "not_leader",
+    "send_reply",
+]
 
 log = structlog.get_logger("queueflow.server.leader")
 
@@ -48,6 +55,19 @@ async def send_reply(
     """Answer a member on the reply topic partition it reads, keyed by its member id."""
     await ctx.sender.send(
         topics.reply_topic(ctx.namespace), reply_partition, value, member_id.encode()
+    )
+
+
+def not_leader(request: protocol.ShareFetchRequest, why: str) -> protocol.ShareFetchResponse:
+    """The ``NOT_LEADER_OR_FOLLOWER`` answer to ``request`` (nothing of it was applied), with
+    ``why`` as the message: the member re-routes."""
+    return protocol.ShareFetchResponse(
+        member_id=request.member_id,
+        request_id=request.request_id,
+        topic=request.topic,
+        partition=request.partition,
+        error=ErrorCode.NOT_LEADER_OR_FOLLOWER.value,
+        error_message=why,
     )
 
 
@@ -474,14 +494,7 @@ class ShareLeader:
             why = "is not led by this worker"
         else:
             why = lead.fenced or "is led by this worker, which is not live on it yet"
-        return protocol.ShareFetchResponse(
-            member_id=request.member_id,
-            request_id=request.request_id,
-            topic=self.topic,
-            partition=request.partition,
-            error=ErrorCode.NOT_LEADER_OR_FOLLOWER.value,
-            error_message=f"partition {self.topic}[{request.partition}] {why}",
-        )
+        return not_leader(request, f"partition {self.topic}[{request.partition}] {why}")
 
     def _notify(self, partition: int) -> None:
         """Something changed in ``partition``: parked requests try again."""
@@ -596,7 +609,7 @@ class ShareLeader:
         # acknowledgements or expired locks (those notify); only newer records are waited for.
         while queue.parked:
             until = max(p.until for p in queue.parked)
-            end = max(durable.engine.end_offset, self.ctx.log_offsets.cached_end(tp) or 0)
+            end = max(durable.engine.end_offset, self.ctx.log_offsets.known_end(tp) or 0)
             try:
                 new_end = await self.ctx.log_offsets.wait_end_beyond(
                     tp, end, max(until - clock.monotonic(), 0.0)

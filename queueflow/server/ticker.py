@@ -31,6 +31,13 @@ class LeaderTicker:
     def __init__(self, ctx: ServerContext, leaders: Mapping[str, ShareLeader]) -> None:
         self.ctx = ctx
         self.leaders = leaders
+        # Sessions last many heartbeat intervals: the coordinator is ticked every half
+        # heartbeat interval, not every lock check (which idle leaders would pay for).
+        settings = ctx.settings
+        self.coordinator_every = max(
+            1, settings.heartbeat_interval_ms // 2 // settings.lock_check_interval_ms
+        )
+        self._ticks = 0
 
     def request_topics(self) -> set[str]:
         """The request topics that get ticks: each led topic's and the coordinator's."""
@@ -39,17 +46,21 @@ class LeaderTicker:
         return names
 
     async def tick(self) -> None:
-        """Send one tick to the coordinator partition and to every owned request partition with
-        Acquired records (called every ``queueflow.lock.check.interval.ms``): a partition with
-        no acquisition lock to expire costs nothing while idle."""
+        """Send one tick to every owned request partition with Acquired records (called every
+        ``queueflow.lock.check.interval.ms``; a partition with no lock to expire costs nothing
+        while idle) and, every half heartbeat interval, to the coordinator partition."""
         names = self.request_topics()
         by_request_topic = {
             topics.fetch_topic(self.ctx.namespace, t): leader for t, leader in self.leaders.items()
         }
         payload = protocol.encode(protocol.Tick(sent_ms=self.ctx.clock.now_ms()))
+        coordinator = topics.coordinator_topic(self.ctx.namespace)
+        self._ticks += 1
         for tp in self.ctx.runtime.assigned():
             leader = by_request_topic.get(tp.topic)
             if leader is not None and not leader.has_acquired(tp.partition):
+                continue
+            if tp.topic == coordinator and self._ticks % self.coordinator_every:
                 continue
             if tp.topic in names:
                 with contextlib.suppress(asyncio.CancelledError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,31 @@ async def wait_for(condition: object, what: str) -> None:
     while not condition():  # type: ignore[operator]
         assert time.monotonic() < deadline, f"not within {WAIT_S} s: {what}"
         await asyncio.sleep(0.05)
+
+
+async def poll_until(
+    bootstrap: str,
+    app_id: str,
+    group: str,
+    topic: str,
+    wanted: list[bytes],
+    check: Callable[[ShareConsumer], None] | None = None,
+) -> list[ShareRecord]:
+    """A new member of ``group`` polls (implicit mode) until it has every value of ``wanted``;
+    ``check(member)`` runs before it leaves."""
+    member = ShareConsumer(
+        group, app_id=app_id, bootstrap_servers=bootstrap, settings=MEMBER_SETTINGS
+    )
+    await member.subscribe([topic])
+    got: list[ShareRecord] = []
+    deadline = time.monotonic() + WAIT_S
+    while not set(wanted) <= {r.value for r in got}:
+        assert time.monotonic() < deadline, f"not within {WAIT_S} s: {wanted}"
+        got += await member.poll(timeout_ms=1000)
+    if check is not None:
+        check(member)
+    await member.close()
+    return got
 
 
 def test_members_fetch_over_the_endpoint_and_its_writes_survive_a_restore(
@@ -109,23 +135,11 @@ def test_members_fetch_over_the_endpoint_and_its_writes_survive_a_restore(
     # record was ACCEPTed, so one new record is all a member gets.
     asyncio.run(produce_records(kafka_bootstrap, topic, ["after"], partition=1))
 
-    async def second_run() -> list[ShareRecord]:
-        member = ShareConsumer(
-            "direct", app_id=app_id, bootstrap_servers=kafka_bootstrap, settings=MEMBER_SETTINGS
-        )
-        await member.subscribe([topic])
-        got: list[ShareRecord] = []
-        deadline = time.monotonic() + WAIT_S
-        while not any(r.value == b"after" for r in got):
-            assert time.monotonic() < deadline, "the new record never came"
-            got += await member.poll(timeout_ms=1000)
-        await member.close()
-        return got
-
     with LeaderWorker(
         app_id, [topic], kafka_bootstrap, tmp_path / "second", LEADER_SETTINGS
     ).start():
-        assert [r.value for r in asyncio.run(second_run())] == [b"after"]
+        got = asyncio.run(poll_until(kafka_bootstrap, app_id, "direct", topic, [b"after"]))
+        assert [r.value for r in got] == [b"after"]
 
 
 @pytest.mark.parametrize("listener", [""])
@@ -136,20 +150,12 @@ def test_with_the_endpoint_off_members_use_the_request_topics(
     app_id = f"qf-nodirect-{uuid.uuid4().hex[:8]}"
     asyncio.run(produce_records(kafka_bootstrap, topic, ["a", "b"], partition=0))
 
-    async def run() -> list[ShareRecord]:
-        member = ShareConsumer(
-            "g", app_id=app_id, bootstrap_servers=kafka_bootstrap, settings=MEMBER_SETTINGS
-        )
-        await member.subscribe([topic])
-        got: list[ShareRecord] = []
-        deadline = time.monotonic() + WAIT_S
-        while len(got) < 2:
-            assert time.monotonic() < deadline
-            got += await member.poll(timeout_ms=500)
+    def no_direct_path(member: ShareConsumer) -> None:
         assert member._session is not None and member._session._membership.leaders == {}
-        await member.close()
-        return got
 
     settings = {**LEADER_SETTINGS, "queueflow.leader.listener": listener}
     with LeaderWorker(app_id, [topic], kafka_bootstrap, tmp_path / "d", settings).start():
-        assert sorted(r.value for r in asyncio.run(run())) == [b"a", b"b"]
+        got = asyncio.run(
+            poll_until(kafka_bootstrap, app_id, "g", topic, [b"a", b"b"], no_direct_path)
+        )
+        assert sorted(r.value for r in got) == [b"a", b"b"]
