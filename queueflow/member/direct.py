@@ -56,7 +56,7 @@ class _Connection:
         try:
             while (frame := await framing.read_frame(reader)) is not None:
                 try:
-                    message = protocol.decode(frame)
+                    message = protocol.decode_binary(frame)
                 except ShareGroupError as exc:
                     log.error("undecodable_direct_reply", address=self.address, error=str(exc))
                     continue
@@ -87,7 +87,7 @@ class _Connection:
         )
         self.pending[request.request_id] = future
         try:
-            framing.write_frame(self.writer, protocol.encode(request))
+            framing.write_frame(self.writer, protocol.encode_binary(request))
             await self.writer.drain()
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:

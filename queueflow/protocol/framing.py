@@ -1,7 +1,8 @@
 """Frames of the direct member ↔ leader path: one message per frame on a TCP stream.
 
-A frame is a 4-byte big-endian length followed by that many bytes: one encoded
-:mod:`~queueflow.protocol.messages` message. Kafka's own protocol frames requests the same way
+A frame is a 4-byte big-endian length followed by that many bytes: one message in the binary
+form of :func:`~queueflow.protocol.messages.encode_binary` (a format version byte, then
+MessagePack). Kafka's own protocol frames requests the same way
 (a 4-byte size, then the request). The size is bounded, so garbage on the socket (a port scanner,
 a client speaking another protocol) is refused after 4 bytes instead of being buffered.
 """

@@ -47,6 +47,7 @@ import msgspec
 from queueflow.errors import ErrorCode, InvalidRequestError
 
 __all__ = [
+    "BINARY_FORMAT_VERSION",
     "PROTOCOL_VERSION",
     "SUPPORTED_PROTOCOL_VERSIONS",
     "Fence",
@@ -61,7 +62,9 @@ __all__ = [
     "WireAck",
     "WireAcquired",
     "decode",
+    "decode_binary",
     "encode",
+    "encode_binary",
 ]
 
 #: Version of the member ↔ leader ↔ coordinator protocol this queueflow speaks. A member sends
@@ -290,6 +293,51 @@ class _Kind(msgspec.Struct):
 _encoder: Final = msgspec.json.Encoder()
 _decoder: Final[msgspec.json.Decoder[Message]] = msgspec.json.Decoder(Message)
 _kind_decoder: Final = msgspec.json.Decoder(_Kind)
+_binary_encoder: Final = msgspec.msgpack.Encoder()
+_binary_decoder: Final[msgspec.msgpack.Decoder[Message]] = msgspec.msgpack.Decoder(Message)
+
+#: First byte of every binary message (the direct path's frames): the version of the binary
+#: format. Version 1 is MessagePack of the same structs as the JSON form (``kind`` tag, ``v``,
+#: defaults left out), so the schema rules above apply unchanged; a reader refuses a version it
+#: doesn't know with a message naming it.
+BINARY_FORMAT_VERSION: Final = 1
+_BINARY_PREFIX: Final = bytes([BINARY_FORMAT_VERSION])
+
+
+def encode_binary(message: Message) -> bytes:
+    """Encode a message in the compact binary form of the direct path (format version byte,
+    then MessagePack): a ShareFetch with 90 acknowledgement runs is about half its JSON size.
+
+    Raises:
+        TypeError: ``message`` is not a queueflow message.
+    """
+    return _BINARY_PREFIX + _binary_encoder.encode(message)
+
+
+def decode_binary(data: bytes | bytearray | memoryview) -> Message:
+    """Decode :func:`encode_binary` bytes.
+
+    Raises:
+        InvalidRequestError: empty, an unknown format version, not MessagePack, or a message
+            that breaks the schema (as :func:`decode`); the message says which.
+    """
+    if not data:
+        raise InvalidRequestError("empty binary queueflow control message")
+    if data[0] != BINARY_FORMAT_VERSION:
+        raise InvalidRequestError(
+            f"binary queueflow control message of format version {data[0]}; this queueflow "
+            f"reads version {BINARY_FORMAT_VERSION}: run the same queueflow version on leaders "
+            "and members"
+        )
+    try:
+        return _binary_decoder.decode(memoryview(data)[1:])
+    except msgspec.ValidationError as exc:
+        raise InvalidRequestError(_problem(bytes(data[:120]), str(exc))) from None
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidRequestError(
+            _problem(bytes(data[:120]), f"not a binary message ({reason})")
+        ) from None
 
 
 def encode(message: Message) -> bytes:

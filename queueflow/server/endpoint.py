@@ -170,7 +170,7 @@ class LeaderEndpoint:
         self, frame: bytes, writer: asyncio.StreamWriter, write_lock: asyncio.Lock
     ) -> None:
         try:
-            request = protocol.decode(frame)
+            request = protocol.decode_binary(frame)
         except ShareGroupError as exc:
             log.error("undecodable_direct_request", error=str(exc))
             writer.close()  # no request id to answer with: the member times out and re-routes
@@ -187,6 +187,6 @@ class LeaderEndpoint:
         else:
             response = await leader.serve(request)
         async with write_lock:
-            framing.write_frame(writer, protocol.encode(response))
+            framing.write_frame(writer, protocol.encode_binary(response))
             with contextlib.suppress(ConnectionError):
                 await writer.drain()

@@ -403,3 +403,37 @@ def test_mistyped_field_names_kind_path_and_expectation(
 def test_invalid_utf8_inside_json_is_an_invalid_request(data: bytes) -> None:
     with pytest.raises(InvalidRequestError):
         decode(data)
+
+
+def test_binary_form_round_trips_every_message_and_is_compact() -> None:
+    from queueflow.protocol.messages import LeaderAnnouncement, decode_binary, encode_binary
+
+    acks = [(o, o + 8, (1,)) for o in range(0, 900, 10)] + [(905, 907, (1, 2, 1))]
+    messages: list[Message] = [
+        ShareFetchRequest("g", "t", 3, "m", 7, 1, 500, acks=acks, max_wait_ms=500),
+        ShareFetchResponse("m", 7, "t", 3, acquired=[(0, 499, 1)], lock_timeout_ms=30000),
+        HeartbeatResponse("m", 1, 2, {"t": [0, 1]}, leaders=[("t", 0, "h:1")]),
+        LeaderAnnouncement(topic="t", partitions=[0, 1], leader_epoch=4, address="h:1"),
+        Fence(3),
+        Tick(),
+    ]
+    for message in messages:
+        assert decode_binary(encode_binary(message)) == message
+    request = messages[0]
+    assert len(encode_binary(request)) < 0.75 * len(encode(request))
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"", "empty binary"),
+        (b"\x02\x80", "format version 2; this queueflow reads version 1"),
+        (b"\x01\xc1", "not a binary message"),
+        (b"\x01\x81\xa4kind\xa4nope", "Invalid value 'nope'"),
+    ],
+)
+def test_bad_binary_messages_are_invalid_requests(data: bytes, match: str) -> None:
+    from queueflow.protocol.messages import decode_binary
+
+    with pytest.raises(InvalidRequestError, match=match):
+        decode_binary(data)
