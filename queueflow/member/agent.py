@@ -381,6 +381,7 @@ class ShareAgent:
                 tasks = self._fetchers.pop(tp)
                 for task in tasks:
                     task.cancel()
+                await session.end_long_polls(tp)  # parked fetches: answered now, empty
                 # Not awaited here: a cancelled loop finishes its ShareFetch in flight (up to
                 # the request timeout), and the other share-partitions' acknowledgements must
                 # not wait for it or their locks could expire.

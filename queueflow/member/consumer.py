@@ -218,6 +218,8 @@ class ShareConsumer:
         while True:
             remaining = max(deadline - clock.monotonic(), 0.0)
             pending_acks = set(session.acks.partitions())
+            for tp in [tp for tp in inflight if tp not in session.assignment]:
+                await session.end_long_polls(tp)  # reassigned: the parked fetch ends now
             started = []
             for tp in sorted(session.assignment | pending_acks):
                 if tp in inflight:

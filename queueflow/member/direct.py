@@ -98,6 +98,16 @@ class _Connection:
         finally:
             self.pending.pop(request.request_id, None)
 
+    async def send(self, message: protocol.Message) -> None:
+        """Send a message that gets no answer of its own (a ShareFetchCancel)."""
+        if self.writer is None or self.closed:
+            return
+        framing.write_frame(self.writer, protocol.encode_binary(message))
+        try:
+            await self.writer.drain()
+        except OSError as exc:
+            self.fail(repr(exc))
+
     async def close(self) -> None:
         self.fail("closed")
         if self.reader_task is not None:
@@ -124,6 +134,13 @@ class DirectClient:
         """
         connection = await self._connection(address)
         return await connection.call(request, timeout_s)
+
+    async def cancel(self, address: str, cancel: protocol.ShareFetchCancel) -> None:
+        """Ask the leader at ``address`` to answer a parked request now (nothing if the
+        connection is gone: then so is the request)."""
+        connection = self._connections.get(address)
+        if connection is not None and not connection.closed:
+            await connection.send(cancel)
 
     async def _connection(self, address: str) -> _Connection:
         connection = self._connections.get(address)

@@ -161,6 +161,8 @@ class ShareFetchSession:
             self._requester, ctx.namespace, group, topics, ctx.settings, client_id, self.member_id
         )
         self._direct = DirectClient()
+        # Long polls under way on the direct path: tp -> {request_id: leader address}.
+        self._long_polls: dict[TopicPartition, dict[int, str]] = {}
         self._started = False
         self._source = ctx.io.record_source()
         self._log = log.bind(group=group, member_id=self.member_id)
@@ -351,14 +353,20 @@ class ShareFetchSession:
         address = self._membership.leaders.get(tp)
         if address is not None:
             timeout_s = (self.ctx.settings.request_timeout_ms + request.max_wait_ms) / 1000
+            polls = self._long_polls.setdefault(tp, {})
+            if request.max_wait_ms:
+                polls[rid] = address
+            direct: protocol.ShareFetchResponse | None = None
             try:
-                response = await self._direct.call(address, request, timeout_s)
+                direct = await self._direct.call(address, request, timeout_s)
             except DirectPathError as exc:
                 self._reroute(tp, address, str(exc))
-            else:
-                if response.error != ErrorCode.NOT_LEADER_OR_FOLLOWER.value:
-                    return response, True
-                self._reroute(tp, address, response.error_message)
+            finally:
+                polls.pop(rid, None)
+            if direct is not None:
+                if direct.error != ErrorCode.NOT_LEADER_OR_FOLLOWER.value:
+                    return direct, True
+                self._reroute(tp, address, direct.error_message)
             request.max_wait_ms = 0  # the request topic's leaders answer at once
             request.deadline_ms = self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms
         reply = await requester.call(
@@ -373,6 +381,16 @@ class ShareFetchSession:
                 f"the leader of {tp[0]}[{tp[1]}] answered a ShareFetch with {type(reply).__name__}",
             )
         return reply, False
+
+    async def end_long_polls(self, tp: TopicPartition) -> None:
+        """Have the leader answer this member's parked ShareFetches of ``tp`` now, with nothing
+        acquired (call it when ``tp`` was reassigned: a parked request would otherwise acquire
+        records for a member that no longer fetches them)."""
+        for rid, address in list(self._long_polls.get(tp, {}).items()):
+            cancel = protocol.ShareFetchCancel(
+                member_id=self.member_id, request_id=rid, topic=tp[0], partition=tp[1]
+            )
+            await self._direct.cancel(address, cancel)
 
     def _reroute(self, tp: TopicPartition, address: str, reason: str) -> None:
         """Stop using ``address`` for ``tp`` until a heartbeat names a leader again."""

@@ -56,6 +56,7 @@ __all__ = [
     "LeaderAnnouncement",
     "Message",
     "ReleaseMember",
+    "ShareFetchCancel",
     "ShareFetchRequest",
     "ShareFetchResponse",
     "Tick",
@@ -253,6 +254,22 @@ class HeartbeatResponse(_Message, tag="heartbeat_response"):
     leaders: list[tuple[str, _Int64, str]] = msgspec.field(default_factory=list)
 
 
+class ShareFetchCancel(_Message, tag="fetch_cancel"):
+    """Member → leader, on the direct path: answer the member's parked (long-poll) ShareFetch
+    ``request_id`` of ``topic[partition]`` now, with whatever it already holds (its
+    acknowledgement results, nothing acquired). Sent when the member lost the share-partition,
+    so that a parked request can't acquire records for a member that no longer fetches them. A
+    request that is not parked is answered as usual.
+    """
+
+    kind: ClassVar[str] = "fetch_cancel"
+
+    member_id: str
+    request_id: _Int64
+    topic: str
+    partition: _Int64
+
+
 class LeaderAnnouncement(_Message, tag="leader_announcement"):
     """Leader → coordinator: this worker serves share-partitions of ``topic`` at ``address``.
 
@@ -280,6 +297,7 @@ Message = (
     | HeartbeatRequest
     | HeartbeatResponse
     | LeaderAnnouncement
+    | ShareFetchCancel
 )
 
 

@@ -175,6 +175,11 @@ class LeaderEndpoint:
             log.error("undecodable_direct_request", error=str(exc))
             writer.close()  # no request id to answer with: the member times out and re-routes
             return
+        if isinstance(request, protocol.ShareFetchCancel):
+            leader = self.leaders.get(request.topic)
+            if leader is not None:
+                leader.end_long_poll(request)
+            return  # no answer of its own: the parked request's answer is it
         if not isinstance(request, protocol.ShareFetchRequest):
             log.error("unexpected_direct_message", kind=type(request).__name__)
             writer.close()

@@ -484,6 +484,22 @@ class ShareLeader:
         queue.wake.set()
         return await future
 
+    def end_long_poll(self, cancel: protocol.ShareFetchCancel) -> bool:
+        """Answer the member's parked ShareFetch ``cancel.request_id`` now, with nothing
+        acquired (see :class:`~queueflow.protocol.messages.ShareFetchCancel`); True if it was
+        parked."""
+        queue = self._direct.get(cancel.partition)
+        if queue is None:
+            return False
+        for item in queue.parked:
+            request = item.request
+            if request.member_id == cancel.member_id and request.request_id == cancel.request_id:
+                queue.parked.remove(item)
+                if not item.future.done() and item.response is not None:
+                    item.future.set_result(item.response)
+                return True
+        return False
+
     def _not_leader(
         self, request: protocol.ShareFetchRequest, failure: Exception | None = None
     ) -> protocol.ShareFetchResponse:

@@ -263,3 +263,34 @@ def test_a_fetch_carrying_acknowledgements_is_answered_at_once_not_parked() -> N
             assert time.monotonic() - started < 2.0
 
     run(scenario())
+
+
+def test_a_cancelled_long_poll_is_answered_at_once_and_acquires_nothing() -> None:
+    """A member that lost a share-partition ends its parked fetch there (ShareFetchCancel):
+    the records that arrive next go to the partition's new member, not to it."""
+
+    async def scenario() -> None:
+        async with direct_cluster() as cluster:
+            consumer = cluster.consumer("g")
+            await consumer.subscribe([TOPIC])
+            session = consumer._session
+            assert session is not None
+            leader = cluster.leaders[TOPIC]
+            parked = asyncio.ensure_future(session.fetch(TP, 10, max_wait_ms=5_000))
+            for _ in range(100):
+                if leader._direct.get(0) is not None and leader._direct[0].parked:
+                    break
+                await asyncio.sleep(0.01)
+            assert leader._direct[0].parked and session._long_polls[TP]
+            started = time.monotonic()
+            await session.end_long_polls(TP)
+            result = await asyncio.wait_for(parked, 2.0)
+            assert result.records == [] and result.error is None
+            assert time.monotonic() - started < 2.0
+            assert not leader._direct[0].parked and not session._long_polls[TP]
+            cluster.produce(TOPIC, b"later", partition=0)
+            engine = cluster.share_partition("g", TOPIC, 0)
+            assert engine.acquired_count == 0  # nobody holds it: it waits for the next fetch
+            await consumer.close()
+
+    run(scenario())

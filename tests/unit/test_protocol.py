@@ -20,6 +20,7 @@ from queueflow.protocol.messages import (
     LeaderAnnouncement,
     Message,
     ReleaseMember,
+    ShareFetchCancel,
     ShareFetchRequest,
     ShareFetchResponse,
     Tick,
@@ -174,6 +175,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "leaders",
     ),
     LeaderAnnouncement: ("topic", "partitions", "leader_epoch", "address", "sent_ms"),
+    ShareFetchCancel: ("member_id", "request_id", "topic", "partition"),
 }
 
 
@@ -416,6 +418,7 @@ def test_binary_form_round_trips_every_message_and_is_compact() -> None:
         LeaderAnnouncement(topic="t", partitions=[0, 1], leader_epoch=4, address="h:1"),
         Fence(3),
         Tick(),
+        ShareFetchCancel("m", 7, "t", 3),
     ]
     for message in messages:
         assert decode_binary(encode_binary(message)) == message
