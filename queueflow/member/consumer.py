@@ -240,9 +240,15 @@ class ShareConsumer:
             # Like a KIP-932 ShareFetch with MinBytes: return as soon as any share-partition
             # has records; long polls of the others carry on into the next poll.
             if remaining > 0:
+                # A reassignment also ends the wait: the loop then ends lost partitions' polls.
+                session.assignment_changed.clear()
+                changed = asyncio.ensure_future(session.assignment_changed.wait())
                 done, _ = await asyncio.wait(
-                    inflight.values(), timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                    [*inflight.values(), changed],
+                    timeout=remaining,
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
+                changed.cancel()
             else:  # poll(0): one round trip of the fetches that don't wait
                 if started:
                     await asyncio.wait(started)
