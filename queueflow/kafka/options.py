@@ -8,7 +8,7 @@ where the client runs (an SSL context cannot be pickled to executors).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -136,22 +136,8 @@ class KafkaOptions:
                 ssl[name.removeprefix("ssl.")] = value
             else:
                 extra[name.replace(".", "_")] = value
-        protocol = extra.get("security_protocol")
-        if protocol is not None:
-            extra["security_protocol"] = protocol = protocol.upper()
-            if protocol not in _SECURITY_PROTOCOLS:
-                raise ConfigurationError(
-                    f"option 'kafka.security.protocol'={protocol!r} is not one of "
-                    f"{', '.join(_SECURITY_PROTOCOLS)}"
-                )
-        mechanism = extra.get("sasl_mechanism")
-        if mechanism is not None:
-            extra["sasl_mechanism"] = mechanism = mechanism.upper()
-            if mechanism not in _SASL_MECHANISMS:
-                raise ConfigurationError(
-                    f"option 'kafka.sasl.mechanism'={mechanism!r} is not one of "
-                    f"{', '.join(_SASL_MECHANISMS)}"
-                )
+        _upper_choice(extra, "security_protocol", _SECURITY_PROTOCOLS)
+        _upper_choice(extra, "sasl_mechanism", _SASL_MECHANISMS)
         return cls(bootstrap_servers(raw), extra, ssl, client_id)
 
     def client_config(self, client_id: str) -> KafkaClientConfig:
@@ -167,3 +153,19 @@ class KafkaOptions:
             extra["ssl_context"] = create_ssl_context(**self.ssl)
             extra.setdefault("security_protocol", "SSL")
         return KafkaClientConfig(self.bootstrap, client_id=self.client_id or client_id, extra=extra)
+
+
+def _upper_choice(extra: dict[str, Any], key: str, allowed: Sequence[str]) -> None:
+    """Upper-case ``extra[key]`` (an aiokafka keyword) if set, and check it is one of ``allowed``.
+
+    Raises:
+        ConfigurationError: it is not; the message names the ``kafka.`` option.
+    """
+    value = extra.get(key)
+    if value is None:
+        return
+    extra[key] = value = value.upper()
+    if value not in allowed:
+        raise ConfigurationError(
+            f"option 'kafka.{key.replace('_', '.')}'={value!r} is not one of {', '.join(allowed)}"
+        )
