@@ -23,6 +23,7 @@ import collections
 import contextlib
 import functools
 import os
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
@@ -34,6 +35,7 @@ import prometheus_client
 import structlog
 
 from queueflow import logging as qf_logging
+from queueflow.engine.fencing import MembershipLease
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
 from queueflow.kafka.config import KafkaClientConfig
@@ -68,6 +70,11 @@ class FaustRuntime:
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
+        conf = app.conf
+        self.lease = MembershipLease(
+            int(conf.broker_session_timeout * 1000), int(conf.broker_heartbeat_interval * 1000)
+        )
+        self._watched: object | None = None
 
     @property
     def generation(self) -> int:
@@ -90,6 +97,36 @@ class FaustRuntime:
             TopicPartition(tp.topic, tp.partition) for tp in self.app.assignor.assigned_actives()
         }
 
+    def lease_remaining_ms(self) -> int:
+        """How long (ms) this worker's membership is proven by an OK heartbeat to last."""
+        return self.lease.remaining_ms(self.generation, int(time.monotonic() * 1000))
+
+    def watch_heartbeats(self) -> None:
+        """Record every OK heartbeat of the aiokafka consumer's group coordinator in
+        :attr:`lease` (idempotent; call it once the consumer exists, e.g. on assignment).
+
+        It wraps ``GroupCoordinator._do_heartbeat`` (aiokafka 0.14's private API, which
+        returns True when the broker still knows the member), which runs in Faust's consumer
+        thread: the lease keeps one tuple, replaced atomically.
+        """
+        consumer: Any = self.app.consumer  # faust.transport.drivers.aiokafka.Consumer
+        coordinator = consumer._thread._ensure_consumer()._coordinator
+        if coordinator is self._watched:
+            return
+        self._watched = coordinator
+        original = coordinator._do_heartbeat
+        lease = self.lease
+
+        async def do_heartbeat() -> bool:
+            generation = int(coordinator.generation)
+            sent_ms = int(time.monotonic() * 1000)
+            ok = bool(await original())
+            if ok:
+                lease.heartbeat_ok(generation, sent_ms)
+            return ok
+
+        coordinator._do_heartbeat = do_heartbeat
+
 
 class FaustSender:
     """:class:`~queueflow.server.context.ControlSender` through the worker's aiokafka producer:
@@ -98,6 +135,11 @@ class FaustSender:
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
+        conf = app.conf
+        self.lease = MembershipLease(
+            int(conf.broker_session_timeout * 1000), int(conf.broker_heartbeat_interval * 1000)
+        )
+        self._watched: object | None = None
 
     async def send(
         self, topic: str, partition: int, value: bytes, key: bytes | None = None
@@ -161,6 +203,11 @@ class ChangelogWriter:
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
+        conf = app.conf
+        self.lease = MembershipLease(
+            int(conf.broker_session_timeout * 1000), int(conf.broker_heartbeat_interval * 1000)
+        )
+        self._watched: object | None = None
         self._outbox: collections.deque[tuple[Any, int, bytes, bytes | None, asyncio.Future[None]]]
         self._outbox = collections.deque()
         self._unacked: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -386,11 +433,12 @@ class ShareGroups:
         conf = app.conf
         self._offsets = LogOffsets(self.kafka)
         self._metadata = TopicMetadata(self.kafka)
+        self._runtime = FaustRuntime(app)
         self.server_context = ServerContext(
             namespace=self.namespace,
             settings=self.settings,
             sender=FaustSender(app),
-            runtime=FaustRuntime(app),
+            runtime=self._runtime,
             log_offsets=self._offsets,
             topic_metadata=self._metadata,
             stall_limit_ms=int(
@@ -545,6 +593,7 @@ class ShareGroups:
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         epoch = self.app.consumer_generation_id
+        self._runtime.watch_heartbeats()
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()
             leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
@@ -557,6 +606,7 @@ class ShareGroups:
             await self.endpoint.announce()
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
+        self._runtime.lease.reset()  # the next generation proves itself by a heartbeat
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()
             leader.revoke({tp.partition for tp in revoked if tp.topic == name})

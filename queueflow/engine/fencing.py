@@ -21,6 +21,14 @@ queueflow's state lives in the leader's own Faust table, so the arbiter is Kafka
   limit later, Faust has neither rebalanced nor changed its generation, the worker kept its
   membership (Faust heartbeats from its own thread, so a blocked loop alone doesn't lose it):
   it sends a new fence and serves again once it reads it.
+* **Membership lease (direct path).** Requests on the direct path (see
+  :mod:`queueflow.server.endpoint`) never pass through the request log, so a newer fence
+  can't split them. A worker whose Faust membership lapses while its event loop keeps running
+  (its heartbeats fail: a partition from the group coordinator, a stuck consumer thread)
+  would go on answering them. The broker keeps a member for the session timeout after the
+  last heartbeat it accepted, so a heartbeat *sent* at t and answered OK proves membership
+  until t + session timeout. :class:`MembershipLease` tracks that, and the direct path serves
+  only within it, minus a margin, and never parks a request past its end.
 
 A superseded leader's writes from before the fence carry its old state epoch, and delta keys
 include the state epoch (:func:`~queueflow.protocol.state_codec.delta_key`), so replay never
@@ -36,7 +44,7 @@ from dataclasses import dataclass
 
 from queueflow.errors import FencedStateEpochError
 
-__all__ = ["FenceOutcome", "LeaderFencing", "Leadership"]
+__all__ = ["FenceOutcome", "LeaderFencing", "Leadership", "MembershipLease"]
 
 
 class FenceOutcome(enum.Enum):
@@ -191,3 +199,44 @@ class LeaderFencing:
                 lead.fenced = lead.stalled_at_ms = lead.fence_sent_ms = None
                 resumed.append(p)
         return resumed
+
+
+class MembershipLease:
+    """How long this worker's Faust group membership is certain to last (the direct path's
+    fence; see the module docstring).
+
+    Args:
+        session_timeout_ms: the Faust consumer-group session timeout (ms).
+        margin_ms: served requests end this long (ms) before the membership could lapse
+            (one heartbeat interval covers request latency and the broker's processing).
+
+    Raises:
+        ValueError: ``margin_ms`` is negative or not below ``session_timeout_ms``.
+    """
+
+    def __init__(self, session_timeout_ms: int, margin_ms: int) -> None:
+        if not 0 <= margin_ms < session_timeout_ms:
+            raise ValueError(
+                f"margin_ms must be in [0, session_timeout_ms={session_timeout_ms}), "
+                f"got {margin_ms}"
+            )
+        self.session_timeout_ms = session_timeout_ms
+        self.margin_ms = margin_ms
+        self._proof: tuple[int, int] | None = None  # (generation, heartbeat sent at ms)
+
+    def heartbeat_ok(self, generation: int, sent_ms: int) -> None:
+        """A heartbeat of ``generation`` sent at monotonic ``sent_ms`` was answered OK."""
+        if self._proof is None or self._proof < (generation, sent_ms):
+            self._proof = (generation, sent_ms)
+
+    def reset(self) -> None:
+        """Forget every proof (a rebalance began; the new generation must prove itself)."""
+        self._proof = None
+
+    def remaining_ms(self, generation: int, now_ms: int) -> int:
+        """How long (ms, ``<= 0`` when none) requests may still be served at ``generation``:
+        until the newest OK heartbeat of that generation's send time plus the session
+        timeout, minus the margin."""
+        if self._proof is None or self._proof[0] != generation:
+            return 0
+        return self._proof[1] + self.session_timeout_ms - self.margin_ms - now_ms

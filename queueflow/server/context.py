@@ -75,6 +75,12 @@ class ServerRuntime(Protocol):
         """The request and coordinator partitions this worker owns."""
         ...
 
+    def lease_remaining_ms(self) -> int | None:
+        """How long (ms; ``<= 0``: not now) this worker's group membership is proven to last
+        (:class:`~queueflow.engine.fencing.MembershipLease`), or ``None`` for hosts whose
+        membership can't lapse. The direct path serves only within it."""
+        ...
+
 
 class LogOffsetsSource(Protocol):
     """Log start and end offsets of source partitions (see :mod:`queueflow.server.log_offsets`)."""

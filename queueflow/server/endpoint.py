@@ -8,6 +8,8 @@ Faust's consumer thread (docs/architecture.md, "The direct path"). Frames are
 * :class:`LeaderEndpoint` serves the connections: each request is answered by
   :meth:`ShareLeader.serve <queueflow.server.leader.ShareLeader.serve>`, which refuses
   share-partitions this worker does not lead with ``NOT_LEADER_OR_FOLLOWER``.
+* It serves only while an OK heartbeat proves the worker's group membership
+  (:class:`~queueflow.engine.fencing.MembershipLease`); requests park no longer than that.
 * It announces itself: every :data:`ANNOUNCE_INTERVAL_S`, and whenever the partitions it is live
   on change, it sends a :class:`~queueflow.protocol.messages.LeaderAnnouncement` per led topic to
   the coordinator, which hands the addresses to members in heartbeat answers.
@@ -23,6 +25,7 @@ import contextlib
 import socket
 from collections.abc import Mapping
 
+import msgspec
 import structlog
 
 from queueflow.errors import ShareGroupError
@@ -110,8 +113,11 @@ class LeaderEndpoint:
     async def announce(self) -> None:
         """Tell the coordinator which partitions this worker is live on, per led topic, when
         they changed or every :data:`ANNOUNCE_INTERVAL_S` (call it often; it is cheap)."""
+        lease_ms = self.ctx.runtime.lease_remaining_ms()
         if not self.address or not self.ctx.runtime.streams_active:
             return
+        if lease_ms is not None and lease_ms <= 0:
+            return  # it would refuse every request (see _answer)
         now = self.ctx.clock.monotonic()
         due = now - self._announced_at >= ANNOUNCE_INTERVAL_S
         for topic, leader in list(self.leaders.items()):
@@ -185,11 +191,20 @@ class LeaderEndpoint:
             writer.close()
             return
         leader = self.leaders.get(request.topic)
+        lease_ms = self.ctx.runtime.lease_remaining_ms()
         if leader is None:
             response = not_leader(
                 request, f"this worker leads no share-partition of topic {request.topic!r}"
             )
+        elif lease_ms is not None and lease_ms <= 0:
+            # Its membership may have lapsed and its partitions moved: only the request log,
+            # split by the successor's fence, can still say who leads (engine.fencing).
+            response = not_leader(
+                request, "no recent OK heartbeat proves this worker's group membership"
+            )
         else:
+            if lease_ms is not None and request.max_wait_ms > lease_ms:
+                request = msgspec.structs.replace(request, max_wait_ms=lease_ms)
             response = await leader.serve(request)
         async with write_lock:
             framing.write_frame(writer, protocol.encode_binary(response))

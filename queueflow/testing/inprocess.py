@@ -221,6 +221,8 @@ class _Runtime:
         self.generation = 1
         self.rebalancing = False
         self.streams_active = True
+        #: what :meth:`lease_remaining_ms` answers (ms; tests set it to end the lease)
+        self.lease_ms: int | None = None
 
     def assigned(self) -> set[TopicPartition]:
         namespace = self.cluster.namespace
@@ -229,6 +231,10 @@ class _Runtime:
             request_topic = internal.fetch_topic(namespace, name)
             owned.update(TopicPartition(request_topic, p) for p in range(count))
         return owned
+
+    def lease_remaining_ms(self) -> int | None:
+        """The one in-memory worker's membership can't lapse, unless a test sets one."""
+        return self.lease_ms
 
 
 class InProcessCluster:

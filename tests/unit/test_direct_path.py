@@ -294,3 +294,31 @@ def test_a_cancelled_long_poll_is_answered_at_once_and_acquires_nothing() -> Non
             await consumer.close()
 
     run(scenario())
+
+
+def test_a_worker_whose_membership_lease_ended_refuses_direct_requests() -> None:
+    """A worker with no recent OK heartbeat may have lost its partitions without knowing:
+    it answers NOT_LEADER over the direct path (the member re-routes through the request log,
+    which the successor's fence splits), and parks no request past the lease's end."""
+
+    async def scenario() -> None:
+        async with direct_cluster(records=1) as cluster:
+            assert cluster.endpoint is not None
+            runtime: Any = cluster.server.runtime
+            client = DirectClient()
+            runtime.lease_ms = 0
+            refused = await client.call(cluster.endpoint.address, fetch("m1", 1), 2.0)
+            assert refused.error == ErrorCode.NOT_LEADER_OR_FOLLOWER.value
+            assert "heartbeat" in refused.error_message and refused.acquired == []
+            runtime.lease_ms = 200  # proven for 0.2 s more: a 5 s long poll ends by then
+            served = await client.call(cluster.endpoint.address, fetch("m1", 2), 2.0)
+            assert served.acquired == [(0, 0, 1)]
+            started = time.monotonic()
+            parked = await client.call(
+                cluster.endpoint.address, fetch("m1", 3, max_wait_ms=5_000), 4.0
+            )
+            assert parked.acquired == [] and parked.error == ErrorCode.NONE.value
+            assert time.monotonic() - started < 1.5
+            await client.close()
+
+    run(scenario())

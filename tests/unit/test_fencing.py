@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from queueflow.engine import AcknowledgementBatch, AcknowledgeType, SharePartitionConfig
-from queueflow.engine.fencing import FenceOutcome, LeaderFencing
+from queueflow.engine.fencing import FenceOutcome, LeaderFencing, MembershipLease
 from queueflow.errors import ErrorCode, FencedStateEpochError
 from queueflow.server.durable import DurableSharePartition, delta_key
 
@@ -178,3 +178,26 @@ def test_fences_are_sent_once_and_resent_until_read_back() -> None:
     assert f.fences_due(1200, resend_after_ms=1000) == []
     f.on_fence(1, 4)
     assert f.fences_due(9000, resend_after_ms=1000) == []
+
+
+def test_membership_lease_lasts_a_session_from_the_newest_ok_heartbeat_send() -> None:
+    lease = MembershipLease(session_timeout_ms=10_000, margin_ms=1_000)
+    assert lease.remaining_ms(generation=3, now_ms=0) == 0  # nothing proven yet
+    lease.heartbeat_ok(generation=3, sent_ms=5_000)
+    assert lease.remaining_ms(3, now_ms=6_000) == 8_000  # 5 s + 10 s - 1 s margin - 6 s
+    lease.heartbeat_ok(3, sent_ms=4_000)  # an older heartbeat answered late proves less
+    assert lease.remaining_ms(3, now_ms=6_000) == 8_000
+    assert lease.remaining_ms(3, now_ms=14_000) == 0
+    assert lease.remaining_ms(3, now_ms=20_000) < 0
+    # Another generation's heartbeats prove nothing about this one, and a rebalance forgets.
+    assert lease.remaining_ms(4, now_ms=6_000) == 0
+    lease.heartbeat_ok(4, sent_ms=7_000)
+    assert lease.remaining_ms(4, now_ms=7_000) == 9_000
+    lease.reset()
+    assert lease.remaining_ms(4, now_ms=7_000) == 0
+
+
+@pytest.mark.parametrize("margin_ms", [-1, 10_000, 20_000])
+def test_membership_lease_margin_must_be_below_the_session(margin_ms: int) -> None:
+    with pytest.raises(ValueError, match="margin_ms must be in"):
+        MembershipLease(session_timeout_ms=10_000, margin_ms=margin_ms)
