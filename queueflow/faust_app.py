@@ -39,6 +39,7 @@ from queueflow.engine.fencing import MembershipLease
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.member.agent import Decoder, Handler, ShareAgent
 from queueflow.member.context import MemberContext
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
@@ -414,6 +415,7 @@ class ShareGroups:
             app.conf.broker,
             client_id=self.namespace,
             replication_factor=int(app.conf.topic_replication_factor),
+            extra=credentials_to_kwargs(app.conf.broker_credentials, app.conf.ssl_context),
         )
         self.member_context = MemberContext.for_kafka(
             self.kafka, self.namespace, self.settings, self.metrics
