@@ -8,12 +8,14 @@ where the client runs (an SSL context cannot be pickled to executors).
 
 from __future__ import annotations
 
+import ssl as _ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig, bootstrap_servers
+from queueflow.kafka.security import security_kwargs
 
 __all__ = [
     "KAFKA_CLIENT_OPTIONS",
@@ -45,6 +47,8 @@ KAFKA_CLIENT_OPTIONS: Final[Mapping[str, type]] = {
     "retry.backoff.ms": int,
     "metadata.max.age.ms": int,
 }
+#: Prefixes of the aiokafka security keyword arguments among the ``kafka.*`` options.
+_SECURITY: Final = ("sasl_", "security_")
 SECRET_OPTIONS: Final = ("sasl.plain.password", "ssl.password")
 _SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "GSSAPI", "OAUTHBEARER")
@@ -138,7 +142,31 @@ class KafkaOptions:
                 extra[name.replace(".", "_")] = value
         _upper_choice(extra, "security_protocol", _SECURITY_PROTOCOLS)
         _upper_choice(extra, "sasl_mechanism", _SASL_MECHANISMS)
-        return cls(bootstrap_servers(raw), extra, ssl, client_id)
+        options_ = cls(bootstrap_servers(raw), extra, ssl, client_id)
+        options_._security(_ssl.SSLContext(_ssl.PROTOCOL_TLS_CLIENT) if ssl else None)
+        return options_
+
+    def _security(self, context: _ssl.SSLContext | None) -> dict[str, Any]:
+        """The checked security keyword arguments, with ``context`` as the SSL context.
+
+        Raises:
+            ConfigurationError: an invalid combination, named by its ``kafka.`` options.
+        """
+        try:
+            return security_kwargs(**{**self.extra, "ssl_context": context})
+        except ConfigurationError as exc:
+            given = ", ".join(
+                [
+                    f"kafka.{k.replace('_', '.')}"
+                    for k in self.extra
+                    if k.startswith(("sasl", "sec"))
+                ]
+                + [f"kafka.ssl.{k}" for k in self.ssl]
+            )
+            raise ConfigurationError(
+                f"the Kafka security options ({given}) do not fit together: {exc} (ssl_context "
+                f"is built from kafka.ssl.*, the rest are kafka.<name with dots>)"
+            ) from exc
 
     def client_config(self, client_id: str) -> KafkaClientConfig:
         """The :class:`KafkaClientConfig` for aiokafka clients (call it where the client runs).
@@ -146,12 +174,13 @@ class KafkaOptions:
         An SSL context is created (``aiokafka.helpers.create_ssl_context``) when SSL files are
         given or the protocol is ``SSL``/``SASL_SSL``.
         """
-        extra: dict[str, Any] = dict(self.extra)
-        if self.ssl or extra.get("security_protocol") in ("SSL", "SASL_SSL"):
+        context = None
+        if self.ssl:
             from aiokafka.helpers import create_ssl_context
 
-            extra["ssl_context"] = create_ssl_context(**self.ssl)
-            extra.setdefault("security_protocol", "SSL")
+            context = create_ssl_context(**self.ssl)
+        extra = {k: v for k, v in self.extra.items() if not k.startswith(("sasl_", "security_"))}
+        extra.update(self._security(context))
         return KafkaClientConfig(self.bootstrap, client_id=self.client_id or client_id, extra=extra)
 
 

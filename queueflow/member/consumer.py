@@ -21,6 +21,7 @@ next poll, or are sent at once by :meth:`commit_sync` / :meth:`commit_async`.
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ import structlog
 
 from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.security import security_kwargs
 from queueflow.member.context import MemberContext
 from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
@@ -63,9 +65,20 @@ class ShareConsumer:
         context: the member context to run in, instead of one built from
             ``bootstrap_servers`` and ``settings`` (e.g. an in-process one from
             :mod:`queueflow.testing.inprocess`).
+        security_protocol: ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``, as in
+            aiokafka; default from the other security arguments (see
+            :func:`queueflow.kafka.security.security_kwargs`).
+        sasl_mechanism: ``PLAIN``, ``SCRAM-SHA-256``, ``SCRAM-SHA-512``, ... (default ``PLAIN``
+            for SASL protocols).
+        sasl_plain_username: the SASL user (PLAIN/SCRAM).
+        sasl_plain_password: its password.
+        ssl_context: TLS context: the cluster's CA, and a client certificate for mutual TLS
+            (``aiokafka.helpers.create_ssl_context(cafile=..., certfile=..., keyfile=...)``).
+            Every Kafka client of the consumer uses these security settings.
 
     Raises:
-        ConfigurationError: an invalid mode or setting.
+        ConfigurationError: an invalid mode or setting, or an invalid combination of security
+            arguments (the message names it).
     """
 
     def __init__(
@@ -80,6 +93,11 @@ class ShareConsumer:
         settings: ShareGroupSettings | Mapping[str, Any] | None = None,
         client_id: str = "queueflow-share-consumer",
         context: MemberContext | None = None,
+        security_protocol: str | None = None,
+        sasl_mechanism: str | None = None,
+        sasl_plain_username: str | None = None,
+        sasl_plain_password: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ConfigurationError(
@@ -88,9 +106,18 @@ class ShareConsumer:
         self.group = group
         self.app_id = app_id
         self.mode = acknowledgement_mode
+        security = security_kwargs(
+            security_protocol=security_protocol,
+            sasl_mechanism=sasl_mechanism,
+            sasl_plain_username=sasl_plain_username,
+            sasl_plain_password=sasl_plain_password,
+            ssl_context=ssl_context,
+        )
         if context is None:
             context = MemberContext.for_kafka(
-                KafkaClientConfig.from_broker(bootstrap_servers, client_id=client_id),
+                KafkaClientConfig.from_broker(
+                    bootstrap_servers, client_id=client_id, extra=security
+                ),
                 app_id,
                 (
                     settings

@@ -10,6 +10,7 @@ import pytest
 
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.options import KafkaOptions
 from queueflow.kafka.security import credentials_to_kwargs, security_kwargs
 
 
@@ -133,3 +134,35 @@ def test_security_kwargs_defaults(context: ssl.SSLContext) -> None:
 def test_invalid_combinations(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         security_kwargs(**kwargs)  # type: ignore[arg-type]
+
+
+def test_spark_kafka_options_reach_the_client_config() -> None:
+    opts = KafkaOptions.parse(
+        {
+            "bootstrap.servers": "h:1",
+            "kafka.security.protocol": "sasl_ssl",
+            "kafka.sasl.mechanism": "SCRAM-SHA-512",
+            "kafka.sasl.plain.username": "u",
+            "kafka.sasl.plain.password": "p",
+        }
+    )
+    kwargs = opts.client_config("spark").client_kwargs()
+    assert kwargs["security_protocol"] == "SASL_SSL"
+    assert kwargs["sasl_mechanism"] == "SCRAM-SHA-512"
+    assert isinstance(kwargs["ssl_context"], ssl.SSLContext)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"kafka.security.protocol": "PLAINTEXT", "kafka.ssl.cafile": "/ca.pem"},
+            "kafka.ssl.cafile",
+        ),
+        ({"kafka.sasl.plain.username": "u"}, "sasl_plain_password is not set"),
+        ({"kafka.security.protocol": "SSL", "kafka.sasl.mechanism": "PLAIN"}, "SASL_SSL"),
+    ],
+)
+def test_spark_kafka_options_invalid_combinations(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        KafkaOptions.parse({"bootstrap.servers": "h:1", **options})
