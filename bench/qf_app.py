@@ -58,6 +58,9 @@ _go_seen = go()
 _started: dict[tuple[int, int], float] = {}
 _to_handler: list[float] = []
 _to_handler_ts: list[float] = []
+#: (produced at, s since epoch; partition; offset; delivery count) per _to_handler sample: the
+#: report places the slow ones in time and in the log
+_to_handler_where: list[tuple[float, int, int, int]] = []
 _to_ack: list[float] = []
 
 app = queueflow.App(
@@ -256,6 +259,7 @@ async def handle(record: queueflow.ShareRecord) -> Any:
     if MODE == "latency":
         produced = stamp_of(record.value)
         _to_handler.append(now - produced)
+        _to_handler_where.append((produced, record.partition, record.offset, record.delivery_count))
         _to_handler_ts.append(now - record.timestamp / 1000)
         _started[(record.partition, record.offset)] = produced
         return None
@@ -303,6 +307,7 @@ def _write_samples() -> None:
                     "to_handler": _to_handler,
                     "to_handler_record_ts": _to_handler_ts,
                     "to_ack": _to_ack,
+                    "to_handler_where": _to_handler_where,
                 },
                 f,
             )

@@ -48,8 +48,17 @@ def latency_run(ctx: Context, label: str, rate: float) -> dict[str, Any]:
     create_topic(ctx.bootstrap, topic, S1_PARTITIONS)
     produced: dict[str, Any] = {}
 
-    def produce_during(_fleet: Fleet) -> None:
+    def produce_during(fleet: Fleet) -> None:
+        # A running queue's latency, not a cold start's: produce once every member has had an
+        # empty long poll answered (its share-partitions exist and its fetches are parked).
+        members = [w for w in fleet.workers if not w.name.startswith("leader")]
+        warm = fleet.wait(
+            lambda stats: all((s.get("timings") or {}).get("empty_fetches") for s in stats),
+            30,
+            members=members,
+        )
         produced.update(paced_produce(ctx.bootstrap, topic, count, rate, S1_PARTITIONS))
+        produced["warm"] = warm
 
     name = "s3-latency-" + label.rstrip("%")
     result = run_queueflow(
@@ -69,6 +78,7 @@ def latency_run(ctx: Context, label: str, rate: float) -> dict[str, Any]:
         "rate_target": round(rate, 1),
         "records": count,
         "produce_rate": produced.get("rate"),
+        "members_warm_before_producing": produced.get("warm"),
         "finished": result.get("records"),
         "error": result.get("error"),
         "timings": result.get("timings"),

@@ -374,6 +374,7 @@ class ShareAgent:
         while not self._stopping:
             wanted = set(session.assignment)
             for tp in wanted - set(self._fetchers):
+                session.prepare(tp)
                 self._fetchers[tp] = [
                     self._spawn(self._fetch_loop(tp)) for _ in range(FETCHES_IN_FLIGHT)
                 ]

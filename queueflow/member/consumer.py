@@ -253,6 +253,8 @@ class ShareConsumer:
                     if tp in pending_acks:
                         self._acknowledge_now(tp)  # don't wait for the long poll to end
                 else:
+                    if tp in session.assignment:
+                        session.prepare(tp)  # idempotent: its reader connects once
                     wait_ms = min(self.settings.fetch_max_wait_ms, int(remaining * 1000))
                     inflight[tp] = asyncio.ensure_future(
                         self._fetch(tp, tp in session.assignment, wait_ms)

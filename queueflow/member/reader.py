@@ -9,6 +9,7 @@ compacted-away records) are reported as gaps, which the member acknowledges as `
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import OrderedDict
@@ -109,6 +110,11 @@ class RecordSource(Protocol):
         """
         ...
 
+    def prepare(self, tp: TopicPartition) -> None:
+        """``tp`` was assigned: get ready to read it (in the background; never raises), so
+        the first acquired records don't wait for a connection."""
+        ...
+
     def remember_released(self, record: ShareRecord) -> None:
         """Keep a RELEASEd record so its redelivery to this member needs no read."""
         ...
@@ -141,6 +147,12 @@ class KafkaRecordReader:
         if reader is None:
             reader = self._readers[tp] = PartitionReader(self.kafka, tp[0], tp[1])
         return await reader.read(acquired, timeout_ms)
+
+    def prepare(self, tp: TopicPartition) -> None:
+        """See :meth:`RecordSource.prepare`: the partition's reader connects, paused."""
+        if tp not in self._readers:
+            reader = self._readers[tp] = PartitionReader(self.kafka, tp[0], tp[1])
+            reader.warm()
 
     def remember_released(self, record: ShareRecord) -> None:
         """See :meth:`RecordSource.remember_released`."""
@@ -193,6 +205,7 @@ class PartitionReader:
         # keep long-polling the partition (prefetch) forever.
         self._paused = False
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._warming: asyncio.Future[None] | None = None
 
     def remember_released(self, record: ShareRecord) -> None:
         """Keep a record its handler RELEASEd: it is likely acquired again by this member, and
@@ -227,18 +240,39 @@ class PartitionReader:
             )
         return True
 
-    async def start(self) -> None:
-        """Start the consumer (once)."""
+    async def start(self, paused: bool = False) -> None:
+        """Start the consumer (once); with ``paused``, it fetches nothing until the first read.
+
+        Raises:
+            Exception: aiokafka's error when the cluster can't be reached.
+        """
         async with self._lock:
             if not self._started:
                 await self.consumer.start()
                 self.consumer.assign([self.tp])
+                if paused:  # before any await: no fetch goes out from the default position
+                    self.consumer.pause(self.tp)
+                    self._paused = True
                 self._started = True
+
+    def warm(self) -> None:
+        """Start the consumer paused, in the background: connections and metadata are ready
+        when the first records are acquired (a failure is left to the first read)."""
+
+        async def start_paused() -> None:
+            with contextlib.suppress(Exception):
+                await self.start(paused=True)
+
+        self._warming = asyncio.ensure_future(start_paused())
 
     async def close(self) -> None:
         """Stop the consumer."""
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+        if self._warming is not None:
+            self._warming.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warming
         await self.consumer.stop()
 
     async def read(

@@ -318,6 +318,10 @@ class ShareFetchSession:
             result.lock_timeout_ms = response.lock_timeout_ms
         return result
 
+    def prepare(self, tp: TopicPartition) -> None:
+        """``tp`` was just assigned: its record source connects in the background."""
+        self._source.prepare(tp)
+
     async def drop(self, tp: TopicPartition) -> None:
         """Forget a share-partition no longer assigned (close its reader)."""
         await self._source.drop(tp)

@@ -154,6 +154,9 @@ class _RecordSource:
     def __init__(self, cluster: InProcessCluster) -> None:
         self.cluster = cluster
 
+    def prepare(self, tp: TopicPartition) -> None:
+        pass  # the log is in memory
+
     async def read(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
     ) -> tuple[list[ShareRecord], list[int]]:
