@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import stamina
+from integration.security_env import secured_broker  # noqa: F401 (a fixture)
 
 from queueflow.devtools.broker import (
     LocalBroker,

@@ -34,6 +34,7 @@ from queueflow.devtools.broker.logtail import LOG_TAIL_LINES, file_size, tail_fi
 from queueflow.devtools.broker.maven import kafka_libs
 from queueflow.devtools.broker.ports import PortInUseError, port_in_use
 from queueflow.devtools.broker.probe import SHARE_VERSION, probe
+from queueflow.devtools.broker.secure import BrokerSecurity
 from queueflow.devtools.broker.tools import run_kafka_tool
 from queueflow.errors import BrokerError
 
@@ -91,6 +92,10 @@ class LocalBroker:
             ``{"group.share.record.lock.duration.ms": "1000"}``; applied on every start.
         jvm_opts: broker JVM options; default ``$QUEUEFLOW_BROKER_JVM_OPTS`` or
             :data:`DEFAULT_BROKER_JVM_OPTS`.
+        security: the secured mode (SASL_SSL and mTLS listeners, StandardAuthorizer, SCRAM
+            users added at format time, certificates generated at the first start); see
+            :mod:`queueflow.devtools.broker.secure`. The PLAINTEXT listener stays, for the
+            readiness probe, and gets no ACLs.
     """
 
     def __init__(
@@ -101,6 +106,7 @@ class LocalBroker:
         extra_config: Mapping[str, str] | None = None,
         *,
         jvm_opts: Sequence[str] | None = None,
+        security: BrokerSecurity | None = None,
     ) -> None:
         if port == controller_port:
             raise BrokerError(f"port and controller_port must differ (both {port})")
@@ -111,6 +117,7 @@ class LocalBroker:
             str(k): str(v) for k, v in (extra_config or {}).items()
         }
         self.jvm_opts = list(jvm_opts) if jvm_opts is not None else None
+        self.security = security
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offsets: tuple[int, int] = (0, 0)  # sizes of broker.log/.out at launch
 
@@ -130,6 +137,28 @@ class LocalBroker:
     def bootstrap(self) -> str:
         """The bootstrap address clients use: ``"127.0.0.1:<port>"``."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """The SASL_SSL listener's address, ``"127.0.0.1:<sasl_port>"`` (secured mode only).
+
+        Raises:
+            BrokerError: the broker was made without ``security``.
+        """
+        if self.security is None:
+            raise BrokerError(f"{self!r} has no secured mode (LocalBroker(security=...))")
+        return f"127.0.0.1:{self.security.sasl_port}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """The mTLS listener's address, ``"127.0.0.1:<ssl_port>"`` (secured mode only).
+
+        Raises:
+            BrokerError: the broker was made without ``security``.
+        """
+        if self.security is None:
+            raise BrokerError(f"{self!r} has no secured mode (LocalBroker(security=...))")
+        return f"127.0.0.1:{self.security.ssl_port}"
 
     @property
     def log_path(self) -> Path:
@@ -253,7 +282,12 @@ class LocalBroker:
         libs = kafka_libs()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._check_format_ports()
-        for port in (self.port, self.controller_port):
+        ports = [self.port, self.controller_port]
+        if self.security is not None:
+            ports += [self.security.sasl_port, self.security.ssl_port]
+            if not self.is_formatted() or not self.security.ca_path.is_file():
+                self.security.generate()
+        for port in ports:
             if port_in_use(port):
                 raise PortInUseError(
                     f"port {port} on 127.0.0.1 is already in use (another Kafka broker?). Stop "
@@ -362,7 +396,13 @@ class LocalBroker:
             "CONTROLLER_PORT": str(self.controller_port),
             "LOG_DIRS": str(self.log_dirs),
         }
-        server = _override_properties(_render("server.properties", tokens), self.extra_config)
+        overrides = dict(self.extra_config)
+        if self.security is not None:
+            overrides = {
+                **self.security.broker_config(self.port, self.controller_port),
+                **overrides,
+            }
+        server = _override_properties(_render("server.properties", tokens), overrides)
         self.config_path.write_text(server)
         log4j = _render("log4j2.properties", {"LOG_FILE": str(self.log_path)})
         self._log4j_path.write_text(log4j)
@@ -381,6 +421,7 @@ class LocalBroker:
                 str(self.config_path),
                 "--feature",
                 f"{SHARE_VERSION}=1",
+                *(self.security.format_args() if self.security is not None else []),
             ],
         )
         if proc.returncode != 0:

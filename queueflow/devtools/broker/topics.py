@@ -32,6 +32,7 @@ def create_topic(
     config: Mapping[str, str] | None = None,
     exist_ok: bool = False,
     timeout_s: float = 30.0,
+    client_kwargs: Mapping[str, Any] | None = None,
 ) -> None:
     """Create a topic (with :func:`queueflow.kafka.admin.ensure_topic`) and wait until every
     partition has a leader.
@@ -44,13 +45,24 @@ def create_topic(
         config: topic configs, e.g. ``{"retention.ms": "60000"}``.
         exist_ok: do not fail if the topic already exists.
         timeout_s: overall bound in seconds, creation plus waiting for metadata.
+        client_kwargs: further aiokafka admin client arguments, e.g. the security settings of a
+            secured cluster (``security_protocol``, ``sasl_*``, ``ssl_context``).
 
     Raises:
         BrokerError: the topic exists and not ``exist_ok``, the broker refused the topic, or it
             had no leaders within ``timeout_s``.
     """
     run_blocking(
-        _create_topic(bootstrap, name, partitions, replication_factor, config, exist_ok, timeout_s)
+        _create_topic(
+            bootstrap,
+            name,
+            partitions,
+            replication_factor,
+            config,
+            exist_ok,
+            timeout_s,
+            client_kwargs or {},
+        )
     )
 
 
@@ -62,13 +74,14 @@ async def _create_topic(
     config: Mapping[str, str] | None,
     exist_ok: bool,
     timeout_s: float,
+    client_kwargs: Mapping[str, Any],
 ) -> None:
     deadline = time.monotonic() + timeout_s
     timeout_ms = max(int(timeout_s * 1000), 1000)
     client = KafkaClientConfig(
         bootstrap,
         client_id=_CLIENT_ID,
-        extra={"request_timeout_ms": timeout_ms},
+        extra={"request_timeout_ms": timeout_ms, **client_kwargs},
         replication_factor=replication_factor,
     )
     admin = AIOKafkaAdminClient(**client.client_kwargs())

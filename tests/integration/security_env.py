@@ -1,0 +1,104 @@
+"""The secured broker of the security tests and the minimal ACLs of docs/operations.md.
+
+* ``secured_broker`` (session): a second :class:`LocalBroker` in secured mode (SASL_SSL with
+  SCRAM-SHA-512 and PLAIN, an mTLS listener, StandardAuthorizer, no ACL = denied), started only
+  when a test asks for it and stopped at the end of the session. Its users are
+  :data:`USERS`; ``admin`` is a super user.
+* :func:`role_acls`: exactly the ACLs of the "Secured clusters" section of docs/operations.md,
+  per role, for an app id, source topics and share groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from queueflow.devtools.broker import LocalBroker, find_free_ports
+from queueflow.devtools.broker.acls import AclBinding
+from queueflow.devtools.broker.secure import BrokerSecurity
+from queueflow.protocol import topics as qf_topics
+
+#: SASL users of the secured broker, ``{name: password}``.
+USERS = {
+    "admin": "admin-secret",
+    "qf-all": "all-secret",
+    "qf-leader": "leader-secret",
+    "qf-member": "member-secret",
+    "qf-consumer": "consumer-secret",
+    "qf-nobody": "nobody-secret",
+}
+#: Seconds the secured broker may take to serve.
+START_TIMEOUT_S = 120.0
+#: A small heap: the plaintext session broker runs at the same time.
+JVM_OPTS = ["-Xms128m", "-Xmx384m", "-XX:+UseSerialGC"]
+
+
+@pytest.fixture(scope="session")
+def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    """A started secured LocalBroker (see the module docstring); stopped after the session."""
+    base = tmp_path_factory.mktemp("kafka-secured")
+    port, controller_port, sasl_port, ssl_port = find_free_ports(4)
+    security = BrokerSecurity(
+        base / "certs", sasl_port, ssl_port, USERS, admin="admin", client_certs=["qf-mtls"]
+    )
+    broker = LocalBroker(base / "data", port, controller_port, security=security, jvm_opts=JVM_OPTS)
+    broker.start(timeout_s=START_TIMEOUT_S)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def _topic(principal: str, name: str, *operations: str) -> list[AclBinding]:
+    return [AclBinding(principal, "topic", name, op) for op in operations]
+
+
+def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) -> list[AclBinding]:
+    """The minimal ACLs of ``role`` (``all``, ``leader``, ``member`` or ``consumer``, a
+    ShareConsumer) for app ``app_id`` on source topics ``sources`` (docs/operations.md).
+
+    Raises:
+        ValueError: an unknown role.
+    """
+    if role not in ("all", "leader", "member", "consumer"):
+        raise ValueError(f"unknown role {role!r}")
+    acls: list[AclBinding] = []
+    coordinator = qf_topics.coordinator_topic(app_id)
+    replies = qf_topics.reply_topic(app_id)
+    serves = role in ("all", "leader")
+    for source in sources:
+        acls += _topic(principal, source, "read", "describe")
+        fetch = qf_topics.fetch_topic(app_id, source)
+        if serves:
+            acls += _topic(principal, fetch, "create", "read", "write", "describe")
+            changelog = f"{app_id}-{qf_topics.state_table(source)}-changelog"
+            acls += _topic(principal, changelog, "create", "read", "write", "describe")
+        else:
+            acls += _topic(principal, fetch, "write", "describe")
+    if serves:
+        acls += _topic(principal, coordinator, "create", "read", "write", "describe")
+        acls += _topic(principal, replies, "create", "write", "describe")
+        acls += _topic(
+            principal, f"{app_id}-share-groups-changelog", "create", "read", "write", "describe"
+        )
+        acls += _topic(
+            principal, f"{app_id}-__assignor-__leader", "create", "read", "write", "describe"
+        )
+        acls += [AclBinding(principal, "group", app_id, op) for op in ("read", "describe")]
+    else:
+        acls += _topic(principal, coordinator, "write", "describe")
+        acls += _topic(principal, replies, "create", "read", "describe")
+    if role == "all":
+        acls += _topic(principal, replies, "read")
+    return acls
+
+
+__all__ = ["JVM_OPTS", "USERS", "role_acls", "secured_broker"]
+
+
+def cafile(broker: LocalBroker) -> Path:
+    """The CA certificate clients of ``broker`` trust."""
+    assert broker.security is not None
+    return broker.security.ca_path
