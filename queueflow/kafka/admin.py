@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.errors import TopicAlreadyExistsError, TopicAuthorizationFailedError, for_code
+from aiokafka.protocol.metadata import MetadataRequest
 
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig
@@ -79,6 +81,8 @@ async def existing_partition_counts(
     if not names:
         return {}
     existing = names & set(await admin.list_topics())
+    if existing != names:
+        await _check_authorized(admin, sorted(names - existing))
     if not existing:
         return {}
     described = await admin.describe_topics(sorted(existing))
@@ -87,6 +91,29 @@ async def existing_partition_counts(
         for d in described
         if d["error_code"] == 0 and d["partitions"]
     }
+
+
+async def _check_authorized(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+    """Ask for the metadata of ``names`` (never auto-creating them): a topic that was not
+    listed because this client may not see it is an authorization problem, not a missing topic.
+
+    Raises:
+        ConfigurationError: the principal may not describe one of ``names``; the message names
+            the topic and the ACL to grant.
+    """
+    response: Any = await admin._send_request(
+        MetadataRequest(names, allow_auto_topic_creation=False)
+    )
+    denied = [
+        topic[1] for topic in response.topics if for_code(topic[0]) is TopicAuthorizationFailedError
+    ]
+    if denied:
+        raise ConfigurationError(
+            f"not authorized to access topic(s) {', '.join(map(repr, denied))} "
+            f"(TOPIC_AUTHORIZATION_FAILED): the cluster has an authorizer and this client's "
+            f"principal has no ACL on them; grant the ACLs of its role (docs/operations.md, "
+            f"'Secured clusters'): at least DESCRIBE, plus READ on a source topic"
+        )
 
 
 async def topic_partition_counts(config: KafkaClientConfig, names: Iterable[str]) -> dict[str, int]:

@@ -15,16 +15,20 @@ import faust
 
 import queueflow
 
-context = ssl.create_default_context(cafile=os.environ["SEC_CAFILE"])
-app = queueflow.App(
-    os.environ["SEC_APP_ID"],
-    broker=f"kafka://{os.environ['SEC_BROKER']}",
-    broker_credentials=faust.SASLCredentials(
+credentials = (
+    faust.SASLCredentials(
         username=os.environ["SEC_USER"],
         password=os.environ["SEC_PASSWORD"],
         mechanism="SCRAM-SHA-512",
-        ssl_context=context,
-    ),
+        ssl_context=ssl.create_default_context(cafile=os.environ["SEC_CAFILE"]),
+    )
+    if os.environ.get("SEC_CAFILE")
+    else None
+)
+app = queueflow.App(
+    os.environ["SEC_APP_ID"],
+    broker=f"kafka://{os.environ['SEC_BROKER']}",
+    broker_credentials=credentials,
     share_settings={"share.auto.offset.reset": "earliest"},
 )
 topic = app.topic(os.environ["SEC_TOPIC"], value_serializer="json")

@@ -51,47 +51,53 @@ def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBr
         broker.stop()
 
 
-def _topic(principal: str, name: str, *operations: str) -> list[AclBinding]:
-    return [AclBinding(principal, "topic", name, op) for op in operations]
-
-
 def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) -> list[AclBinding]:
-    """The minimal ACLs of ``role`` (``all``, ``leader``, ``member`` or ``consumer``, a
-    ShareConsumer) for app ``app_id`` on source topics ``sources`` (docs/operations.md).
+    """The minimal ALLOW ACLs of ``role`` for app ``app_id`` on source topics ``sources``: exactly
+    the table of docs/operations.md ("Secured clusters"). DESCRIBE is never listed: Kafka implies
+    it from READ and WRITE.
+
+    Args:
+        role: ``all``, ``leader``, ``member``, or ``consumer`` (a ShareConsumer).
+        principal: e.g. ``"User:alice"`` or ``"User:CN=alice"``.
+        app_id: the queueflow app id (Faust app id).
+        sources: the source topics.
 
     Raises:
         ValueError: an unknown role.
     """
     if role not in ("all", "leader", "member", "consumer"):
         raise ValueError(f"unknown role {role!r}")
-    acls: list[AclBinding] = []
-    coordinator = qf_topics.coordinator_topic(app_id)
-    replies = qf_topics.reply_topic(app_id)
     serves = role in ("all", "leader")
+    handles = role in ("all", "member", "consumer")
+    topic_ops: dict[str, set[str]] = {}
+
+    def grant(topic: str, *ops: str) -> None:
+        topic_ops.setdefault(topic, set()).update(ops)
+
+    coordinator, replies = qf_topics.coordinator_topic(app_id), qf_topics.reply_topic(app_id)
     for source in sources:
-        acls += _topic(principal, source, "read", "describe")
+        grant(source, "read")
         fetch = qf_topics.fetch_topic(app_id, source)
         if serves:
-            acls += _topic(principal, fetch, "create", "read", "write", "describe")
-            changelog = f"{app_id}-{qf_topics.state_table(source)}-changelog"
-            acls += _topic(principal, changelog, "create", "read", "write", "describe")
-        else:
-            acls += _topic(principal, fetch, "write", "describe")
+            grant(fetch, "create", "read", "write")
+            grant(f"{app_id}-{qf_topics.state_table(source)}-changelog", "create", "read", "write")
+        if handles:
+            grant(fetch, "write")
     if serves:
-        acls += _topic(principal, coordinator, "create", "read", "write", "describe")
-        acls += _topic(principal, replies, "create", "write", "describe")
-        acls += _topic(
-            principal, f"{app_id}-share-groups-changelog", "create", "read", "write", "describe"
-        )
-        acls += _topic(
-            principal, f"{app_id}-__assignor-__leader", "create", "read", "write", "describe"
-        )
-        acls += [AclBinding(principal, "group", app_id, op) for op in ("read", "describe")]
-    else:
-        acls += _topic(principal, coordinator, "write", "describe")
-        acls += _topic(principal, replies, "create", "read", "describe")
-    if role == "all":
-        acls += _topic(principal, replies, "read")
+        grant(coordinator, "create", "read", "write")
+        grant(replies, "create", "write")
+        grant(f"{app_id}-share-groups-changelog", "create", "read", "write")
+        grant(f"{app_id}-__assignor-__leader", "create", "read")
+    if handles:
+        grant(coordinator, "write")
+        grant(replies, "create", "read")
+    acls = [
+        AclBinding(principal, "topic", topic, op)
+        for topic, ops in topic_ops.items()
+        for op in sorted(ops)
+    ]
+    if serves:
+        acls.append(AclBinding(principal, "group", app_id, "read"))
     return acls
 
 
