@@ -71,6 +71,7 @@ class Stats:
         self.extra: dict[str, Any] = {}
         go_path = os.environ.get("BENCH_GO")
         self._stop_path = f"{go_path}.stop" if go_path else None
+        self._quiet_path = f"{go_path}.quiet" if go_path else None
         self._stopped = False
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -122,6 +123,8 @@ class Stats:
                     with contextlib.suppress(Exception):
                         self.on_stop_file()
                 self.extra["stopped"] = True
+            if self._quiet_path and os.path.exists(self._quiet_path):
+                continue  # the driver measures idle CPU: these writes would be most of it
             with contextlib.suppress(Exception):
                 self.flush()
 
@@ -283,7 +286,7 @@ class Fleet:
         self.workers: list[Worker] = []
         self.go_path = run_dir / "go"
         run_dir.mkdir(parents=True, exist_ok=True)
-        for path in (self.go_path, Path(f"{self.go_path}.stop")):
+        for path in (self.go_path, Path(f"{self.go_path}.stop"), self.quiet_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
 
@@ -316,6 +319,21 @@ class Fleet:
         now = time.time()
         self.go_path.write_text(str(now))
         return now
+
+    @property
+    def quiet_path(self) -> Path:
+        """While this file exists, workers write no stats (see :meth:`quiet`)."""
+        return Path(f"{self.go_path}.quiet")
+
+    def quiet(self, on: bool) -> float:
+        """Stop (``on``) or resume the workers' stats writes, which cost more CPU than an idle
+        worker; returns the wall-clock time of the switch."""
+        if on:
+            self.quiet_path.write_text("")
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.quiet_path.unlink()
+        return time.time()
 
     def request_stop(self) -> None:
         """Create the stop-file: workers run their final hook (e.g. write samples) and report

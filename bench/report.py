@@ -184,6 +184,15 @@ def s6_rows(s6: dict[str, Any] | None) -> list[tuple[str, str, str]]:
                 note,
             )
         )
+    floor = s6.get("faust_floor") or {}
+    if floor.get("pct_of_core") is not None:
+        rows.append(
+            (
+                f"S6 floor: a plain Faust worker idle, {num(floor.get('seconds'), 0)} s",
+                f"{num(floor['pct_of_core'], 2)} % of a core",
+                "one agent on an idle 4-partition topic, no queueflow",
+            )
+        )
     live = s6.get("liveness")
     if live is not None:
         rows.append(

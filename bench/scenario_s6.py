@@ -4,6 +4,7 @@ fleet was live."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -72,6 +73,7 @@ def scenario_s6(ctx: Context) -> dict[str, Any]:
         out["window"] = idle_window(ctx, fleet, leader, members, window_s)
         out.update(cpu_figures(out["window"]))
         out["liveness"] = liveness(ctx, fleet, members, topic, partitions)
+    out["faust_floor"] = faust_floor(ctx, window_s)
     if out["window"].get("error"):
         out["error"] = out["window"]["error"]
     elif not out["liveness"].get("handled"):
@@ -92,6 +94,7 @@ def idle_window(
     if ctx.broker_pid:
         pids["broker"] = ctx.broker_pid
     before_stats = {w.name: w.stats() for w in [leader, *members]}
+    fleet.quiet(True)  # the bench's own stats writes are not queueflow's idle cost
     t0 = time.monotonic()
     before = {name: harness.cpu_seconds(pid) for name, pid in pids.items()}
     deadline = t0 + window_s
@@ -103,6 +106,12 @@ def idle_window(
             break
     after = {name: harness.cpu_seconds(pid) for name, pid in pids.items()}
     elapsed = time.monotonic() - t0
+    loud_at = fleet.quiet(False)
+    fleet.wait(
+        lambda stats: all((s.get("written") or 0) > loud_at for s in stats),
+        10,
+        members=[leader, *members],
+    )
     after_stats = {w.name: w.stats() for w in [leader, *members]}
     cpu_s: dict[str, float] = {}
     for name, start in before.items():
@@ -172,3 +181,35 @@ def liveness(
         out["produce_to_ack_ms"] = round(1000 * (last - produced_at))
         out["by"] = [w.name for w, s in zip(members, stats, strict=True) if s.get("done")]
     return out
+
+
+def faust_floor(ctx: Context, window_s: float) -> dict[str, Any]:
+    """The floor under the targets: one plain Faust worker (``bench.faust_app``, an agent on an
+    idle 4-partition topic, no queueflow) idle for ``window_s`` seconds, in % of a core. Every
+    queueflow worker is a Faust worker, so none idles below this."""
+    topic, app_id = ctx.uid("s6-faust"), ctx.uid("s6-faust")
+    create_topic(ctx.bootstrap, topic, S1_PARTITIONS)
+    with Fleet(ctx.run_dir / "s6-faust-floor") as fleet:
+        env = dict(
+            os.environ,
+            BENCH_APP_ID=app_id,
+            BENCH_BROKER=f"kafka://{ctx.bootstrap}",
+            BENCH_TOPIC=topic,
+            BENCH_CONCURRENCY="1",
+            BENCH_MODE="noop",
+        )
+        worker = fleet.add("faust-0", faust_argv("bench.faust_app", fleet.run_dir / "data"), env)
+        assigned = lambda s: bool(s and len(s[0].get("assigned") or []) == S1_PARTITIONS)  # noqa: E731
+        if not fleet.wait(stable(assigned, 1.5), 90):
+            return {"error": "the Faust worker was not assigned within 90 s"}
+        fleet.go()
+        fleet.quiet(True)  # as for the queueflow fleet
+        before = harness.cpu_seconds(worker.pid)
+        t0 = time.monotonic()
+        fleet.wait(lambda _s: False, window_s)  # the idle window: nothing to wait for
+        after = harness.cpu_seconds(worker.pid)
+        elapsed = time.monotonic() - t0
+        fleet.quiet(False)
+    if before is None or after is None:
+        return {"error": "the Faust worker's CPU time could not be read"}
+    return {"seconds": round(elapsed, 2), "pct_of_core": round(100 * (after - before) / elapsed, 2)}

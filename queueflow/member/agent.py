@@ -242,6 +242,7 @@ class ShareAgent:
         self._queued = asyncio.Event()
         # Set when the records outstanding drop to the refill level (fetch loops wait on it).
         self._room_free = asyncio.Event()
+        self._untimed_reservers = 0  # fetch loops in _reserve waiting without a timeout
         self._fetchers: dict[TopicPartition, list[asyncio.Task[None]]] = {}
         # Monotonic start times of the ShareFetches in flight per share-partition, and set when
         # an outcome was recorded: see _send_acks_while_parked.
@@ -364,6 +365,7 @@ class ShareAgent:
             for record in self._batches.popleft():
                 self._acknowledge(record, AcknowledgeType.RELEASE)
                 self.stats.released += 1
+        self._wake_untimed_reservers()
 
     # -- fetching --------------------------------------------------------------------------
     async def _supervise(self) -> None:
@@ -407,13 +409,22 @@ class ShareAgent:
         """Wait until the records outstanding drop to half of :attr:`high_water` (or until
         acknowledgements have lingered long enough), then reserve the room up to it; returns
         how many records to acquire."""
-        # Woken every linger period even without room: outcomes recorded meanwhile must not
-        # wait for room (that can take seconds with slow handlers) or their locks expire.
+        # With outcomes pending, woken after the linger period even without room: they must
+        # not wait for room (that can take seconds with slow handlers) or their locks expire.
+        # With none, it sleeps until room frees or an outcome is recorded (an idle member's
+        # second fetch loop, behind a parked long poll, must not wake every linger period).
         linger_s = max(self.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
         session = self.session
         assert session is not None
         while self.flow.must_wait():
             self._room_free.clear()
+            if not session.acks.pending(tp):
+                self._untimed_reservers += 1
+                try:
+                    await self._room_free.wait()
+                finally:
+                    self._untimed_reservers -= 1
+                continue
             try:
                 await asyncio.wait_for(self._room_free.wait(), timeout=linger_s)
             except asyncio.TimeoutError:
@@ -426,6 +437,13 @@ class ShareAgent:
             self._room_free.set()
         if count > 0:
             self._outcome_recorded.set()
+            self._wake_untimed_reservers()
+
+    def _wake_untimed_reservers(self) -> None:
+        """An outcome was recorded: fetch loops waiting for room without a timeout start
+        their linger period (see :meth:`_reserve`)."""
+        if self._untimed_reservers and not self._room_free.is_set():
+            self._room_free.set()
 
     async def _send_acks_while_parked(self) -> None:
         """Send outcomes alone (KIP-932 ShareAcknowledge), after the linger period, when

@@ -175,8 +175,9 @@ class KafkaRecordReader:
 
 #: RELEASEd records a partition reader keeps for their redelivery (oldest dropped first).
 RELEASED_CACHE_RECORDS = 10_000
-#: Seconds without a read after which a partition reader stops prefetching (it resumes on the
-#: next read): an idle member then sends no fetches for its records at all.
+#: Seconds without a read after which a partition reader gives up its partition (it takes it
+#: back on the next read): an idle member then sends no fetches for its records at all, and
+#: its consumer's fetch routine sleeps (a paused partition would still wake it every 200 ms).
 READER_IDLE_PAUSE_S = 1.0
 
 
@@ -201,9 +202,9 @@ class PartitionReader:
         self.released: OrderedDict[int, ShareRecord] = OrderedDict()
         self._lock = asyncio.Lock()  # one read at a time: reads seek
         self._started = False
-        # Paused after READER_IDLE_PAUSE_S without a read: an idle consumer would otherwise
+        # Unassigned after READER_IDLE_PAUSE_S without a read: an idle consumer would otherwise
         # keep long-polling the partition (prefetch) forever.
-        self._paused = False
+        self._assigned = False
         self._idle_timer: asyncio.TimerHandle | None = None
         self._warming: asyncio.Future[None] | None = None
 
@@ -240,8 +241,9 @@ class PartitionReader:
             )
         return True
 
-    async def start(self, paused: bool = False) -> None:
-        """Start the consumer (once); with ``paused``, it fetches nothing until the first read.
+    async def start(self) -> None:
+        """Start the consumer (once), connected but without its partition: it fetches
+        nothing until the first read assigns it.
 
         Raises:
             Exception: aiokafka's error when the cluster can't be reached.
@@ -249,21 +251,17 @@ class PartitionReader:
         async with self._lock:
             if not self._started:
                 await self.consumer.start()
-                self.consumer.assign([self.tp])
-                if paused:  # before any await: no fetch goes out from the default position
-                    self.consumer.pause(self.tp)
-                    self._paused = True
                 self._started = True
 
     def warm(self) -> None:
-        """Start the consumer paused, in the background: connections and metadata are ready
+        """Start the consumer in the background, so its connection and metadata are ready
         when the first records are acquired (a failure is left to the first read)."""
 
-        async def start_paused() -> None:
+        async def start() -> None:
             with contextlib.suppress(Exception):
-                await self.start(paused=True)
+                await self.start()
 
-        self._warming = asyncio.ensure_future(start_paused())
+        self._warming = asyncio.ensure_future(start())
 
     async def close(self) -> None:
         """Stop the consumer."""
@@ -287,9 +285,10 @@ class PartitionReader:
         async with self._lock:
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
-            if self._paused:
-                self.consumer.resume(self.tp)
-                self._paused = False
+            if not self._assigned:
+                self.consumer.assign([self.tp])
+                self._assigned = True
+                self.position = -1  # a new assignment has no position: seek
             try:
                 return await self._read(acquired, timeout_ms)
             finally:
@@ -298,9 +297,9 @@ class PartitionReader:
                 )
 
     def _pause_idle(self) -> None:
-        if not self._lock.locked() and self._started:
-            self.consumer.pause(self.tp)
-            self._paused = True
+        if not self._lock.locked() and self._assigned:
+            self.consumer.unsubscribe()
+            self._assigned = False
 
     async def _read(
         self, acquired: list[protocol.WireAcquired], timeout_ms: int

@@ -1,6 +1,6 @@
 """The member's record reader against the real broker: a share-partition's reader connects
-when the share-partition is assigned (paused, so it fetches nothing), and reads acquired ranges
-once records are acquired."""
+when the share-partition is assigned (without its partition, so it fetches nothing), reads
+acquired ranges once records are acquired, and gives the partition up again when idle."""
 
 from __future__ import annotations
 
@@ -29,15 +29,20 @@ def test_a_prepared_reader_is_connected_and_paused_then_reads_acquired_ranges(
         reader = source._readers[tp]
         assert reader._warming is not None
         await asyncio.wait_for(asyncio.shield(reader._warming), WAIT_S)
-        assert reader._started and reader._paused
-        assert reader.consumer.paused() == {reader.tp}  # no prefetch from the log start
+        assert reader._started and reader.consumer.assignment() == set()  # fetches nothing
         records, gaps = await source.read(tp, [(1, 3, 2)], int(WAIT_S * 1000))
         assert [(r.offset, r.value, r.delivery_count) for r in records] == [
             (1, b"r1", 2),
             (2, b"r2", 2),
             (3, b"r3", 2),
         ]
-        assert gaps == [] and not reader._paused
+        assert gaps == [] and reader.consumer.assignment() == {reader.tp}
+        # Idle: the partition is given up (no prefetch, no fetch-routine wake-ups); the next
+        # read takes it back and seeks.
+        reader._pause_idle()
+        assert reader.consumer.assignment() == set()
+        records, _ = await source.read(tp, [(4, 4, 1)], int(WAIT_S * 1000))
+        assert [(r.offset, r.value) for r in records] == [(4, b"r4")]
         await source.drop(tp)
         await source.close()
 
