@@ -131,7 +131,8 @@ class Secured:
         return {json.loads(line)["i"] for line in self.ledger.read_text().splitlines()}
 
     def stop(self) -> None:
-        for worker in self.workers:
+        """Stop the workers, members before leaders (so their leave is still answered)."""
+        for worker in reversed(self.workers):
             worker.stop()
 
 
