@@ -75,7 +75,8 @@ class LogOffsets:
                 return
             try:
                 consumer = await self._client()
-                self.end.update(await consumer.end_offsets(list(self._watched)))
+                for tp, end in (await consumer.end_offsets(list(self._watched))).items():
+                    self._raise_end(tp, end)
             except Exception as exc:  # the broker may be restarting: keep the last values
                 log.warning("log_end_refresh_failed", error=repr(exc))
                 await asyncio.sleep(1.0)
@@ -83,8 +84,16 @@ class LogOffsets:
     async def log_end(self, tp: TopicPartition) -> int:
         """Refresh and return the high watermark of ``tp``."""
         consumer = await self._client()
-        self.end[tp] = (await consumer.end_offsets([tp]))[tp]
-        return self.end[tp]
+        return self._raise_end(tp, (await consumer.end_offsets([tp]))[tp])
+
+    def _raise_end(self, tp: TopicPartition, end: int) -> int:
+        """Record a high watermark seen for ``tp``; returns the highest seen. Never lowers it:
+        a ListOffsets answer can be older than what an arrivals consumer read meanwhile, and
+        a lowered end would hide records that exist, with no arrival left to wake a long poll
+        for them."""
+        highest = max(self.end.get(tp, -1), end)
+        self.end[tp] = highest
+        return highest
 
     async def log_start(self, tp: TopicPartition) -> int:
         """The log start offset of ``tp``."""
@@ -194,7 +203,7 @@ class _Arrivals:
                     continue
                 last = records[-1].offset
                 end = max(last + 1, consumer.highwater(ktp) or 0)
-                self.offsets.end[tp] = max(self.offsets.end.get(tp, 0), end)
+                self.offsets._raise_end(tp, end)
                 self.position = last + 1
                 if end > self.position:  # skip what arrived meanwhile: only the end matters
                     consumer.seek(ktp, end)

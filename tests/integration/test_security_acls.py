@@ -33,9 +33,8 @@ from queueflow.testing import WorkerProcess, faust_worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 60
-#: One partition: with two, a ``member`` worker's agent left one partition unserved on
-#: plaintext clusters too (reported; not a security matter).
-PARTITIONS = 1
+#: Two partitions: the member worker serves both share-partitions through one leader.
+PARTITIONS = 2
 #: Seconds for every record to be handled and acknowledged.
 DEADLINE_S = 60.0
 

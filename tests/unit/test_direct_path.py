@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from inprocess_helpers import TOPIC, events, run
 from structlog.testing import capture_logs
 
 from queueflow.errors import ErrorCode
@@ -18,7 +19,6 @@ from queueflow.protocol import messages as protocol
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
 from queueflow.testing.inprocess import InProcessCluster
-from tests.unit.inprocess_helpers import TOPIC, events, run
 
 TP = TopicPartition(TOPIC, 0)
 
@@ -322,3 +322,17 @@ def test_a_worker_whose_membership_lease_ended_refuses_direct_requests() -> None
             await client.close()
 
     run(scenario())
+
+
+def test_a_known_log_end_never_goes_back() -> None:
+    """A ListOffsets answer older than what an arrivals consumer read must not lower the known
+    high watermark: records below it would look absent, and no arrival would come to wake the
+    long polls waiting for them (a leader + member pair left records unserved that way)."""
+    from queueflow.kafka.config import KafkaClientConfig
+    from queueflow.server.log_offsets import LogOffsets
+
+    offsets = LogOffsets(KafkaClientConfig("localhost:1"))
+    assert offsets._raise_end(TP, 30) == 30
+    assert offsets._raise_end(TP, 22) == 30  # the stale answer
+    assert offsets.known_end(TP) == 30
+    assert offsets._raise_end(TP, 31) == 31
