@@ -502,6 +502,7 @@ class ShareGroups:
         lock_duration_ms: int | None = None,
         batch: bool = False,
         batch_size: int | None = None,
+        handler_timeout_ms: int | None = None,
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent; see :meth:`App.share_agent` (same arguments, same errors)."""
 
@@ -520,6 +521,7 @@ class ShareGroups:
                 client_id=f"{self.namespace}:{agent_name}",
                 batch=batch,
                 batch_size=batch_size,
+                handler_timeout_ms=handler_timeout_ms,
             )
             self.agents.append(agent)
             if self.leads:
@@ -674,6 +676,7 @@ class App(faust.App):
         lock_duration_ms: int | None = None,
         batch: bool = False,
         batch_size: int | None = None,
+        handler_timeout_ms: int | None = None,
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent: ``handler(record)`` runs once per delivery of each record
         (with ``batch=True``, ``handler(records)`` once per batch of deliveries).
@@ -693,13 +696,16 @@ class App(faust.App):
                 :mod:`queueflow.member.agent` and docs/guide.md "Batch handlers").
             batch_size: with ``batch=True``, the most records per handler call (``None``: a
                 whole ShareFetch, at most ``max.poll.records``).
+            handler_timeout_ms: a call still running this many ms after it started is
+                cancelled and its records RELEASEd; ``None``: only just before their acquisition
+                lock expires (which applies in any case; :mod:`queueflow.member.agent`).
 
         Returns:
             A decorator; the decorated name becomes the :class:`ShareAgent`.
 
         Raises:
-            ConfigurationError: concurrency < 1, batch_size < 1 or without ``batch=True``, or a
-                lock duration out of range.
+            ConfigurationError: concurrency < 1, batch_size < 1 or without ``batch=True``,
+                handler_timeout_ms < 1, or a lock duration out of range.
         """
         return self.share_groups.share_agent(
             topic,
@@ -709,6 +715,7 @@ class App(faust.App):
             lock_duration_ms=lock_duration_ms,
             batch=batch,
             batch_size=batch_size,
+            handler_timeout_ms=handler_timeout_ms,
         )
 
     async def on_first_start(self) -> None:

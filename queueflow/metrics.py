@@ -8,7 +8,10 @@ Members (share agents):
 * ``queueflow_records_delivered_total{group,topic}``: deliveries to handlers;
 * ``queueflow_records_redelivered_total{group,topic}``: deliveries with delivery count > 1;
 * ``queueflow_acknowledgements_total{group,topic,type}``: outcomes (accept/release/reject/gap);
-* ``queueflow_handler_errors_total{group,topic,reason}``: raised / invalid_outcome / undecodable;
+* ``queueflow_handler_errors_total{group,topic,reason}``: raised / invalid_outcome / undecodable /
+  timeout (cancelled at the handler timeout or before the record's lock expired);
+* ``queueflow_share_agent_stuck_handlers{group,topic}``: handler calls that ignored their
+  cancellation (when it equals the concurrency, the member holds no queued records);
 * ``queueflow_acknowledgements_dropped_total{group,topic}``: outcomes the leader refused as stale;
 * ``queueflow_records_lock_expired_unhandled_total{group,topic}``: records released without
   calling the handler because their lock expired while they waited;
@@ -107,6 +110,12 @@ class Metrics:
             "queueflow_records_lock_expired_unhandled",
             "Records released without calling the handler: their acquisition lock expired while "
             "they waited for one",
+            _MEMBER,
+            registry=reg,
+        )
+        self.stuck_handlers = Gauge(
+            "queueflow_share_agent_stuck_handlers",
+            "Handler calls still running after being cancelled at their timeout",
             _MEMBER,
             registry=reg,
         )

@@ -13,7 +13,17 @@ returns ``REJECT``              REJECT: Archived, never delivered again
 raises                          RELEASE, with an error log line naming the record
 returns anything else           RELEASE, with an error log line saying what was returned
 value can't be deserialized     REJECT, with an error log line
+runs past its deadline          cancelled; RELEASE, with an error log line
 ==============================  ==========================================================
+
+A handler call's deadline is its record's acquisition lock deadline minus a margin (a tenth of
+the lock duration, between two acknowledgement lingers and 1 s), or ``handler_timeout_ms``
+after it started when that is sooner. A call still running then is cancelled and its record
+RELEASEd while the lock still holds, so the leader can deliver it again at once. A handler that
+ignores the cancellation (catches ``CancelledError``, or blocks the event loop) is *stuck*;
+when every handler task is stuck, the member RELEASEs the records queued for them and acquires
+nothing until one returns (log ``share_agent_handlers_stuck``, gauge
+``queueflow_share_agent_stuck_handlers``), so nothing waits behind a hung handler.
 
 Acknowledgements are batched per share-partition and ride along with that share-partition's next
 ShareFetch; one batch is applied atomically by the leader (all through its
@@ -48,7 +58,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import structlog
@@ -85,6 +97,12 @@ Decoder = Callable[[ShareRecord], None]
 #: ShareFetch loops per assigned share-partition: one can be in flight while the handlers work
 #: through the records of the other.
 FETCHES_IN_FLIGHT = 2
+#: Real seconds between the watchdog's checks of running handler calls against their deadlines
+#: (it sleeps while no handler runs).
+HANDLER_WATCH_INTERVAL_S = 0.1
+#: How long (s) stop() waits for its tasks after cancelling them; a handler that ignores
+#: cancellation is abandoned then (its record's lock expires at the leader).
+STOP_TASKS_TIMEOUT_S = 5.0
 _OUTCOMES = (AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT)
 
 
@@ -135,7 +153,8 @@ class AgentStats:
     """Counters of one share agent in this process.
 
     ``lock_expired``: records released unhandled because their acquisition lock expired while
-    they waited for a handler; ``acks_dropped``: outcomes the leader refused as stale.
+    they waited for a handler; ``acks_dropped``: outcomes the leader refused as stale;
+    ``handler_timeouts``: records RELEASEd because their handler call passed its deadline.
     """
 
     def __init__(self) -> None:
@@ -148,6 +167,7 @@ class AgentStats:
         self.undecodable = 0
         self.lock_expired = 0
         self.acks_dropped = 0
+        self.handler_timeouts = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -176,10 +196,14 @@ class ShareAgent:
             of once per record.
         batch_size: with ``batch=True``, the most records per handler call (``None``: the
             records of one ShareFetch, at most ``max.poll.records``).
+        handler_timeout_ms: cancel a handler call (and RELEASE its records) this many ms after
+            it started; ``None``: only when its records' acquisition lock is about to expire
+            (see the module docstring), which applies in any case.
 
     Raises:
-        ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``, or a
-            lock duration out of range (at declaration); an unknown topic (at :meth:`start`).
+        ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``,
+            handler_timeout_ms < 1, or a lock duration out of range (at declaration); an unknown
+            topic (at :meth:`start`).
     """
 
     def __init__(
@@ -195,7 +219,13 @@ class ShareAgent:
         client_id: str | None = None,
         batch: bool = False,
         batch_size: int | None = None,
+        handler_timeout_ms: int | None = None,
     ) -> None:
+        if handler_timeout_ms is not None and handler_timeout_ms < 1:
+            raise ConfigurationError(
+                f"share_agent handler_timeout_ms={handler_timeout_ms}; must be >= 1 (ms), or "
+                "None to bound handler calls by their records' acquisition locks only"
+            )
         if concurrency < 1:
             raise ConfigurationError(f"share_agent concurrency={concurrency}; must be >= 1")
         if batch_size is not None and not batch:
@@ -226,6 +256,7 @@ class ShareAgent:
         self.client_id = client_id or self.name
         self.batch = batch
         self.batch_size = batch_size
+        self.handler_timeout_ms = handler_timeout_ms
         self.stats = AgentStats()
         self.session: ShareFetchSession | None = None
         self.flow = FlowControl(
@@ -252,6 +283,12 @@ class ShareAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0  # handler calls in progress
+        # One per handler task: the call it runs, watched by _watch_handlers.
+        self._calls = [_HandlerCall() for _ in range(concurrency)]
+        self._handlers_busy = asyncio.Event()  # wakes the watchdog
+        self._all_stuck = False
+        self._unstuck = asyncio.Event()  # set when a stuck handler returns
+        self._stuck_gauge = ctx.metrics.stuck_handlers.labels(group, topic)
         self._idle = asyncio.Event()  # set when _busy drops to 0 while stopping
         self._stopping = False
         self._stopped = False
@@ -304,6 +341,7 @@ class ShareAgent:
         self._workers = [self._spawn(worker(i)) for i in range(self.concurrency)]
         self._spawn(self._supervise())
         self._spawn(self._send_acks_while_parked())
+        self._spawn(self._watch_handlers())
         self._log.info(
             "share_agent_started",
             topic=self.topic_name,
@@ -340,11 +378,13 @@ class ShareAgent:
         await self._flush_all()
         if self.session is not None:
             await self.session.close(leave=True)
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:
+            _, abandoned = await asyncio.wait(tasks, timeout=STOP_TASKS_TIMEOUT_S)
+            if abandoned:  # handlers that ignore cancellation: their locks expire
+                self._log.error("share_agent_tasks_abandoned", tasks=len(abandoned))
         drain_s = clock.monotonic() - started
         self.ctx.metrics.drain_seconds.labels(self.group, self.name).set(drain_s)
         if self.session is not None:
@@ -357,15 +397,19 @@ class ShareAgent:
                 TopicPartition(record.topic, record.partition), record.offset, kind
             )
 
-    def _release_queued(self) -> None:
+    def _release_queued(self) -> int:
+        """RELEASE every record waiting for a handler; returns how many."""
+        released = 0
         while self._queue:
             self._acknowledge(self._queue.popleft(), AcknowledgeType.RELEASE)
-            self.stats.released += 1
+            released += 1
         while self._batches:
             for record in self._batches.popleft():
                 self._acknowledge(record, AcknowledgeType.RELEASE)
-                self.stats.released += 1
+                released += 1
+        self.stats.released += released
         self._wake_untimed_reservers()
+        return released
 
     # -- fetching --------------------------------------------------------------------------
     async def _supervise(self) -> None:
@@ -416,6 +460,8 @@ class ShareAgent:
         linger_s = max(self.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
         session = self.session
         assert session is not None
+        while self._all_stuck and not self._stopping:
+            await self._unstuck.wait()  # no handler could start what this would acquire
         while self.flow.must_wait():
             self._room_free.clear()
             if not session.acks.pending(tp):
@@ -542,6 +588,12 @@ class ShareAgent:
         self.stats.redelivered += redelivered
         self._delivered.inc(len(records))
         self._redelivered.inc(redelivered)
+        if self._all_stuck:  # acquired by a ShareFetch already in flight: nobody can start them
+            for record in records:
+                self._acknowledge(record, AcknowledgeType.RELEASE)
+            self.stats.released += len(records)
+            self._spawn(self._flush(tp))
+            return 0
         if not self.batch:
             self._queue.extend(records)
         elif self.batch_size is None or len(records) <= self.batch_size:
@@ -577,6 +629,8 @@ class ShareAgent:
         # stop() waits (within the drain timeout) for the handlers in progress, then cancels
         # this task.
         queue, queued, clock = self._queue, self._queued, self.ctx.clock
+        call = self._calls[index]
+        call.task = asyncio.current_task()
         while not self._stopping:
             if not queue:
                 queued.clear()
@@ -587,8 +641,10 @@ class ShareAgent:
                 self._lock_expired_unhandled(record)
                 continue
             self._busy += 1
+            if not self._handlers_busy.is_set():
+                self._handlers_busy.set()
             try:
-                await self._handle_one(record)
+                await self._handle_one(record, call)
             finally:
                 self._busy -= 1
                 if self._stopping and not self._busy:
@@ -613,16 +669,111 @@ class ShareAgent:
                 **self._where(record),
             )
 
-    async def _handle_one(self, record: ShareRecord) -> None:
+    async def _handle_one(self, record: ShareRecord, call: _HandlerCall) -> None:
         clock = self.ctx.clock
         started = clock.monotonic()
-        outcome = await self._process(record)
+        outcome = await self._process(record, call)
         self.flow.observe_handler(clock.monotonic() - started)
         self._ack_counts[outcome] += 1
         self._acknowledge(record, outcome)
         if outcome is AcknowledgeType.RELEASE and self.session is not None:
             self.session.remember_released(record)
         self._unreserve(1)
+
+    # -- handler deadlines ------------------------------------------------------------------
+    def _lock_margin_s(self) -> float:
+        """How long (s) before a record's lock expires its handler call is cancelled: a tenth
+        of the lock duration, at least two acknowledgement lingers, at most 1 s."""
+        linger_s = max(self.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
+        return min(max(self.flow.lock_s / 10, 2 * linger_s), 1.0)
+
+    def _call_deadline(self, lock_deadline: float) -> float:
+        """The monotonic time (s) at which a handler call starting now is cancelled."""
+        deadline = lock_deadline - self._lock_margin_s()
+        if self.handler_timeout_ms is not None:
+            deadline = min(deadline, self.ctx.clock.monotonic() + self.handler_timeout_ms / 1000)
+        return deadline
+
+    def _end_call(self, call: _HandlerCall) -> bool:
+        """The handler call returned or raised: stop watching it. Returns True when the
+        watchdog had cancelled it (the CancelledError is then its timeout, not a stop)."""
+        timed_out = call.cancelled_at is not None
+        # Ours, consumed here (Python 3.11+ counts cancellations; a stop() cancel still counts).
+        cancelling = getattr(call.task, "cancelling", None)
+        if timed_out and cancelling is not None and cancelling():
+            call.task.uncancel()  # type: ignore[union-attr]
+        was_stuck = call.stuck
+        call.deadline, call.cancelled_at, call.stuck = math.inf, None, False
+        if was_stuck:
+            self._check_stuck()
+        return timed_out and not self._stopping
+
+    def _timed_out(self, records: list[ShareRecord], call: _HandlerCall) -> AcknowledgeType:
+        """Count and log handler calls cancelled at their deadline; their records are
+        RELEASEd (delivered again at once, the lock still holding)."""
+        count = len(records)
+        self.stats.handler_timeouts += count
+        self.stats.released += count
+        self.ctx.metrics.handler_errors.labels(self.group, records[0].topic, "timeout").inc(count)
+        self._log.error(
+            "handler_timed_out_records_released",
+            records=count,
+            handler_timeout_ms=self.handler_timeout_ms,
+            note="cancelled before the acquisition lock expired; raise handler_timeout_ms or "
+            "group.share.record.lock.duration.ms if the handler needs longer",
+            **(self._where(records[0]) if count == 1 else self._where_batch(records)),
+        )
+        return AcknowledgeType.RELEASE
+
+    async def _watch_handlers(self) -> None:
+        """Cancel handler calls past their deadline; mark those that ignore it as stuck."""
+        clock, calls = self.ctx.clock, self._calls
+        while not self._stopping:
+            if not self._busy:
+                self._handlers_busy.clear()
+                await self._handlers_busy.wait()
+                continue
+            now = clock.monotonic()
+            for index, call in enumerate(calls):
+                if call.deadline == math.inf or call.task is None:
+                    continue
+                if call.cancelled_at is None:
+                    if now >= call.deadline:
+                        call.cancelled_at = now
+                        call.task.cancel()
+                elif not call.stuck and now - call.cancelled_at >= self._lock_margin_s():
+                    call.stuck = True
+                    self._log.error(
+                        "handler_ignores_cancellation",
+                        handler=index,
+                        note="a handler call past its deadline did not end when cancelled "
+                        "(it catches CancelledError or blocks the event loop)",
+                    )
+                    self._check_stuck()
+            await asyncio.sleep(HANDLER_WATCH_INTERVAL_S)
+
+    def _check_stuck(self) -> None:
+        """Publish the stuck handler calls; when all are stuck, RELEASE the queued records and
+        stop acquiring, until one returns."""
+        stuck = sum(call.stuck for call in self._calls)
+        self._stuck_gauge.set(stuck)
+        if stuck == len(self._calls) and not self._all_stuck:
+            self._all_stuck = True
+            self._unstuck.clear()
+            released = self._release_queued()
+            self._unreserve(released)
+            self._log.error(
+                "share_agent_handlers_stuck",
+                stuck=stuck,
+                queued_released=released,
+                note="every handler call is stuck; this member acquires nothing until one "
+                "returns, and the records they hold go to other members when their locks expire",
+            )
+            self._spawn(self._flush_all())  # the RELEASEs leave now
+        elif stuck < len(self._calls) and self._all_stuck:
+            self._all_stuck = False
+            self._unstuck.set()
+            self._log.warning("share_agent_handlers_recovered", stuck=stuck)
 
     def _where(self, record: ShareRecord) -> dict[str, Any]:
         return {
@@ -633,7 +784,7 @@ class ShareAgent:
             "delivery_count": record.delivery_count,
         }
 
-    async def _process(self, record: ShareRecord) -> AcknowledgeType:
+    async def _process(self, record: ShareRecord, call: _HandlerCall) -> AcknowledgeType:
         errors = self.ctx.metrics.handler_errors
         if self.decode is not None:
             try:
@@ -646,12 +797,16 @@ class ShareAgent:
                     "undecodable_record_rejected", error=repr(exc), **self._where(record)
                 )
                 return AcknowledgeType.REJECT
+        call.deadline = self._call_deadline(record.lock_deadline)
         try:
             result = await self._call_record(record)
         except asyncio.CancelledError:
+            if self._end_call(call):
+                return self._timed_out([record], call)
             self.stats.released += 1
             raise
         except Exception as exc:
+            self._end_call(call)
             self.stats.handler_errors += 1
             self.stats.released += 1
             errors.labels(self.group, record.topic, "raised").inc()
@@ -662,6 +817,7 @@ class ShareAgent:
                 **self._where(record),
             )
             return AcknowledgeType.RELEASE
+        self._end_call(call)
         outcome = outcome_of(result)
         if outcome is None:
             self.stats.handler_errors += 1
@@ -686,6 +842,8 @@ class ShareAgent:
     async def _batch_worker(self, index: int) -> None:
         # As _worker, one batch (the records of one ShareFetch, split by batch_size) per call.
         batches, queued = self._batches, self._queued
+        call = self._calls[index]
+        call.task = asyncio.current_task()
         while not self._stopping:
             if not batches:
                 queued.clear()
@@ -693,8 +851,10 @@ class ShareAgent:
                 continue
             batch = batches.popleft()
             self._busy += 1
+            if not self._handlers_busy.is_set():
+                self._handlers_busy.set()
             try:
-                await self._handle_batch(batch)
+                await self._handle_batch(batch, call)
             finally:
                 self._busy -= 1
                 if self._stopping and not self._busy:
@@ -731,14 +891,14 @@ class ShareAgent:
         self._acknowledge(record, AcknowledgeType.REJECT)
         self._unreserve(1)
 
-    async def _handle_batch(self, batch: list[ShareRecord]) -> None:
+    async def _handle_batch(self, batch: list[ShareRecord], call: _HandlerCall) -> None:
         records = self._admit(batch)
         if not records:
             return
         count = len(records)
         clock = self.ctx.clock
         started = clock.monotonic()
-        outcomes = await self._process_batch(records)
+        outcomes = await self._process_batch(records, call)
         # FlowControl thinks in records: feed it the time per record.
         self.flow.observe_handler((clock.monotonic() - started) / count)
         session = self.session
@@ -771,7 +931,7 @@ class ShareAgent:
         }
 
     async def _process_batch(
-        self, records: list[ShareRecord]
+        self, records: list[ShareRecord], call: _HandlerCall
     ) -> list[AcknowledgeType] | AcknowledgeType:
         """Call the batch handler; returns one outcome per record or one for all, and counts
         them (in :attr:`stats` and the acknowledgement counters) as :meth:`_process` does."""
@@ -779,13 +939,18 @@ class ShareAgent:
         stats, topic = self.stats, records[0].topic
         errors = self.ctx.metrics.handler_errors
         release = AcknowledgeType.RELEASE
+        call.deadline = self._call_deadline(min(r.lock_deadline for r in records))
         try:
             # A list of its own: whatever the handler does to it, every record is acknowledged.
             result = await self._call_batch(records.copy())
         except asyncio.CancelledError:
+            if self._end_call(call):
+                self._ack_counts[release] += count
+                return self._timed_out(records, call)
             stats.released += count
             raise
         except Exception as exc:
+            self._end_call(call)
             stats.handler_errors += count
             stats.released += count
             self._ack_counts[release] += count
@@ -797,6 +962,7 @@ class ShareAgent:
                 **self._where_batch(records),
             )
             return release
+        self._end_call(call)
         outcomes = batch_outcomes(result, count)
         if outcomes is None:
             stats.handler_errors += count
@@ -831,3 +997,17 @@ class ShareAgent:
             self.stats.released += n
         else:
             self.stats.rejected += n
+
+
+@dataclass(slots=True, eq=False)
+class _HandlerCall:
+    """The handler call one handler task is running, as the watchdog sees it."""
+
+    #: The handler task (cancelled at the deadline).
+    task: asyncio.Task[Any] | None = None
+    #: Monotonic seconds at which the call is cancelled; ``inf`` while no call runs.
+    deadline: float = math.inf
+    #: When the watchdog cancelled it, or ``None``.
+    cancelled_at: float | None = None
+    #: Still running a lock margin after the cancellation.
+    stuck: bool = False

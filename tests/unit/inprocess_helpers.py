@@ -58,6 +58,20 @@ async def eventually(condition: Callable[[], bool], what: str, timeout_s: float 
         await asyncio.sleep(0.01)
 
 
+async def until(
+    condition: Callable[[], bool], what: str, clock: FakeClock, timeout_s: float = 5.0
+) -> None:
+    """Wait until ``condition()`` holds, checking every 10 ms and moving ``clock`` 10 ms each
+    time (past the fetch loops' back-off; far from the 30 s locks); fail after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        clock.advance(10)
+        await asyncio.sleep(0.01)
+
+
 def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     """The captured log events named ``name`` (from ``structlog.testing.capture_logs``)."""
     return [e for e in logs if e["event"] == name]

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from aiokafka.structs import ConsumerRecord
-from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, settle
+from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, settle, until
 from structlog.testing import capture_logs
 
 import queueflow
@@ -39,20 +39,6 @@ def state(cluster: InProcessCluster, offset: int, partition: int = 0) -> tuple[R
 def spso(cluster: InProcessCluster, partition: int = 0) -> int | None:
     engine = cluster.share_partition("g", TOPIC, partition)
     return None if engine is None else int(engine.start_offset)
-
-
-async def until(
-    condition: Callable[[], bool], what: str, clock: FakeClock, timeout_s: float = 5.0
-) -> None:
-    """Wait until ``condition()`` holds, checking every 10 ms and moving ``clock`` 10 ms each
-    time (past the fetch loops' back-off; far from the 30 s locks); fail after ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        clock.advance(10)
-        await asyncio.sleep(0.01)
 
 
 # -- outcomes --------------------------------------------------------------------------------

@@ -1,0 +1,170 @@
+"""Handler calls that overrun or hang (``queueflow.member.agent``), through ``InProcessCluster``
+on a :class:`~queueflow.testing.FakeClock`: a call past its deadline is cancelled and its record
+RELEASEd while the lock holds; a member whose handler calls all ignore the cancellation releases
+its queued records and acquires nothing, and the share-partition drains through another member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, until
+from structlog.testing import capture_logs
+
+import queueflow
+from queueflow.errors import ConfigurationError
+from queueflow.member.agent import ShareAgent
+from queueflow.structs import ShareRecord
+from queueflow.testing import FakeClock
+from queueflow.testing.inprocess import InProcessCluster
+
+ACCEPT = queueflow.ACCEPT
+
+
+def test_a_call_past_its_handler_timeout_is_cancelled_and_its_record_released() -> None:
+    clock = FakeClock()
+    calls: list[int] = []
+    cancelled = asyncio.Event()
+
+    async def handler(record: ShareRecord) -> object:
+        calls.append(record.delivery_count)
+        if record.delivery_count == 1:
+            try:
+                await asyncio.Event().wait()  # never set: only the timeout ends it
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+        return ACCEPT
+
+    async def scenario() -> None:
+        async with cluster_with(1, clock=clock) as cluster:
+            with capture_logs() as logs:
+                agent = await cluster.agent(handler, TOPIC, "g", handler_timeout_ms=500)
+                await eventually(lambda: calls == [1], "the first call started")
+                clock.advance(400)
+                await asyncio.sleep(0.3)  # three watchdog rounds: not due yet
+                assert not cancelled.is_set()
+                clock.advance(200)
+                await eventually(cancelled.is_set, "the call cancelled at 500 ms")
+                await until(lambda: calls == [1, 2], "the record delivered again", clock)
+                view = cluster.share_partition("g", TOPIC, 0)
+                await until(lambda: int(view.start_offset) == 1, "ACCEPTed: the SPSO moved", clock)
+                assert agent.stats.handler_timeouts == 1 and agent.stats.accepted == 1
+            (timed_out,) = events(logs, "handler_timed_out_records_released")
+            assert timed_out["offset"] == 0 and timed_out["handler_timeout_ms"] == 500
+            assert cluster.metrics.handler_errors.labels("g", TOPIC, "timeout")._value.get() == 1
+
+    run(scenario())
+
+
+def test_a_call_is_cancelled_before_its_lock_expires_without_a_handler_timeout() -> None:
+    clock = FakeClock()
+    cancelled_at: list[float] = []
+    calls: list[int] = []
+
+    async def handler(record: ShareRecord) -> object:
+        calls.append(record.delivery_count)
+        if record.delivery_count == 1:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled_at.append(clock.monotonic())
+                raise
+        return ACCEPT
+
+    async def scenario() -> None:
+        # 5 s locks: the margin is a tenth, 0.5 s; the call is cancelled at 4.5 s.
+        async with cluster_with(1, clock=clock, record_lock_duration_ms=5_000) as cluster:
+            await cluster.agent(handler, TOPIC, "g")
+            view = cluster.share_partition
+            await eventually(lambda: view("g", TOPIC, 0) is not None, "acquired")
+            clock.advance(4_400)
+            await asyncio.sleep(0.3)
+            assert cancelled_at == []
+            clock.advance(200)
+            await eventually(lambda: bool(cancelled_at), "cancelled before the lock expired")
+            await until(
+                lambda: int(view("g", TOPIC, 0).start_offset) == 1,
+                "delivered again and ACCEPTed, the lock never having expired",
+                clock,
+            )
+            assert calls == [1, 2]
+
+    run(scenario())
+
+
+def test_a_member_whose_handlers_all_hang_releases_its_queue_and_the_partition_drains() -> None:
+    """Both handler tasks of member A hang and ignore their cancellation. A releases the
+    records queued behind them and acquires nothing more; member B handles everything,
+    including A's two records once their locks expire."""
+    clock = FakeClock()
+    unblock = asyncio.Event()
+    hung: list[int] = []
+    handled_by_b: Counter[int] = Counter()
+
+    async def hangs(record: ShareRecord) -> object:
+        hung.append(record.offset)
+        while not unblock.is_set():
+            try:
+                await unblock.wait()
+            except asyncio.CancelledError:
+                continue  # ignores its cancellation: stuck
+        return ACCEPT
+
+    async def works(record: ShareRecord) -> object:
+        handled_by_b[record.offset] += 1
+        return ACCEPT
+
+    async def hang_and_drain(cluster: InProcessCluster) -> None:
+        with capture_logs() as logs:
+            a = await cluster.agent(hangs, TOPIC, "g", concurrency=2, name="a")
+            await eventually(lambda: len(hung) == 2 and len(a._queue) > 0, "A hangs")
+            queued = len(a._queue)
+            clock.advance(4_600)  # past both calls' deadlines (lock - 0.5 s)
+            await eventually(lambda: all(c.cancelled_at for c in a._calls), "cancelled")
+            clock.advance(600)  # a lock margin later: stuck
+            await eventually(lambda: a._all_stuck, "A's handlers all stuck")
+            (stuck,) = events(logs, "share_agent_handlers_stuck")
+            assert stuck["stuck"] == 2 and stuck["queued_released"] == queued
+            assert len(a._queue) == 0
+            gauge = cluster.metrics.stuck_handlers.labels("g", TOPIC)
+            assert gauge._value.get() == 2
+            b = await cluster.agent(works, TOPIC, "g", name="b")
+            view = cluster.share_partition
+
+            def drained() -> bool:
+                clock.advance(100)  # A's two locks expire at the leader meanwhile
+                return int(view("g", TOPIC, 0).start_offset) == 8
+
+            await eventually(drained, "every record ACCEPTed", timeout_s=10)
+            assert set(handled_by_b) == set(range(8))  # A's hung ones too
+            assert sorted(hung) == sorted(set(hung)) and len(hung) == 2  # A took no more
+            unblock.set()
+            await eventually(lambda: not a._all_stuck, "A recovered")
+            assert events(logs, "share_agent_handlers_recovered")
+            assert gauge._value.get() == 0
+            await a.stop()
+            await b.stop()
+
+    async def scenario() -> None:
+        async with cluster_with(8, clock=clock, record_lock_duration_ms=5_000) as cluster:
+            try:
+                await hang_and_drain(cluster)
+            finally:
+                unblock.set()  # whatever failed: the hung calls end, so the loop can close
+
+    run(scenario())
+
+
+def test_handler_timeout_must_be_positive() -> None:
+    async def handler(record: ShareRecord) -> None:
+        return None
+
+    async def scenario() -> None:
+        async with cluster_with(0) as cluster:
+            with pytest.raises(ConfigurationError, match="handler_timeout_ms=0"):
+                ShareAgent(cluster.member_context, handler, TOPIC, "g", handler_timeout_ms=0)
+
+    run(scenario())
