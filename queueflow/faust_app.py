@@ -587,6 +587,13 @@ class ShareGroups:
     async def _flush_state(self) -> None:
         await self._changelog_writer.flush()
 
+    async def stop_agents(self) -> None:
+        """Stop the share agents (drain, flush outcomes, leave the group). Call it before
+        Faust's ``App.on_stop``, which stops the consumer first: in an ``all`` worker the
+        leave is answered by this worker's own coordinator, which needs it."""
+        for agent in self.agents:
+            await agent.stop()
+
     async def close(self) -> None:
         """Close the leaders' endpoint and metadata clients."""
         if self.leads:
@@ -723,6 +730,7 @@ class App(faust.App):
         await self.share_groups.prepare()
 
     async def on_stop(self) -> None:
+        await self.share_groups.stop_agents()  # while the coordinator still consumes
         await self.share_groups.close()
         await super().on_stop()
 
@@ -751,4 +759,12 @@ def attach(
         await groups.prepare()
 
     app.on_first_start = on_first_start  # type: ignore[method-assign]
+    original_stop = app.on_stop
+
+    async def on_stop() -> None:  # Faust's on_stop stops the consumer first
+        await groups.stop_agents()
+        await groups.close()
+        await original_stop()
+
+    app.on_stop = on_stop  # type: ignore[method-assign]
     return groups

@@ -98,6 +98,10 @@ def test_share_agent_outcomes(
     assert "undecodable_record_rejected" in text
     assert "offset=50" in text  # the undecodable record is named in its log line
     assert "share_agent_drained" in text  # SIGTERM drained and left the group
+    # ... and the worker's own coordinator answered the leave before Faust stopped consuming.
+    assert "leave_failed" not in text
+    drained_at = text.index("share_agent_drained")
+    assert "members=0" in text[text.rindex("share_group_epoch", 0, drained_at) :], text[-3000:]
     labels = {"group": "outcomes", "topic": topic}
     assert _sample(metrics, "queueflow_records_delivered_total", labels) == 71  # 50 + 20 + 1
     assert _sample(metrics, "queueflow_acknowledgements_total", {**labels, "type": "reject"}) == 11
