@@ -1,0 +1,298 @@
+"""Authentication of control messages: a signed, versioned envelope and assignment tickets.
+
+Threat model (issue #12, docs/operations.md "Threat model and attack matrix"): an attacker can
+read and write queueflow's internal topics (and may reach a leader's direct TCP port) but is not a
+worker of the app. The app's workers are trusted and share one secret
+(``queueflow.auth.secret``). Everything here is pure (stdlib :mod:`hmac` and msgspec), so the
+leader, the coordinator and members use the same code, and it is tested without Kafka.
+
+Envelope
+--------
+:meth:`Signer.seal` wraps the encoded bytes of one message (JSON or binary, see
+:mod:`queueflow.protocol.messages`) as::
+
+    0xA1 | HMAC-SHA256(key, header || body) (32 bytes) | MessagePack [v, sender, ts_ms, nonce, body]
+
+* ``0xA1`` is the envelope format byte (version 1). It is neither ``{`` (a JSON message) nor the
+  binary message format byte, so an unsigned message is recognised and refused, not mis-parsed;
+* ``key`` is :func:`derive_key` of the secret and the Faust app id: two apps sharing a secret by
+  mistake still can't drive each other;
+* the MAC covers the sender member id, the timestamp (ms since the epoch), a 16-byte random nonce
+  and the body: a member id can't be moved onto another member's message, a message can't be
+  altered, and :class:`Verifier` refuses one outside the freshness window or seen before in it.
+
+Assignment tickets
+------------------
+:func:`issue_ticket` is what a coordinator hands a member in its heartbeat answer: its group,
+member id, member epoch, assigned share-partitions and an expiry, MAC'd under a key of its own
+purpose (a sealed message can't pass as a ticket). A leader checks it with :func:`verify_ticket`
+without asking anyone (KIP-932 checks membership, epoch and assignment on every ShareFetch; here
+the proof travels with the request).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Final
+
+import msgspec
+
+from queueflow.errors import InvalidRequestError
+
+__all__ = [
+    "DEFAULT_WINDOW_MS",
+    "ENVELOPE_FORMAT",
+    "AssignmentTicket",
+    "AuthenticationError",
+    "Opened",
+    "Signer",
+    "Verifier",
+    "derive_key",
+    "issue_ticket",
+    "verify_ticket",
+]
+
+#: The envelope's format byte (version 1 of the signed envelope).
+ENVELOPE_FORMAT: Final = 0xA1
+#: How far a message's timestamp may be from the receiver's clock (either way), in ms.
+DEFAULT_WINDOW_MS: Final = 60_000
+_MAC_BYTES: Final = 32
+_NONCE_BYTES: Final = 16
+_ENVELOPE_VERSION: Final = 1
+# A single bound on what an authenticated sender can make a receiver remember: past it the
+# oldest nonces are forgotten early, and messages of that age are refused as stale instead.
+_MAX_NONCES: Final = 1_000_000
+
+
+class AuthenticationError(InvalidRequestError):
+    """A message is unsigned, wrongly signed, stale, replayed or its envelope is malformed.
+
+    A subclass of :class:`~queueflow.errors.InvalidRequestError` (``INVALID_REQUEST``), so every
+    place that already drops malformed control messages drops these too. ``reason`` is one of
+    ``"unsigned"``, ``"malformed"``, ``"bad_signature"``, ``"stale"``, ``"replay"``; the message
+    never contains key material.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"unauthenticated control message ({reason}): {detail}")
+        self.reason = reason
+
+
+def derive_key(secret: str | bytes, app_id: str, purpose: str = "messages") -> bytes:
+    """The 32-byte HMAC key of ``app_id`` for ``purpose`` (``"messages"`` or ``"tickets"``).
+
+    HMAC-SHA256 keyed with the secret over a label naming queueflow, the envelope version, the
+    purpose and the app id (the extract-and-expand step of HKDF with one output block).
+
+    Raises:
+        ValueError: the secret is empty.
+    """
+    raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+    if not raw:
+        raise ValueError("queueflow.auth.secret is empty")
+    label = f"queueflow/v{_ENVELOPE_VERSION}/{purpose}/{app_id}".encode()
+    return hmac.new(raw, label, hashlib.sha256).digest()
+
+
+class _Header(msgspec.Struct, array_like=True, frozen=True):
+    v: int
+    sender: str
+    ts_ms: int
+    nonce: bytes
+    body: bytes
+
+
+_encoder = msgspec.msgpack.Encoder()
+_header_decoder = msgspec.msgpack.Decoder(_Header)
+
+
+class Opened(msgspec.Struct, frozen=True):
+    """A verified message: who sent it (member or process id), when (ms since the epoch), and
+    the message bytes for :func:`~queueflow.protocol.messages.decode` or ``decode_binary``."""
+
+    sender: str
+    ts_ms: int
+    body: bytes
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Signer:
+    """Seals the messages one process sends.
+
+    Args:
+        key: from :func:`derive_key` (``purpose="messages"``).
+        sender: the member id (members) or process id (leaders, coordinators) bound into every
+            signature; receivers compare it with the member id the message names.
+        clock: milliseconds since the epoch (injectable for tests).
+    """
+
+    def __init__(self, key: bytes, sender: str, clock: Callable[[], int] = _now_ms) -> None:
+        self._key = key
+        self.sender = sender
+        self._clock = clock
+
+    def seal(self, body: bytes) -> bytes:
+        """The envelope of ``body`` (the encoded message), signed now with a fresh nonce."""
+        header = _encoder.encode(
+            _Header(_ENVELOPE_VERSION, self.sender, self._clock(), os.urandom(_NONCE_BYTES), body)
+        )
+        mac = hmac.new(self._key, header, hashlib.sha256).digest()
+        return bytes((ENVELOPE_FORMAT,)) + mac + header
+
+
+class Verifier:
+    """Opens envelopes: checks the signature, the freshness window and replays.
+
+    Args:
+        key: the same key the senders' :class:`Signer` uses.
+        window_ms: largest allowed distance between a message's timestamp and this clock (ms);
+            nonces are remembered for twice that, so a replay is refused as long as it is fresh.
+        clock: milliseconds since the epoch (injectable for tests).
+
+    Not thread-safe; one per receiving agent or connection handler (all on one event loop).
+    """
+
+    def __init__(
+        self,
+        key: bytes,
+        *,
+        window_ms: int = DEFAULT_WINDOW_MS,
+        clock: Callable[[], int] = _now_ms,
+        max_nonces: int = _MAX_NONCES,
+    ) -> None:
+        if window_ms <= 0:
+            raise ValueError(f"window_ms must be positive, not {window_ms}")
+        self._key = key
+        self._window = window_ms
+        self._clock = clock
+        self._max = max_nonces
+        self._seen: OrderedDict[bytes, int] = OrderedDict()
+        # Messages at or before this time are refused: their nonces may have been forgotten.
+        self._floor = -(2**63)
+
+    def open(self, data: bytes | bytearray | memoryview) -> Opened:
+        """Verify ``data`` and return what it carries.
+
+        Raises:
+            AuthenticationError: unsigned, malformed, bad signature, outside the freshness
+                window, or a nonce already seen (a replay).
+        """
+        raw = bytes(data)
+        if not raw or raw[0] != ENVELOPE_FORMAT:
+            raise AuthenticationError("unsigned", "not a signed envelope")
+        if len(raw) < 1 + _MAC_BYTES + 1:
+            raise AuthenticationError("malformed", f"envelope of {len(raw)} bytes")
+        mac, header = raw[1 : 1 + _MAC_BYTES], raw[1 + _MAC_BYTES :]
+        # Check the MAC before parsing anything: an attacker's bytes reach no decoder.
+        if not hmac.compare_digest(mac, hmac.new(self._key, header, hashlib.sha256).digest()):
+            raise AuthenticationError("bad_signature", "signature does not match")
+        try:
+            h = _header_decoder.decode(header)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise AuthenticationError("malformed", str(exc)) from None
+        if h.v != _ENVELOPE_VERSION or len(h.nonce) != _NONCE_BYTES:
+            raise AuthenticationError("malformed", f"envelope version {h.v}")
+        now = self._clock()
+        if abs(now - h.ts_ms) > self._window or h.ts_ms <= self._floor:
+            raise AuthenticationError(
+                "stale", f"sent at {h.ts_ms} ms, now {now} ms (window {self._window} ms)"
+            )
+        self._forget(now)
+        if h.nonce in self._seen:
+            raise AuthenticationError("replay", f"nonce already seen from {h.sender!r}")
+        self._seen[h.nonce] = h.ts_ms
+        if len(self._seen) > self._max:
+            _, ts = self._seen.popitem(last=False)
+            self._floor = max(self._floor, ts)
+        return Opened(h.sender, h.ts_ms, h.body)
+
+    def _forget(self, now: int) -> None:
+        # Nonces are inserted in arrival order; timestamps are within the window of arrival,
+        # so anything inserted more than two windows ago can no longer be fresh.
+        horizon = now - 2 * self._window
+        while self._seen:
+            nonce, ts = next(iter(self._seen.items()))
+            if ts >= horizon:
+                break
+            del self._seen[nonce]
+
+    @property
+    def remembered(self) -> int:
+        """How many nonces are remembered now (for tests and metrics)."""
+        return len(self._seen)
+
+
+class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
+    """A coordinator's proof of membership (KIP-932 ShareGroupHeartbeat's assignment).
+
+    Fields: ``group``, ``member_id``, ``member_epoch``, ``partitions`` (sorted
+    ``(topic, partition)`` pairs assigned to the member), ``expires_ms`` (ms since the epoch).
+    """
+
+    group: str
+    member_id: str
+    member_epoch: int
+    partitions: tuple[tuple[str, int], ...]
+    expires_ms: int
+
+    def covers(self, topic: str, partition: int) -> bool:
+        """Whether the ticket assigns ``topic``-``partition`` to its member."""
+        return (topic, partition) in self.partitions
+
+
+_ticket_decoder = msgspec.msgpack.Decoder(AssignmentTicket)
+
+
+def issue_ticket(
+    key: bytes,
+    *,
+    group: str,
+    member_id: str,
+    member_epoch: int,
+    partitions: Iterable[tuple[str, int]],
+    ttl_ms: int,
+    now_ms: int | None = None,
+) -> bytes:
+    """Sign an :class:`AssignmentTicket` valid for ``ttl_ms`` (about the session timeout).
+
+    Args:
+        key: :func:`derive_key` with ``purpose="tickets"``.
+    """
+    now = _now_ms() if now_ms is None else now_ms
+    body = _encoder.encode(
+        AssignmentTicket(group, member_id, member_epoch, tuple(sorted(partitions)), now + ttl_ms)
+    )
+    return hmac.new(key, body, hashlib.sha256).digest() + body
+
+
+def verify_ticket(key: bytes, data: bytes, *, now_ms: int | None = None) -> AssignmentTicket:
+    """Check a ticket's MAC and expiry and return it.
+
+    The caller still compares the ticket's group, member id and epoch with the request's and
+    keeps the highest epoch seen per member (a newer ticket fences the older ones).
+
+    Raises:
+        AuthenticationError: ``bad_signature``, ``malformed`` or ``stale`` (expired).
+    """
+    raw = bytes(data)
+    if len(raw) <= _MAC_BYTES:
+        raise AuthenticationError("malformed", f"ticket of {len(raw)} bytes")
+    mac, body = raw[:_MAC_BYTES], raw[_MAC_BYTES:]
+    if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()):
+        raise AuthenticationError("bad_signature", "ticket signature does not match")
+    try:
+        ticket = _ticket_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise AuthenticationError("malformed", str(exc)) from None
+    now = _now_ms() if now_ms is None else now_ms
+    if now >= ticket.expires_ms:
+        raise AuthenticationError("stale", f"ticket expired at {ticket.expires_ms} ms")
+    return ticket
