@@ -303,6 +303,24 @@ SETTINGS: tuple[Setting, ...] = (
         doc="How often (ms) leaders check acquisition locks and coordinators check sessions.",
         read_by="leader, coordinator (ticker)",
     ),
+    Setting(
+        "auth_mode",
+        "queueflow.auth.mode",
+        "none",
+        choices=("none", "hmac"),
+        doc="hmac: every control message is signed with `queueflow.auth.secret` and unsigned, "
+        "forged, stale or replayed ones are dropped (docs/operations.md, threat model); none: "
+        "no authentication (a trusted cluster).",
+        read_by="every worker and member (same value everywhere)",
+    ),
+    Setting(
+        "auth_secret",
+        "queueflow.auth.secret",
+        "",
+        doc="The secret the app's workers share for `queueflow.auth.mode=hmac` (same value on "
+        "every worker; never logged).",
+        read_by="every worker and member",
+    ),
 )
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}
@@ -388,6 +406,8 @@ class ShareGroupSettings:
     leader_advertised_host: str = str_default("leader_advertised_host")
     state_durability: str = str_default("state_durability")
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")
+    auth_mode: str = str_default("auth_mode")
+    auth_secret: str = dataclasses.field(default=str_default("auth_secret"), repr=False)
 
     @classmethod
     def load(
@@ -443,7 +463,12 @@ class ShareGroupSettings:
 
     def as_kip_names(self) -> dict[str, int | str]:
         """The settings keyed by their KIP-932 names (for logs, admin output and docs)."""
-        return {s.name: getattr(self, s.attr) for s in SETTINGS}
+        return {
+            s.name: (
+                "***" if s.attr == "auth_secret" and self.auth_secret else getattr(self, s.attr)
+            )
+            for s in SETTINGS
+        }
 
 
 def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
@@ -476,6 +501,11 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     if values["heartbeat_interval_ms"] >= values["session_timeout_ms"]:
         raise ConfigurationError(
             f"{show('heartbeat_interval_ms')} must be below {show('session_timeout_ms')}"
+        )
+    if values["auth_mode"] == "hmac" and not values["auth_secret"]:
+        raise ConfigurationError(
+            f"{_BY_ATTR['auth_mode'].name}=hmac needs {_BY_ATTR['auth_secret'].name} (or "
+            f"${_BY_ATTR['auth_secret'].env}): set the same secret on every worker of the app"
         )
     if values["leader_listener"]:
         try:

@@ -17,6 +17,7 @@ import structlog
 from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
+from queueflow.protocol.auth import ControlAuth
 from queueflow.settings import listener_address
 
 __all__ = ["CONNECT_TIMEOUT_S", "DirectClient", "DirectPathError"]
@@ -36,8 +37,9 @@ class DirectPathError(Exception):
 
 
 class _Connection:
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, auth: ControlAuth) -> None:
         self.address = address
+        self.auth = auth
         self.pending: dict[int, asyncio.Future[protocol.ShareFetchResponse]] = {}
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
@@ -56,7 +58,7 @@ class _Connection:
         try:
             while (frame := await framing.read_frame(reader)) is not None:
                 try:
-                    message = protocol.decode_binary(frame)
+                    message = protocol.decode_binary(self.auth.open(frame))
                 except ShareGroupError as exc:
                     log.error("undecodable_direct_reply", address=self.address, error=str(exc))
                     continue
@@ -87,7 +89,7 @@ class _Connection:
         )
         self.pending[request.request_id] = future
         try:
-            framing.write_frame(self.writer, protocol.encode_binary(request))
+            framing.write_frame(self.writer, self.auth.seal(protocol.encode_binary(request)))
             await self.writer.drain()
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -102,7 +104,7 @@ class _Connection:
         """Send a message that gets no answer of its own (a ShareFetchCancel)."""
         if self.writer is None or self.closed:
             return
-        framing.write_frame(self.writer, protocol.encode_binary(message))
+        framing.write_frame(self.writer, self.auth.seal(protocol.encode_binary(message)))
         try:
             await self.writer.drain()
         except OSError as exc:
@@ -117,9 +119,14 @@ class _Connection:
 
 
 class DirectClient:
-    """Connections of one member to the leaders' endpoints, opened on first use."""
+    """Connections of one member to the leaders' endpoints, opened on first use.
 
-    def __init__(self) -> None:
+    Args:
+        auth: signs frames and verifies answers (``queueflow.auth.mode``); ``None``: neither.
+    """
+
+    def __init__(self, auth: ControlAuth | None = None) -> None:
+        self.auth = auth or ControlAuth("none", "", "", "")
         self._connections: dict[str, _Connection] = {}
         self._opening: dict[str, asyncio.Future[_Connection]] = {}
 
@@ -156,7 +163,7 @@ class DirectClient:
                 self._opening.pop(address, None)
 
     async def _open(self, address: str) -> _Connection:
-        connection = _Connection(address)
+        connection = _Connection(address, self.auth)
         try:
             await connection.open()
         except (OSError, TimeoutError, ValueError) as exc:

@@ -33,6 +33,7 @@ from queueflow.member.membership import Membership
 from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
+from queueflow.protocol.auth import ControlAuth
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 __all__ = [
@@ -152,15 +153,18 @@ class ShareFetchSession:
         #: Outcomes the leaders refused as stale (their records are delivered again).
         self.acks_dropped = 0
         self.member_id = str(uuid.uuid4())
+        s = ctx.settings
+        auth = ControlAuth(s.auth_mode, s.auth_secret, ctx.namespace, self.member_id)
         self._requester = Requester(
             ctx.io.transport(self.member_id, client_id),
             ctx.namespace,
             ctx.settings.request_timeout_ms,
+            auth,
         )
         self._membership = Membership(
             self._requester, ctx.namespace, group, topics, ctx.settings, client_id, self.member_id
         )
-        self._direct = DirectClient()
+        self._direct = DirectClient(auth.for_sender(self.member_id))
         # Long polls under way on the direct path: tp -> {request_id: leader address}.
         self._long_polls: dict[TopicPartition, dict[int, str]] = {}
         self._started = False

@@ -25,6 +25,7 @@ from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
+from queueflow.protocol.auth import ControlAuth
 
 __all__ = ["KafkaMemberTransport", "MemberTransport", "ReplyHandler", "Requester"]
 
@@ -145,10 +146,18 @@ class Requester:
         transport: carries the requests and replies.
         namespace: the app id, for error messages.
         timeout_ms: how long to wait for an answer (``queueflow.request.timeout.ms``).
+        auth: signs requests and verifies replies (``queueflow.auth.mode``); ``None``: neither.
     """
 
-    def __init__(self, transport: MemberTransport, namespace: str, timeout_ms: int) -> None:
+    def __init__(
+        self,
+        transport: MemberTransport,
+        namespace: str,
+        timeout_ms: int,
+        auth: ControlAuth | None = None,
+    ) -> None:
         self.transport = transport
+        self.auth = auth or ControlAuth("none", "", namespace, "")
         self.namespace = namespace
         self.timeout_ms = timeout_ms
         self._next = 0
@@ -172,7 +181,7 @@ class Requester:
     def on_reply(self, data: bytes) -> None:
         """Resolve the pending request a reply answers; undecodable replies are logged."""
         try:
-            reply = protocol.decode(data)
+            reply = protocol.decode(self.auth.open(data))
         except ShareGroupError as exc:
             self._log.error("undecodable_reply", error=str(exc))
             return
@@ -192,7 +201,7 @@ class Requester:
         fut: asyncio.Future[protocol.Message] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
         try:
-            await self.transport.send(topic, partition, payload)
+            await self.transport.send(topic, partition, self.auth.seal(payload))
             return await asyncio.wait_for(fut, self.timeout_ms / 1000)
         except asyncio.TimeoutError:
             raise ShareGroupError(

@@ -296,3 +296,91 @@ def verify_ticket(key: bytes, data: bytes, *, now_ms: int | None = None) -> Assi
     if now >= ticket.expires_ms:
         raise AuthenticationError("stale", f"ticket expired at {ticket.expires_ms} ms")
     return ticket
+
+
+#: Messages a member sends: their signed sender must be the member id they name.
+_MEMBER_KINDS: Final = frozenset({"fetch", "heartbeat", "fetch_cancel"})
+
+
+class ControlAuth:
+    """One sender's and receiver's view of ``queueflow.auth.mode`` (see the module docstring).
+
+    Args:
+        mode: ``"hmac"`` (sign and verify) or ``"none"`` (pass bytes through unchanged).
+        secret: ``queueflow.auth.secret``; required for ``"hmac"``.
+        app_id: the Faust app id (the internal topics' namespace).
+        sender: what this process signs as: its member id (members) or a server id.
+        window_ms / clock: as for :class:`Verifier`.
+
+    Each receiving loop (a leader, a coordinator, a member's reply reader, a direct connection)
+    has its own instance, so its replay cache sees each message once.
+
+    Raises:
+        ValueError: ``mode`` is unknown, or ``"hmac"`` without a secret.
+    """
+
+    def __init__(
+        self,
+        mode: str,
+        secret: str,
+        app_id: str,
+        sender: str,
+        *,
+        window_ms: int = DEFAULT_WINDOW_MS,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        if mode not in ("none", "hmac"):
+            raise ValueError(f"queueflow.auth.mode={mode!r}: choose hmac or none")
+        self.enabled = mode == "hmac"
+        self.sender = sender
+        self._signer: Signer | None = None
+        self._verifier: Verifier | None = None
+        if self.enabled:
+            key = derive_key(secret, app_id)
+            self._signer = Signer(key, sender, clock)
+            self._verifier = Verifier(key, window_ms=window_ms, clock=clock)
+
+    def for_sender(self, sender: str) -> ControlAuth:
+        """A copy signing as ``sender`` with the same key and its own replay cache."""
+        twin = object.__new__(ControlAuth)
+        twin.enabled, twin.sender = self.enabled, sender
+        twin._signer = twin._verifier = None
+        if self._signer is not None and self._verifier is not None:
+            twin._signer = Signer(self._signer._key, sender, self._signer._clock)
+            twin._verifier = Verifier(
+                self._verifier._key, window_ms=self._verifier._window, clock=self._verifier._clock
+            )
+        return twin
+
+    def seal(self, body: bytes) -> bytes:
+        """``body`` signed (``hmac``) or unchanged (``none``)."""
+        return body if self._signer is None else self._signer.seal(body)
+
+    def open(self, data: bytes | bytearray | memoryview) -> bytes:
+        """The message bytes of ``data`` once verified (``hmac``), or ``data`` (``none``).
+
+        Raises:
+            AuthenticationError: as :meth:`Verifier.open`.
+        """
+        if self._verifier is None:
+            return bytes(data)
+        opened = self._verifier.open(data)
+        self.last_sender = opened.sender
+        return opened.body
+
+    def check_sender(self, message: object) -> None:
+        """Refuse a member's message (fetch, heartbeat, cancel) whose signed sender is not the
+        member id it names (one member can't act for another). Call right after :meth:`open`.
+
+        Raises:
+            AuthenticationError: reason ``bad_sender``.
+        """
+        if self._verifier is None or getattr(message, "kind", None) not in _MEMBER_KINDS:
+            return
+        member_id = getattr(message, "member_id", None)
+        if member_id != self.last_sender:
+            raise AuthenticationError(
+                "bad_sender", f"signed by {self.last_sender!r} but names member {member_id!r}"
+            )
+
+    last_sender: str = ""

@@ -19,7 +19,7 @@ from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
-from queueflow.server.leader import send_reply
+from queueflow.server.leader import control_auth, send_reply
 from queueflow.structs import TopicPartition
 
 __all__ = ["ShareGroupCoordinator"]
@@ -48,6 +48,7 @@ class ShareGroupCoordinator:
         self.table = table
         self.request_topic = topics.coordinator_topic(ctx.namespace)
         self.groups: dict[str, ShareGroup] = {}
+        self.auth = control_auth(ctx, "coordinator")
         #: Direct endpoints of share-partition leaders, from their announcements:
         #: ``(topic, partition) -> (leader epoch, "host:port", received wall ms)``.
         self.leader_addresses: dict[tuple[str, int], tuple[int, str, int]] = {}
@@ -89,7 +90,8 @@ class ShareGroupCoordinator:
 
     async def _handle(self, value: bytes) -> None:
         try:
-            message = protocol.decode(value)
+            message = protocol.decode(self.auth.open(value))
+            self.auth.check_sender(message)
         except ShareGroupError as exc:
             log.error("undecodable_coordinator_request", error=str(exc))
             return
@@ -221,7 +223,10 @@ class ShareGroupCoordinator:
         self, request: protocol.HeartbeatRequest, response: protocol.HeartbeatResponse
     ) -> None:
         await send_reply(
-            self.ctx, request.member_id, request.reply_partition, protocol.encode(response)
+            self.ctx,
+            request.member_id,
+            request.reply_partition,
+            self.auth.seal(protocol.encode(response)),
         )
 
     async def _release(
@@ -239,5 +244,5 @@ class ShareGroupCoordinator:
                     await self.ctx.sender.send(
                         topics.fetch_topic(self.ctx.namespace, name),
                         partition,
-                        protocol.encode(message),
+                        self.auth.seal(protocol.encode(message)),
                     )

@@ -32,7 +32,7 @@ from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
-from queueflow.server.leader import ShareLeader, not_leader
+from queueflow.server.leader import ShareLeader, control_auth, not_leader
 from queueflow.settings import listener_address
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
@@ -77,6 +77,7 @@ class LeaderEndpoint:
         self._connections: set[asyncio.Task[None]] = set()
         self._announced: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._announced_at = 0.0
+        self.auth = control_auth(ctx, "endpoint")
 
     async def start(self) -> None:
         """Listen on ``queueflow.leader.listener`` and set :attr:`address` (``host:port``).
@@ -137,7 +138,7 @@ class LeaderEndpoint:
             payload = protocol.encode(message)
             for partition in range(topics.COORDINATOR_PARTITIONS):  # every group's coordinator
                 await self.ctx.sender.send(
-                    topics.coordinator_topic(self.ctx.namespace), partition, payload
+                    topics.coordinator_topic(self.ctx.namespace), partition, self.auth.seal(payload)
                 )
             self._announced[topic] = (epoch, live)
         if due:
@@ -176,7 +177,8 @@ class LeaderEndpoint:
         self, frame: bytes, writer: asyncio.StreamWriter, write_lock: asyncio.Lock
     ) -> None:
         try:
-            request = protocol.decode_binary(frame)
+            request = protocol.decode_binary(self.auth.open(frame))
+            self.auth.check_sender(request)
         except ShareGroupError as exc:
             log.error("undecodable_direct_request", error=str(exc))
             writer.close()  # no request id to answer with: the member times out and re-routes
@@ -207,6 +209,6 @@ class LeaderEndpoint:
                 request = msgspec.structs.replace(request, max_wait_ms=lease_ms)
             response = await leader.serve(request)
         async with write_lock:
-            framing.write_frame(writer, protocol.encode_binary(response))
+            framing.write_frame(writer, self.auth.seal(protocol.encode_binary(response)))
             with contextlib.suppress(ConnectionError):
                 await writer.drain()

@@ -29,6 +29,7 @@ from queueflow.engine.partition import AcknowledgementBatch, SharePartitionConfi
 from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
+from queueflow.protocol.auth import ControlAuth
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable
 from queueflow.settings import ShareGroupSettings
@@ -47,6 +48,13 @@ log = structlog.get_logger("queueflow.server.leader")
 
 #: Resend an own fence not read back within this many ms (see :mod:`queueflow.engine.fencing`).
 FENCE_RESEND_MS = 1000
+
+
+def control_auth(ctx: ServerContext, role: str) -> ControlAuth:
+    """The :class:`~queueflow.protocol.auth.ControlAuth` of one server loop (``role``: leader,
+    coordinator, ticker, endpoint) under ``queueflow.auth.mode``; each has its own replay cache."""
+    s = ctx.settings
+    return ControlAuth(s.auth_mode, s.auth_secret, ctx.namespace, f"{ctx.namespace}/{role}")
 
 
 async def send_reply(
@@ -107,6 +115,7 @@ class ShareLeader:
         self.table = table
         self.request_topic = topics.fetch_topic(ctx.namespace, topic)
         self.config = engine_config(ctx.settings)
+        self.auth = control_auth(ctx, "leader")
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
         # Share-partitions of partitions this worker lost, kept in case a rebalance gives the
@@ -142,7 +151,8 @@ class ShareLeader:
         clock = self.ctx.clock
         for p in self.fencing.fences_due(monotonic_ms(clock), FENCE_RESEND_MS):
             epoch = self.fencing.partitions[p].epoch
-            payload = protocol.encode(protocol.Fence(leader_epoch=epoch, sent_ms=clock.now_ms()))
+            fence = protocol.Fence(leader_epoch=epoch, sent_ms=clock.now_ms())
+            payload = self.auth.seal(protocol.encode(fence))
             await self.ctx.sender.send(self.request_topic, p, payload)
             self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
 
@@ -231,7 +241,8 @@ class ShareLeader:
     async def _handle_locked(self, partition: int, value: bytes) -> bool:
         """Handle one request-log record; True if it changed share-partition state."""
         try:
-            message = protocol.decode(value)
+            message = protocol.decode(self.auth.open(value))
+            self.auth.check_sender(message)
         except ShareGroupError as exc:
             self._log.error("undecodable_request", partition=partition, error=str(exc))
             return False
@@ -271,7 +282,10 @@ class ShareLeader:
             live = self.fencing.is_live(partition)
             response, _ = await self._share_fetch(message, partition, now, acquire=live)
             await send_reply(
-                self.ctx, message.member_id, message.reply_partition, protocol.encode(response)
+                self.ctx,
+                message.member_id,
+                message.reply_partition,
+                self.auth.seal(protocol.encode(response)),
             )
             changed = bool(message.acks)
         return changed

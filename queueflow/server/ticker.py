@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.server.context import ServerContext
-from queueflow.server.leader import ShareLeader
+from queueflow.server.leader import ShareLeader, control_auth
 
 __all__ = ["LeaderTicker"]
 
@@ -31,6 +31,7 @@ class LeaderTicker:
     def __init__(self, ctx: ServerContext, leaders: Mapping[str, ShareLeader]) -> None:
         self.ctx = ctx
         self.leaders = leaders
+        self._auth = control_auth(ctx, "ticker")
         # Sessions last many heartbeat intervals: the coordinator is ticked every half
         # heartbeat interval, not every lock check (which idle leaders would pay for).
         settings = ctx.settings
@@ -54,6 +55,7 @@ class LeaderTicker:
             topics.fetch_topic(self.ctx.namespace, t): leader for t, leader in self.leaders.items()
         }
         payload = protocol.encode(protocol.Tick(sent_ms=self.ctx.clock.now_ms()))
+        seal = self._auth.seal
         coordinator = topics.coordinator_topic(self.ctx.namespace)
         self._ticks += 1
         for tp in self.ctx.runtime.assigned():
@@ -64,4 +66,4 @@ class LeaderTicker:
                 continue
             if tp.topic in names:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await self.ctx.sender.send(tp.topic, tp.partition, payload)
+                    await self.ctx.sender.send(tp.topic, tp.partition, seal(payload))

@@ -92,8 +92,10 @@ def test_kip_names_and_attribute_names_are_both_accepted() -> None:
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.attr)
 def test_every_setting_by_either_name(setting: Setting) -> None:
     value = other_valid_value(setting)
-    assert getattr(load({setting.name: value}), setting.attr) == value
-    assert getattr(load({setting.attr: value}), setting.attr) == value
+    # queueflow.auth.mode=hmac needs a secret (a cross-setting check).
+    extra = {"auth_secret": "s"} if setting.attr == "auth_mode" else {}
+    assert getattr(load({setting.name: value, **extra}), setting.attr) == value
+    assert getattr(load({setting.attr: value, **extra}), setting.attr) == value
 
 
 def test_unknown_setting_name() -> None:
@@ -122,7 +124,8 @@ def test_env_variable_names() -> None:
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.attr)
 def test_every_setting_from_env(setting: Setting) -> None:
     value = other_valid_value(setting)
-    assert getattr(load(env={setting.env: str(value)}), setting.attr) == value
+    extra = {"QUEUEFLOW_AUTH_SECRET": "s"} if setting.attr == "auth_mode" else {}
+    assert getattr(load(env={setting.env: str(value), **extra}), setting.attr) == value
 
 
 def test_arguments_override_env() -> None:
@@ -421,3 +424,12 @@ def test_a_listener_that_is_not_host_port_names_the_setting() -> None:
     with pytest.raises(ConfigurationError, match=r"port of 'h:99999' is not in 0..65535"):
         load({"queueflow.leader.listener": "h:99999"})
     assert load({"queueflow.leader.listener": ""}).leader_listener == ""
+
+
+def test_auth_hmac_needs_a_secret_and_the_secret_is_never_shown() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load({"queueflow.auth.mode": "hmac"})
+    assert "QUEUEFLOW_AUTH_SECRET" in str(info.value)
+    s = load({"queueflow.auth.mode": "hmac", "queueflow.auth.secret": "hunter2"})
+    assert "hunter2" not in repr(s) and "hunter2" not in str(s.as_kip_names())
+    assert s.auth_secret == "hunter2"
