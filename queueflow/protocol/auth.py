@@ -196,7 +196,7 @@ class Verifier:
             raise AuthenticationError("bad_signature", "signature does not match")
         try:
             h = _header_decoder.decode(header)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
             raise AuthenticationError("malformed", str(exc)) from None
         if h.v != _ENVELOPE_VERSION or len(h.nonce) != _NONCE_BYTES:
             raise AuthenticationError("malformed", f"envelope version {h.v}")
@@ -290,7 +290,7 @@ def verify_ticket(key: bytes, data: bytes, *, now_ms: int | None = None) -> Assi
         raise AuthenticationError("bad_signature", "ticket signature does not match")
     try:
         ticket = _ticket_decoder.decode(body)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
         raise AuthenticationError("malformed", str(exc)) from None
     now = _now_ms() if now_ms is None else now_ms
     if now >= ticket.expires_ms:
@@ -384,3 +384,37 @@ class ControlAuth:
             )
 
     last_sender: str = ""
+
+
+class SkipLogLimiter:
+    """Rate limit for the log lines of skipped (undecodable or unauthenticated) messages, so a
+    flood of junk can't flood the log: at most ``burst`` lines per ``period_ms``.
+
+    :meth:`admit` returns ``None`` for a line to suppress, else how many were suppressed since
+    the last admitted one (log it as ``suppressed=n``). ``clock``: monotonic ms.
+    """
+
+    def __init__(
+        self, clock: Callable[[], int], *, burst: int = 20, period_ms: int = 10_000
+    ) -> None:
+        self._clock = clock
+        self._burst = burst
+        self._period = period_ms
+        self._start = clock()
+        self._count = 0
+        self.suppressed = 0
+        #: Every skipped message, logged or not (for tests and metrics).
+        self.total = 0
+
+    def admit(self) -> int | None:
+        """Count one skipped message; ``None`` if its line is to be suppressed."""
+        self.total += 1
+        now = self._clock()
+        if now - self._start >= self._period:
+            self._start, self._count = now, 0
+        if self._count >= self._burst:
+            self.suppressed += 1
+            return None
+        self._count += 1
+        suppressed, self.suppressed = self.suppressed, 0
+        return suppressed

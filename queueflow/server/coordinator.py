@@ -17,9 +17,10 @@ from queueflow.engine.group import ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
+from queueflow.protocol.auth import SkipLogLimiter
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
-from queueflow.server.leader import control_auth, send_reply
+from queueflow.server.leader import control_auth, monotonic_ms, send_reply
 from queueflow.structs import TopicPartition
 
 __all__ = ["ShareGroupCoordinator"]
@@ -49,6 +50,7 @@ class ShareGroupCoordinator:
         self.request_topic = topics.coordinator_topic(ctx.namespace)
         self.groups: dict[str, ShareGroup] = {}
         self.auth = control_auth(ctx, "coordinator")
+        self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         #: Direct endpoints of share-partition leaders, from their announcements:
         #: ``(topic, partition) -> (leader epoch, "host:port", received wall ms)``.
         self.leader_addresses: dict[tuple[str, int], tuple[int, str, int]] = {}
@@ -93,7 +95,9 @@ class ShareGroupCoordinator:
             message = protocol.decode(self.auth.open(value))
             self.auth.check_sender(message)
         except ShareGroupError as exc:
-            log.error("undecodable_coordinator_request", error=str(exc))
+            suppressed = self.skipped.admit()
+            if suppressed is not None:
+                log.error("undecodable_coordinator_request", error=str(exc), suppressed=suppressed)
             return
         now = self.ctx.clock.now_ms()
         gap = now - self._last_event_ms

@@ -29,7 +29,7 @@ from queueflow.engine.partition import AcknowledgementBatch, SharePartitionConfi
 from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.auth import ControlAuth, SkipLogLimiter
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable
 from queueflow.settings import ShareGroupSettings
@@ -116,6 +116,7 @@ class ShareLeader:
         self.request_topic = topics.fetch_topic(ctx.namespace, topic)
         self.config = engine_config(ctx.settings)
         self.auth = control_auth(ctx, "leader")
+        self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
         # Share-partitions of partitions this worker lost, kept in case a rebalance gives the
@@ -244,7 +245,14 @@ class ShareLeader:
             message = protocol.decode(self.auth.open(value))
             self.auth.check_sender(message)
         except ShareGroupError as exc:
-            self._log.error("undecodable_request", partition=partition, error=str(exc))
+            suppressed = self.skipped.admit()
+            if suppressed is not None:
+                self._log.error(
+                    "undecodable_request",
+                    partition=partition,
+                    error=str(exc),
+                    suppressed=suppressed,
+                )
             return False
         now = self.ctx.clock.now_ms()
         if isinstance(message, protocol.Fence):

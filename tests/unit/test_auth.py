@@ -225,3 +225,14 @@ def test_ticket_round_trip_and_checks() -> None:
 def test_random_tickets_are_refused(data: bytes) -> None:
     with pytest.raises(AuthenticationError):
         verify_ticket(TICKET_KEY, data, now_ms=NOW)
+
+
+def test_skip_log_limiter_admits_a_burst_per_period_and_counts_the_rest() -> None:
+    from queueflow.protocol.auth import SkipLogLimiter
+
+    clock = Clock(0)
+    limiter = SkipLogLimiter(clock, burst=3, period_ms=1_000)
+    assert [limiter.admit() for _ in range(5)] == [0, 0, 0, None, None]
+    clock.now = 1_000
+    assert limiter.admit() == 2  # the first line of the next period says 2 were suppressed
+    assert limiter.admit() == 0 and limiter.total == 7

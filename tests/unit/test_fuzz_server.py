@@ -169,3 +169,23 @@ def test_read_frame_refuses_an_oversized_announcement_without_buffering() -> Non
             await framing.read_frame(reader)
 
     asyncio.run(read())
+
+
+def test_a_flood_of_junk_is_logged_rate_limited_and_the_leader_keeps_serving() -> None:
+    """500 junk records: 20 log lines (the burst), the rest counted as suppressed; the member
+    then acquires every record."""
+
+    async def scenario() -> Any:
+        async with cluster_with(RECORDS) as cluster:
+            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
+            for i in range(500):
+                await cluster.bus.send(fetch_topic, 0, b"junk %d" % i, b"m-forged")
+            await cluster.bus.drain()
+            fetched = await RawMember(cluster, "m").fetch(0, 100)
+            return fetched, cluster.leaders[TOPIC].skipped.total
+
+    with capture_logs() as logs:
+        fetched, skipped = run(scenario())
+    assert fetched.acquired == [(0, RECORDS - 1, 1)]
+    assert skipped == 500
+    assert len(events(logs, "undecodable_request")) == 20
