@@ -952,6 +952,16 @@ class SharePartition:
     ) -> None:
         """Change one run, keeping the per-state counters and lock groups in step."""
         n = r.last - r.first + 1
+        # The new state first: a RENEW to an unchanged deadline keeps the run in its lock
+        # group, which must not be emptied (and dropped) on the way.
+        if state is _ACQUIRED:
+            assert deadline is not None
+            self._n_acquired += n
+            self._locks[deadline].count += n
+        elif state is _AVAILABLE:
+            self._n_available += n
+            if r.first < self._hint:
+                self._hint = r.first
         if r.state is _ACQUIRED:
             self._n_acquired -= n
             assert r.deadline is not None
@@ -961,14 +971,6 @@ class SharePartition:
                 del self._locks[r.deadline]
         elif r.state is _AVAILABLE:
             self._n_available -= n
-        if state is _ACQUIRED:
-            assert deadline is not None
-            self._n_acquired += n
-            self._locks[deadline].count += n
-        elif state is _AVAILABLE:
-            self._n_available += n
-            if r.first < self._hint:
-                self._hint = r.first
         r.state = state
         r.count = count
         r.member = member

@@ -1,14 +1,14 @@
 """A share agent whose handler is slower than its acquisition lock, run by test_share_agent.
 
 Records are JSON ``{"i": n}``. One handler task, a 1 s lock; the first delivery of record 0
-takes 2.5 s, so the record fetched with it waits past its lock deadline. The handler appends
+blocks the event loop for 2.5 s (so no handler deadline can cancel it), and the record fetched
+with it waits past its lock deadline. The handler appends
 ``{"i", "delivery_count", "late"}`` to ``$AGENT_LEDGER`` (``late``: it was called after the
 record's lock deadline) and ACCEPTs.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -24,5 +24,7 @@ async def handle(record: queueflow.ShareRecord) -> object:
     late = time.monotonic() >= record.lock_deadline
     ledger.write(json.dumps({"i": i, "delivery_count": record.delivery_count, "late": late}) + "\n")
     if i == 0 and record.delivery_count == 1:
-        await asyncio.sleep(2.5)  # slow work: longer than the 1 s acquisition lock
+        # Blocking work, longer than the 1 s acquisition lock: an awaiting handler would be
+        # cancelled at its deadline (before the lock expires) instead.
+        time.sleep(2.5)
     return queueflow.ACCEPT

@@ -714,6 +714,18 @@ def test_renew_extends_the_lock_and_keeps_the_record_acquired() -> None:
     assert states(sp, 1, 2) == [(AV, 1), (AV, 1)]
 
 
+def test_renew_to_the_same_deadline_keeps_the_lock() -> None:
+    """Found by the model check: a RENEW at the acquisition instant gives the deadline the
+    records already have; their lock group must survive it, and the lock still expires."""
+    sp = SharePartition(CFG, 0)
+    sp.acquire("m3", 1, 1, now_ms=0)  # locked until 30000
+    sp.acknowledge("m3", [batch(0, 0, A.RENEW)], now_ms=0)
+    assert sp.record(0) == RecordView(AQ, 1, "m3", 30_000)
+    assert sp.next_lock_deadline() == 30_000
+    assert sp.expire_locks(30_000) == 1
+    assert states(sp, 0, 0) == [(AV, 1)]
+
+
 def test_renew_with_the_members_own_lock_duration_and_then_accept() -> None:
     sp = SharePartition(CFG, 0)
     sp.acquire("m1", 2, 2, now_ms=0, lock_duration_ms=5_000)
