@@ -708,7 +708,7 @@ class ShareAgent:
             self._check_stuck()
         return timed_out and not self._stopping
 
-    def _timed_out(self, records: list[ShareRecord], call: _HandlerCall) -> AcknowledgeType:
+    def _timed_out(self, records: list[ShareRecord]) -> AcknowledgeType:
         """Count and log handler calls cancelled at their deadline; their records are
         RELEASEd (delivered again at once, the lock still holding)."""
         count = len(records)
@@ -802,7 +802,7 @@ class ShareAgent:
             result = await self._call_record(record)
         except asyncio.CancelledError:
             if self._end_call(call):
-                return self._timed_out([record], call)
+                return self._timed_out([record])
             self.stats.released += 1
             raise
         except Exception as exc:
@@ -946,7 +946,7 @@ class ShareAgent:
         except asyncio.CancelledError:
             if self._end_call(call):
                 self._ack_counts[release] += count
-                return self._timed_out(records, call)
+                return self._timed_out(records)
             stats.released += count
             raise
         except Exception as exc:
