@@ -533,12 +533,10 @@ class SharePartition:
 
     def _renew(self, first: int, last: int, deadline: int) -> None:
         """Move the locks of ``first..last`` (Acquired by one member, validated) to ``deadline``.
-        The durable state doesn't change: Acquired is never persisted."""
+        The new deadline is durable (a new leader keeps it)."""
         group = self._lock_group(deadline)
         group.ranges.append((first, last))
-        self._apply(
-            first, last, lambda r: (_ACQUIRED, r.count, r.member, deadline), persisted=False
-        )
+        self._apply(first, last, lambda r: (_ACQUIRED, r.count, r.member, deadline))
 
     def _validate_acks(
         self, member_id: str, batches: Sequence[AcknowledgementBatch]
@@ -770,11 +768,10 @@ class SharePartition:
     def snapshot(self) -> tuple[int, tuple[StateBatch, ...]]:
         """The durable form of the whole state: ``(SPSO, batches)``.
 
-        Batches hold Acknowledged and Archived runs and Available runs with a non-zero delivery
-        count. Acquired records are persisted as Available with their (already incremented)
-        delivery count: Acquired is never persisted and comes back as Available after a restart,
-        and bumping the count at acquisition means a crash cannot under-count deliveries of a
-        poison record. Available records with count 0 are omitted. Adjacent equal batches are
+        Batches hold Acknowledged and Archived runs, Available runs with a non-zero delivery
+        count, and Acquired runs with their lock (owner and deadline), so a new leader keeps
+        the locks its predecessor granted (queueflow's extension: KIP-932 does not persist
+        Acquired). Available records with count 0 are omitted. Adjacent equal batches are
         merged.
 
         KIP-932 "Managing durable share-partition state"; notes §11.2.
@@ -820,21 +817,24 @@ class SharePartition:
             config: limits.
             start_offset: the durable SPSO (>= 0).
             batches: ordered, non-overlapping durable batches (states Available, Acknowledged,
-                Archived); parts below ``start_offset`` are ignored. Offsets between batches are
-                Available with delivery count 0.
+                Archived, or Acquired with a lock); parts below ``start_offset`` are ignored.
+                Offsets between batches are Available with delivery count 0.
 
         Returns:
             A share-partition with SPSO = ``start_offset`` (advanced past any Acknowledged or
-            Archived prefix) and SPEO = max(``start_offset``, last batch end + 1). Restored
-            records have no owner and no lock, and there are no pending changes (apart from an
-            SPSO advanced past a finished prefix).
+            Archived prefix) and SPEO = max(``start_offset``, last batch end + 1). Acquired
+            batches come back Acquired by their member until their lock deadline, even one
+            already past (the next :meth:`expire_locks` releases it), so a takeover redelivers
+            nothing that is still locked. There are no pending changes (apart from an SPSO
+            advanced past a finished prefix).
 
         Raises:
-            CorruptStateError: a batch is unordered, overlapping, Acquired or has a negative
-                delivery count.
+            CorruptStateError: a batch is unordered, overlapping, has a negative delivery count,
+                or is Acquired without a lock (or in another state with one).
             InvalidRequestError: ``start_offset`` is negative.
 
-        KIP-932 "Managing durable share-partition state": "the Acquired state is not persisted".
+        KIP-932 "Managing durable share-partition state" (which persists no Acquired state;
+        queueflow persists the lock, see :meth:`snapshot`).
         """
         sp = cls(config, start_offset)
         runs = sp._runs
@@ -846,10 +846,16 @@ class SharePartition:
                     f"cannot restore batch {b.first_offset}..{b.last_offset}: batches must be "
                     "ordered and non-overlapping with first <= last"
                 )
-            if b.state not in PERSISTED_STATES or b.delivery_count < 0:
+            locked = b.state is _ACQUIRED
+            if (
+                (b.state not in PERSISTED_STATES and not locked)
+                or b.delivery_count < 0
+                or locked != (bool(b.member_id) and b.lock_deadline_ms is not None)
+            ):
                 raise CorruptStateError(
                     f"cannot restore batch {b.first_offset}..{b.last_offset}: state "
-                    f"{b.state!r} / delivery count {b.delivery_count} is not a durable state"
+                    f"{b.state!r} / delivery count {b.delivery_count} / lock "
+                    f"{b.member_id!r} until {b.lock_deadline_ms!r} is not a durable state"
                 )
             prev_last = b.last_offset
             if b.last_offset < start_offset:
@@ -864,12 +870,22 @@ class SharePartition:
                 # like a lock expiry, so the record is Archived rather than delivered again.
                 state = RecordState.ARCHIVED
                 sp._mark_dirty(first, b.last_offset)
-            runs.append(_Run(first, b.last_offset, state, b.delivery_count, None, None))
+            if locked:
+                assert b.member_id is not None and b.lock_deadline_ms is not None
+                member, deadline = sys.intern(b.member_id), b.lock_deadline_ms
+                sp._lock_group(deadline).ranges.append((first, b.last_offset))
+                runs.append(_Run(first, b.last_offset, state, b.delivery_count, member, deadline))
+            else:
+                runs.append(_Run(first, b.last_offset, state, b.delivery_count, None, None))
             end = b.last_offset + 1
         sp._end = end
         for r in runs:
             if r.state is _AVAILABLE:
                 sp._n_available += r.last - r.first + 1
+            elif r.state is _ACQUIRED:
+                assert r.deadline is not None
+                sp._n_acquired += r.last - r.first + 1
+                sp._locks[r.deadline].count += r.last - r.first + 1
         sp._merge_window(0, len(runs) - 1)
         archived_at_limit = bool(sp._dirty)
         sp._advance()
@@ -1036,10 +1052,13 @@ class SharePartition:
         while i < len(runs) and runs[i].first <= last:
             r = runs[i]
             i += 1
-            state = _AVAILABLE if r.state is _ACQUIRED else r.state
-            if state is _AVAILABLE and r.count == 0:
+            if r.state is _AVAILABLE and r.count == 0:
                 continue
-            out.append(StateBatch(max(r.first, first), min(r.last, last), state, r.count))
+            out.append(
+                StateBatch(
+                    max(r.first, first), min(r.last, last), r.state, r.count, r.member, r.deadline
+                )
+            )
         return merge_batches(out)
 
     def __repr__(self) -> str:

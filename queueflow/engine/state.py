@@ -9,6 +9,12 @@ The final Kafka design (notes §11) stores this as a full ``ShareSnapshot`` foll
 module defines those records and :func:`replay`, which folds a snapshot and its updates back into
 ``(start_offset, batches)``; their encoding is :mod:`queueflow.protocol.state_codec`.
 
+KIP-932 says the Acquired state is not persisted, so a new leader redelivers every record that was
+in flight at a takeover, even to a member still processing it. queueflow persists acquisition locks
+instead: an Acquired batch carries its owner and lock deadline, and a new leader restores it
+Acquired, so the owner can still acknowledge it and nobody else gets it before the lock elapses
+(issue #13: no redelivery at a takeover).
+
 Everything here is pure: no I/O, no clocks.
 """
 
@@ -36,7 +42,8 @@ class RecordState(enum.IntEnum):
     """State of one record of a share-partition (KIP-932 "In-flight records").
 
     The values are the ``DeliveryState`` wire values of ``ShareSnapshotValue.StateBatches``
-    (notes §11.2). ``ACQUIRED`` exists only in memory: it is never persisted.
+    (notes §11.2). ``ACQUIRED`` (1) is persisted by queueflow only with its lock (owner and
+    deadline, see :class:`StateBatch`); Kafka never persists it.
     """
 
     AVAILABLE = 0
@@ -45,7 +52,8 @@ class RecordState(enum.IntEnum):
     ARCHIVED = 4
 
 
-#: States that may appear in durable state (KIP-932: "the Acquired state is not persisted").
+#: States a durable batch may have without a lock (KIP-932: "the Acquired state is not
+#: persisted"). An ``ACQUIRED`` batch is durable only with its lock: owner and deadline.
 PERSISTED_STATES: frozenset[RecordState] = frozenset(
     {RecordState.AVAILABLE, RecordState.ACKNOWLEDGED, RecordState.ARCHIVED}
 )
@@ -58,16 +66,44 @@ class StateBatch:
     Attributes:
         first_offset: first offset of the run (>= 0).
         last_offset: last offset of the run, inclusive (>= ``first_offset``).
-        state: ``AVAILABLE``, ``ACKNOWLEDGED`` or ``ARCHIVED``; never ``ACQUIRED``.
-        delivery_count: number of delivery attempts so far (>= 0).
+        state: ``AVAILABLE``, ``ACKNOWLEDGED``, ``ARCHIVED``, or ``ACQUIRED`` with a lock.
+        delivery_count: number of delivery attempts so far (>= 0; >= 1 when ``ACQUIRED``).
+        member_id: the member holding the acquisition lock (``ACQUIRED`` only, else None).
+        lock_deadline_ms: when that lock elapses, in wall-clock ms since the epoch
+            (``ACQUIRED`` only, else None).
 
-    KIP-932 "Managing durable share-partition state"; ``StateBatches`` in notes §11.2.
+    KIP-932 "Managing durable share-partition state"; ``StateBatches`` in notes §11.2. The lock
+    fields are queueflow's: Kafka does not persist acquisition locks.
     """
 
     first_offset: int
     last_offset: int
     state: RecordState
     delivery_count: int
+    member_id: str | None = None
+    lock_deadline_ms: int | None = None
+
+    def cut(self, first_offset: int, last_offset: int) -> StateBatch:
+        """The same batch over ``first_offset..last_offset`` (a part of it)."""
+        return StateBatch(
+            first_offset,
+            last_offset,
+            self.state,
+            self.delivery_count,
+            self.member_id,
+            self.lock_deadline_ms,
+        )
+
+    def continues(self, other: StateBatch) -> bool:
+        """True if ``other`` starts right after this batch with the same state, count and lock
+        (the two merge into one)."""
+        return (
+            self.last_offset + 1 == other.first_offset
+            and self.state == other.state
+            and self.delivery_count == other.delivery_count
+            and self.member_id == other.member_id
+            and self.lock_deadline_ms == other.lock_deadline_ms
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +170,19 @@ def _check_batches(batches: Sequence[StateBatch], where: str) -> None:
                 f"batch {b.first_offset}..{b.last_offset} overlaps or precedes the previous "
                 "batch; batches must be ordered and non-overlapping",
             )
-        if b.state not in PERSISTED_STATES:
+        if b.state is RecordState.ACQUIRED:
+            if not b.member_id or b.lock_deadline_ms is None or b.lock_deadline_ms < 0:
+                raise _corrupt(
+                    where,
+                    f"batch {b.first_offset}..{b.last_offset} is Acquired without a lock "
+                    f"(member {b.member_id!r}, deadline {b.lock_deadline_ms!r})",
+                )
+        elif b.state not in PERSISTED_STATES:
             raise _corrupt(where, f"batch {b.first_offset}..{b.last_offset} is {b.state!r}")
+        elif b.member_id is not None or b.lock_deadline_ms is not None:
+            raise _corrupt(
+                where, f"batch {b.first_offset}..{b.last_offset} is {b.state.name} with a lock"
+            )
         if b.delivery_count < 0:
             raise _corrupt(where, f"batch {b.first_offset}..{b.last_offset} has a negative count")
         prev_last = b.last_offset
@@ -155,11 +202,11 @@ def _overlay(old: list[StateBatch], new: Sequence[StateBatch]) -> list[StateBatc
         j = bisect_left(new_lasts, cur)
         while cur <= o.last_offset:
             if j >= len(new) or new[j].first_offset > o.last_offset:
-                pieces.append(StateBatch(cur, o.last_offset, o.state, o.delivery_count))
+                pieces.append(o.cut(cur, o.last_offset))
                 break
             n = new[j]
             if n.first_offset > cur:
-                pieces.append(StateBatch(cur, n.first_offset - 1, o.state, o.delivery_count))
+                pieces.append(o.cut(cur, n.first_offset - 1))
             cur = n.last_offset + 1
             j += 1
     pieces.extend(new)
@@ -168,7 +215,7 @@ def _overlay(old: list[StateBatch], new: Sequence[StateBatch]) -> list[StateBatc
 
 
 def merge_batches(batches: Iterable[StateBatch]) -> tuple[StateBatch, ...]:
-    """Merge adjacent contiguous batches with equal state and delivery count.
+    """Merge adjacent contiguous batches with equal state, delivery count and lock.
 
     Args:
         batches: ordered, non-overlapping batches.
@@ -177,12 +224,8 @@ def merge_batches(batches: Iterable[StateBatch]) -> tuple[StateBatch, ...]:
     for b in batches:
         if out:
             p = out[-1]
-            if (
-                p.last_offset + 1 == b.first_offset
-                and p.state == b.state
-                and p.delivery_count == b.delivery_count
-            ):
-                out[-1] = StateBatch(p.first_offset, b.last_offset, p.state, p.delivery_count)
+            if p.continues(b):
+                out[-1] = p.cut(p.first_offset, b.last_offset)
                 continue
         out.append(b)
     return tuple(out)
@@ -194,7 +237,7 @@ def _drop_below(batches: list[StateBatch], start: int) -> list[StateBatch]:
         if b.last_offset < start:
             continue
         if b.first_offset < start:
-            b = StateBatch(start, b.last_offset, b.state, b.delivery_count)
+            b = b.cut(start, b.last_offset)
         out.append(b)
     return out
 
@@ -222,7 +265,8 @@ def replay(
         ``(start_offset, batches)``; pass them to ``SharePartition.restore``.
 
     Raises:
-        CorruptStateError: a batch is malformed (unordered, overlapping, Acquired, negative).
+        CorruptStateError: a batch is malformed (unordered, overlapping, negative, Acquired
+            without a lock or another state with one).
 
     KIP-932 "Managing durable share-partition state"; notes §11.3.
     """
@@ -256,15 +300,11 @@ def _overlay_one(batches: list[StateBatch], firsts: list[int], new: StateBatch) 
     pieces: list[StateBatch] = []
     if lo < hi and batches[lo].first_offset < new.first_offset:
         left = batches[lo]
-        pieces.append(
-            StateBatch(left.first_offset, new.first_offset - 1, left.state, left.delivery_count)
-        )
+        pieces.append(left.cut(left.first_offset, new.first_offset - 1))
     pieces.append(new)
     if lo < hi and batches[hi - 1].last_offset > new.last_offset:
         right = batches[hi - 1]
-        pieces.append(
-            StateBatch(new.last_offset + 1, right.last_offset, right.state, right.delivery_count)
-        )
+        pieces.append(right.cut(new.last_offset + 1, right.last_offset))
     batches[lo:hi] = pieces
     firsts[lo:hi] = [b.first_offset for b in pieces]
 
@@ -279,5 +319,5 @@ def _drop_below_in_place(batches: list[StateBatch], firsts: list[int], start: in
         del firsts[:cut]
     if batches and batches[0].first_offset < start:
         b = batches[0]
-        batches[0] = StateBatch(start, b.last_offset, b.state, b.delivery_count)
+        batches[0] = b.cut(start, b.last_offset)
         firsts[0] = start

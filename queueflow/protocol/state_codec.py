@@ -7,6 +7,10 @@ version 2 deltas after an upgrade):
 
 * **version 2** (written by :func:`encode_snapshot` / :func:`encode_update`): compact binary,
   little-endian, packed with :mod:`struct`; the layout is under :data:`STATE_FORMAT_VERSION`.
+* **version 3**: version 2 plus a lock section, written when a value holds Acquired batches
+  (acquisition locks with their owner and deadline, see :data:`STATE_FORMAT_LOCKS_VERSION`).
+  A value without locks is still written as version 2, so a queueflow that only reads version 2
+  can read it.
 * **version 1**: compact JSON read and written with msgspec, the layout queueflow wrote before
   version 2. It is still read, so state already on disk restores unchanged;
   :func:`encode_snapshot_v1` / :func:`encode_update_v1` write it for tests and tools only.
@@ -35,16 +39,20 @@ from queueflow.errors import CorruptStateError
 
 __all__ = [
     "STATE_FORMAT_JSON_VERSION",
+    "STATE_FORMAT_LOCKS_VERSION",
     "STATE_FORMAT_VERSION",
+    "decode_request_position",
     "decode_snapshot",
     "decode_state",
     "decode_update",
     "delta_key",
+    "encode_request_position",
     "encode_snapshot",
     "encode_snapshot_v1",
     "encode_update",
     "encode_update_v1",
     "parse_state_key",
+    "request_position_key",
     "snapshot_key",
 ]
 
@@ -69,16 +77,26 @@ __all__ = [
 #:        end     4  CRC-32 (zlib.crc32) of every byte before it       uint32
 #:
 #: Runs are narrow unless an offset is 2**32 or more past the base. States are 0 Available,
-#: 2 Acknowledged, 4 Archived.
+#: 2 Acknowledged, 4 Archived (and 1 Acquired in version 3).
 STATE_FORMAT_VERSION: Final = 2
+
+#: Version of a binary value that holds Acquired batches: the version 2 layout with the version
+#: byte 3 and, between the runs and the CRC, a lock section for the runs in state 1 (Acquired)::
+#:
+#:     size  field
+#:        2  member count m                                          uint16
+#:        -  m member ids, each: byte length (uint16), UTF-8 bytes
+#:        -  one lock per Acquired run, in run order:
+#:           member index (uint16, into the ids above), lock deadline (int64, wall-clock ms)
+STATE_FORMAT_LOCKS_VERSION: Final = 3
 
 #: Version of the JSON encoding queueflow wrote before version 2 (still read):
 #: :func:`encode_snapshot_v1` / :func:`encode_update_v1`.
 STATE_FORMAT_JSON_VERSION: Final = 1
 
 _SUPPORTED = (
-    f"this queueflow supports version {STATE_FORMAT_JSON_VERSION} as JSON and version "
-    f"{STATE_FORMAT_VERSION} as binary"
+    f"this queueflow supports version {STATE_FORMAT_JSON_VERSION} as JSON and versions "
+    f"{STATE_FORMAT_VERSION} and {STATE_FORMAT_LOCKS_VERSION} as binary"
 )
 
 _ADVICE = (
@@ -151,8 +169,13 @@ _HEADER: Final = struct.Struct("<BBBBqqqqqI")
 _NARROW_RUN: Final = struct.Struct("<IIBi")
 _WIDE_RUN: Final = struct.Struct("<qqBi")
 _CRC: Final = struct.Struct("<I")
+_U16: Final = struct.Struct("<H")
+_LOCK: Final = struct.Struct("<Hq")  # member index, lock deadline (ms)
+_ACQUIRED_VALUE: Final = int(RecordState.ACQUIRED)
 _PERSISTED_VALUES: Final = frozenset(int(s) for s in PERSISTED_STATES)
+_LOCKED_VALUES: Final = _PERSISTED_VALUES | {_ACQUIRED_VALUE}
 _STATE_OF: Final = {int(s): RecordState(s) for s in PERSISTED_STATES}
+_STATE_OF_LOCKED: Final = {**_STATE_OF, _ACQUIRED_VALUE: RecordState.ACQUIRED}
 _INT32_MAX = 2**31 - 1
 _INT64_MIN = -(2**63)
 
@@ -160,8 +183,36 @@ _INT64_MIN = -(2**63)
 def _not_persisted(b: StateBatch) -> ValueError:
     return ValueError(
         f"cannot persist batch {b.first_offset}..{b.last_offset} in state {b.state!r}: "
-        "only Available, Acknowledged and Archived are persisted (KIP-932)"
+        "only Available, Acknowledged and Archived are persisted as such (KIP-932), and "
+        "Acquired only with its lock (a member id and a deadline >= 0)"
     )
+
+
+def _lock_section(batches: Sequence[StateBatch]) -> bytes:
+    """The version 3 lock section of ``batches`` (see :data:`STATE_FORMAT_LOCKS_VERSION`).
+
+    Raises:
+        ValueError: an Acquired batch without a lock, or more than 65,535 members.
+    """
+    members: dict[str, int] = {}
+    locks = bytearray()
+    for b in batches:
+        if b.state is not RecordState.ACQUIRED:
+            continue
+        member, deadline = b.member_id, b.lock_deadline_ms
+        if not member or deadline is None or not 0 <= deadline <= _INT64_MAX:
+            raise _not_persisted(b)
+        index = members.setdefault(member, len(members))
+        if index > 0xFFFF:
+            raise ValueError("cannot encode state: more than 65,535 members hold locks")
+        locks += _LOCK.pack(index, deadline)
+    names = bytearray(_U16.pack(len(members)))
+    for member in members:
+        raw = member.encode()
+        if len(raw) > 0xFFFF:
+            raise ValueError(f"cannot encode state: member id of {len(raw)} bytes (max 65,535)")
+        names += _U16.pack(len(raw)) + raw
+    return bytes(names + locks)
 
 
 def _pack(
@@ -186,8 +237,14 @@ def _pack(
         pos += size
     # The state bytes (each just before a run's int32 count), read back at C speed: cheaper
     # than a check per batch in the loop above.
-    if not _PERSISTED_VALUES.issuperset(buf[header + size - 5 : pos : size]):
-        raise next(_not_persisted(b) for b in batches if b.state not in PERSISTED_STATES)
+    states = frozenset(buf[header + size - 5 : pos : size])
+    if not _PERSISTED_VALUES.issuperset(states):
+        if not _LOCKED_VALUES.issuperset(states):
+            raise next(_not_persisted(b) for b in batches if b.state not in _STATE_OF_LOCKED)
+        # Acquired batches: version 3, with their locks between the runs and the CRC.
+        buf[1] = STATE_FORMAT_LOCKS_VERSION
+        buf[pos:] = _lock_section(batches) + bytes(_CRC.size)
+        pos = len(buf) - _CRC.size
     _CRC.pack_into(buf, pos, zlib.crc32(memoryview(buf)[:pos]))
     return bytes(buf)
 
@@ -205,7 +262,7 @@ def _unencodable(
         if not (isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX):
             return ValueError(f"cannot encode state: {name} {value!r} is not an int64")
     for b in batches:
-        if b.state not in PERSISTED_STATES:
+        if b.state not in _STATE_OF_LOCKED.values():
             return _not_persisted(b)
         if not (
             isinstance(b.delivery_count, int) and -_INT32_MAX - 1 <= b.delivery_count <= _INT32_MAX
@@ -246,10 +303,11 @@ def encode_snapshot(s: ShareSnapshot) -> bytes:
 
     Returns:
         ``52 + 13 * len(s.batches)`` bytes (21 per batch if an offset is 2**32 or more past
-        the first batch's first offset).
+        the first batch's first offset); with Acquired batches, version 3: plus the lock
+        section (10 bytes per Acquired batch and each distinct member id once).
 
     Raises:
-        ValueError: a batch is in the ``ACQUIRED`` state, which is never persisted; a delivery
+        ValueError: an ``ACQUIRED`` batch without a lock (member id and deadline); a delivery
             count does not fit an int32; an epoch or offset does not fit an int64.
     """
     return _encode_v2(
@@ -275,7 +333,7 @@ def encode_update(
 
     Returns:
         ``52 + 13 * len(u.batches)`` bytes (21 per batch if an offset is 2**32 or more past
-        the first batch's first offset).
+        the first batch's first offset), plus the lock section as for :func:`encode_snapshot`.
 
     Raises:
         ValueError: as for :func:`encode_snapshot`.
@@ -312,7 +370,7 @@ def encode_snapshot_v1(s: ShareSnapshot) -> bytes:
     "start_offset":O,"batches":[[first,last,state,count],...]}``.
 
     Raises:
-        ValueError: a batch is in the ``ACQUIRED`` state, which is never persisted.
+        ValueError: a batch is in the ``ACQUIRED`` state (version 1 has no locks).
     """
     return _encoder.encode(
         _SnapshotRecord(
@@ -345,7 +403,7 @@ def encode_update_v1(
     "start_offset":O,"reset":false,"batches":[[first,last,state,count],...]}``.
 
     Raises:
-        ValueError: a batch is in the ``ACQUIRED`` state, which is never persisted.
+        ValueError: a batch is in the ``ACQUIRED`` state (version 1 has no locks).
     """
     return _encoder.encode(
         _UpdateRecord(
@@ -380,16 +438,24 @@ def _unknown_version(version: object, where: str, binary: bool = False) -> Corru
 
 
 def _batch_problem(
-    i: int, first: int, last: int, state: int, count: int, prev_last: int, where: str
+    i: int,
+    first: int,
+    last: int,
+    state: int,
+    count: int,
+    prev_last: int,
+    where: str,
+    locked: bool = False,
 ) -> CorruptStateError | None:
     """What is wrong with batch #``i`` (after a batch ending at ``prev_last``), if anything."""
     if first < 0 or first > last or last > _INT64_MAX:
         return _corrupt(where, f"batch #{i} has an invalid range {first}..{last}")
-    if state not in _PERSISTED_VALUES:
+    if state not in (_LOCKED_VALUES if locked else _PERSISTED_VALUES):
         return _corrupt(
             where,
             f"batch #{i} ({first}..{last}) has state {state}; persisted states are "
-            "0 (Available), 2 (Acknowledged) and 4 (Archived)",
+            "0 (Available), 2 (Acknowledged) and 4 (Archived), and 1 (Acquired) in format "
+            f"version {STATE_FORMAT_LOCKS_VERSION}",
         )
     if count < 0 or count > _INT64_MAX:
         return _corrupt(where, f"batch #{i} ({first}..{last}) has delivery count {count}")
@@ -468,7 +534,7 @@ def _load_v2(
     size = len(view)
     minimum = _HEADER.size + _CRC.size
     if size < minimum:
-        if size >= 2 and view[1] != STATE_FORMAT_VERSION:
+        if size >= 2 and view[1] not in (STATE_FORMAT_VERSION, STATE_FORMAT_LOCKS_VERSION):
             raise _unknown_version(view[1], where, binary=True)
         raise _corrupt(
             where,
@@ -476,20 +542,26 @@ def _load_v2(
             f"format version {STATE_FORMAT_VERSION} record",
         )
     _magic, version, record_type, flags, a, b, c, start, base, n = _HEADER.unpack_from(view)
-    if version != STATE_FORMAT_VERSION:
+    locked = version == STATE_FORMAT_LOCKS_VERSION
+    if version != STATE_FORMAT_VERSION and not locked:
         raise _unknown_version(version, where, binary=True)
     run = _WIDE_RUN if flags & _FLAG_WIDE else _NARROW_RUN
     end = _HEADER.size + run.size * n
-    if size != end + _CRC.size:
-        how = "truncated" if size < end + _CRC.size else "followed by extra bytes"
+    acquired = 0
+    body_end = end  # where the CRC starts
+    if locked and size >= end:
+        acquired = bytes(view[_HEADER.size + run.size - 5 : end : run.size]).count(_ACQUIRED_VALUE)
+        body_end = _locks_end(view, end, acquired)
+    if size != body_end + _CRC.size:
+        how = "truncated" if size < body_end + _CRC.size else "followed by extra bytes"
         raise _corrupt(
             where,
             f"the {kind} record is {size} bytes long, but its header says {n} "
             f"{'wide' if run is _WIDE_RUN else 'narrow'} runs, {end + _CRC.size} bytes: it is "
             f"{how} (or its header is damaged)",
         )
-    (stored,) = _CRC.unpack_from(view, end)
-    computed = zlib.crc32(view[:end])
+    (stored,) = _CRC.unpack_from(view, body_end)
+    computed = zlib.crc32(view[:body_end])
     if stored != computed:
         raise _corrupt(
             where,
@@ -513,9 +585,13 @@ def _load_v2(
     ):
         if value < lowest:
             raise _corrupt(where, f"the {kind} record has {name} {value} (below {lowest})")
+    locks: list[tuple[str, int]] = []
+    if locked:
+        locks = _load_locks(view[end:body_end], acquired, where, kind)
     out: list[StateBatch] = []
     append = out.append
-    state_of = _STATE_OF.get
+    state_of = (_STATE_OF_LOCKED if locked else _STATE_OF).get
+    next_lock = iter(locks).__next__
     prev_last = -1
     for rel, length, state, count in run.iter_unpack(view[_HEADER.size : end]):
         first = base + rel
@@ -528,12 +604,62 @@ def _load_v2(
             or record_state is None
             or count < 0
         ):
-            raise _batch_problem(len(out), first, last, state, count, prev_last, where) or _corrupt(
-                where, f"batch #{len(out)} is invalid"
-            )
+            raise _batch_problem(
+                len(out), first, last, state, count, prev_last, where, locked
+            ) or _corrupt(where, f"batch #{len(out)} is invalid")
         prev_last = last
-        append(StateBatch(first, last, record_state, count))
+        if state == _ACQUIRED_VALUE:
+            member, deadline = next_lock()
+            append(StateBatch(first, last, record_state, count, member, deadline))
+        else:
+            append(StateBatch(first, last, record_state, count))
     return a, b, c, start, tuple(out), bool(flags & _FLAG_RESET)
+
+
+def _locks_end(view: memoryview, end: int, acquired: int) -> int:
+    """Where a version 3 lock section starting at ``end`` ends, from its length fields (past
+    the data if it is truncated)."""
+    size = len(view)
+    if end + _U16.size > size:
+        return end + _U16.size
+    (m,) = _U16.unpack_from(view, end)
+    pos = end + _U16.size
+    for _ in range(m):
+        if pos + _U16.size > size:
+            return pos + _U16.size
+        pos += _U16.size + _U16.unpack_from(view, pos)[0]
+    return pos + _LOCK.size * acquired
+
+
+def _load_locks(section: memoryview, acquired: int, where: str, kind: str) -> list[tuple[str, int]]:
+    """The ``(member id, deadline ms)`` of each of the ``acquired`` Acquired runs, in run order,
+    from a version 3 lock section (already CRC-checked)."""
+
+    def broken(problem: str) -> CorruptStateError:
+        return _corrupt(where, f"the {kind} record's lock section {problem}")
+
+    size = len(section)
+    (m,) = _U16.unpack_from(section, 0)
+    pos = _U16.size
+    members: list[str] = []
+    for i in range(m):
+        if pos + _U16.size > size:
+            raise broken(f"is truncated in member id #{i}")
+        (length,) = _U16.unpack_from(section, pos)
+        pos += _U16.size
+        if length == 0 or pos + length > size:
+            raise broken(f"has member id #{i} of {length} bytes (empty or past its end)")
+        try:
+            members.append(bytes(section[pos : pos + length]).decode())
+        except UnicodeDecodeError:
+            raise broken(f"has member id #{i} that is not UTF-8") from None
+        pos += length
+    locks: list[tuple[str, int]] = []
+    for index, deadline in _LOCK.iter_unpack(section[pos:]):
+        if index >= m or deadline < 0:
+            raise broken(f"has a lock with member #{index} of {m} and deadline {deadline} ms")
+        locks.append((members[index], deadline))
+    return locks
 
 
 def decode_snapshot(data: _Buffer, *, where: str) -> ShareSnapshot:
@@ -621,14 +747,56 @@ def delta_key(
     return f"D/{group}/{partition}/{state_epoch:010d}/{snapshot_epoch:010d}/{index:06d}".encode()
 
 
-def parse_state_key(key: bytes) -> tuple[str, str, int, tuple[int, int, int] | None]:
-    """``(kind, group, partition, (state epoch, snapshot epoch, index) or None)`` of a table key
-    written by :func:`snapshot_key` (kind ``"S"``) or :func:`delta_key` (kind ``"D"``).
+_POSITION: Final = struct.Struct("<q")
+
+
+def request_position_key(partition: int) -> bytes:
+    """Table key of the offset of the last request (in request partition ``partition`` of the
+    request topic) whose changes the leader wrote: ``R/<partition>``. A new leader skips the
+    requests at or before it, which its predecessor already applied (issue #13)."""
+    return f"R/{partition}".encode()
+
+
+def encode_request_position(offset: int) -> bytes:
+    """The value under :func:`request_position_key`: the offset as an int64 (8 bytes, LE).
 
     Raises:
-        ValueError: the key is of neither form.
+        ValueError: ``offset`` is negative or does not fit an int64.
+    """
+    if not 0 <= offset <= _INT64_MAX:
+        raise ValueError(f"request offset {offset} is not in 0..2**63-1")
+    return _POSITION.pack(offset)
+
+
+def decode_request_position(data: _Buffer, *, where: str) -> int:
+    """The offset stored by :func:`encode_request_position`.
+
+    Raises:
+        CorruptStateError: the value is not 8 bytes or holds a negative offset.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) != _POSITION.size:
+        raise CorruptStateError(
+            f"corrupt request position for {where}: expected {_POSITION.size} bytes, got "
+            f"{data!r:.60}; delete the key so the leader applies requests from Faust's committed "
+            'offset (docs/operations.md, "Corrupt state")'
+        )
+    (offset,) = _POSITION.unpack(data)
+    if offset < 0:
+        raise CorruptStateError(f"corrupt request position for {where}: offset {offset} < 0")
+    return int(offset)
+
+
+def parse_state_key(key: bytes) -> tuple[str, str, int, tuple[int, int, int] | None]:
+    """``(kind, group, partition, (state epoch, snapshot epoch, index) or None)`` of a table key
+    written by :func:`snapshot_key` (kind ``"S"``), :func:`delta_key` (kind ``"D"``) or
+    :func:`request_position_key` (kind ``"R"``, group ``""``).
+
+    Raises:
+        ValueError: the key is of none of these forms.
     """
     text = key.decode()
+    if text.startswith("R/"):
+        return "R", "", int(text[2:]), None
     if text.startswith("S/"):
         group, partition = text[2:].rsplit("/", 1)
         return "S", group, int(partition), None

@@ -107,7 +107,8 @@ class DurableSharePartition:
         """Restore a share-partition from its snapshot and deltas; ``None`` if it has no state.
 
         The restored leader takes the next state epoch and writes a fresh snapshot, so its
-        predecessor's deltas are superseded. Records that were Acquired come back Available.
+        predecessor's deltas are superseded. Acquired records come back Acquired by their member
+        until their lock deadline (the lock is persisted), so a takeover redelivers nothing.
 
         Raises:
             CorruptStateError: a snapshot or delta is corrupt or of an unknown version; the

@@ -30,6 +30,11 @@ from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.auth import ControlAuth, SkipLogLimiter
+from queueflow.protocol.state_codec import (
+    decode_request_position,
+    encode_request_position,
+    request_position_key,
+)
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable
 from queueflow.settings import ShareGroupSettings
@@ -122,10 +127,11 @@ class ShareLeader:
         # Share-partitions of partitions this worker lost, kept in case a rebalance gives the
         # partition straight back (see DurableSharePartition.resume).
         self._retained: dict[tuple[str, int], DurableSharePartition] = {}
-        # Request partition -> offset of the last request handled here. Faust resumes a
-        # partition from its committed offset, which lags (commit interval, and faust-streaming
-        # #606), so requests this worker already applied come round again; applied twice, an
-        # old RELEASE would release a record acquired since.
+        # Request partition -> offset of the last request applied. Faust resumes a partition
+        # from its committed offset, which lags (commit interval, and faust-streaming #606), so
+        # requests already applied come round again; applied twice, an old RELEASE would
+        # release a record acquired since. The offset is persisted with the state
+        # (request_position_key), so a new leader skips what its predecessor applied.
         self._applied: dict[int, int] = {}
         self._gauge_cache: dict[tuple[str, int], tuple[Gauge, Gauge, Gauge]] = {}
         self.fencing = LeaderFencing(ctx.stall_limit_ms)
@@ -162,6 +168,8 @@ class ShareLeader:
         A request still in progress for one of them can no longer write its state."""
         self.fencing.revoke(partitions)
         self._drop(partitions, fenced="its partition was revoked by a Faust rebalance")
+        for p in partitions:  # re-read from the table if it comes back: others may apply more
+            self._applied.pop(p, None)
 
     def _drop(self, partitions: set[int], fenced: str | None = None) -> None:
         for p in partitions:  # waiting direct requests: refused, their members re-route
@@ -225,13 +233,32 @@ class ShareLeader:
             self._log.exception("leader_request_failed", partition=partition)
 
     async def _handle(self, partition: int, offset: int, value: bytes) -> None:
-        if offset <= self._applied.get(partition, -1):
-            return  # handled here before (Faust re-delivers from its committed offset)
+        applied = self._applied.get(partition)
+        if applied is None:
+            applied = self._applied[partition] = self._persisted_position(partition)
+        if offset <= applied:
+            return  # applied before, here or by the previous leader (Faust re-delivers)
         self._applied[partition] = offset
         async with self._lock(partition):  # never interleaved with the direct path's batches
-            changed = await self._handle_locked(partition, value)
+            changed = await self._handle_locked(partition, offset, value)
         if changed:
             self._notify(partition)  # records may have become available to parked requests
+
+    def _persisted_position(self, partition: int) -> int:
+        """The offset of the last request of ``partition`` whose changes a leader wrote (-1:
+        none, or unreadable: then requests are applied from Faust's committed offset)."""
+        raw = self.table.get(request_position_key(partition))
+        if raw is None:
+            return -1
+        try:
+            return decode_request_position(raw, where=f"{self.request_topic}[{partition}]")
+        except CorruptStateError as exc:
+            self._log.error("request_position_refused", partition=partition, error=str(exc))
+            return -1
+
+    def _write_position(self, partition: int, offset: int) -> None:
+        """Persist ``offset`` as the last request of ``partition`` applied (after its state)."""
+        self.table[request_position_key(partition)] = encode_request_position(offset)
 
     def _lock(self, partition: int) -> asyncio.Lock:
         lock = self._locks.get(partition)
@@ -239,8 +266,11 @@ class ShareLeader:
             lock = self._locks[partition] = asyncio.Lock()
         return lock
 
-    async def _handle_locked(self, partition: int, value: bytes) -> bool:
-        """Handle one request-log record; True if it changed share-partition state."""
+    async def _handle_locked(self, partition: int, offset: int, value: bytes) -> bool:
+        """Handle the request-log record at ``offset``; True if it changed share-partition
+        state. With ``queueflow.leader.state.durability=acked`` the answer leaves once the
+        broker acknowledged the state change (so no delivery is answered that a new leader
+        would not know of)."""
         try:
             message = protocol.decode(self.auth.open(value))
             self.auth.check_sender(message)
@@ -273,6 +303,7 @@ class ShareLeader:
             released = durable.engine.release_member(message.member_id, now)
             if released:
                 durable.persist()
+                self._write_position(partition, offset)
                 changed = True
                 self._log.info(
                     "member_records_released",
@@ -288,7 +319,11 @@ class ShareLeader:
             # refused harmlessly) but acquire nothing, or the records would be locked for a
             # member not waiting for them.
             live = self.fencing.is_live(partition)
-            response, _ = await self._share_fetch(message, partition, now, acquire=live)
+            response, fetched = await self._share_fetch(message, partition, now, acquire=live)
+            if fetched is not None and (message.acks or response.acquired):
+                self._write_position(partition, offset)
+                if self.ctx.settings.state_durability == "acked":
+                    await self.ctx.flush_state()
             await send_reply(
                 self.ctx,
                 message.member_id,

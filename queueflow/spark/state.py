@@ -182,15 +182,15 @@ def state_rows(
     by_sp: dict[tuple[str, int], _Entries] = defaultdict(_Entries)
     for key, value in table.items():
         try:
-            _kind, g, partition, delta = parse_state_key(key)
+            kind, g, partition, delta = parse_state_key(key)
         except (ValueError, UnicodeDecodeError) as exc:
             if group is None:
                 error = f"unrecognised state table key {key!r} in the changelog of {topic!r}: {exc}"
                 log.warning("state_corrupt", topic=topic, key=repr(key), error=error)
                 yield _error_row(view, None, topic, None, error)
             continue
-        if group is not None and g != group:
-            continue
+        if kind == "R" or (group is not None and g != group):
+            continue  # "R": a leader's request-log position, not share-partition state
         entries = by_sp[(g, partition)]
         if delta is None:
             entries.snapshot = value

@@ -63,28 +63,15 @@ def view(sp: SharePartition, end: int) -> list[tuple[int, RecordState, int]]:
 
 
 def assert_restored(original: SharePartition, restored: SharePartition) -> None:
-    """``restored`` has ``original``'s state, with Acquired records released as on a restart."""
-    limit = original.config.delivery_count_limit
-    expected: dict[int, tuple[RecordState, int]] = {}
+    """``restored`` has ``original``'s state, Acquired records included: the acquisition locks
+    are persisted, so a new leader keeps each lock's owner and deadline."""
+    assert restored.start_offset == original.start_offset
+    assert restored.end_offset == original.end_offset
+    assert restored.acquired_count == original.acquired_count
+    assert restored.available_count == original.available_count
     for o in range(original.start_offset, original.end_offset):
-        r = original.record(o)
-        state = r.state
-        if state is AQ:
-            state = AR if r.delivery_count >= limit else AV
-        expected[o] = (state, r.delivery_count)
-    spso = original.start_offset
-    while spso < original.end_offset and expected[spso][0] in (AK, AR):
-        spso += 1
-    assert restored.start_offset == spso
-    assert restored.acquired_count == 0
-    for o in range(original.start_offset, original.end_offset):
-        r = restored.record(o)
-        assert r.member_id is None
-        assert r.lock_deadline_ms is None
-        if o < spso:
-            assert r.state is AR  # below the SPSO: finished, no longer tracked
-        else:
-            assert (r.state, r.delivery_count) == expected[o], o
+        assert restored.record(o) == original.record(o), o
+    assert restored.next_lock_deadline() == original.next_lock_deadline()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,7 +125,8 @@ def test_persist_writes_one_delta_per_call_with_changes() -> None:
     )
     assert (snapshot_epoch, state_epoch, index) == (0, 0, 0)
     assert update.start_offset == 0
-    assert update.batches == (StateBatch(0, 4, AV, 1),)  # Acquired is persisted as Available
+    # Acquired is persisted with its lock: owner and deadline (default lock 30 s from now_ms 0).
+    assert update.batches == (StateBatch(0, 4, AQ, 1, "m", 30_000),)
     assert d.persist() is False
     ack(d.engine, 0, 1, AcknowledgeType.ACCEPT)
     ack(d.engine, 2, 2, AcknowledgeType.REJECT)
@@ -163,7 +151,7 @@ def test_snapshot_after_updates_per_snapshot_deltas() -> None:
     assert list(table) == [SKEY]
     snap = snapshot_in(table)
     assert snap.snapshot_epoch == 1
-    assert snap.batches == (StateBatch(0, 2, AV, 1),)
+    assert snap.batches == (StateBatch(0, 2, AQ, 1, "m", 30_000),)
     assert d.snapshot_epoch == 1
     assert d.delta_index == 0
     # Deltas then continue under the new snapshot epoch.
@@ -234,7 +222,10 @@ def test_load_bumps_state_epoch_and_writes_fresh_snapshot() -> None:
     assert (again.state_epoch, again.snapshot_epoch) == (2, 2)
 
 
-def test_load_releases_acquired_and_archives_at_the_limit() -> None:
+def test_load_keeps_acquired_records_locked_until_their_deadline() -> None:
+    """A new leader keeps its predecessor's locks (issue #13: a takeover redelivers nothing):
+    the owner can still acknowledge, nobody else acquires them, and when a lock elapses the
+    records are released, or Archived at the delivery limit, exactly as on the old leader."""
     table: Table = {}
     d = create(table, per_snapshot=100)
     sp = d.engine
@@ -242,15 +233,24 @@ def test_load_releases_acquired_and_archives_at_the_limit() -> None:
     ack(sp, 5, 9, AcknowledgeType.RELEASE)
     sp.acquire("m", 5, log_end_offset=10, now_ms=0)  # 5..9 count 2
     ack(sp, 5, 9, AcknowledgeType.RELEASE)
-    sp.acquire("m", 3, log_end_offset=10, now_ms=0)  # 5..7 count 3 = limit
+    sp.acquire("m", 3, log_end_offset=10, now_ms=1_000)  # 5..7 count 3 = limit
     d.persist()
     restored = must_load(table).engine
-    assert view(restored, 10)[:5] == [(o, AV, 1) for o in range(5)]
-    assert view(restored, 10)[5:8] == [(o, AR, 3) for o in range(5, 8)]
-    assert view(restored, 10)[8:] == [(o, AV, 2) for o in range(8, 10)]
     assert_restored(sp, restored)
-    # The archiving done on restore is in the fresh snapshot too.
-    assert view(must_load(table).engine, 10) == view(restored, 10)
+    assert view(restored, 10) == [(o, AQ, 1) for o in range(5)] + [
+        (o, AQ, 3) for o in range(5, 8)
+    ] + [(o, AV, 2) for o in range(8, 10)]
+    assert restored.record(6).member_id == "m"
+    assert restored.record(6).lock_deadline_ms == 31_000
+    # Nobody else gets the locked records; the owner's acknowledgement is applied.
+    got = restored.acquire("other", 10, log_end_offset=10, now_ms=2_000)
+    assert [(a.first_offset, a.last_offset) for a in got] == [(8, 9)]
+    ack(restored, 0, 1, AcknowledgeType.ACCEPT)
+    # The locks elapse: 2..4 Available again, 5..7 at the limit Archived.
+    assert restored.expire_locks(31_000) == 6
+    assert view(restored, 10)[2:8] == [(o, AV, 1) for o in range(2, 5)] + [
+        (o, AR, 3) for o in range(5, 8)
+    ]
 
 
 def test_load_ignores_deltas_of_superseded_snapshot_epochs() -> None:
@@ -447,8 +447,10 @@ def test_flow_acquire_ack_in_steps_crash_and_load() -> None:
     restored_d = must_load(table)
     restored = restored_d.engine
     assert_restored(sp, restored)
+    # The members never come back: their locks (30 s from now_ms 0) elapse.
+    assert restored.expire_locks(30_000) == 10 + 2 + 41
     # Spelled out: 30..39 were Acquired at the delivery limit -> Archived, so the SPSO moves past
-    # them and the finished 40..45; 46 and 48 come back Available after their second delivery.
+    # them and the finished 40..45; 46 and 48 are Available again after their second delivery.
     assert restored.start_offset == 46
     assert restored.end_offset == 100
     for o in range(46, 100):
@@ -508,7 +510,7 @@ def test_resume_refuses_when_another_leader_loaded_the_state() -> None:
     successor = must_load(table)  # bumps the state epoch, writes a snapshot
     assert not d.resume(leader_epoch=7)
     assert d.fenced == "taken over"
-    assert successor.engine.acquired_count == 0
+    assert successor.engine.acquired_count == 10  # the successor holds the same locks
 
 
 def test_resume_refuses_when_a_delta_was_written_after_its_own() -> None:

@@ -130,8 +130,11 @@ def test_two_leaders_racing_on_one_partition() -> None:
     b = DurableSharePartition.load(table, G, T, P, CFG, 100, leader_epoch=4)
     assert b is not None and b.state_epoch == a.state_epoch + 1
     assert b_fencing.on_fence(P, 4) is FenceOutcome.LIVE
-    # What A had Acquired is Available again; B hands 5..9 to m2.
-    acquired = b.engine.acquire("m2", 5, log_end_offset=20, now_ms=2)
+    # B keeps A's locks on 5..9 (m1 may still acknowledge them); they elapse, and B hands
+    # 5..9 to m2.
+    assert b.engine.record(7).member_id == "m1"
+    assert b.engine.expire_locks(30_000) == 5
+    acquired = b.engine.acquire("m2", 5, log_end_offset=20, now_ms=30_001)
     assert [(r.first_offset, r.last_offset, r.delivery_count) for r in acquired] == [(5, 9, 2)]
     b.persist()
 
@@ -148,7 +151,7 @@ def test_two_leaders_racing_on_one_partition() -> None:
         a_fencing.check(P)
 
     # B's state is intact: its late-write-free view, record for record.
-    b.engine.acknowledge("m2", [AcknowledgementBatch(5, 6, (AcknowledgeType.RELEASE,))], 5)
+    b.engine.acknowledge("m2", [AcknowledgementBatch(5, 6, (AcknowledgeType.RELEASE,))], 30_005)
     b.persist()
     restored = DurableSharePartition.load(table, G, T, P, CFG, 100, leader_epoch=5)
     assert restored is not None
@@ -159,9 +162,9 @@ def test_two_leaders_racing_on_one_partition() -> None:
     assert view == [
         (5, "AVAILABLE", 2),
         (6, "AVAILABLE", 2),
-        (7, "AVAILABLE", 2),
-        (8, "AVAILABLE", 2),
-        (9, "AVAILABLE", 2),
+        (7, "ACQUIRED", 2),
+        (8, "ACQUIRED", 2),
+        (9, "ACQUIRED", 2),
     ]
     assert restored.engine.start_offset == 5
     # A's late delta sits under its own state epoch, where no replay of B's state looks.

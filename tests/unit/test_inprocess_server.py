@@ -509,11 +509,49 @@ def test_corrupt_state_refuses_that_share_partition_only() -> None:
     assert [e["group"] for e in events(logs, "share_partition_initialised")] == ["h"]
 
 
-def test_a_new_leader_restores_the_state_with_acquired_records_available() -> None:
+def test_a_new_leader_skips_the_requests_its_predecessor_applied() -> None:
+    """The offset of the last request a leader applied is persisted with the state (issue #13):
+    Faust resumes a new leader's request partition from its lagging committed offset, and a
+    RELEASE its predecessor applied, handled again, would release the records its member has
+    acquired since (a duplicate delivery). The new leader skips it."""
+
+    async def scenario() -> None:
+        async with cluster_with(5) as cluster:
+            leader = cluster.leaders[TOPIC]
+            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
+            m = RawMember(cluster, "m")
+            first = await m.fetch(0, 10, handler=leader.handle, offset=200)
+            assert first.acquired == [(0, 4, 1)]
+            release = m.fetch_request(0, 0, acks=[(0, 4, (RELEASE,))])
+            await m.call(fetch_topic, 0, release, handler=leader.handle, offset=201)
+            again = await m.fetch(0, 10, handler=leader.handle, offset=202)
+            assert again.acquired == [(0, 4, 2)]
+            leader.revoke({0})  # failover: the partition moves away
+            fresh = ShareLeader(cluster.server, TOPIC, cluster.tables[TOPIC])
+            fresh.assign({0}, 2)
+            await fresh.send_fences()
+            fence = cluster.bus.sent[-1][2]
+            # Read in log order from Faust's committed offset: the old RELEASE comes round
+            # again before the new leader's fence. Skipped: m keeps its second delivery.
+            await fresh.handle(0, 201, protocol.encode(release))
+            await fresh.handle(0, 300, fence)
+            assert fresh.fencing.is_live(0)
+            other = RawMember(cluster, "m-other")
+            response = await other.fetch(0, 10, handler=fresh.handle, offset=301)
+            assert response.error == "NONE" and response.acquired == []
+            engine = fresh.partitions[("g", 0)].engine
+            assert [engine.record(o).state for o in range(5)] == [RecordState.ACQUIRED] * 5
+            assert (engine.record(0).member_id, engine.record(0).delivery_count) == ("m", 2)
+
+    run(scenario())
+
+
+def test_a_new_leader_restores_the_state_with_acquired_records_still_locked() -> None:
     """KIP-932 "Managing durable share-partition state": a new leader on the same table
     restores the SPSO and the in-flight records (``share_partition_restored``, next state
-    epoch); records that were Acquired come back Available with their delivery count, and the
-    old owner's acknowledgements of them are refused."""
+    epoch). Records that were Acquired stay Acquired by their member until their lock elapses
+    (queueflow persists the locks): nobody else gets them, and the owner's acknowledgements
+    of them are applied by the new leader (issue #13: a takeover redelivers nothing)."""
 
     async def scenario() -> None:
         async with cluster_with(5) as cluster:
@@ -530,11 +568,13 @@ def test_a_new_leader_restores_the_state_with_acquired_records_available() -> No
             assert fresh.fencing.is_live(0)
             other = RawMember(cluster, "m-other")
             response = await other.fetch(0, 10, handler=fresh.handle, offset=101)
-            assert response.acquired == [(2, 4, 2)]
+            assert response.error == "NONE" and response.acquired == []  # 2..4 still locked
             engine = fresh.partitions[("g", 0)].engine
             assert engine.start_offset == 2
-            stale = await m.fetch(0, 0, acks=[(2, 4, (ACCEPT,))], handler=fresh.handle, offset=102)
-            assert stale.ack_error == ErrorCode.INVALID_RECORD_STATE.value
+            assert engine.record(3).member_id == "m"
+            kept = await m.fetch(0, 0, acks=[(2, 4, (ACCEPT,))], handler=fresh.handle, offset=102)
+            assert kept.ack_error == ErrorCode.NONE.value
+            assert engine.start_offset == 5
 
     with capture_logs() as logs:
         run(scenario())

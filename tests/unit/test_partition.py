@@ -521,7 +521,7 @@ def test_reset_start_offset() -> None:
     sp.reset_start_offset(0)
     assert sp.acquire("m", 2, 10, 6) == [AcquiredRecords(0, 1, 1)]
     update = sp.take_changes()
-    assert update == ShareUpdate(0, (StateBatch(0, 1, AV, 1),), reset=True)
+    assert update == ShareUpdate(0, (StateBatch(0, 1, AQ, 1, "m", 30_006),), reset=True)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -570,12 +570,12 @@ def test_take_changes_content() -> None:
     sp = SharePartition(CFG, 0)
     assert sp.take_changes() is None
     sp.acquire("m", 10, 10, 0)
-    # The delivery count is persisted at acquisition; Acquired is persisted as Available.
-    assert sp.take_changes() == ShareUpdate(0, (StateBatch(0, 9, AV, 1),))
+    # The delivery count is persisted at acquisition, with the lock: owner and deadline.
+    assert sp.take_changes() == ShareUpdate(0, (StateBatch(0, 9, AQ, 1, "m", 30_000),))
     assert sp.take_changes() is None
     sp.acknowledge("m", [batch(3, 4, A.ACCEPT), batch(7, 7, A.REJECT)], 1)
     assert sp.take_changes() == ShareUpdate(0, (StateBatch(3, 4, AK, 1), StateBatch(7, 7, AR, 1)))
-    # Releasing keeps the persisted form (Available, count 1) but is still reported.
+    # Releasing: Available, count 1.
     sp.acknowledge("m", [batch(8, 8, A.RELEASE)], 2)
     assert sp.take_changes() == ShareUpdate(0, (StateBatch(8, 8, AV, 1),))
     # Moving the SPSO is a change; batches below it are not reported.
@@ -588,7 +588,9 @@ def test_take_changes_content() -> None:
     # An acquire spanning released and new records; several mutations coalesce.
     sp.acquire("n", 3, 12, 5)  # 8 (count 2), 10, 11
     sp.acknowledge("m", [batch(5, 6, A.ACCEPT)], 6)
-    assert sp.take_changes() == ShareUpdate(8, (StateBatch(8, 8, AV, 2), StateBatch(10, 11, AV, 1)))
+    assert sp.take_changes() == ShareUpdate(
+        8, (StateBatch(8, 8, AQ, 2, "n", 30_005), StateBatch(10, 11, AQ, 1, "n", 30_005))
+    )
 
 
 def test_changes_replay_to_snapshot() -> None:
@@ -621,26 +623,27 @@ def test_snapshot_and_restore_round_trip() -> None:
     spso, batches = sp.snapshot()
     assert spso == 10
     assert batches == (
-        StateBatch(10, 11, AV, 1),
+        StateBatch(10, 11, AQ, 1, "a", 30_000),
         StateBatch(12, 13, AK, 1),
-        StateBatch(14, 14, AV, 1),
-        StateBatch(15, 15, AV, 2),
-        StateBatch(16, 16, AV, 1),
+        StateBatch(14, 14, AQ, 1, "a", 30_000),
+        StateBatch(15, 15, AQ, 2, "b", 30_002),
+        StateBatch(16, 16, AQ, 1, "a", 30_000),
         StateBatch(17, 17, AR, 1),
-        StateBatch(18, 19, AV, 1),
+        StateBatch(18, 19, AQ, 1, "a", 30_000),
     )
     restored = SharePartition.restore(CFG, spso, batches)
     assert (restored.start_offset, restored.end_offset) == (10, 20)
     for o in range(8, 22):
-        view = sp.record(o)
-        state = AV if view.state is AQ else view.state
-        assert restored.record(o) == RecordView(state, view.delivery_count, None, None)
+        assert restored.record(o) == sp.record(o)
     assert restored.snapshot() == sp.snapshot()
-    assert restored.acquired_count == 0 and restored.available_count == 7
-    assert restored.next_lock_deadline() is None
+    assert restored.acquired_count == 7 and restored.available_count == 0
+    assert restored.next_lock_deadline() == 30_000
     assert restored.take_changes() is None
-    # Restored Available records are delivered again, with their count bumped.
-    assert restored.acquire("c", 3, 30, 0) == [
+    # The locks hold: nothing to acquire until they elapse.
+    assert restored.acquire("c", 3, 20, 1) == []
+    assert restored.expire_locks(30_000) == 6
+    # Then the released records are delivered again, with their count bumped.
+    assert restored.acquire("c", 3, 20, 30_001) == [
         AcquiredRecords(10, 11, 2),
         AcquiredRecords(14, 14, 2),
     ]
@@ -671,7 +674,10 @@ def test_restore_fills_gaps_drops_old_batches_and_advances() -> None:
         [StateBatch(5, 4, AV, 1)],
         [StateBatch(0, 5, AV, 1), StateBatch(5, 6, AK, 1)],
         [StateBatch(6, 7, AV, 1), StateBatch(0, 5, AK, 1)],
-        [StateBatch(0, 5, AQ, 1)],
+        [StateBatch(0, 5, AQ, 1)],  # Acquired without a lock
+        [StateBatch(0, 5, AQ, 1, "m", None)],
+        [StateBatch(0, 5, AQ, 1, "", 5)],
+        [StateBatch(0, 5, AV, 1, "m", 5)],  # a lock on a record that isn't Acquired
         [StateBatch(0, 5, AV, -1)],
     ],
 )
@@ -682,7 +688,8 @@ def test_restore_rejects_malformed_state(batches: list[StateBatch]) -> None:
 
 def test_restore_archives_records_acquired_at_the_delivery_limit() -> None:
     """A record whose last delivery attempt (at the limit) was cut short by a leader crash is
-    Archived on restore, like a lock expiry at the limit, instead of being delivered again."""
+    Archived when its restored lock elapses, instead of being delivered again. State written
+    before locks were persisted (Acquired as Available at the limit) is Archived on restore."""
     config = SharePartitionConfig(delivery_count_limit=2)
     sp = SharePartition(config, 0)
     sp.acquire("m", 2, log_end_offset=2, now_ms=0)
@@ -690,9 +697,15 @@ def test_restore_archives_records_acquired_at_the_delivery_limit() -> None:
     sp.acquire("m", 2, log_end_offset=2, now_ms=2)  # second delivery: count 2 == limit
     start, batches = sp.snapshot()  # the leader crashes here
     restored = SharePartition.restore(config, start, batches)
+    assert restored.record(0) == RecordView(AQ, 2, "m", 30_002)
+    assert restored.expire_locks(30_002) == 2
     assert restored.start_offset == 2
     assert restored.record(0).state is RecordState.ARCHIVED
-    assert restored.acquire("m2", 10, log_end_offset=2, now_ms=3) == []
+    assert restored.acquire("m2", 10, log_end_offset=2, now_ms=30_003) == []
+    # The format without locks wrote the same records Available at the limit.
+    old = SharePartition.restore(config, 0, [StateBatch(0, 1, AV, 2)])
+    assert old.start_offset == 2
+    assert old.record(0).state is RecordState.ARCHIVED
 
 
 # --------------------------------------------------------------------------------------------
@@ -707,7 +720,8 @@ def test_renew_extends_the_lock_and_keeps_the_record_acquired() -> None:
     sp.acknowledge("m1", [batch(1, 2, A.RENEW)], now_ms=20_000)
     assert sp.record(1) == RecordView(AQ, 1, "m1", 50_000)
     assert sp.record(0).lock_deadline_ms == 30_000
-    assert sp.take_changes() is None  # Acquired isn't persisted: a renew writes nothing
+    # The new deadline is durable: a new leader keeps the renewed lock.
+    assert sp.take_changes() == ShareUpdate(0, (StateBatch(1, 2, AQ, 1, "m1", 50_000),))
     assert sp.expire_locks(30_000) == 2  # 0 and 3 elapse at the old deadline
     assert states(sp, 0, 3) == [(AV, 1), (AQ, 1), (AQ, 1), (AV, 1)]
     assert sp.expire_locks(50_000) == 2

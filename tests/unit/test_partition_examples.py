@@ -172,8 +172,8 @@ def test_durable_state_examples_table() -> None:
     ack(sp, "D", 111, 112, AcknowledgeType.ACCEPT, 2700)
     check(120, 121, {(120, 120): (AQ, 1)})
 
-    # Durable form at the end: the SPSO and record 120 as Available with its count of 1.
-    assert sp.snapshot() == (120, (StateBatch(120, 120, AV, 1),))
+    # Durable form at the end: the SPSO and record 120 with its count of 1 and C's lock.
+    assert sp.snapshot() == (120, (StateBatch(120, 120, AQ, 1, "C", 31_500),))
     assert sp.record(120).member_id == "C"
 
 
@@ -187,15 +187,16 @@ FIGURE: Spec = {
 
 # What queueflow persists for the figure. KIP-932: "the durable state contains the SPSO position,
 # the non-zero delivery count for offset 3, the Acknowledged state of offset 5, and the Archived
-# state of offset 6". queueflow also persists the Acquired records 2 and 4, as Available with
-# delivery count 1: the count is bumped durably at acquisition, so a crash while a poison record
-# is being processed cannot under-count its deliveries (Acquired itself is never persisted).
+# state of offset 6". queueflow also persists the Acquired records 2 and 4 with their delivery
+# count and lock (owner A, deadline): the count is bumped durably at acquisition, so a crash while
+# a poison record is being processed cannot under-count its deliveries, and a new leader keeps
+# A's locks instead of redelivering 2 and 4 while A still processes them.
 FIGURE_DURABLE = (
     2,
     (
-        StateBatch(2, 2, AV, 1),
+        StateBatch(2, 2, AQ, 1, "A", 30_000),
         StateBatch(3, 3, AV, 2),
-        StateBatch(4, 4, AV, 1),
+        StateBatch(4, 4, AQ, 1, "A", 30_000),
         StateBatch(5, 5, AK, 1),
         StateBatch(6, 6, AR, 1),
     ),

@@ -169,11 +169,11 @@ class Model:
     def persisted(self) -> tuple[int, tuple[StateBatch, ...]]:
         out = []
         for o in range(self.spso, self.speo):
-            s, c, _, _ = self.recs[o]
-            s = AV if s is AQ else s
+            s, c, member, deadline = self.recs[o]
             if s is AV and c == 0:
                 continue
-            out.append(StateBatch(o, o, s, c))
+            # Acquired is persisted with its lock (owner and deadline).
+            out.append(StateBatch(o, o, s, c, member, deadline))
         return self.spso, merge_batches(out)
 
 
@@ -372,24 +372,20 @@ class ShareMachine(RuleBasedStateMachine):
         snapshot = self.sp.snapshot()
         assert snapshot == self.model.persisted()
         restored = SharePartition.restore(self.cfg, *snapshot)
-        # A restore is a leader crash: Acquired comes back Available, or Archived when that
-        # delivery was at the limit; the SPSO then moves past any finished prefix.
-        limit = self.cfg.delivery_count_limit
-        expected = {}
+        # A restore is a leader takeover: every record comes back as it was, Acquired ones
+        # with their owner and lock deadline (the locks are persisted).
+        assert (restored.start_offset, restored.end_offset) == (self.model.spso, self.model.speo)
         for o in range(self.model.spso, self.model.speo):
-            v = self.model.view(o)
-            state = v.state
-            if state is AQ:
-                state = AR if v.delivery_count >= limit else AV
-            expected[o] = RecordView(state, v.delivery_count, None, None)
-        spso = next((o for o, v in expected.items() if v.state is AV), self.model.speo)
-        assert (restored.start_offset, restored.end_offset) == (spso, self.model.speo)
-        for o in range(spso, self.model.speo):
-            assert restored.record(o) == expected[o]
-        if all(
-            v.state is not AQ for v in map(self.model.view, range(self.model.spso, self.model.speo))
-        ):
-            assert restored.snapshot() == snapshot
+            assert restored.record(o) == self.model.view(o)
+        assert restored.acquired_count == self.sp.acquired_count
+        assert restored.available_count == self.sp.available_count
+        assert restored.next_lock_deadline() == self.sp.next_lock_deadline()
+        assert restored.snapshot() == snapshot
+        # And its locks elapse when the model says: every Acquired record due by then.
+        later = max(self.now, self.sp.next_lock_deadline() or self.now)
+        views = [self.model.view(o) for o in range(self.model.spso, self.model.speo)]
+        due = sum(1 for v in views if v.state is AQ and (v.lock_deadline_ms or 0) <= later)
+        assert restored.expire_locks(later) == due
 
 
 ShareMachine.TestCase.settings = settings(

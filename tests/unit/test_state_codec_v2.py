@@ -111,9 +111,18 @@ def refused(decode: Callable[..., Any], data: Any) -> str:
 # ------------------------------------------------------------------------------------------------
 
 
+MEMBER_IDS = st.sampled_from(["m", "member-1", "ü-2"]) | st.text(
+    st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40
+)
+
+
 @st.composite
-def state_batches(draw: st.DrawFn, max_runs: int = 12) -> tuple[StateBatch, ...]:
-    """Ordered, non-overlapping persisted batches; offsets near 0, near 2**32 or near 2**63."""
+def state_batches(
+    draw: st.DrawFn, max_runs: int = 12, locks: bool = False
+) -> tuple[StateBatch, ...]:
+    """Ordered, non-overlapping persisted batches; offsets near 0, near 2**32 or near 2**63.
+    With ``locks``, some are Acquired with a lock (format version 3)."""
+    states = sorted(PERSISTED_STATES) + ([RecordState.ACQUIRED] if locks else [])
     out: list[StateBatch] = []
     offset = draw(st.sampled_from([0, 1_000, 2**32 - 50, 2**62]) | st.integers(0, 2**40))
     for _ in range(draw(st.integers(0, max_runs))):
@@ -122,9 +131,13 @@ def state_batches(draw: st.DrawFn, max_runs: int = 12) -> tuple[StateBatch, ...]
         last = first + draw(st.integers(0, 10) | st.integers(0, 2**33))
         if last > INT64_MAX:
             break
-        state = draw(st.sampled_from(sorted(PERSISTED_STATES)))
+        state = draw(st.sampled_from(states))
         count = draw(st.integers(0, 20) | st.integers(0, INT32_MAX))
-        out.append(StateBatch(first, last, state, count))
+        if state is RecordState.ACQUIRED:
+            deadline = draw(st.integers(0, 2**45) | st.integers(0, INT64_MAX))
+            out.append(StateBatch(first, last, state, count, draw(MEMBER_IDS), deadline))
+        else:
+            out.append(StateBatch(first, last, state, count))
         offset = last + 1
     return tuple(out)
 
@@ -134,6 +147,12 @@ snapshots = st.builds(
     ShareSnapshot, epochs, epochs, st.integers(-1, 20) | epochs, epochs, state_batches()
 )
 updates = st.builds(ShareUpdate, st.integers(-1, 20) | epochs, state_batches(), st.booleans())
+locked_snapshots = st.builds(
+    ShareSnapshot, epochs, epochs, st.integers(-1, 20) | epochs, epochs, state_batches(locks=True)
+)
+locked_updates = st.builds(
+    ShareUpdate, st.integers(-1, 20) | epochs, state_batches(locks=True), st.booleans()
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -192,7 +211,7 @@ def test_wide_runs_when_offsets_are_far_apart() -> None:
 
 
 @FAST
-@given(snapshots)
+@given(locked_snapshots)
 def test_snapshot_round_trip(snapshot: ShareSnapshot) -> None:
     data = encode_snapshot(snapshot)
     decoded = decode_snapshot(data, where=WHERE)
@@ -200,11 +219,55 @@ def test_snapshot_round_trip(snapshot: ShareSnapshot) -> None:
     assert all(type(b.state) is RecordState for b in decoded.batches)
     assert decode_snapshot(bytearray(data), where=WHERE) == snapshot
     assert decode_snapshot(memoryview(data), where=WHERE) == snapshot
-    assert len(data) in (52 + 13 * len(snapshot.batches), 52 + 21 * len(snapshot.batches))
+    locked = [b for b in snapshot.batches if b.state is RecordState.ACQUIRED]
+    # Version 2 unless a batch holds a lock; then version 3 with 10 bytes per lock plus the ids.
+    assert data[1] == (3 if locked else 2)
+    runs = len(data) - (len(lock_section(locked)) if locked else 0)
+    assert runs in (52 + 13 * len(snapshot.batches), 52 + 21 * len(snapshot.batches))
+
+
+def lock_section(locked: list[StateBatch]) -> bytes:
+    """The version 3 lock section of ``locked`` (the Acquired batches), built independently."""
+    ids = list(dict.fromkeys(b.member_id for b in locked if b.member_id))
+    out = struct.pack("<H", len(ids))
+    for member in ids:
+        out += struct.pack("<H", len(member.encode())) + member.encode()
+    for b in locked:
+        out += struct.pack("<Hq", ids.index(b.member_id), b.lock_deadline_ms)
+    return out
+
+
+def test_locks_golden_bytes() -> None:
+    """A version 3 value: the version 2 layout with version 3 and the lock section."""
+    aq = RecordState.ACQUIRED
+    snap = ShareSnapshot(
+        1, 0, 3, 10, (StateBatch(10, 11, aq, 1, "m1", 5000), StateBatch(12, 12, AV, 1),
+                      StateBatch(13, 13, aq, 2, "m1", 6000))
+    )  # fmt: skip
+    data = encode_snapshot(snap)
+    header = struct.pack("<BBBBqqqqqI", 0xF5, 3, 0x53, 0, 1, 0, 3, 10, 10, 3)
+    runs = struct.pack("<IIBi", 0, 1, 1, 1) + struct.pack("<IIBi", 2, 0, 0, 1)
+    runs += struct.pack("<IIBi", 3, 0, 1, 2)
+    locks = struct.pack("<HH", 1, 2) + b"m1" + struct.pack("<Hq", 0, 5000)
+    locks += struct.pack("<Hq", 0, 6000)
+    body = header + runs + locks
+    assert data == body + struct.pack("<I", zlib.crc32(body))
+    assert decode_snapshot(data, where=WHERE) == snap
+
+
+def test_acquired_without_a_lock_is_not_encoded() -> None:
+    for batch in (
+        StateBatch(0, 1, RecordState.ACQUIRED, 1),
+        StateBatch(0, 1, RecordState.ACQUIRED, 1, "m", None),
+        StateBatch(0, 1, RecordState.ACQUIRED, 1, "", 5),
+        StateBatch(0, 1, RecordState.ACQUIRED, 1, "m", -1),
+    ):
+        with pytest.raises(ValueError, match="Acquired only with its lock"):
+            encode_snapshot(ShareSnapshot(0, 0, 0, 0, (batch,)))
 
 
 @FAST
-@given(updates, epochs, epochs, epochs)
+@given(locked_updates, epochs, epochs, epochs)
 def test_update_round_trip(update: ShareUpdate, snap: int, state: int, index: int) -> None:
     data = encode_update(update, snapshot_epoch=snap, state_epoch=state, delta_index=index)
     decoded = decode_update(data, where=WHERE)
@@ -361,11 +424,13 @@ def test_upgraded_leader_continues_v1_state() -> None:
     first.engine.acquire("m", 3, log_end_offset=130, now_ms=2)
     assert first.persist()
     deltas = [v for k, v in table.items() if k.startswith(b"D/")]
-    assert len(deltas) == 2 and all(v[:2] == b"\xf5\x02" for v in deltas)
+    # Acquired records are persisted with their locks: format version 3.
+    assert len(deltas) == 2 and all(v[:2] == b"\xf5\x03" for v in deltas)
     second = DurableSharePartition.load(table, G, T, P, CFG, 500)
     assert second is not None
-    # Acquired records come back Available with their delivery counts: the durable form.
+    # Acquired records come back Acquired, with their owners, deadlines and delivery counts.
     expected = SharePartition.restore(CFG, *first.engine.snapshot()).snapshot()
+    assert second.engine.acquired_count == first.engine.acquired_count == 3
     assert second.engine.snapshot() == expected
 
 
@@ -414,6 +479,10 @@ VALID: list[tuple[str, Callable[..., Any], bytes]] = [
                                                   state_epoch=0, delta_index=0)),
     ("wide snapshot", decode_snapshot, encode_snapshot(ShareSnapshot(
         0, 0, 0, 0, (StateBatch(0, 0, AV, 1), StateBatch(2**40, 2**40, AK, 2))))),
+    ("locked update", decode_update, encode_update(ShareUpdate(5, (
+        StateBatch(5, 6, RecordState.ACQUIRED, 1, "m1", 9000), StateBatch(7, 7, AK, 1),
+        StateBatch(8, 9, RecordState.ACQUIRED, 3, "m2", 9500))), snapshot_epoch=1,
+        state_epoch=0, delta_index=2)),
 ]  # fmt: skip
 VALID_IDS = [v[0] for v in VALID]
 
@@ -436,7 +505,7 @@ def test_every_flipped_byte_is_refused(what: str, decode: Callable[..., Any], da
             refused(decode, bytes(changed))
 
 
-@pytest.mark.parametrize("version", [v for v in range(256) if v != 2])
+@pytest.mark.parametrize("version", [v for v in range(256) if v not in (2, 3)])
 def test_flipped_version_byte_is_an_unknown_version(version: int) -> None:
     for _what, decode, data in VALID[:2]:
         changed = bytearray(data)
@@ -444,7 +513,7 @@ def test_flipped_version_byte_is_an_unknown_version(version: int) -> None:
         message = refused(decode, bytes(changed))
         assert f"unknown share-partition state format version {version} (binary)" in message
         assert "upgrade queueflow" in message
-        assert "supports version 1 as JSON and version 2 as binary" in message
+        assert "supports version 1 as JSON and versions 2 and 3 as binary" in message
         # A newer version's header may be any length: the version is read from 2 bytes on.
         assert "(binary)" in refused(decode, bytes(changed[:2]))
 
