@@ -202,17 +202,32 @@ def measure_fleet(
 
 
 def start_leader(
-    ctx: Context, fleet: Fleet, app_id: str, topics: list[str], partitions: int, run_dir: Path
+    ctx: Context,
+    fleet: Fleet,
+    app_id: str,
+    topics: list[str],
+    partitions: int,
+    run_dir: Path,
+    **settings_env: str,
 ) -> Any:
     """A leader-only worker (role ``leader`` of :mod:`bench.qf_app`, i.e. what ``queueflow
     leader`` runs, plus the bench's timing hooks); waits until it owns every request partition
-    and has recovered its tables.
+    and has recovered its tables. ``settings_env``: extra environment, e.g. settings as
+    ``QUEUEFLOW_LEADER_STATE_DURABILITY="buffered"``.
 
     Raises:
         RuntimeError: not ready within 90 s.
     """
     env = qf_env(
-        ctx, app_id, topics[0], "bench", "leader", 1, "noop", BENCH_LEAD_TOPICS=",".join(topics[1:])
+        ctx,
+        app_id,
+        topics[0],
+        "bench",
+        "leader",
+        1,
+        "noop",
+        BENCH_LEAD_TOPICS=",".join(topics[1:]),
+        **settings_env,
     )
     worker = fleet.add("leader", faust_argv("bench.qf_app", run_dir / "leader-data"), env)
     ok = fleet.wait(

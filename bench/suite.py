@@ -85,9 +85,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S8", help="comma-separated subset")
     p.add_argument(
         "--s1-variants",
-        default="abcdewl",
+        default="abcdewlu",
         help="S1 variants: a-e as in the issue, w = queueflow concurrency sweep, "
-        "l = queueflow with 1 'all' + 3 'member' workers (default abcdewl)",
+        "l = queueflow with 1 'all' + 3 'member' workers, u = (a) with "
+        "queueflow.leader.state.durability=buffered (default abcdewlu)",
     )
     p.add_argument(
         "--s1-timeout",

@@ -290,9 +290,19 @@ SETTINGS: tuple[Setting, ...] = (
         "queueflow.leader.state.durability",
         "acked",
         choices=("acked", "buffered"),
-        doc="acked: a direct answer leaves once the broker acknowledged its state change in the "
-        "changelog; buffered: at once (faster; a leader crash may lose a change already answered).",
+        doc="acked: an answer (direct or on the reply topic) leaves once the broker acknowledged "
+        "its state change in the changelog, so delivery counts are exact across crashes; "
+        "buffered: at once (faster; a leader crash may lose a change already answered).",
         read_by="leader",
+    ),
+    Setting(
+        "renew_acknowledge_enable",
+        "share.renew.acknowledge.enable",
+        "true",
+        choices=("true", "false"),
+        doc="Whether members may RENEW acquisition locks (KIP-1222); share agents whose "
+        "handler_timeout_ms outlasts the lock renew while the handler runs.",
+        read_by="leader, share agent",
     ),
     Setting(
         "lock_check_interval_ms",
@@ -405,6 +415,7 @@ class ShareGroupSettings:
     leader_listener: str = str_default("leader_listener")
     leader_advertised_host: str = str_default("leader_advertised_host")
     state_durability: str = str_default("state_durability")
+    renew_acknowledge_enable: str = str_default("renew_acknowledge_enable")
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")
     auth_mode: str = str_default("auth_mode")
     auth_secret: str = dataclasses.field(default=str_default("auth_secret"), repr=False)

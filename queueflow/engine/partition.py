@@ -37,7 +37,7 @@ from queueflow.errors import (
     InvalidRecordStateError,
     InvalidRequestError,
 )
-from queueflow.settings import int_default, lookup
+from queueflow.settings import int_default, lookup, str_default
 from queueflow.structs import AcknowledgeType
 
 __all__ = [
@@ -158,6 +158,8 @@ class SharePartitionConfig:
         min_record_lock_duration_ms: ``group.share.min.record.lock.duration.ms``; lower bound (ms)
             for the lock duration and for a lock duration a consumer asks for. Allowed
             1000..30000, default 1000 (Kafka's is 15000).
+        renew_enabled: ``share.renew.acknowledge.enable``; when False a RENEW (KIP-1222) is
+            refused. Default True.
 
     Raises:
         ConfigurationError: on construction (see :meth:`validate`).
@@ -169,6 +171,7 @@ class SharePartitionConfig:
     record_lock_duration_ms: int = int_default("group.share.record.lock.duration.ms")
     max_record_lock_duration_ms: int = int_default("group.share.max.record.lock.duration.ms")
     min_record_lock_duration_ms: int = int_default("group.share.min.record.lock.duration.ms")
+    renew_enabled: bool = str_default("share.renew.acknowledge.enable") == "true"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -510,7 +513,8 @@ class SharePartition:
         Raises:
             InvalidRequestError: batches unordered or overlapping, ``first_offset >
                 last_offset``, a bad number of acknowledge types or an unknown type, offsets
-                outside SPSO..SPEO-1, or a RENEW lock duration out of range.
+                outside SPSO..SPEO-1, a RENEW lock duration out of range, or a RENEW while
+                ``renew_enabled`` is False (``share.renew.acknowledge.enable=false``).
             InvalidRecordStateError: an offset is not Acquired by ``member_id``.
             On any error nothing changes.
 
@@ -520,6 +524,11 @@ class SharePartition:
         plan = self._validate_acks(member_id, batches)
         renew_deadline: int | None = None
         if any(ack is AcknowledgeType.RENEW for _, _, ack in plan):
+            if not self._config.renew_enabled:
+                raise InvalidRequestError(
+                    "RENEW is disabled for this share group (share.renew.acknowledge.enable="
+                    "false): acknowledge with ACCEPT, RELEASE or REJECT before the lock elapses"
+                )
             renew_deadline = now_ms + self._lock_duration(lock_duration_ms)
         # Everything is valid: apply. Nothing below can fail. Other locks elapse only through
         # expire_locks(); see its docstring.

@@ -19,7 +19,11 @@ runs past its deadline          cancelled; RELEASE, with an error log line
 A handler call's deadline is its record's acquisition lock deadline minus a margin (a tenth of
 the lock duration, between two acknowledgement lingers and 1 s), or ``handler_timeout_ms``
 after it started when that is sooner. A call still running then is cancelled and its record
-RELEASEd while the lock still holds, so the leader can deliver it again at once. A handler that
+RELEASEd while the lock still holds, so the leader can deliver it again at once. When
+``handler_timeout_ms`` is set and the group allows RENEW (``share.renew.acknowledge.enable``,
+KIP-1222), the lock no longer bounds the call: a lock margin before it elapses the agent RENEWs
+the call's records (log ``handler_locks_renewed``), as often as needed, and the call is
+cancelled only at ``handler_timeout_ms`` (or at the lock, if a RENEW is refused). A handler that
 ignores the cancellation (catches ``CancelledError``, or blocks the event loop) is *stuck*;
 when every handler task is stuck, the member RELEASEs the records queued for them and acquires
 nothing until one returns (log ``share_agent_handlers_stuck``, gauge
@@ -60,7 +64,7 @@ import collections
 import contextlib
 import math
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import structlog
@@ -154,7 +158,8 @@ class AgentStats:
 
     ``lock_expired``: records released unhandled because their acquisition lock expired while
     they waited for a handler; ``acks_dropped``: outcomes the leader refused as stale;
-    ``handler_timeouts``: records RELEASEd because their handler call passed its deadline.
+    ``handler_timeouts``: records RELEASEd because their handler call passed its deadline;
+    ``renewed``: record lock renewals (RENEW) sent for handler calls still running.
     """
 
     def __init__(self) -> None:
@@ -168,6 +173,7 @@ class AgentStats:
         self.lock_expired = 0
         self.acks_dropped = 0
         self.handler_timeouts = 0
+        self.renewed = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -198,7 +204,9 @@ class ShareAgent:
             records of one ShareFetch, at most ``max.poll.records``).
         handler_timeout_ms: cancel a handler call (and RELEASE its records) this many ms after
             it started; ``None``: only when its records' acquisition lock is about to expire
-            (see the module docstring), which applies in any case.
+            (see the module docstring). When set and the group allows RENEW
+            (``share.renew.acknowledge.enable``), the records' locks are renewed (KIP-1222)
+            while the call runs, up to this timeout.
 
     Raises:
         ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``,
@@ -687,12 +695,60 @@ class ShareAgent:
         linger_s = max(self.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
         return min(max(self.flow.lock_s / 10, 2 * linger_s), 1.0)
 
-    def _call_deadline(self, lock_deadline: float) -> float:
-        """The monotonic time (s) at which a handler call starting now is cancelled."""
-        deadline = lock_deadline - self._lock_margin_s()
-        if self.handler_timeout_ms is not None:
-            deadline = min(deadline, self.ctx.clock.monotonic() + self.handler_timeout_ms / 1000)
-        return deadline
+    def _arm(self, call: _HandlerCall, records: list[ShareRecord]) -> None:
+        """Set the deadline of a handler call starting now on ``records`` (monotonic s), and
+        when their locks are renewed instead (see the module docstring)."""
+        lock_end = min(r.lock_deadline for r in records) - self._lock_margin_s()
+        call.started = self.ctx.clock.monotonic()
+        if self.handler_timeout_ms is None:
+            call.deadline = lock_end
+            return
+        timeout_end = self.ctx.clock.monotonic() + self.handler_timeout_ms / 1000
+        if self.ctx.settings.renew_acknowledge_enable == "true" and timeout_end > lock_end:
+            call.deadline, call.renew_at, call.records = timeout_end, lock_end, records
+        else:
+            call.deadline = min(lock_end, timeout_end)
+
+    def _renew(self, call: _HandlerCall, now: float) -> None:
+        """RENEW the locks of a running call's records (KIP-1222); they leave at once. If the
+        leader refuses, the call is cancelled a margin before the old lock elapses."""
+        session = self.session
+        records = call.records
+        if session is None or not records:
+            call.renew_at = math.inf
+            return
+        old_end = min(r.lock_deadline for r in records) - self._lock_margin_s()
+        lock_s = self.flow.lock_s
+        tps = sorted({TopicPartition(r.topic, r.partition) for r in records})
+        for r in records:
+            session.acknowledge(
+                TopicPartition(r.topic, r.partition), r.offset, AcknowledgeType.RENEW
+            )
+            r.lock_deadline = now + lock_s
+        call.renew_at = now + lock_s - self._lock_margin_s()
+        self.stats.renewed += len(records)
+        self._log.info(
+            "handler_locks_renewed",
+            records=len(records),
+            running_s=round(now - call.started, 3),
+            handler_timeout_ms=self.handler_timeout_ms,
+            **(self._where(records[0]) if len(records) == 1 else self._where_batch(records)),
+        )
+
+        async def send() -> None:
+            for tp in tps:
+                error = await session.flush(tp)
+                if error is not None and call.records is records:
+                    call.renew_at = math.inf
+                    call.deadline = min(call.deadline, old_end)
+                    self._log.warning(
+                        "handler_lock_renewal_refused",
+                        error=str(error),
+                        note="the call is cancelled before the old lock elapses",
+                        **self._where(records[0]),
+                    )
+
+        self._spawn(send())
 
     def _end_call(self, call: _HandlerCall) -> bool:
         """The handler call returned or raised: stop watching it. Returns True when the
@@ -704,6 +760,7 @@ class ShareAgent:
             call.task.uncancel()  # type: ignore[union-attr]
         was_stuck = call.stuck
         call.deadline, call.cancelled_at, call.stuck = math.inf, None, False
+        call.renew_at, call.records = math.inf, []
         if was_stuck:
             self._check_stuck()
         return timed_out and not self._stopping
@@ -741,6 +798,8 @@ class ShareAgent:
                     if now >= call.deadline:
                         call.cancelled_at = now
                         call.task.cancel()
+                    elif now >= call.renew_at:
+                        self._renew(call, now)
                 elif not call.stuck and now - call.cancelled_at >= self._lock_margin_s():
                     call.stuck = True
                     self._log.error(
@@ -797,7 +856,7 @@ class ShareAgent:
                     "undecodable_record_rejected", error=repr(exc), **self._where(record)
                 )
                 return AcknowledgeType.REJECT
-        call.deadline = self._call_deadline(record.lock_deadline)
+        self._arm(call, [record])
         try:
             result = await self._call_record(record)
         except asyncio.CancelledError:
@@ -939,7 +998,7 @@ class ShareAgent:
         stats, topic = self.stats, records[0].topic
         errors = self.ctx.metrics.handler_errors
         release = AcknowledgeType.RELEASE
-        call.deadline = self._call_deadline(min(r.lock_deadline for r in records))
+        self._arm(call, records)
         try:
             # A list of its own: whatever the handler does to it, every record is acknowledged.
             result = await self._call_batch(records.copy())
@@ -1011,3 +1070,9 @@ class _HandlerCall:
     cancelled_at: float | None = None
     #: Still running a lock margin after the cancellation.
     stuck: bool = False
+    #: Monotonic seconds at which the records' locks are renewed (``inf``: never).
+    renew_at: float = math.inf
+    #: The call's records (set only while their locks are renewed).
+    records: list[ShareRecord] = field(default_factory=list)
+    #: Monotonic seconds at which the call started.
+    started: float = 0.0

@@ -477,7 +477,10 @@ class ShareFetchSession:
                 offsets=ranges_text(dropped),
                 error=response.ack_error,
                 detail=response.ack_error_message,
-                note="these records will be delivered again",
+                note=(
+                    "not held for this member any more (lock elapsed, settled, or below the "
+                    "SPSO): unsettled ones are delivered again"
+                ),
             )
             if callback is not None:
                 callback(tp, dropped, error)

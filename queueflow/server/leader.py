@@ -97,6 +97,7 @@ def engine_config(settings: ShareGroupSettings) -> SharePartitionConfig:
         record_lock_duration_ms=settings.record_lock_duration_ms,
         max_record_lock_duration_ms=settings.max_record_lock_duration_ms,
         min_record_lock_duration_ms=settings.min_record_lock_duration_ms,
+        renew_enabled=settings.renew_acknowledge_enable == "true",
     )
 
 

@@ -95,6 +95,91 @@ def test_a_call_is_cancelled_before_its_lock_expires_without_a_handler_timeout()
     run(scenario())
 
 
+def test_a_call_longer_than_its_lock_renews_the_lock_up_to_its_handler_timeout() -> None:
+    """KIP-1222 RENEW: with handler_timeout_ms beyond the lock and RENEW allowed, the agent
+    renews the record's lock a margin before it elapses, as often as needed, so a slow handler
+    keeps its record (no second delivery) until it returns."""
+    clock = FakeClock()
+    calls: list[int] = []
+    done = asyncio.Event()
+
+    async def handler(record: ShareRecord) -> object:
+        calls.append(record.delivery_count)
+        await done.wait()  # returns once the test says so, three lock durations later
+        return ACCEPT
+
+    async def scenario() -> None:
+        # 5 s locks, margin 0.5 s: renewed 0.5 s before each lock elapses; timeout 20 s.
+        async with cluster_with(1, clock=clock, record_lock_duration_ms=5_000) as cluster:
+            with capture_logs() as logs:
+                agent = await cluster.agent(handler, TOPIC, "g", handler_timeout_ms=20_000)
+                await eventually(lambda: calls == [1], "the first call started")
+                engine = cluster.share_partition("g", TOPIC, 0)
+                first_deadline = engine.record(0).lock_deadline_ms
+                for _ in range(3):  # three lock durations and more
+                    deadline = engine.record(0).lock_deadline_ms
+                    assert deadline is not None
+                    clock.advance(deadline - clock.now_ms() - 400)  # inside the 500 ms margin
+                    await eventually(
+                        lambda d=deadline: (engine.record(0).lock_deadline_ms or 0) > d,
+                        "the lock renewed before it elapsed",
+                    )
+                    assert engine.record(0).delivery_count == 1
+                assert engine.record(0).lock_deadline_ms > first_deadline + 3 * 4_000
+                done.set()
+                await until(lambda: int(engine.start_offset) == 1, "ACCEPTed", clock)
+            assert calls == [1]
+            assert agent.stats.renewed == 3 and agent.stats.handler_timeouts == 0
+            renewals = events(logs, "handler_locks_renewed")
+            assert len(renewals) == agent.stats.renewed
+            assert renewals[0]["offset"] == 0 and renewals[0]["handler_timeout_ms"] == 20_000
+
+    run(scenario())
+
+
+def test_without_renew_a_call_longer_than_its_lock_is_cancelled_before_it() -> None:
+    """share.renew.acknowledge.enable=false: the lock bounds the call even with a longer
+    handler_timeout_ms, and a RENEW sent anyway is refused by the leader."""
+    clock = FakeClock()
+    cancelled_at: list[float] = []
+
+    async def handler(record: ShareRecord) -> object:
+        if record.delivery_count == 1:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled_at.append(clock.monotonic())
+                raise
+        return ACCEPT
+
+    async def scenario() -> None:
+        async with cluster_with(
+            1, clock=clock, record_lock_duration_ms=5_000, renew_acknowledge_enable="false"
+        ) as cluster:
+            agent = await cluster.agent(handler, TOPIC, "g", handler_timeout_ms=20_000)
+            engine = await wait_for_engine(cluster)
+            started = clock.monotonic()
+            clock.advance(4_600)
+            await eventually(lambda: bool(cancelled_at), "cancelled before the lock expired")
+            assert cancelled_at[0] - started == pytest.approx(4.6, abs=0.01)
+            await until(lambda: int(engine.start_offset) == 1, "redelivered, ACCEPTed", clock)
+            assert agent.stats.renewed == 0 and agent.stats.handler_timeouts == 1
+
+    run(scenario())
+
+
+async def wait_for_engine(cluster: InProcessCluster) -> object:
+    """The share-partition ``g``/TOPIC/0 once a record has been acquired."""
+    await eventually(
+        lambda: (
+            cluster.share_partition("g", TOPIC, 0) is not None
+            and cluster.share_partition("g", TOPIC, 0).acquired_count > 0
+        ),
+        "acquired",
+    )
+    return cluster.share_partition("g", TOPIC, 0)
+
+
 def test_a_member_whose_handlers_all_hang_releases_its_queue_and_the_partition_drains() -> None:
     """Both handler tasks of member A hang and ignore their cancellation. A releases the
     records queued behind them and acquires nothing more; member B handles everything,

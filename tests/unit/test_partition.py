@@ -762,3 +762,14 @@ def test_renew_of_records_not_held_or_with_a_bad_duration_changes_nothing() -> N
     sp.expire_locks(30_000)
     with pytest.raises(InvalidRecordStateError):  # the lock elapsed first: too late to renew
         sp.acknowledge("m1", [batch(0, 1, A.RENEW)], now_ms=30_001)
+
+
+def test_renew_is_refused_when_the_group_disables_it() -> None:
+    """share.renew.acknowledge.enable=false: a RENEW is refused and the request changes
+    nothing (acknowledgements are atomic)."""
+    sp = SharePartition(SharePartitionConfig(renew_enabled=False), 0)
+    sp.acquire("m1", 4, 4, now_ms=0)
+    with pytest.raises(InvalidRequestError, match=r"share\.renew\.acknowledge\.enable=false"):
+        sp.acknowledge("m1", [batch(0, 0, A.ACCEPT), batch(1, 2, A.RENEW)], now_ms=1_000)
+    assert states(sp, 0, 3) == [(AQ, 1)] * 4
+    assert sp.record(1).lock_deadline_ms == 30_000
