@@ -28,9 +28,11 @@ Two views (the ``view`` option):
 
 What the state can and cannot say:
 
-* ``state`` is ``AVAILABLE``, ``ACKNOWLEDGED`` or ``ARCHIVED``. **Acquired is never persisted**
-  (KIP-932): a record a consumer holds right now reads as ``AVAILABLE``, with the delivery count
-  of its current delivery.
+* ``state`` is ``AVAILABLE``, ``ACQUIRED``, ``ACKNOWLEDGED`` or ``ARCHIVED``. queueflow
+  persists acquisition locks (KIP-932 does not), so a record a consumer holds reads as
+  ``ACQUIRED`` with the delivery count of its current delivery; state written before locks were
+  persisted (format version 2) shows it as ``AVAILABLE``. A lock that has elapsed but that no
+  leader has expired yet still reads ``ACQUIRED``.
 * Records below the SPSO are finished (Acknowledged or Archived) and **gone from the state**:
   their history is not kept, so a poison record is visible only while it is in flight.
 * The SPEO is derived: the end of the last persisted run, or the SPSO.

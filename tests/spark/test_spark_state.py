@@ -52,7 +52,7 @@ SCRIPT: dict[int, dict[int, AcknowledgeType]] = {
     5: {1: RELEASE},  # then B stops polling: Available, delivered once
 }
 EXPECTED_RANGES = [  # (first, last, state, delivery count) of group "g", SPSO 0, SPEO 6
-    (0, 0, "AVAILABLE", 1),  # Acquired by A: persisted as Available
+    (0, 0, "ACQUIRED", 1),  # Acquired by A: persisted with its lock
     (1, 1, "ARCHIVED", 3),
     (2, 2, "ARCHIVED", 1),
     (3, 3, "ACKNOWLEDGED", 2),
