@@ -1,0 +1,171 @@
+"""The admin API (:mod:`queueflow.admin`) and ``queueflow share-groups`` on the real broker: a
+leader worker, members in this process, and the groups, members and offsets read back from the
+app's changelogs (issue #14 items 1-2, read side)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from queueflow import ACCEPT, REJECT, RELEASE, ShareConsumer, ShareRecord
+from queueflow.admin import ShareGroupAdmin
+from queueflow.devtools.broker import create_topic
+from queueflow.devtools.cli import cli
+from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.testing import LeaderWorker
+from queueflow.testing import produce as produce_records
+
+LEADER_SETTINGS = {
+    "share.auto.offset.reset": "earliest",
+    "group.share.record.lock.duration.ms": 60_000,  # held records stay Acquired
+    "group.share.session.timeout.ms": 6000,
+    "group.share.heartbeat.interval.ms": 500,
+}
+MEMBER_SETTINGS = {"group.share.heartbeat.interval.ms": 500, "max.poll.records": 50}
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A 2-partition topic led by one leader worker; group ``g`` finished 12 records, then 4
+    more were produced and a member holds what it got of them."""
+    topic = f"qf-admin-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 2)
+    app_id = f"qf-admin-{uuid.uuid4().hex[:8]}"
+    worker = LeaderWorker(
+        app_id, [topic], kafka_bootstrap, tmp_path_factory.mktemp("admin") / "data",
+        LEADER_SETTINGS,
+    )  # fmt: skip
+    with worker.start():
+        yield {"topic": topic, "app_id": app_id, "worker": worker}
+
+
+def member(bootstrap: str, app_id: str, group: str) -> ShareConsumer:
+    return ShareConsumer(
+        group,
+        app_id=app_id,
+        bootstrap_servers=bootstrap,
+        acknowledgement_mode="explicit",
+        settings=MEMBER_SETTINGS,
+        client_id=f"{group}-client",
+    )
+
+
+def outcome(r: ShareRecord) -> Any:
+    """Partition 0: offset 3 REJECTed; partition 1: offset 0 RELEASEd once; else ACCEPT."""
+    if (r.partition, r.offset) == (0, 3):
+        return REJECT
+    if (r.partition, r.offset, r.delivery_count) == (1, 0, 1):
+        return RELEASE
+    return ACCEPT
+
+
+def test_groups_members_and_offsets(kafka_bootstrap: str, app: dict[str, Any]) -> None:
+    topic, app_id = app["topic"], app["app_id"]
+    admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
+
+    async def scenario() -> None:
+        await produce_records(kafka_bootstrap, topic, [f"r{i}" for i in range(12)], partitions=2)
+        finisher = member(kafka_bootstrap, app_id, "g")
+        await finisher.subscribe([topic])
+        done: set[tuple[int, int]] = set()
+        deadline = time.monotonic() + WAIT_S
+        while len(done) < 12:
+            assert time.monotonic() < deadline, f"only {sorted(done)} finished"
+            for r in await finisher.poll(timeout_ms=500):
+                finisher.acknowledge(r, outcome(r))
+                if outcome(r) is not RELEASE:
+                    done.add((r.partition, r.offset))
+        assert all(e is None for e in (await finisher.commit_sync()).values())
+        await finisher.close()
+
+        # Nobody in the group: Empty; every record finished, so no lag.
+        assert [(g.group_id, g.state) for g in await admin.list_groups()] == [("g", "Empty")]
+        offsets = await admin.list_offsets("g")
+        assert [(o.partition, o.start_offset, o.lag, o.log_end_offset) for o in offsets] == [
+            (0, 6, 0, 6),
+            (1, 6, 0, 6),
+        ]
+
+        # Four more records; a member takes some and holds them (never acknowledges).
+        await produce_records(kafka_bootstrap, topic, [f"s{i}" for i in range(4)], partitions=2)
+        holder = member(kafka_bootstrap, app_id, "g")
+        await holder.subscribe([topic])
+        held: list[ShareRecord] = []
+        deadline = time.monotonic() + WAIT_S
+        while not held:
+            assert time.monotonic() < deadline, "the holder got nothing"
+            held = await holder.poll(timeout_ms=500)
+        try:
+            (listing,) = await admin.list_groups()
+            assert (listing.group_id, listing.state) == ("g", "Stable")
+            assert await admin.list_groups(["empty"]) == []
+            (described,) = await admin.describe_groups(["g"])
+            (m,) = described.members
+            assert m.member_id == holder.member_id and m.client_id == "g-client"
+            assert sorted(m.assignment) == [(topic, 0), (topic, 1)]
+            assert described.partitions == {topic: 2} and described.group_epoch >= 2
+
+            offsets = await admin.list_offsets("g")
+            for o in offsets:
+                # What poll returned is Acquired, and so is what the holder prefetched.
+                mine = [r for r in held if r.partition == o.partition]
+                assert o.log_end_offset == 8 and o.start_offset == 6 and o.end_offset is not None
+                assert o.in_flight["ACQUIRED"] == o.end_offset - 6 >= len(mine), (o, mine)
+                assert o.in_flight["AVAILABLE"] == 0
+                assert o.in_flight["ACKNOWLEDGED"] == o.in_flight["ARCHIVED"] == 0
+                assert o.lag == 2  # KIP-1226: 8 - 6 - 0 delivered to completion
+        finally:
+            await holder.close()
+
+        with pytest.raises(ShareGroupError) as info:
+            await admin.describe_groups(["nope"])
+        assert info.value.code is ErrorCode.GROUP_ID_NOT_FOUND and "known groups: g" in str(
+            info.value
+        )
+        with pytest.raises(ConfigurationError, match="no share groups found for app 'qf-typo'"):
+            await ShareGroupAdmin("qf-typo", KafkaClientConfig(kafka_bootstrap)).list_groups()
+
+    asyncio.run(scenario())
+
+
+def run_cli(*args: str) -> Any:
+    return CliRunner().invoke(cli, ["share-groups", *args], catch_exceptions=False)
+
+
+def test_cli_describes_like_kafka_share_groups(kafka_bootstrap: str, app: dict[str, Any]) -> None:
+    """Runs after test_groups_members_and_offsets (module order): group ``g`` exists."""
+    base = ["--bootstrap-server", kafka_bootstrap, "--app", app["app_id"]]
+    listed = run_cli(*base, "--list")
+    assert listed.exit_code == 0 and listed.output.split() == ["g"]
+    states = run_cli(*base, "--list", "--state")
+    assert states.output.split() == ["GROUP", "STATE", "g", "Empty"]
+
+    described = run_cli(*base, "--describe", "--group", "g")
+    lines = [line.split() for line in described.output.splitlines()]
+    assert described.exit_code == 0, described.output
+    assert lines[0] == ["GROUP", "TOPIC", "PARTITION", "START-OFFSET", "LAG"]
+    assert lines[1:] == [["g", app["topic"], "0", "6", "2"], ["g", app["topic"], "1", "6", "2"]]
+
+    state = run_cli(*base, "--describe", "--group", "g", "--state")
+    assert [line.split() for line in state.output.splitlines()][1] == ["g", "-", "Empty", "0"]
+    members = run_cli(*base, "--describe", "--all-groups", "--members")
+    assert members.output.strip() == "Share group 'g' has no active members."
+
+    as_json = json.loads(run_cli(*base, "--describe", "--group", "g", "--output", "json").output)
+    assert [o["start_offset"] for o in as_json[0]["offsets"]] == [6, 6]
+
+    unknown = run_cli(*base, "--describe", "--group", "nope")
+    assert unknown.exit_code == 1 and "share group 'nope' does not exist" in unknown.output
+    for bad in (["--describe"], ["--list", "--members"], ["--describe", "--all-groups",
+                "--members", "--state"], ["--list", "--describe"]):  # fmt: skip
+        refused = run_cli(*base, *bad)
+        assert refused.exit_code == 1 and refused.output.startswith("Error: "), (bad, refused)
