@@ -9,6 +9,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,3 +170,68 @@ def test_cli_describes_like_kafka_share_groups(kafka_bootstrap: str, app: dict[s
                 "--members", "--state"], ["--list", "--describe"]):  # fmt: skip
         refused = run_cli(*base, *bad)
         assert refused.exit_code == 1 and refused.output.startswith("Error: "), (bad, refused)
+
+
+def test_cli_matches_kafka_share_groups_on_a_native_group(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """The same 10 records through a native share group (Kafka's console share consumer,
+    6 records) and through a queueflow group (as many records ACCEPTed as the native group
+    finished): ``kafka-share-groups.sh --describe`` and ``queueflow share-groups --describe``
+    print the same columns, start offset and KIP-1226 lag."""
+    from queueflow.devtools.broker import run_kafka_tool
+
+    topic = f"qf-admin-native-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 1)
+    asyncio.run(produce_records(kafka_bootstrap, topic, [f"n{i}" for i in range(10)]))
+    native = f"native-{uuid.uuid4().hex[:6]}"
+    run_kafka_tool(
+        "configs",
+        ["--bootstrap-server", kafka_bootstrap, "--entity-type", "groups", "--entity-name",
+         native, "--alter", "--add-config", "share.auto.offset.reset=earliest"],
+        timeout_s=90, check=True,
+    )  # fmt: skip
+    run_kafka_tool(
+        "console-share-consumer",
+        ["--bootstrap-server", kafka_bootstrap, "--topic", topic, "--group", native,
+         "--max-messages", "6", "--timeout-ms", "30000"],
+        timeout_s=120, check=True,
+    )  # fmt: skip
+    kafka = run_kafka_tool(
+        "share-groups",
+        ["--bootstrap-server", kafka_bootstrap, "--describe", "--group", native],
+        timeout_s=90, check=True,
+    )  # fmt: skip
+    kafka_lines = [line.split() for line in kafka.stdout.splitlines() if line.strip()]
+    header, row = kafka_lines[0], dict(zip(kafka_lines[0], kafka_lines[1], strict=True))
+    done = int(row["START-OFFSET"])
+
+    app_id = f"qf-admin-cmp-{uuid.uuid4().hex[:8]}"
+
+    async def finish(count: int) -> None:
+        c = member(kafka_bootstrap, app_id, "cmp")
+        await c.subscribe([topic])
+        taken = 0
+        deadline = time.monotonic() + WAIT_S
+        while taken < count:
+            assert time.monotonic() < deadline, f"{taken} of {count} records"
+            for r in await c.poll(timeout_ms=500):
+                # the first `count` records are ACCEPTed, the rest released (as the console
+                # share consumer releases what it fetched beyond --max-messages)
+                c.acknowledge(r, ACCEPT if r.offset < count else RELEASE)
+                taken += r.offset < count
+        assert all(e is None for e in (await c.commit_sync()).values())
+        await c.close()
+
+    with LeaderWorker(app_id, [topic], kafka_bootstrap, tmp_path / "data", LEADER_SETTINGS):
+        asyncio.run(finish(done))
+        ours = run_cli(
+            "--bootstrap-server", kafka_bootstrap, "--app", app_id, "--describe", "--group", "cmp"
+        )
+    print(f"kafka-share-groups.sh:\n{kafka.stdout}\nqueueflow share-groups:\n{ours.output}")
+    our_lines = [line.split() for line in ours.output.splitlines() if line.strip()]
+    assert ours.exit_code == 0, ours.output
+    assert our_lines[0] == header[: len(our_lines[0])], (our_lines, kafka.stdout)
+    mine = dict(zip(our_lines[0], our_lines[1], strict=True))
+    for column in ("TOPIC", "PARTITION", "START-OFFSET", "LAG"):
+        assert mine[column] == row[column], (column, ours.output, kafka.stdout)
