@@ -35,7 +35,7 @@ def table(results: dict[str, Any]) -> str:
 
     s1 = results.get("S1")
     if s1:
-        for key in "abcdelu":
+        for key in "abcdeluh":
             r = s1.get(key)
             if r is None:
                 continue
@@ -47,7 +47,7 @@ def table(results: dict[str, Any]) -> str:
                 note += f"{num(r['broker_cpu_us_per_record'], 1)} us broker"
             if key == "e" and r.get("tool_rate"):
                 note += f"; tool's own figure, group join included: {num(r['tool_rate'])}/s"
-            if key in "alu":
+            if key in "aluh":
                 note += f"; {r.get('layout')} layout, concurrency {r.get('concurrency')}"
             rows.append(
                 (f"S1({key}) {r.get('label', '')}", f"{num(r.get('rate'))} rec/s", note + err(r))
@@ -66,6 +66,7 @@ def table(results: dict[str, Any]) -> str:
             ("ratio_queueflow_native_java", "ShareConsumerPerformance (Java)", ""),
             ("ratio_queueflow_faust", "plain Faust agent", ""),
             ("ratio_acked_buffered", "itself with durability=buffered (cost of acked)", ""),
+            ("ratio_plain_hmac", "itself with queueflow.auth.mode=hmac (cost of signing)", ""),
         )
         for key, label, target in ratios:
             if s1.get(key) is not None:

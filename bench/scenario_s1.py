@@ -43,18 +43,18 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
     only = set(ctx.args.s1_variants)
     conc = ctx.args.qf_concurrency
     # Seconds each variant needs at least; optional ones are skipped when the budget is short.
-    need = {"b": 15, "a": 40, "w": 75, "u": 45, "l": 40, "c": 40, "d": 20, "e": 25}
+    need = {"b": 15, "a": 40, "w": 75, "u": 45, "h": 45, "l": 40, "c": 40, "d": 20, "e": 25}
 
     def timeout(key: str) -> float:
         # what this variant may take, leaving the minimum of the variants run after it
-        order = "bawulcde"
+        order = "bawuhlcde"
         later = sum(need[k] for k in order[order.index(key) + 1 :] if k in only)
         return max(ctx.timeout(ctx.args.s1_timeout + later) - later, 20.0)
 
     def run(key: str, label: str, fn: Callable[[], dict[str, Any]]) -> None:
         if key not in only:
             return
-        if key in "wul" and not ctx.affordable(
+        if key in "wuhl" and not ctx.affordable(
             need[key] + need.get("c", 0) + need["d"] + need["e"], f"S1({key})", out
         ):
             return
@@ -129,43 +129,43 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
                         "(prefetch adapts to handler time x ShareFetch RTT)",
                         "by_concurrency": sweep,
                     }
-    if "u" in only and ctx.args.qf_layout == "leader":
-        # (a) again with a leader that answers before its changelog writes are acknowledged:
-        # the cost of queueflow.leader.state.durability=acked (exact delivery counts).
-        app_id = ctx.uid("s1u")
-        label = "queueflow share agent, queueflow.leader.state.durability=buffered"
-        with Fleet(ctx.run_dir / "s1u-leader") as leaders:
-            try:
-                leader = start_leader(
-                    ctx,
-                    leaders,
-                    app_id,
-                    [topic],
-                    S1_PARTITIONS,
-                    ctx.run_dir / "s1u-leader",
-                    QUEUEFLOW_LEADER_STATE_DURABILITY="buffered",
-                )
-            except Exception as exc:
-                out["u"] = {"error": repr(exc)[:600], "label": label}
-            else:
-                run(
-                    "u",
-                    label,
-                    lambda: run_queueflow(
-                        ctx,
-                        "s1u-queueflow",
-                        topic,
-                        S1_PARTITIONS,
-                        n,
-                        processes=S1_PROCESSES,
-                        concurrency=conc,
-                        mode="noop",
-                        layout="leader",
-                        run_timeout_s=timeout("u"),
-                        leader_app=app_id,
-                        leader_worker=leader,
-                    ),
-                )
+
+    def own_leader(key: str, label: str, **settings_env: str) -> None:
+        """(a) again, with its own leader and members under ``settings_env``."""
+        if key not in only or ctx.args.qf_layout != "leader":
+            return
+        run(
+            key,
+            label,
+            lambda: run_queueflow(
+                ctx,
+                f"s1{key}-queueflow",
+                topic,
+                S1_PARTITIONS,
+                n,
+                processes=S1_PROCESSES,
+                concurrency=conc,
+                mode="noop",
+                layout="leader",
+                run_timeout_s=timeout(key),
+                settings_env=settings_env,
+            ),
+        )
+
+    # The cost of queueflow.leader.state.durability=acked (exact delivery counts): (a) with a
+    # leader that answers before its changelog writes are acknowledged.
+    own_leader(
+        "u",
+        "queueflow share agent, queueflow.leader.state.durability=buffered",
+        QUEUEFLOW_LEADER_STATE_DURABILITY="buffered",
+    )
+    # The cost of signed control messages (issue #12): (a) with queueflow.auth.mode=hmac.
+    own_leader(
+        "h",
+        "queueflow share agent, queueflow.auth.mode=hmac",
+        QUEUEFLOW_AUTH_MODE="hmac",
+        QUEUEFLOW_AUTH_SECRET="bench-secret-0123456789abcdef",
+    )
     if "a" in only and ctx.args.qf_layout != "leader":
         run(
             "a",
@@ -232,6 +232,8 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
         out["ratio_queueflow_native_java"] = round(a / out["e"]["rate"], 3)
     if out.get("u", {}).get("rate") and a:
         out["ratio_acked_buffered"] = round(a / out["u"]["rate"], 3)
+    if out.get("h", {}).get("rate") and a:
+        out["ratio_plain_hmac"] = round(a / out["h"]["rate"], 3)
     if out.get("c", {}).get("rate") and a:
         out["ratio_queueflow_faust"] = round(a / out["c"]["rate"], 3)
     return out

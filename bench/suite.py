@@ -85,10 +85,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S8", help="comma-separated subset")
     p.add_argument(
         "--s1-variants",
-        default="abcdewlu",
+        default="abcdewluh",
         help="S1 variants: a-e as in the issue, w = queueflow concurrency sweep, "
         "l = queueflow with 1 'all' + 3 'member' workers, u = (a) with "
-        "queueflow.leader.state.durability=buffered (default abcdewlu)",
+        "queueflow.leader.state.durability=buffered, h = (a) with queueflow.auth.mode=hmac "
+        "(default abcdewluh)",
     )
     p.add_argument(
         "--s1-timeout",

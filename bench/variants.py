@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench import harness
@@ -44,6 +44,7 @@ def run_queueflow(
     window_s: float | None = None,
     during: Callable[[Fleet], Any] | None = None,
     leader_worker: harness.Worker | None = None,
+    settings_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """queueflow share agents in Faust worker processes (``bench.qf_app``).
 
@@ -51,7 +52,8 @@ def run_queueflow(
     default); ``all`` = the first of ``processes`` workers has role ``all`` (coordinator,
     leaders and a share agent), the others role ``member``. ``leader_app``: use the running
     leader of that app id instead of starting one. ``window_s``: stop after that many seconds
-    and report the rate so far (for slow configurations).
+    and report the rate so far (for slow configurations). ``settings_env``: extra environment
+    of every worker started here (settings as ``QUEUEFLOW_...`` variables).
     """
     app_id, group = leader_app or ctx.uid(name), f"g-{name}"
     run_dir = ctx.run_dir / name
@@ -59,12 +61,14 @@ def run_queueflow(
         leader = None
         roles = ["member"] * processes
         if layout == "leader" and leader_app is None:
-            leader = leader_worker = start_leader(ctx, fleet, app_id, [topic], partitions, run_dir)
+            leader = leader_worker = start_leader(
+                ctx, fleet, app_id, [topic], partitions, run_dir, **(settings_env or {})
+            )
         elif layout == "all":
             roles[0] = "all"
         members = []
         for i, role in enumerate(roles):
-            env = qf_env(ctx, app_id, topic, group, role, concurrency, mode)
+            env = qf_env(ctx, app_id, topic, group, role, concurrency, mode, **(settings_env or {}))
             if mode == "latency":
                 env["BENCH_SAMPLES"] = str(run_dir / f"{role}-{i}.samples.json")
             argv = faust_argv("bench.qf_app", run_dir / f"data-{i}")
