@@ -8,11 +8,12 @@ STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard queueflow tests examples bench)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test lint typecheck imports check demo chaos bench pipeline broker-start broker-stop broker-status clean
+.PHONY: help venv test test-kafka39 lint typecheck imports check demo chaos bench pipeline broker-start broker-stop broker-status clean
 
 help:
 	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
 	@echo "make test          run the test suite (starts a throwaway local Kafka broker)"
+	@echo "make test-kafka39  the smoke subset on Kafka 3.9.1 (no share groups in the broker)"
 	@echo "make lint          ruff check + ruff format --check"
 	@echo "make typecheck     mypy (strict on the engine and the base layer)"
 	@echo "make imports       the import contracts (lint-imports: layers, stdlib-only engine)"
@@ -35,6 +36,15 @@ $(STAMP): pyproject.toml
 
 test: venv
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# queueflow on a Kafka without share groups: the broker, share agents with every outcome,
+# failover and fencing, the direct path and a SASL_SSL listener with ACLs. The whole suite runs
+# there too: QUEUEFLOW_KAFKA_VERSION=3.9.1 make test (native share-group tests are skipped).
+SMOKE_TESTS := tests/integration/test_broker.py tests/integration/test_share_agent.py \
+	tests/integration/test_failover.py tests/integration/test_direct_path_kafka.py \
+	tests/integration/test_security_acls.py
+test-kafka39: venv
+	QUEUEFLOW_KAFKA_VERSION=3.9.1 $(BIN)/pytest -q $(SMOKE_TESTS)
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -40,6 +40,7 @@ from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.security import credentials_to_kwargs
+from queueflow.kafka.startup import wait_for_broker
 from queueflow.member.agent import Decoder, Handler, ShareAgent
 from queueflow.member.context import MemberContext
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
@@ -557,8 +558,10 @@ class ShareGroups:
         request topics and state tables with them; create the reply topic.
 
         Raises:
+            BrokerError: no broker answered within ``queueflow.broker.wait.ms``.
             ConfigurationError: a source topic does not exist.
         """
+        await wait_for_broker(self.kafka, self.settings.broker_wait_ms)
         if self.leaders:
             counts = await partition_counts(self.kafka, list(self.leaders))
             for name in self.leaders:
@@ -569,12 +572,13 @@ class ShareGroups:
                 await request_topic.maybe_declare()
         if self.coordinator is not None:
             await self._coordinator_topic.maybe_declare()
-        await ensure_topic(
-            self.kafka,
-            topics.reply_topic(self.namespace),
-            topics.REPLY_PARTITIONS,
-            topics.CONTROL_TOPIC_CONFIG,
-        )
+        if self.leaders or self.coordinator is not None:  # a member-only worker creates nothing
+            await ensure_topic(
+                self.kafka,
+                topics.reply_topic(self.namespace),
+                topics.REPLY_PARTITIONS,
+                topics.CONTROL_TOPIC_CONFIG,
+            )
         if self.endpoint is not None and self.leaders:
             await self.endpoint.start()
 

@@ -33,14 +33,15 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import MutableMapping
+import time
+from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any, TextIO
 
 import structlog
 
 from queueflow.errors import ConfigurationError
 
-__all__ = ["FORMAT_ENV", "ROOT_LOGGER", "configure"]
+__all__ = ["FORMAT_ENV", "ROOT_LOGGER", "RepeatLimiter", "configure", "limit_client_logs"]
 
 #: The environment variable choosing the output format: ``json`` or ``console``.
 FORMAT_ENV = "QUEUEFLOW_LOG_FORMAT"
@@ -136,6 +137,87 @@ def configure(
     # Our handler writes them; the root's (Faust's) would render the event dict a second time.
     logger.propagate = False
     logger.disabled = False
+    limit_client_logs()
+
+
+class RepeatLimiter(logging.Filter):
+    """Let at most ``per_second`` records of each kind through per second; drop the rest and
+    say, in the next record of that kind let through, how many were dropped.
+
+    A kind is (logger name, message template): ``Unable connect to node with id %s: %s`` is
+    one kind whatever the node and error. Only WARNING and above are limited. During a broker
+    outage aiokafka logs such lines thousands of times a second (issue #13: 3,070 lines/s, 40 MB
+    in 15 s); limited, a process logs at most ``per_second`` lines per kind.
+
+    Args:
+        per_second: records of one kind let through per one-second window (>= 1).
+        clock: monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(self, per_second: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        if per_second < 1:
+            raise ConfigurationError(f"per_second={per_second}; must be >= 1")
+        self.per_second = per_second
+        self._clock = clock
+        # kind -> [window start (s), records let through in it, records dropped in it]
+        self._windows: dict[tuple[str, str], list[float]] = {}
+        #: Records dropped so far, all kinds.
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (record.name, str(record.msg))
+        now = self._clock()
+        window = self._windows.get(key)
+        if window is None or now - window[0] >= 1.0:
+            self._windows[key] = [now, 1, 0]
+            if window is not None and window[2]:
+                record.msg = (
+                    f"{record.getMessage()} ({int(window[2])} similar lines suppressed in the "
+                    f"last {now - window[0]:.1f} s)"
+                )
+                record.args = None
+            return True
+        if window[1] < self.per_second:
+            window[1] += 1
+            return True
+        window[2] += 1
+        self.dropped += 1
+        return False
+
+
+#: Client libraries whose connection errors repeat without bound during an outage.
+CLIENT_LOGGERS = ("aiokafka", "kafka")
+
+
+def limit_client_logs(
+    prefixes: Iterable[str] = CLIENT_LOGGERS, per_second: int = 3
+) -> RepeatLimiter:
+    """Install one :class:`RepeatLimiter` (idempotent) on the Kafka client libraries' loggers
+    (``aiokafka`` and every ``aiokafka.*`` logger created so far: a logger's filters don't see
+    its children's records). Called by :func:`configure` and by each ShareConsumer.
+
+    Returns:
+        The limiter (its ``dropped`` counts what it suppressed).
+    """
+    global _client_limiter
+    if _client_limiter is None:
+        _client_limiter = RepeatLimiter(per_second)
+    names = set(prefixes)
+    loggers = [logging.getLogger(n) for n in names] + [
+        obj
+        for name, obj in logging.Logger.manager.loggerDict.items()
+        if isinstance(obj, logging.Logger) and any(name.startswith(p + ".") for p in names)
+    ]
+    for logger in loggers:
+        if _client_limiter not in logger.filters:
+            logger.addFilter(_client_limiter)
+    return _client_limiter
+
+
+_client_limiter: RepeatLimiter | None = None
 
 
 class _RootLevelFilter(logging.Filter):

@@ -251,6 +251,26 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="member",
     ),
     Setting(
+        "join_timeout_ms",
+        "queueflow.member.join.timeout.ms",
+        15000,
+        1000,
+        600000,
+        doc="How long (ms) a member (share agent, ShareConsumer) tries to join before it fails: "
+        "its app's internal topics must exist and its coordinator answer within it.",
+        read_by="member",
+    ),
+    Setting(
+        "broker_wait_ms",
+        "queueflow.broker.wait.ms",
+        60000,
+        0,
+        3600000,
+        doc="How long (ms) a worker or ShareConsumer waits at start for the Kafka cluster to "
+        "answer, retrying with back-off and logging broker_unreachable; then it fails.",
+        read_by="every worker and member",
+    ),
+    Setting(
         "shutdown_timeout_ms",
         "queueflow.shutdown.timeout.ms",
         30000,
@@ -410,6 +430,8 @@ class ShareGroupSettings:
     max_poll_records: int = int_default("max_poll_records")
     acknowledgement_linger_ms: int = int_default("acknowledgement_linger_ms")
     request_timeout_ms: int = int_default("request_timeout_ms")
+    join_timeout_ms: int = int_default("join_timeout_ms")
+    broker_wait_ms: int = int_default("broker_wait_ms")
     shutdown_timeout_ms: int = int_default("shutdown_timeout_ms")
     fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")
     leader_listener: str = str_default("leader_listener")

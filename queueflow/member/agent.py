@@ -69,7 +69,7 @@ from typing import Any, cast
 
 import structlog
 
-from queueflow.errors import ConfigurationError
+from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.member.context import MemberContext
 from queueflow.member.flow import Backoff, FlowControl
 from queueflow.member.session import ShareFetchSession, ranges_text
@@ -337,14 +337,33 @@ class ShareAgent:
     async def start(self) -> None:
         """Join the share group and start the fetch loops and handler tasks.
 
+        A join no coordinator answered within ``queueflow.member.join.timeout.ms`` is logged
+        (``share_agent_join_failed``) and tried again: in a worker, the app's leader workers
+        may still be starting. A ShareConsumer fails instead.
+
         Raises:
-            ConfigurationError: the topic does not exist.
-            ShareGroupError: no coordinator answered the join.
+            ConfigurationError: the topic does not exist, or the app's internal topics don't
+                (a wrong app id, or no leader worker ever ran).
+            ShareGroupError: the coordinator refused the join.
         """
-        self.session = ShareFetchSession(
-            self.ctx, self.group, [self.topic_name], self.client_id, self.lock_duration_ms
-        )
-        await self.session.start()
+        while True:
+            self.session = ShareFetchSession(
+                self.ctx, self.group, [self.topic_name], self.client_id, self.lock_duration_ms
+            )
+            try:
+                await self.session.start()
+                break
+            except ShareGroupError as exc:
+                await self.session.close(leave=False)
+                if exc.code is not ErrorCode.REQUEST_TIMED_OUT or self._stopping:
+                    raise
+                self._log.error(
+                    "share_agent_join_failed",
+                    topic=self.topic_name,
+                    error=str(exc),
+                    note="trying again; a worker of the app with role 'all' or 'leader' must "
+                    "be running",
+                )
         worker = self._batch_worker if self.batch else self._worker
         self._workers = [self._spawn(worker(i)) for i in range(self.concurrency)]
         self._spawn(self._supervise())

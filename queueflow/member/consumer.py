@@ -30,6 +30,7 @@ import structlog
 from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.security import security_kwargs
+from queueflow.logging import limit_client_logs
 from queueflow.member.context import MemberContext
 from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
@@ -99,6 +100,7 @@ class ShareConsumer:
         sasl_plain_password: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        limit_client_logs()  # connection errors during an outage: a few lines a second
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ConfigurationError(
                 f"share.acknowledgement.mode={acknowledgement_mode!r}; use 'implicit' or 'explicit'"
@@ -170,7 +172,12 @@ class ShareConsumer:
             self.lock_duration_ms,
             on_acknowledged=self._report,
         )
-        await self._session.start()
+        try:
+            await self._session.start()
+        except BaseException:
+            session, self._session = self._session, None
+            await session.close(leave=False)  # leaves no client open behind the error
+            raise
 
     def set_acknowledgement_commit_callback(self, callback: CommitCallback | None) -> None:
         """``callback(offsets: {(topic, partition): {offset, ...}}, exception or None)`` runs

@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from queueflow.clock import SYSTEM_CLOCK, Clock
-from queueflow.kafka.admin import ensure_topic, partition_counts
+from queueflow.kafka.admin import partition_counts
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.startup import wait_for_broker, wait_for_topics
 from queueflow.member.reader import KafkaRecordReader, RecordSource
 from queueflow.member.transport import KafkaMemberTransport, MemberTransport
 from queueflow.metrics import Metrics
@@ -34,8 +35,15 @@ class MemberIO(Protocol):
         """
         ...
 
-    async def prepare(self) -> None:
-        """Make sure what members need exists (the reply topic); idempotent."""
+    async def prepare(self, settings: ShareGroupSettings) -> None:
+        """Wait until the cluster answers and the app's internal topics exist; creates
+        nothing (the app's leader workers create them).
+
+        Raises:
+            BrokerError: no broker within ``queueflow.broker.wait.ms``.
+            ConfigurationError: no such app (its internal topics are missing after
+                ``queueflow.member.join.timeout.ms``).
+        """
         ...
 
     def transport(self, member_id: str, client_id: str) -> MemberTransport:
@@ -63,14 +71,11 @@ class KafkaMemberIO:
         """See :meth:`MemberIO.partition_counts`."""
         return await partition_counts(self.kafka, topics)
 
-    async def prepare(self) -> None:
-        """Create the reply topic if it does not exist."""
-        await ensure_topic(
-            self.kafka,
-            internal.reply_topic(self.namespace),
-            internal.REPLY_PARTITIONS,
-            internal.CONTROL_TOPIC_CONFIG,
-        )
+    async def prepare(self, settings: ShareGroupSettings) -> None:
+        """See :meth:`MemberIO.prepare`."""
+        await wait_for_broker(self.kafka, settings.broker_wait_ms, who="member")
+        names = [internal.coordinator_topic(self.namespace), internal.reply_topic(self.namespace)]
+        await wait_for_topics(self.kafka, names, settings.join_timeout_ms, self.namespace)
 
     def transport(self, member_id: str, client_id: str) -> MemberTransport:
         """See :meth:`MemberIO.transport`."""

@@ -81,25 +81,39 @@ class Membership:
         self._log = log.bind(group=group, member_id=self.member_id)
 
     async def join(self) -> None:
-        """Join, retrying with back-off while no coordinator answers, then heartbeat in the
-        background.
+        """Join, retrying with back-off while no coordinator answers (at most
+        :data:`JOIN_ATTEMPTS` attempts within ``queueflow.member.join.timeout.ms``), then
+        heartbeat in the background.
 
         Raises:
-            ShareGroupError: the coordinator refused the join, or ``REQUEST_TIMED_OUT`` after
-                :data:`JOIN_ATTEMPTS` attempts without an answer.
+            ShareGroupError: the coordinator refused the join, or ``REQUEST_TIMED_OUT`` when no
+                coordinator answered in time (no worker of the app leads the group).
         """
-        async for attempt in stamina.retry_context(
-            on=_no_answer,
-            attempts=JOIN_ATTEMPTS,
-            timeout=None,
-            wait_initial=1.0,
-            wait_max=10.0,
-            wait_jitter=0.0,
-        ):
-            with attempt:
-                if attempt.num > 1:
-                    self._log.warning("join_retry", attempt=attempt.num - 1)
-                await self._heartbeat(join=True)
+        limit_s = self.settings.join_timeout_ms / 1000
+
+        async def attempts() -> None:
+            async for attempt in stamina.retry_context(
+                on=_no_answer,
+                attempts=JOIN_ATTEMPTS,
+                timeout=None,
+                wait_initial=1.0,
+                wait_max=10.0,
+                wait_jitter=0.0,
+            ):
+                with attempt:
+                    if attempt.num > 1:
+                        self._log.warning("join_retry", attempt=attempt.num - 1)
+                    await self._heartbeat(join=True)
+
+        try:
+            await asyncio.wait_for(attempts(), limit_s)
+        except asyncio.TimeoutError:
+            raise ShareGroupError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"no share-group coordinator of app {self.namespace!r} answered the join of "
+                f"group {self.group!r} within {limit_s:g} s: start a worker of the app with role "
+                "'all' or 'leader', or raise queueflow.member.join.timeout.ms",
+            ) from None
         self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="queueflow-heartbeat")
 
     async def leave(self) -> None:

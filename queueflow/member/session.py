@@ -190,8 +190,8 @@ class ShareFetchSession:
     async def start(self) -> None:
         """Check the topics, connect, join the group and start heartbeating."""
         io = self.ctx.io
+        await io.prepare(self.ctx.settings)  # the broker up, the app's topics there
         self.partitions = await io.partition_counts(self.topics)
-        await io.prepare()
         self._started = True
         await self._requester.start()
         await self._membership.join()

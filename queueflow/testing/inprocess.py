@@ -206,7 +206,7 @@ class _MemberIO:
                 raise ConfigurationError(f"unknown topic {name!r} (in-process cluster)")
         return {name: counts[name] for name in topics}
 
-    async def prepare(self) -> None:
+    async def prepare(self, settings: ShareGroupSettings) -> None:
         pass
 
     def transport(self, member_id: str, client_id: str) -> _Transport:

@@ -270,6 +270,12 @@ class LeaderWorker:
             RuntimeError: the worker exited or wasn't ready within ``timeout_s``; the message
                 has the end of its log.
         """
+        self.launch()
+        self.worker.wait_ready(timeout_s, what="leader worker")
+        return self
+
+    def launch(self) -> LeaderWorker:
+        """Start the worker process without waiting for it (see :meth:`start`)."""
         self.datadir.parent.mkdir(parents=True, exist_ok=True)
         (web_port,) = find_free_ports(1)  # a fresh web port per start
         argv = [sys.executable, "-m", "queueflow", "leader", "--app", self.app_id]
@@ -279,7 +285,6 @@ class LeaderWorker:
             argv += ["--topic", topic]
         self.worker.argv = argv
         self.worker.start()
-        self.worker.wait_ready(timeout_s, what="leader worker")
         return self
 
     def log_text(self) -> str:

@@ -172,6 +172,7 @@ def test_cli_describes_like_kafka_share_groups(kafka_bootstrap: str, app: dict[s
         assert refused.exit_code == 1 and refused.output.startswith("Error: "), (bad, refused)
 
 
+@pytest.mark.native_share_groups
 def test_cli_matches_kafka_share_groups_on_a_native_group(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:

@@ -17,6 +17,7 @@ from queueflow.devtools.broker import (
     is_serving,
     run_kafka_tool,
 )
+from queueflow.devtools.broker.locations import has_native_share_groups
 from queueflow.testing import produce
 
 pytestmark = pytest.mark.integration
@@ -53,6 +54,7 @@ def test_broker_serves(kafka_bootstrap: str) -> None:
     assert len(cluster["brokers"]) >= 1  # type: ignore[arg-type]
 
 
+@pytest.mark.native_share_groups
 @pytest.mark.timeout(120)
 def test_share_version_finalized(kafka_bootstrap: str) -> None:
     proc = run_kafka_tool(
@@ -68,6 +70,7 @@ def test_share_version_finalized(kafka_bootstrap: str) -> None:
     assert finalized_features(kafka_bootstrap, timeout_s=10).get("share.version") == 1
 
 
+@pytest.mark.native_share_groups
 @pytest.mark.timeout(240)
 def test_native_share_group_end_to_end(
     kafka_bootstrap: str, topic_factory: Callable[..., str]
@@ -137,4 +140,5 @@ def test_restart_keeps_topics(local_broker: LocalBroker | None, kafka_bootstrap:
     local_broker.start(timeout_s=120)
     assert local_broker.status().serving
     assert topic in asyncio.run(_list_topics(kafka_bootstrap))
-    assert finalized_features(kafka_bootstrap)["share.version"] >= 1
+    if has_native_share_groups():
+        assert finalized_features(kafka_bootstrap)["share.version"] >= 1

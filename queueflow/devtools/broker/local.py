@@ -29,13 +29,15 @@ from queueflow.devtools.broker.locations import (
     ENV_BROKER_JVM_OPTS,
     KAFKA_VERSION,
     RESOURCES,
+    has_native_share_groups,
+    uses_log4j2,
 )
 from queueflow.devtools.broker.logtail import LOG_TAIL_LINES, file_size, tail_file, tail_text
 from queueflow.devtools.broker.maven import kafka_libs
 from queueflow.devtools.broker.ports import PortInUseError, port_in_use
 from queueflow.devtools.broker.probe import SHARE_VERSION, probe
 from queueflow.devtools.broker.secure import BrokerSecurity
-from queueflow.devtools.broker.tools import run_kafka_tool
+from queueflow.devtools.broker.tools import log4j_option, run_kafka_tool
 from queueflow.errors import BrokerError
 
 __all__ = ["DEFAULT_BROKER_JVM_OPTS", "BrokerStatus", "LocalBroker"]
@@ -187,7 +189,7 @@ class LocalBroker:
 
     @property
     def _log4j_path(self) -> Path:
-        return self.data_dir / "log4j2.properties"
+        return self.data_dir / ("log4j2.properties" if uses_log4j2() else "log4j.properties")
 
     @property
     def _meta_path(self) -> Path:
@@ -404,7 +406,7 @@ class LocalBroker:
             }
         server = _override_properties(_render("server.properties", tokens), overrides)
         self.config_path.write_text(server)
-        log4j = _render("log4j2.properties", {"LOG_FILE": str(self.log_path)})
+        log4j = _render(self._log4j_path.name, {"LOG_FILE": str(self.log_path)})
         self._log4j_path.write_text(log4j)
 
     def _format(self) -> None:
@@ -419,8 +421,7 @@ class LocalBroker:
                 cluster_id,
                 "-c",
                 str(self.config_path),
-                "--feature",
-                f"{SHARE_VERSION}=1",
+                *(["--feature", f"{SHARE_VERSION}=1"] if has_native_share_groups() else []),
                 *(self.security.format_args() if self.security is not None else []),
             ],
         )
@@ -446,7 +447,7 @@ class LocalBroker:
             java,
             *opts,
             "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={self._log4j_path}",
+            log4j_option(self._log4j_path),
             "-cp",
             f"{libs}/*",
             "kafka.Kafka",
@@ -488,8 +489,8 @@ class LocalBroker:
                     f"{self.log_tail()}"
                 )
             serving, level, detail = probe(self.bootstrap, min(3.0, max(remaining, 0.5)))
-            if serving and level is not None and level >= 1:
-                return
+            if serving and (not has_native_share_groups() or (level is not None and level >= 1)):
+                return  # (a Kafka without share groups serves queueflow all the same)
             if serving:
                 detail = f"serving, but {SHARE_VERSION} is {level} (need >= 1)"
             time.sleep(min(0.3, max(deadline - time.monotonic(), 0)))

@@ -7,22 +7,68 @@ import os
 from pathlib import Path
 
 __all__ = [
+    "DEFAULT_KAFKA_VERSION",
     "ENV_BROKER",
     "ENV_BROKER_JVM_OPTS",
     "ENV_CACHE_DIR",
     "ENV_HOME",
+    "ENV_KAFKA_VERSION",
     "ENV_TOOL_JVM_OPTS",
     "INSTALL_HINT",
     "KAFKA_VERSION",
     "RESOURCES",
+    "TESTED_KAFKA_VERSIONS",
     "bootstrap_from_env",
     "cache_dir",
     "default_data_dir",
+    "has_native_share_groups",
     "kafka_home",
+    "kafka_version_error",
+    "uses_log4j2",
 ]
 
-#: The Apache Kafka release whose jars are resolved and run. The single place to change it.
-KAFKA_VERSION = "4.3.1"
+#: Environment variable choosing the Kafka release of the local broker and tools.
+ENV_KAFKA_VERSION = "QUEUEFLOW_KAFKA_VERSION"
+#: The Apache Kafka release used unless ``QUEUEFLOW_KAFKA_VERSION`` says otherwise.
+DEFAULT_KAFKA_VERSION = "4.3.1"
+#: Releases the test suite runs against: 4.3.1 fully (with native share groups to compare
+#: against), 3.9.1 (no share groups) for queueflow on an older cluster.
+TESTED_KAFKA_VERSIONS = ("4.3.1", "3.9.1")
+#: The Apache Kafka release whose jars are resolved and run (see :data:`ENV_KAFKA_VERSION`).
+KAFKA_VERSION = os.environ.get(ENV_KAFKA_VERSION, "").strip() or DEFAULT_KAFKA_VERSION
+
+
+def _major_minor(version: str) -> tuple[int, int] | None:
+    parts = version.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def kafka_version_error(version: str = KAFKA_VERSION) -> str | None:
+    """Why ``version`` can't run the local broker (None if it can): not ``X.Y.Z``, or older
+    than 3.9 (the first release whose KRaft storage tool formats a standalone controller)."""
+    mm = _major_minor(version)
+    if mm is None or mm < (3, 9):
+        return (
+            f"{ENV_KAFKA_VERSION}={version!r} is not a Kafka release queueflow's local broker "
+            f"can run (X.Y.Z, 3.9.0 or later); tested: {', '.join(TESTED_KAFKA_VERSIONS)}"
+        )
+    return None
+
+
+def has_native_share_groups(version: str = KAFKA_VERSION) -> bool:
+    """True if ``version``'s broker has KIP-932 share groups (4.1+, formatted with
+    ``share.version=1``); queueflow itself needs none of them."""
+    mm = _major_minor(version)
+    return mm is not None and mm >= (4, 1)
+
+
+def uses_log4j2(version: str = KAFKA_VERSION) -> bool:
+    """True if ``version`` logs with log4j2 (4.0+); 3.x uses log4j 1 (reload4j)."""
+    mm = _major_minor(version)
+    return mm is None or mm >= (4, 0)
+
 
 ENV_BROKER = "QUEUEFLOW_BROKER"
 ENV_CACHE_DIR = "QUEUEFLOW_CACHE_DIR"
@@ -37,7 +83,7 @@ INSTALL_HINT = (
     "Java 17+ and Maven are the only prerequisites of the local Kafka broker. Install them, "
     "e.g. on Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless maven "
     "(macOS: brew install openjdk@17 maven), or set QUEUEFLOW_BROKER=host:port to use an "
-    "existing Kafka 4.2+ cluster with share groups enabled."
+    "existing Kafka cluster (queueflow needs no share groups from it)."
 )
 
 

@@ -13,7 +13,14 @@ import time
 from pathlib import Path
 
 from queueflow.devtools.broker.java import find_java
-from queueflow.devtools.broker.locations import INSTALL_HINT, KAFKA_VERSION, RESOURCES, kafka_home
+from queueflow.devtools.broker.locations import (
+    INSTALL_HINT,
+    KAFKA_VERSION,
+    RESOURCES,
+    kafka_home,
+    kafka_version_error,
+    uses_log4j2,
+)
 from queueflow.devtools.broker.logtail import LOG_TAIL_LINES, tail_text
 from queueflow.errors import BrokerError
 
@@ -38,12 +45,18 @@ def kafka_libs() -> Path:
         The absolute ``libs`` directory; use ``f"{libs}/*"`` as the Java classpath.
 
     Raises:
-        BrokerError: ``java`` (17+) or ``mvn`` is missing, or Maven failed (the message holds
-            the tail of Maven's output).
+        BrokerError: ``QUEUEFLOW_KAFKA_VERSION`` names no usable release, ``java`` (17+) or
+            ``mvn`` is missing, or Maven failed (the message holds the tail of Maven's output).
     """
+    problem = kafka_version_error()
+    if problem is not None:
+        raise BrokerError(problem)
     home = kafka_home()
     libs = home / "libs"
     pom_text = (RESOURCES / "pom.xml").read_text().replace("@KAFKA_VERSION@", KAFKA_VERSION)
+    if not uses_log4j2():  # Kafka 3.x logs through its own slf4j-reload4j binding
+        begin, end = pom_text.index("<!-- log4j2:begin"), pom_text.index("<!-- log4j2:end -->")
+        pom_text = pom_text[:begin] + pom_text[end + len("<!-- log4j2:end -->") :]
     digest = hashlib.sha256(pom_text.encode()).hexdigest()
     marker = home / _RESOLVED_MARKER
     if _marker_ok(marker, digest) and libs.is_dir():

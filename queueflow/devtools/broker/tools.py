@@ -11,12 +11,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from queueflow.devtools.broker.java import find_java, jvm_opts_from_env
-from queueflow.devtools.broker.locations import ENV_TOOL_JVM_OPTS, kafka_home
+from queueflow.devtools.broker.locations import ENV_TOOL_JVM_OPTS, kafka_home, uses_log4j2
 from queueflow.devtools.broker.logtail import LOG_TAIL_LINES, as_text, tail_text
 from queueflow.devtools.broker.maven import kafka_libs
 from queueflow.errors import BrokerError
 
-__all__ = ["DEFAULT_TOOL_JVM_OPTS", "TOOL_ALIASES", "run_kafka_tool"]
+__all__ = ["DEFAULT_TOOL_JVM_OPTS", "TOOL_ALIASES", "log4j_option", "run_kafka_tool"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,24 @@ appender.stderr.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.stderr.ref = STDERR
 """
+
+# The same for Kafka 3.x tools (log4j 1, reload4j).
+_TOOLS_LOG4J = """\
+# Written by queueflow.devtools.broker.run_kafka_tool: Kafka tools log WARN and above to stderr.
+log4j.rootLogger=WARN, stderr
+log4j.appender.stderr=org.apache.log4j.ConsoleAppender
+log4j.appender.stderr.Target=System.err
+log4j.appender.stderr.layout=org.apache.log4j.PatternLayout
+log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
+"""
+
+
+def log4j_option(path: Path) -> str:
+    """The JVM option pointing the Kafka release in use at the logging configuration ``path``
+    (log4j2 for Kafka 4.x, log4j 1 for 3.x)."""
+    if uses_log4j2():
+        return f"-Dlog4j2.configurationFile={path}"
+    return f"-Dlog4j.configuration=file:{path}"
 
 
 def run_kafka_tool(
@@ -99,7 +117,7 @@ def run_kafka_tool(
         java,
         *opts,
         "-Djava.awt.headless=true",
-        f"-Dlog4j2.configurationFile={_tools_log4j_config()}",
+        log4j_option(_tools_log4j_config()),
         "-cp",
         f"{libs}/*",
         main,
@@ -131,12 +149,13 @@ def run_kafka_tool(
 
 
 def _tools_log4j_config() -> Path:
-    path = kafka_home() / "tools-log4j2.properties"
+    text = _TOOLS_LOG4J2 if uses_log4j2() else _TOOLS_LOG4J
+    path = kafka_home() / ("tools-log4j2.properties" if uses_log4j2() else "tools-log4j.properties")
     with contextlib.suppress(OSError):
-        if path.read_text() == _TOOLS_LOG4J2:
+        if path.read_text() == text:
             return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}")
-    tmp.write_text(_TOOLS_LOG4J2)
+    tmp.write_text(text)
     os.replace(tmp, path)
     return path

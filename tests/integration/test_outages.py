@@ -1,0 +1,184 @@
+"""Outages at start (issue #13 item 2) on the real broker: a member waits for a broker that is
+not there yet and goes on once it answers, or fails clearly at its limit; a member with a
+mistyped app id or no leader answering fails within its join timeout, creates no topic and
+leaves no client open."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from structlog.testing import capture_logs
+
+from queueflow import ShareConsumer
+from queueflow.devtools.broker import create_topic, find_free_ports
+from queueflow.errors import BrokerError, ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.kafka.admin import admin_client
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.startup import wait_for_broker
+from queueflow.protocol import topics as internal
+from queueflow.testing import LeaderWorker
+
+JOIN_TIMEOUT_MS = 3000
+
+
+async def all_topics(bootstrap: str) -> set[str]:
+    admin = admin_client(KafkaClientConfig(bootstrap))
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+@contextlib.asynccontextmanager
+async def forwarder(port: int, bootstrap: str) -> AsyncIterator[None]:
+    """A TCP forwarder on 127.0.0.1:``port`` to the broker: a broker that "comes up" there
+    (enough for a bootstrap; metadata then names the real listener)."""
+    host, real = bootstrap.rsplit(":", 1)
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(host, int(real))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", port)
+    try:
+        yield
+    finally:
+        server.close()
+
+
+def test_a_member_waits_for_the_broker_and_goes_on_once_it_answers(kafka_bootstrap: str) -> None:
+    (port,) = find_free_ports(1)
+    config = KafkaClientConfig(f"127.0.0.1:{port}")
+
+    async def scenario() -> list[dict[str, object]]:
+        with capture_logs() as logs:
+            waiting = asyncio.ensure_future(wait_for_broker(config, 60_000, who="test"))
+            deadline = time.monotonic() + 30
+            while not any(e["event"] == "broker_unreachable" for e in logs):
+                assert time.monotonic() < deadline and not waiting.done(), "no retry logged"
+                await asyncio.sleep(0.05)
+            async with forwarder(port, kafka_bootstrap):  # the broker comes up
+                await asyncio.wait_for(waiting, 30)
+        return logs
+
+    logs = asyncio.run(scenario())
+    retries = [e for e in logs if e["event"] == "broker_unreachable"]
+    assert retries[0]["bootstrap"] == f"127.0.0.1:{port}" and retries[0]["limit_s"] == 60.0
+    assert [e["attempt"] for e in retries] == list(range(1, len(retries) + 1))
+
+
+def test_no_broker_within_the_limit_is_a_clear_error() -> None:
+    (port,) = find_free_ports(1)
+    started = time.monotonic()
+    with pytest.raises(BrokerError) as info:
+        asyncio.run(wait_for_broker(KafkaClientConfig(f"127.0.0.1:{port}"), 2000))
+    took = time.monotonic() - started
+    assert f"no Kafka broker answered at 127.0.0.1:{port} within 2 s" in str(info.value)
+    assert "queueflow broker start" in str(info.value)
+    assert took < 10, took
+
+
+def member(bootstrap: str, app_id: str) -> ShareConsumer:
+    return ShareConsumer(
+        "g",
+        app_id=app_id,
+        bootstrap_servers=bootstrap,
+        settings={"queueflow.member.join.timeout.ms": JOIN_TIMEOUT_MS},
+    )
+
+
+def test_a_mistyped_app_id_fails_fast_and_creates_nothing(kafka_bootstrap: str) -> None:
+    topic = f"qf-outage-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 1)
+    app_id = f"qf-typo-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> tuple[float, set[str], set[str]]:
+        before = await all_topics(kafka_bootstrap)
+        c = member(kafka_bootstrap, app_id)
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError) as info:
+            await c.subscribe([topic])
+        took = time.monotonic() - started
+        message = str(info.value)
+        assert f"no queueflow app {app_id!r}" in message
+        assert internal.coordinator_topic(app_id) in message and "queueflow leader" in message
+        assert c.member_id is None  # the failed session is closed and gone
+        await c.close()
+        return took, before, await all_topics(kafka_bootstrap)
+
+    took, before, after = asyncio.run(scenario())
+    assert took < JOIN_TIMEOUT_MS / 1000 + 5, took
+    assert not {t for t in after - before if app_id in t}, after - before
+
+
+def test_no_coordinator_answering_fails_within_the_join_timeout(kafka_bootstrap: str) -> None:
+    """The app's topics exist, but no worker of the app runs."""
+    topic = f"qf-outage-{uuid.uuid4().hex[:8]}"
+    app_id = f"qf-nobody-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 1)
+    create_topic(kafka_bootstrap, internal.coordinator_topic(app_id), 1)
+    create_topic(kafka_bootstrap, internal.reply_topic(app_id), internal.REPLY_PARTITIONS)
+
+    async def scenario() -> float:
+        c = member(kafka_bootstrap, app_id)
+        started = time.monotonic()
+        with pytest.raises(ShareGroupError) as info:
+            await c.subscribe([topic])
+        took = time.monotonic() - started
+        assert info.value.code is ErrorCode.REQUEST_TIMED_OUT
+        assert f"no share-group coordinator of app {app_id!r}" in str(info.value)
+        assert c.member_id is None
+        await c.close()
+        return took
+
+    took = asyncio.run(scenario())
+    assert JOIN_TIMEOUT_MS / 1000 - 0.5 < took < JOIN_TIMEOUT_MS / 1000 + 5, took
+
+
+def test_a_worker_started_before_its_broker_waits_for_it(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """A leader worker pointed at a broker that is not up yet logs broker_unreachable and
+    retries (it used to exit after 2 s), then starts normally once the broker answers."""
+    topic = f"qf-outage-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 1)
+    (port,) = find_free_ports(1)
+    worker = LeaderWorker(
+        f"qf-wait-{uuid.uuid4().hex[:8]}", [topic], f"127.0.0.1:{port}", tmp_path / "data"
+    )
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        worker.launch()
+        deadline = time.monotonic() + 60
+        while not worker.events("broker_unreachable"):
+            assert time.monotonic() < deadline, worker.log_tail()
+            assert worker.worker.alive(), f"the worker exited:\n{worker.log_tail()}"
+            time.sleep(0.1)
+        up = forwarder(port, kafka_bootstrap)
+        asyncio.run_coroutine_threadsafe(up.__aenter__(), loop).result(10)
+        worker.worker.wait_ready(90, what="leader worker")
+        retries = worker.events("broker_unreachable")
+        assert retries[0]["bootstrap"] == f"127.0.0.1:{port}"
+        (reachable,) = worker.events("broker_reachable")
+        assert reachable["waited_s"] >= retries[0]["waited_s"]
+    finally:
+        worker.stop()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
