@@ -35,14 +35,17 @@ class MemberIO(Protocol):
         """
         ...
 
-    async def prepare(self, settings: ShareGroupSettings) -> None:
-        """Wait until the cluster answers and the app's internal topics exist; creates
-        nothing (the app's leader workers create them).
+    async def prepare(self, settings: ShareGroupSettings, topics: list[str]) -> dict[str, int]:
+        """Wait until the cluster answers, check the source ``topics`` and wait until the app's
+        internal topics exist; creates nothing (the app's leader workers create them).
+
+        Returns:
+            The partition counts of ``topics``.
 
         Raises:
             BrokerError: no broker within ``queueflow.broker.wait.ms``.
-            ConfigurationError: no such app (its internal topics are missing after
-                ``queueflow.member.join.timeout.ms``).
+            ConfigurationError: a source topic does not exist, or no such app (its internal
+                topics are missing after ``queueflow.member.join.timeout.ms``).
         """
         ...
 
@@ -71,11 +74,13 @@ class KafkaMemberIO:
         """See :meth:`MemberIO.partition_counts`."""
         return await partition_counts(self.kafka, topics)
 
-    async def prepare(self, settings: ShareGroupSettings) -> None:
+    async def prepare(self, settings: ShareGroupSettings, topics: list[str]) -> dict[str, int]:
         """See :meth:`MemberIO.prepare`."""
         await wait_for_broker(self.kafka, settings.broker_wait_ms, who="member")
+        counts = await partition_counts(self.kafka, topics)
         names = [internal.coordinator_topic(self.namespace), internal.reply_topic(self.namespace)]
         await wait_for_topics(self.kafka, names, settings.join_timeout_ms, self.namespace)
+        return counts
 
     def transport(self, member_id: str, client_id: str) -> MemberTransport:
         """See :meth:`MemberIO.transport`."""

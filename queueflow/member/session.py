@@ -190,8 +190,8 @@ class ShareFetchSession:
     async def start(self) -> None:
         """Check the topics, connect, join the group and start heartbeating."""
         io = self.ctx.io
-        await io.prepare(self.ctx.settings)  # the broker up, the app's topics there
-        self.partitions = await io.partition_counts(self.topics)
+        # the broker up, the source topics and the app's internal topics there
+        self.partitions = await io.prepare(self.ctx.settings, self.topics)
         self._started = True
         await self._requester.start()
         await self._membership.join()

@@ -206,8 +206,8 @@ class _MemberIO:
                 raise ConfigurationError(f"unknown topic {name!r} (in-process cluster)")
         return {name: counts[name] for name in topics}
 
-    async def prepare(self, settings: ShareGroupSettings) -> None:
-        pass
+    async def prepare(self, settings: ShareGroupSettings, topics: list[str]) -> dict[str, int]:
+        return await self.partition_counts(topics)
 
     def transport(self, member_id: str, client_id: str) -> _Transport:
         return _Transport(self.cluster.bus, member_id)
