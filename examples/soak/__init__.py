@@ -1,0 +1,1 @@
+"""``make soak``: see :mod:`examples.soak.__main__`."""
