@@ -64,6 +64,22 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
         out[key] = result
         ctx.say(f"S1({key}) {fmt_rate(result)}")
 
+    def leader_layout(key: str, **extra: Any) -> dict[str, Any]:
+        """(a)'s configuration: share agents in S1_PROCESSES member workers, a leader worker."""
+        return run_queueflow(
+            ctx,
+            f"s1{key}-queueflow",
+            topic,
+            S1_PARTITIONS,
+            n,
+            processes=S1_PROCESSES,
+            concurrency=conc,
+            mode="noop",
+            layout="leader",
+            run_timeout_s=timeout(key),
+            **extra,
+        )
+
     run(
         "b",
         "raw aiokafka consumer group",
@@ -83,20 +99,8 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
                 run(
                     "a",
                     "queueflow share agent",
-                    lambda: run_queueflow(
-                        ctx,
-                        "s1a-queueflow",
-                        topic,
-                        S1_PARTITIONS,
-                        n,
-                        processes=S1_PROCESSES,
-                        concurrency=conc,
-                        mode="noop",
-                        layout="leader",
-                        run_timeout_s=timeout("a"),
-                        leader_app=app_id,
-                        profile=ctx.args.profile,
-                        leader_worker=leader,
+                    lambda: leader_layout(
+                        "a", leader_app=app_id, profile=ctx.args.profile, leader_worker=leader
                     ),
                 )
                 sweep: dict[str, Any] = {}
@@ -134,23 +138,7 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
         """(a) again, with its own leader and members under ``settings_env``."""
         if key not in only or ctx.args.qf_layout != "leader":
             return
-        run(
-            key,
-            label,
-            lambda: run_queueflow(
-                ctx,
-                f"s1{key}-queueflow",
-                topic,
-                S1_PARTITIONS,
-                n,
-                processes=S1_PROCESSES,
-                concurrency=conc,
-                mode="noop",
-                layout="leader",
-                run_timeout_s=timeout(key),
-                settings_env=settings_env,
-            ),
-        )
+        run(key, label, lambda: leader_layout(key, settings_env=settings_env))
 
     # The cost of queueflow.leader.state.durability=acked (exact delivery counts): (a) with a
     # leader that answers before its changelog writes are acknowledged.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import pytest
 from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, until
@@ -21,6 +22,26 @@ from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
 
 ACCEPT = queueflow.ACCEPT
+
+
+def hangs_on_first_delivery(
+    clock: FakeClock, cancelled_at: list[float], calls: list[int] | None = None
+) -> Callable[[ShareRecord], Awaitable[object]]:
+    """A handler that waits forever on a record's first delivery (noting when it is
+    cancelled, on ``clock``) and ACCEPTs later ones; ``calls`` gets each delivery count."""
+
+    async def handler(record: ShareRecord) -> object:
+        if calls is not None:
+            calls.append(record.delivery_count)
+        if record.delivery_count == 1:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled_at.append(clock.monotonic())
+                raise
+        return ACCEPT
+
+    return handler
 
 
 def test_a_call_past_its_handler_timeout_is_cancelled_and_its_record_released() -> None:
@@ -63,16 +84,7 @@ def test_a_call_is_cancelled_before_its_lock_expires_without_a_handler_timeout()
     clock = FakeClock()
     cancelled_at: list[float] = []
     calls: list[int] = []
-
-    async def handler(record: ShareRecord) -> object:
-        calls.append(record.delivery_count)
-        if record.delivery_count == 1:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                cancelled_at.append(clock.monotonic())
-                raise
-        return ACCEPT
+    handler = hangs_on_first_delivery(clock, cancelled_at, calls)
 
     async def scenario() -> None:
         # 5 s locks: the margin is a tenth, 0.5 s; the call is cancelled at 4.5 s.
@@ -142,15 +154,7 @@ def test_without_renew_a_call_longer_than_its_lock_is_cancelled_before_it() -> N
     handler_timeout_ms, and a RENEW sent anyway is refused by the leader."""
     clock = FakeClock()
     cancelled_at: list[float] = []
-
-    async def handler(record: ShareRecord) -> object:
-        if record.delivery_count == 1:
-            try:
-                await asyncio.Event().wait()
-            except asyncio.CancelledError:
-                cancelled_at.append(clock.monotonic())
-                raise
-        return ACCEPT
+    handler = hangs_on_first_delivery(clock, cancelled_at)
 
     async def scenario() -> None:
         async with cluster_with(
