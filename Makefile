@@ -39,12 +39,11 @@ test: venv
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 # queueflow on a Kafka without share groups: the broker, share agents with every outcome,
-# failover and fencing, the direct path, outages. The whole suite runs there too:
-# QUEUEFLOW_KAFKA_VERSION=3.9.1 make test (native share-group tests are skipped). Not here yet:
-# test_security_acls, which stalls in about one run in three on 3.9 (see CHANGELOG, Known).
+# failover and fencing, the direct path, outages, secured listeners with ACLs. The whole suite
+# runs there too: QUEUEFLOW_KAFKA_VERSION=3.9.1 make test (native share-group tests are skipped).
 SMOKE_TESTS := tests/integration/test_broker.py tests/integration/test_share_agent.py \
 	tests/integration/test_failover.py tests/integration/test_direct_path_kafka.py \
-	tests/integration/test_outages.py
+	tests/integration/test_outages.py tests/integration/test_security_acls.py
 test-kafka39: venv
 	QUEUEFLOW_KAFKA_VERSION=3.9.1 $(BIN)/pytest -q $(SMOKE_TESTS)
 

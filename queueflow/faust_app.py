@@ -152,7 +152,9 @@ class FaustSender:
 
 def raw_table(app: faust.App, name: str, partitions: int | None = None) -> Any:
     """A Faust table with bytes keys and values (queueflow encodes its own records)."""
-    table: Any = app.Table(name, partitions=partitions)
+    table: Any = app.Table(
+        name, partitions=partitions, extra_topic_configs=topics.STATE_CHANGELOG_CONFIG
+    )
     # Faust derives serializers from key_type/value_type (json). The changelog topic decodes
     # during recovery, so it needs raw serializers too.
     for obj in (table, table.changelog_topic):

@@ -288,6 +288,8 @@ class ShareAgent:
         self._in_flight: dict[TopicPartition, list[float]] = {}
         self._outcome_recorded = asyncio.Event()
         self._long_polled: dict[TopicPartition, bool] = {}
+        # Share-partitions whose last ShareFetch acquired nothing (see _fetch_limit).
+        self._idle_partitions: set[TopicPartition] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0  # handler calls in progress
@@ -476,10 +478,19 @@ class ShareAgent:
         if tp not in self._fetchers and self.session is not None:
             await self.session.drop(tp)
 
-    async def _reserve(self, tp: TopicPartition) -> int:
-        """Wait until the records outstanding drop to half of :attr:`high_water` (or until
-        acknowledgements have lingered long enough), then reserve the room up to it; returns
-        how many records to acquire."""
+    async def _reserve(self, tp: TopicPartition, idle: bool) -> int:
+        """How many records the next ShareFetch of ``tp`` may acquire.
+
+        An ``idle`` share-partition (its last ShareFetch acquired nothing) asks for
+        :meth:`FlowControl.idle_fetch_limit` records at once, outside the room: its fetch
+        waits at the leader (long poll), and waiting for room, or holding room while it waits,
+        would let one share-partition's empty long polls starve another's records. Its records
+        count once delivered. Otherwise (its fetch is answered at once, see
+        :meth:`_fetch_loop`): wait until the records outstanding drop to half of
+        :attr:`high_water` (or until acknowledgements have lingered long enough), then reserve
+        the room up to it. A batch is handled as a whole and frees its room only at the end:
+        at most half of the room per ShareFetch, so that the other fetch loop acquires the
+        next batch meanwhile."""
         # With outcomes pending, woken after the linger period even without room: they must
         # not wait for room (that can take seconds with slow handlers) or their locks expire.
         # With none, it sleeps until room frees or an outcome is recorded (an idle member's
@@ -489,6 +500,10 @@ class ShareAgent:
         assert session is not None
         while self._all_stuck and not self._stopping:
             await self._unstuck.wait()  # no handler could start what this would acquire
+        limit = max(self.flow.high_water // 2, 1) if self.batch else None
+        if idle:
+            fetches = max(len(self._fetchers), 1) * FETCHES_IN_FLIGHT
+            return min(self.flow.idle_fetch_limit(fetches), limit or self.flow.max_poll_records)
         while self.flow.must_wait():
             self._room_free.clear()
             if not session.acks.pending(tp):
@@ -503,7 +518,7 @@ class ShareAgent:
             except asyncio.TimeoutError:
                 if session.acks.pending(tp):
                     break  # no room, but acknowledgements have waited long enough: send them
-        return self.flow.reserve()
+        return self.flow.reserve(limit)
 
     def _unreserve(self, count: int) -> None:
         if self.flow.release(count) and not self._room_free.is_set():
@@ -545,38 +560,54 @@ class ShareAgent:
             if idle_until > clock.monotonic():
                 await asyncio.sleep(idle_until - clock.monotonic())
                 continue
-            want = await self._reserve(tp)
-            if self.batch:
-                # A batch is handled as a whole and frees its room only at the end: acquire at
-                # most half of the room per ShareFetch, so that the other fetch loop acquires
-                # the next batch while a handler works through this one.
-                cap = max(self.flow.high_water // 2, 1)
-                if want > cap:
-                    self._unreserve(want - cap)
-                    want = cap
+            # Only an idle share-partition's fetch may wait at the leader for records (long
+            # poll): a fetch holding room must not hold it for fetch.max.wait.ms. A busy one
+            # that finds nothing is answered at once, and the next fetch is an idle one.
+            idle = tp in self._idle_partitions
+            want = await self._reserve(tp, idle)
+            max_wait_ms = None if idle else 0
             # Shielded: when the share-partition is reassigned mid-request, the request still
             # completes and its records are handled, instead of staying locked until expiry.
-            fetch = asyncio.ensure_future(self._fetch_once(tp, want))
+            fetch = asyncio.ensure_future(self._fetch_once(tp, want, max_wait_ms))
             try:
                 delivered = await asyncio.shield(fetch)
             except asyncio.CancelledError:
                 delivered = 0
                 with contextlib.suppress(Exception):
                     delivered = await asyncio.wait_for(fetch, timeout_s)
-                self._unreserve(want - max(delivered, 0))
+                self._settle_reservation(idle, want, delivered)
                 raise
             except Exception as exc:  # keep fetching whatever goes wrong; say what it was
                 self._log.warning(
                     "share_fetch_failed", topic=tp[0], partition=tp[1], error=repr(exc)
                 )
                 delivered = -1
-            self._unreserve(want - max(delivered, 0))
-            # An empty long poll already waited at the leader: no back-off on top of it.
-            waited = delivered == 0 and self._long_polled.pop(tp, False)
+            self._settle_reservation(idle, want, delivered)
+            # An empty long poll already waited at the leader, and an empty busy fetch is
+            # followed by a long poll: no back-off on top of either.
+            waited = delivered == 0 and (self._long_polled.pop(tp, False) or not idle)
             self._backoff.observe(tp, clock.monotonic(), delivered, 0 if waited else want)
+            if delivered > 0:
+                self._idle_partitions.discard(tp)
+            else:
+                self._idle_partitions.add(tp)
+                # The loops woken by room just freed reserve first (they wait in order).
+                await asyncio.sleep(0)
 
-    async def _fetch_once(self, tp: TopicPartition, want: int) -> int:
-        """One ShareFetch with the pending acknowledgements of ``tp`` riding along.
+    def _settle_reservation(self, idle: bool, want: int, delivered: int) -> None:
+        """After a ShareFetch that asked for ``want`` records and queued ``delivered`` (-1 on
+        an error): give back the room it did not use, or, for an idle share-partition's fetch
+        (which reserved none, see :meth:`_reserve`), take room for what it delivered."""
+        if idle:
+            self.flow.take(max(delivered, 0))
+        else:
+            self._unreserve(want - max(delivered, 0))
+
+    async def _fetch_once(
+        self, tp: TopicPartition, want: int, max_wait_ms: int | None = None
+    ) -> int:
+        """One ShareFetch with the pending acknowledgements of ``tp`` riding along; the
+        leader may hold it ``max_wait_ms`` (``None``: ``fetch.max.wait.ms``) for records.
 
         Returns:
             records queued for the handlers (0 when none were acquired), -1 on an error.
@@ -589,7 +620,7 @@ class ShareAgent:
         in_flight = self._in_flight.setdefault(tp, [])
         in_flight.append(started)
         try:
-            result = await session.fetch(tp, want)
+            result = await session.fetch(tp, want, max_wait_ms)
         finally:
             in_flight.remove(started)
         self._long_polled[tp] = result.long_polled and not result.acquired

@@ -63,11 +63,30 @@ class FlowControl:
         self.refill_level = self.high_water // 2
         return self.outstanding > self.refill_level
 
-    def reserve(self) -> int:
-        """Reserve room up to :attr:`high_water`; returns how many records to acquire."""
+    def reserve(self, limit: int | None = None) -> int:
+        """Reserve room up to :attr:`high_water` (and at most ``limit`` records); returns how
+        many records to acquire."""
         want = min(max(self.high_water - self.outstanding, 0), self.max_poll_records)
+        if limit is not None:
+            want = min(want, max(limit, 0))
         self.outstanding += want
         return want
+
+    def take(self, count: int) -> None:
+        """Count ``count`` records delivered without a reservation (an idle share-partition's
+        ShareFetch, see :meth:`idle_fetch_limit`) as outstanding."""
+        self.outstanding += count
+
+    def idle_fetch_limit(self, fetches: int) -> int:
+        """The most records a ShareFetch of an idle share-partition (whose last ShareFetch
+        acquired nothing) asks for, with ``fetches`` fetch loops in all.
+
+        Such a fetch reserves no room (it mostly waits at the leader, and must not wait for
+        room behind a busy share-partition): what it delivers is counted afterwards
+        (:meth:`take`). Every fetch loop answered at once with this many records adds at most
+        half of :attr:`high_water`, and at least one record each.
+        """
+        return max(self.high_water // (2 * max(fetches, 1)), 1)
 
     def release(self, count: int) -> bool:
         """Give back ``count`` reserved records (handled, or never acquired).

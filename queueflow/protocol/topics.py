@@ -25,8 +25,25 @@ import zlib
 REPLY_PARTITIONS = 16
 #: Partitions of the coordinator topic.
 COORDINATOR_PARTITIONS = 1
-#: Control topics hold short-lived requests and replies only.
-CONTROL_TOPIC_CONFIG = {"retention.ms": str(3600 * 1000), "cleanup.policy": "delete"}
+#: Control topics hold short-lived requests and replies only. Retention applies to closed
+#: segments, so segments roll every 10 minutes (or 64 MiB) rather than the broker's 7 days / 1 GiB.
+CONTROL_TOPIC_CONFIG = {
+    "retention.ms": str(3600 * 1000),
+    "cleanup.policy": "delete",
+    "segment.ms": str(600 * 1000),
+    "segment.bytes": str(64 * 1024 * 1024),
+}
+#: Extra configs of the state tables' changelog topics (Faust makes them compacted). Every
+#: snapshot deletes the deltas it supersedes, so a busy leader writes many tombstones: only
+#: closed segments are compacted, and tombstones outlive compaction by ``delete.retention.ms``
+#: (broker default 24 h), so both are shortened to keep the changelog about the size of the
+#: live state. A standby offline for longer than ``delete.retention.ms`` may keep superseded
+#: delta keys in its local store; they are never read (their snapshot epoch is old).
+STATE_CHANGELOG_CONFIG = {
+    "segment.ms": str(300 * 1000),
+    "segment.bytes": str(64 * 1024 * 1024),
+    "delete.retention.ms": str(600 * 1000),
+}
 
 
 def fetch_topic(namespace: str, topic: str) -> str:

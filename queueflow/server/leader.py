@@ -606,6 +606,9 @@ class ShareLeader:
         ]
         if not items:
             return
+        seen_end = self.ctx.log_offsets.known_end(TopicPartition(self.topic, partition))
+        for item in items:
+            item.seen_end = seen_end
         try:
             await self._apply_batch(partition, items)
         except Exception as exc:  # answered as refused: the members re-send elsewhere
@@ -679,11 +682,17 @@ class ShareLeader:
     ) -> None:
         tp = TopicPartition(self.topic, partition)
         clock = self.ctx.clock
-        # Records between the SPEO and the known log end that could not be acquired wait for
-        # acknowledgements or expired locks (those notify); only newer records are waited for.
-        while queue.parked:
-            until = max(p.until for p in queue.parked)
-            end = max(durable.engine.end_offset, self.ctx.log_offsets.known_end(tp) or 0)
+        # Records below the log end a parked request's last try knew of, that it could not
+        # acquire, wait for acknowledgements or expired locks (those notify); records from
+        # there on are waited for (the end may have risen while the try was under way).
+        while True:
+            now = clock.monotonic()
+            waiting = [p for p in queue.parked if p.until > now and not p.future.done()]
+            if not waiting:
+                return  # parked later: _watch starts a new watcher
+            until = max(p.until for p in waiting)
+            seen = [p.seen_end for p in waiting if p.seen_end is not None]
+            end = min(seen) if seen else durable.engine.end_offset
             try:
                 new_end = await self.ctx.log_offsets.wait_end_beyond(
                     tp, end, max(until - clock.monotonic(), 0.0)
@@ -693,8 +702,6 @@ class ShareLeader:
                 return
             if new_end > end:
                 self._notify(partition)
-                return
-            if clock.monotonic() >= until:
                 return
 
     def _gauges(self, group: str, partition: int) -> tuple[Gauge, Gauge, Gauge]:
@@ -721,6 +728,9 @@ class _Parked:
     durable: DurableSharePartition | None
     #: Monotonic seconds when the long poll ends (the request's ``max_wait_ms``).
     until: float
+    #: The log end known before it last tried to acquire (None: unknown): records from
+    #: there on may not have been seen by that try.
+    seen_end: int | None = None
 
 
 @dataclass(slots=True, eq=False)

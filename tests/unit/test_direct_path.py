@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from inprocess_helpers import TOPIC, events, run
+from inprocess_helpers import TOPIC, events, eventually, run
 from structlog.testing import capture_logs
 
 from queueflow.errors import ErrorCode
@@ -336,3 +336,34 @@ def test_a_known_log_end_never_goes_back() -> None:
     assert offsets._raise_end(TP, 22) == 30  # the stale answer
     assert offsets.known_end(TP) == 30
     assert offsets._raise_end(TP, 31) == 31
+
+
+def test_an_idle_partition_s_long_polls_do_not_starve_another_partition_s_records() -> None:
+    """The agent's room is shared by its share-partitions' fetch loops. A fetch of an idle
+    share-partition waits at the leader (long poll) holding its room: it takes only a share,
+    and a loop coming back empty lets the loops waiting for room go first. Otherwise the idle
+    share-partition's loops took the room in turn forever and the other's records waited (the
+    secured-listener stall of 2026-11-24)."""
+
+    async def scenario() -> None:
+        handled: list[tuple[int, int]] = []
+
+        async def handler(record: Any) -> None:
+            handled.append((record.partition, record.offset))
+
+        async with direct_cluster(partitions=2, fetch_max_wait_ms=30_000) as cluster:
+            agent = await cluster.agent(handler, TOPIC, "g", concurrency=1)
+            for round_ in range(6):
+                busy, quiet = round_ % 2, 1 - round_ % 2
+                for _ in range(12):
+                    cluster.produce(TOPIC, b"burst", partition=busy)
+                total = len(handled) + 12
+                await eventually(lambda n=total: len(handled) == n, f"round {round_}: the burst")
+                cluster.produce(TOPIC, b"single", partition=quiet)
+                # Far below fetch.max.wait.ms (30 s): the record is answered by a held fetch.
+                await eventually(
+                    lambda n=total + 1: len(handled) == n, f"round {round_}: the single record"
+                )
+            await agent.stop()
+
+    run(scenario())
