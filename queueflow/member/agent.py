@@ -290,6 +290,7 @@ class ShareAgent:
         self._long_polled: dict[TopicPartition, bool] = {}
         # Share-partitions whose last ShareFetch acquired nothing (see _fetch_limit).
         self._idle_partitions: set[TopicPartition] = set()
+        self._idle_polls: dict[TopicPartition, asyncio.Lock] = {}  # one long poll at a time
         self._tasks: set[asyncio.Task[None]] = set()
         self._workers: list[asyncio.Task[None]] = []
         self._busy = 0  # handler calls in progress
@@ -548,51 +549,62 @@ class ShareAgent:
             # Outcomes still pending were recorded after every fetch in flight was sent (a
             # fetch takes the pending ones along): with all fetch loops in flight, none would
             # leave before a long poll ends.
+            # So would an idle share-partition's: its other loop waits for the long poll.
             for tp in session.acks.partitions():
-                if len(self._in_flight.get(tp, ())) >= FETCHES_IN_FLIGHT:
+                in_flight = len(self._in_flight.get(tp, ()))
+                if in_flight >= FETCHES_IN_FLIGHT or (in_flight and tp in self._idle_partitions):
                     await self._flush(tp)
 
     async def _fetch_loop(self, tp: TopicPartition) -> None:
         clock = self.ctx.clock
-        timeout_s = self.ctx.settings.request_timeout_ms / 1000
         while not self._stopping:
             idle_until = self._backoff.idle_until(tp)
             if idle_until > clock.monotonic():
                 await asyncio.sleep(idle_until - clock.monotonic())
                 continue
-            # Only an idle share-partition's fetch may wait at the leader for records (long
-            # poll): a fetch holding room must not hold it for fetch.max.wait.ms. A busy one
-            # that finds nothing is answered at once, and the next fetch is an idle one.
-            idle = tp in self._idle_partitions
-            want = await self._reserve(tp, idle)
-            max_wait_ms = None if idle else 0
-            # Shielded: when the share-partition is reassigned mid-request, the request still
-            # completes and its records are handled, instead of staying locked until expiry.
-            fetch = asyncio.ensure_future(self._fetch_once(tp, want, max_wait_ms))
-            try:
-                delivered = await asyncio.shield(fetch)
-            except asyncio.CancelledError:
-                delivered = 0
-                with contextlib.suppress(Exception):
-                    delivered = await asyncio.wait_for(fetch, timeout_s)
-                self._settle_reservation(idle, want, delivered)
-                raise
-            except Exception as exc:  # keep fetching whatever goes wrong; say what it was
-                self._log.warning(
-                    "share_fetch_failed", topic=tp[0], partition=tp[1], error=repr(exc)
+            # Only an idle share-partition's fetch waits at the leader for records (long
+            # poll), one at a time: the other loop waits for it. A busy share-partition's
+            # fetches hold room, so they must not wait there: one that finds nothing is
+            # answered at once, and the next fetch is an idle one.
+            if tp in self._idle_partitions:
+                async with self._idle_polls.setdefault(tp, asyncio.Lock()):
+                    if tp in self._idle_partitions:  # still, after the other loop's poll
+                        await self._fetch_round(tp, idle=True)
+                        continue
+            await self._fetch_round(tp, idle=False)
+
+    async def _fetch_round(self, tp: TopicPartition, idle: bool) -> None:
+        """Reserve, send one ShareFetch of ``tp`` (a long poll when ``idle``), queue what it
+        brings and settle the reservation."""
+        clock = self.ctx.clock
+        want = await self._reserve(tp, idle)
+        # Shielded: when the share-partition is reassigned mid-request, the request still
+        # completes and its records are handled, instead of staying locked until expiry.
+        fetch = asyncio.ensure_future(self._fetch_once(tp, want, None if idle else 0))
+        try:
+            delivered = await asyncio.shield(fetch)
+        except asyncio.CancelledError:
+            delivered = 0
+            with contextlib.suppress(Exception):
+                delivered = await asyncio.wait_for(
+                    fetch, self.ctx.settings.request_timeout_ms / 1000
                 )
-                delivered = -1
             self._settle_reservation(idle, want, delivered)
-            # An empty long poll already waited at the leader, and an empty busy fetch is
-            # followed by a long poll: no back-off on top of either.
-            waited = delivered == 0 and (self._long_polled.pop(tp, False) or not idle)
-            self._backoff.observe(tp, clock.monotonic(), delivered, 0 if waited else want)
-            if delivered > 0:
-                self._idle_partitions.discard(tp)
-            else:
-                self._idle_partitions.add(tp)
-                # The loops woken by room just freed reserve first (they wait in order).
-                await asyncio.sleep(0)
+            raise
+        except Exception as exc:  # keep fetching whatever goes wrong; say what it was
+            self._log.warning("share_fetch_failed", topic=tp[0], partition=tp[1], error=repr(exc))
+            delivered = -1
+        self._settle_reservation(idle, want, delivered)
+        # An empty long poll already waited at the leader, and an empty busy fetch is
+        # followed by a long poll: no back-off on top of either.
+        waited = delivered == 0 and (self._long_polled.pop(tp, False) or not idle)
+        self._backoff.observe(tp, clock.monotonic(), delivered, 0 if waited else want)
+        if delivered > 0:
+            self._idle_partitions.discard(tp)
+        else:
+            self._idle_partitions.add(tp)
+            # The loops woken by room just freed reserve first (they wait in order).
+            await asyncio.sleep(0)
 
     def _settle_reservation(self, idle: bool, want: int, delivered: int) -> None:
         """After a ShareFetch that asked for ``want`` records and queued ``delivered`` (-1 on

@@ -367,3 +367,28 @@ def test_an_idle_partition_s_long_polls_do_not_starve_another_partition_s_record
             await agent.stop()
 
     run(scenario())
+
+
+def test_an_idle_agent_holds_one_long_poll_per_share_partition() -> None:
+    """An idle share-partition's two fetch loops take turns: one ShareFetch waits at the leader,
+    the other loop waits for it (two would double an idle fleet's requests)."""
+
+    async def scenario() -> None:
+        async def handler(record: Any) -> None:
+            pass
+
+        async with direct_cluster(records=4, partitions=2, fetch_max_wait_ms=300) as cluster:
+            leader = cluster.leaders[TOPIC]
+            agent = await cluster.agent(handler, TOPIC, "g", concurrency=2)
+            await eventually(lambda: agent.stats.accepted == 4, "the records handled")
+            most = {0: 0, 1: 0}
+            for _ in range(150):  # 1.5 s: five long polls per share-partition
+                for partition in most:
+                    queue = leader._direct.get(partition)
+                    parked = len(queue.parked) if queue is not None else 0
+                    most[partition] = max(most[partition], parked)
+                await asyncio.sleep(0.01)
+            assert most == {0: 1, 1: 1}
+            await agent.stop()
+
+    run(scenario())
