@@ -39,6 +39,7 @@ from queueflow.engine.fencing import MembershipLease
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
 from queueflow.member.agent import Decoder, Handler, ShareAgent
@@ -452,6 +453,7 @@ class ShareGroups:
             metrics=self.metrics,
             state_scope=partition_scope,
             flush_state=self._flush_state,
+            request_log=LogRangeReader(self.kafka),
         )
         self.endpoint = (
             LeaderEndpoint(self.server_context, self.leaders)

@@ -24,6 +24,7 @@ __all__ = [
     "LogOffsetsSource",
     "PartitionCounts",
     "RequestHandler",
+    "RequestLog",
     "ServerContext",
     "ServerRuntime",
     "StateScope",
@@ -124,6 +125,21 @@ async def no_flush() -> None:
     """The ``flush_state`` of hosts whose state writes are durable at once (dicts)."""
 
 
+class RequestLog(Protocol):
+    """Reads requests back from a request topic by offset (see ``ShareLeader.handle``)."""
+
+    async def read(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, bytes]]:
+        """The records of ``topic[partition]`` with ``start <= offset < end``, in order, as
+        ``(offset, value)`` (offsets deleted by retention are missing).
+
+        Raises:
+            Exception: the host's error when the log could not be read.
+        """
+        ...
+
+
 class PartitionCounts(Protocol):
     """Partition counts of the existing topics among ``names`` (unknown ones are left out)."""
 
@@ -148,6 +164,8 @@ class ServerContext:
         state_scope: lets the direct path write a partition's state outside a stream event.
         flush_state: waits until every state write so far is acknowledged by the broker (the
             direct path's ``queueflow.leader.state.durability=acked``).
+        request_log: reads request topics back (``None``: the host re-delivers every request
+            a leader did not apply).
     """
 
     namespace: str
@@ -161,3 +179,4 @@ class ServerContext:
     metrics: Metrics = field(default_factory=Metrics)
     state_scope: StateScope = no_state_scope
     flush_state: Callable[[], Awaitable[None]] = no_flush
+    request_log: RequestLog | None = None

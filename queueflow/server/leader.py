@@ -55,6 +55,11 @@ log = structlog.get_logger("queueflow.server.leader")
 FENCE_RESEND_MS = 1000
 
 
+#: The most requests a new leader reads back that its host skipped (see
+#: ``ShareLeader._replay_skipped``); older ones are long answered or timed out.
+MAX_REPLAYED_REQUESTS = 10_000
+
+
 def control_auth(ctx: ServerContext, role: str) -> ControlAuth:
     """The :class:`~queueflow.protocol.auth.ControlAuth` of one server loop (``role``: leader,
     coordinator, ticker, endpoint) under ``queueflow.auth.mode``; each has its own replay cache."""
@@ -224,8 +229,15 @@ class ShareLeader:
         Never raises for a bad or failed request: it is logged and skipped, so one bad request
         can't stop the leader.
         """
+        if partition not in self._applied:
+            await self._replay_skipped(partition, offset)
+        await self._handle_safely(partition, offset, value)
+
+    async def _handle_safely(
+        self, partition: int, offset: int, value: bytes, replayed: bool = False
+    ) -> None:
         try:
-            await self._handle(partition, offset, value)
+            await self._handle(partition, offset, value, replayed)
         except FencedStateEpochError as exc:  # stepped down while handling it
             self._log.warning(
                 "stale_write_refused", partition=partition, error=str(exc), code=exc.code.value
@@ -233,7 +245,38 @@ class ShareLeader:
         except Exception:  # never let one bad request stop the leader
             self._log.exception("leader_request_failed", partition=partition)
 
-    async def _handle(self, partition: int, offset: int, value: bytes) -> None:
+    async def _replay_skipped(self, partition: int, offset: int) -> None:
+        """Before the first request the host delivers on ``partition`` (at ``offset``), handle
+        the requests after the last one a leader applied (its persisted position) that the host
+        skipped: Faust resumes from its committed offset, which a rebalance can leave past
+        requests read but never applied; their acknowledgements would be lost and their members
+        would wait out the request timeout (issue #13, "Takeover"). At most
+        :data:`MAX_REPLAYED_REQUESTS`; never fails the request at ``offset``."""
+        applied = self._applied[partition] = self._persisted_position(partition)
+        log = self.ctx.request_log
+        if log is None or applied < 0 or offset <= applied + 1:
+            return
+        start = max(applied + 1, offset - MAX_REPLAYED_REQUESTS)
+        try:
+            records = await log.read(self.request_topic, partition, start, offset)
+        except Exception as exc:  # the broker may be restarting: carry on without them
+            self._log.warning(
+                "skipped_requests_unread", partition=partition, first=start, error=repr(exc)
+            )
+            return
+        for skipped, value in records:
+            await self._handle_safely(partition, skipped, value, replayed=True)
+        self._log.info(
+            "skipped_requests_replayed",
+            partition=partition,
+            first=start,
+            last=offset - 1,
+            requests=len(records),
+        )
+
+    async def _handle(
+        self, partition: int, offset: int, value: bytes, replayed: bool = False
+    ) -> None:
         applied = self._applied.get(partition)
         if applied is None:
             applied = self._applied[partition] = self._persisted_position(partition)
@@ -241,7 +284,7 @@ class ShareLeader:
             return  # applied before, here or by the previous leader (Faust re-delivers)
         self._applied[partition] = offset
         async with self._lock(partition):  # never interleaved with the direct path's batches
-            changed = await self._handle_locked(partition, offset, value)
+            changed = await self._handle_locked(partition, offset, value, replayed)
         if changed:
             self._notify(partition)  # records may have become available to parked requests
 
@@ -267,11 +310,14 @@ class ShareLeader:
             lock = self._locks[partition] = asyncio.Lock()
         return lock
 
-    async def _handle_locked(self, partition: int, offset: int, value: bytes) -> bool:
+    async def _handle_locked(
+        self, partition: int, offset: int, value: bytes, replayed: bool = False
+    ) -> bool:
         """Handle the request-log record at ``offset``; True if it changed share-partition
         state. With ``queueflow.leader.state.durability=acked`` the answer leaves once the
         broker acknowledged the state change (so no delivery is answered that a new leader
-        would not know of)."""
+        would not know of). A ``replayed`` request is answered only if its member still
+        waits (before its ``deadline_ms``)."""
         try:
             message = protocol.decode(self.auth.open(value))
             self.auth.check_sender(message)
@@ -325,12 +371,13 @@ class ShareLeader:
                 self._write_position(partition, offset)
                 if self.ctx.settings.state_durability == "acked":
                     await self.ctx.flush_state()
-            await send_reply(
-                self.ctx,
-                message.member_id,
-                message.reply_partition,
-                self.auth.seal(protocol.encode(response)),
-            )
+            if not replayed or now < message.deadline_ms:
+                await send_reply(
+                    self.ctx,
+                    message.member_id,
+                    message.reply_partition,
+                    self.auth.seal(protocol.encode(response)),
+                )
             changed = bool(message.acks)
         return changed
 

@@ -546,6 +546,61 @@ def test_a_new_leader_skips_the_requests_its_predecessor_applied() -> None:
     run(scenario())
 
 
+class _RequestLog:
+    """A request log the test fills: what the host wrote but never delivered."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, bytes] = {}
+        self.asked: list[tuple[str, int, int, int]] = []
+
+    async def read(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, bytes]]:
+        self.asked.append((topic, partition, start, end))
+        return [(o, v) for o, v in sorted(self.records.items()) if start <= o < end]
+
+
+def test_a_new_leader_reads_back_the_requests_its_host_skipped() -> None:
+    """Faust can resume a new leader's request partition past requests nobody applied (a
+    rebalance drops what it had fetched, and its commit moves past them; issue #13). The new
+    leader reads them back from its predecessor's persisted position on: the member's
+    acknowledgements are applied, not lost, and a reply nobody waits for is not sent."""
+
+    async def scenario() -> None:
+        async with cluster_with(5) as cluster:
+            leader = cluster.leaders[TOPIC]
+            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
+            log = _RequestLog()
+            cluster.server.request_log = log
+            m = RawMember(cluster, "m")
+            first = await m.fetch(0, 10, handler=leader.handle, offset=200)
+            assert first.acquired == [(0, 4, 1)]
+            # Written at 201, never delivered: the partition moves first.
+            accept = m.fetch_request(0, 0, acks=[(0, 4, (ACCEPT,))])
+            accept.deadline_ms = 0  # its member stopped waiting: no reply
+            log.records[201] = protocol.encode(accept)
+            leader.revoke({0})
+            fresh = ShareLeader(cluster.server, TOPIC, cluster.tables[TOPIC])
+            fresh.assign({0}, 2)
+            await fresh.send_fences()
+            replies = len(cluster.bus.sent)
+            fence = cluster.bus.sent[-1][2]
+            await fresh.handle(0, 202, fence)  # Faust resumes past 201
+            assert log.asked == [(fetch_topic, 0, 201, 202)]
+            assert fresh.fencing.is_live(0)
+            engine = fresh.partitions[("g", 0)].engine
+            assert engine.start_offset == 5  # the ACCEPT applied
+            assert len(cluster.bus.sent) == replies
+            # Delivered in order from here: nothing is read back again.
+            await m.fetch(0, 10, handler=fresh.handle, offset=203)
+            assert len(log.asked) == 1
+
+    with capture_logs() as logs:
+        run(scenario())
+    replayed = events(logs, "skipped_requests_replayed")
+    assert [(e["first"], e["last"], e["requests"]) for e in replayed] == [(201, 201, 1)]
+
+
 def test_a_new_leader_restores_the_state_with_acquired_records_still_locked() -> None:
     """KIP-932 "Managing durable share-partition state": a new leader on the same table
     restores the SPSO and the in-flight records (``share_partition_restored``, next state

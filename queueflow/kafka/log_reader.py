@@ -1,0 +1,69 @@
+"""Reading a range of a partition's records by offset, outside any consumer group.
+
+A new share-partition leader uses it to read the requests its predecessor never handled (see
+:meth:`queueflow.server.leader.ShareLeader.handle`): Faust resumes a request partition from
+its committed offset, which a rebalance can leave past requests nobody applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTopicPartition
+
+from queueflow.kafka.config import KafkaClientConfig
+
+__all__ = ["LogRangeReader"]
+
+
+class LogRangeReader:
+    """Reads ``[start, end)`` of one partition with a group-less consumer made for the read.
+
+    Args:
+        kafka: the cluster.
+        timeout_s: how long one read may take in all (s); what was read by then is returned.
+    """
+
+    def __init__(self, kafka: KafkaClientConfig, timeout_s: float = 10.0) -> None:
+        self.kafka = kafka
+        self.timeout_s = timeout_s
+
+    async def read(
+        self, topic: str, partition: int, start: int, end: int
+    ) -> list[tuple[int, bytes]]:
+        """The records of ``topic[partition]`` with ``start <= offset < end``, in order, as
+        ``(offset, value)``; records without a value are left out, and so are offsets already
+        deleted by retention.
+
+        Raises:
+            aiokafka.errors.KafkaError: the consumer could not start (the broker is down).
+        """
+        if end <= start:
+            return []
+        tp = KafkaTopicPartition(topic, partition)
+        consumer = AIOKafkaConsumer(
+            **self.kafka.client_kwargs(), enable_auto_commit=False, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        out: list[tuple[int, bytes]] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, start)
+            position = start
+            while position < end and loop.time() < deadline:
+                wait_ms = max(int(min(0.5, deadline - loop.time()) * 1000), 1)
+                batch = await consumer.getmany(tp, timeout_ms=wait_ms)
+                for record in batch.get(tp, []):
+                    position = record.offset + 1
+                    if record.offset >= end:
+                        break
+                    if record.value is not None:
+                        out.append((record.offset, record.value))
+                if not batch:  # offsets without records (retention, markers) are skipped
+                    position = max(position, await consumer.position(tp))
+        finally:
+            await consumer.stop()
+        return out
