@@ -23,6 +23,7 @@ import collections
 import contextlib
 import functools
 import os
+import signal
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -35,7 +36,7 @@ import prometheus_client
 import structlog
 
 from queueflow import logging as qf_logging
-from queueflow.engine.fencing import MembershipLease
+from queueflow.engine.fencing import MembershipLease, RecoveryWatch
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
 from queueflow.kafka.config import KafkaClientConfig
@@ -440,6 +441,7 @@ class ShareGroups:
         self._offsets = LogOffsets(self.kafka)
         self._metadata = TopicMetadata(self.kafka)
         self._runtime = FaustRuntime(app)
+        self._recovery_watch = RecoveryWatch(self.settings.recovery_stall_ms)
         self.server_context = ServerContext(
             namespace=self.namespace,
             settings=self.settings,
@@ -623,6 +625,33 @@ class ShareGroups:
             await leader.watch_stalls(now)
         if self.endpoint is not None:
             await self.endpoint.announce()
+        await self._watch_recovery(now)
+
+    async def _watch_recovery(self, now: int) -> None:
+        """Stop the worker when Faust's table recovery makes no progress for
+        ``queueflow.leader.recovery.stall.ms`` (see :class:`RecoveryWatch`): it would keep
+        its partitions and serve nothing; stopped, its partitions move to another worker."""
+        recovery = cast(Any, self.app.tables).recovery  # TableManager's, not in its interface
+        remaining = recovery.active_remaining_total() if recovery.in_recovery else 0
+        stalled = self._recovery_watch.check(bool(recovery.in_recovery), remaining, now)
+        if stalled is None:
+            return
+        log.error(
+            "leader_recovery_stalled",
+            stalled_ms=stalled,
+            remaining=remaining,
+            note="Faust's table recovery made no progress: stopping this worker so that its "
+            "partitions move to another; restart it",
+        )
+        # Marked crashed, the worker exits non-zero (a supervisor restarts it); the SIGTERM
+        # stops it now, gracefully (Faust acts on a crash only once it has started).
+        await self.app.crash(
+            RuntimeError(
+                f"table recovery made no progress for {stalled} ms with {remaining} changelog "
+                "records left (queueflow.leader.recovery.stall.ms); restart the worker"
+            )
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         self._runtime.lease.reset()  # the next generation proves itself by a heartbeat

@@ -271,6 +271,17 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="every worker and member",
     ),
     Setting(
+        "recovery_stall_ms",
+        "queueflow.leader.recovery.stall.ms",
+        60000,
+        0,
+        3600000,
+        doc="How long (ms) Faust's table recovery may go without restoring a changelog record "
+        "before the worker stops (leader_recovery_stalled) so that its partitions move to "
+        "another; 0: never.",
+        read_by="leader",
+    ),
+    Setting(
         "shutdown_timeout_ms",
         "queueflow.shutdown.timeout.ms",
         30000,
@@ -432,6 +443,7 @@ class ShareGroupSettings:
     request_timeout_ms: int = int_default("request_timeout_ms")
     join_timeout_ms: int = int_default("join_timeout_ms")
     broker_wait_ms: int = int_default("broker_wait_ms")
+    recovery_stall_ms: int = int_default("recovery_stall_ms")
     shutdown_timeout_ms: int = int_default("shutdown_timeout_ms")
     fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")
     leader_listener: str = str_default("leader_listener")

@@ -29,6 +29,11 @@ queueflow's state lives in the leader's own Faust table, so the arbiter is Kafka
   last heartbeat it accepted, so a heartbeat *sent* at t and answered OK proves membership
   until t + session timeout. :class:`MembershipLease` tracks that, and the direct path serves
   only within it, minus a margin, and never parks a request past its end.
+* **Recovery watch.** A worker must restore its tables before it can send its fence. Faust's
+  table recovery has been seen to hang after the worker was frozen: it waits for changelog
+  records that never come, so the worker keeps its partitions and serves nothing, for good.
+  :class:`RecoveryWatch` notices recovery making no progress, and the worker stops, so that
+  Faust moves its partitions to another.
 
 A superseded leader's writes from before the fence carry its old state epoch, and delta keys
 include the state epoch (:func:`~queueflow.protocol.state_codec.delta_key`), so replay never
@@ -44,7 +49,7 @@ from dataclasses import dataclass
 
 from queueflow.errors import FencedStateEpochError
 
-__all__ = ["FenceOutcome", "LeaderFencing", "Leadership", "MembershipLease"]
+__all__ = ["FenceOutcome", "LeaderFencing", "Leadership", "MembershipLease", "RecoveryWatch"]
 
 
 class FenceOutcome(enum.Enum):
@@ -240,3 +245,32 @@ class MembershipLease:
         if self._proof is None or self._proof[0] != generation:
             return 0
         return self._proof[1] + self.session_timeout_ms - self.margin_ms - now_ms
+
+
+class RecoveryWatch:
+    """Tells when the host's table recovery has made no progress for ``limit_ms``.
+
+    Args:
+        limit_ms: how long (ms) recovery may go without restoring a record (0: never stalled;
+            ``queueflow.leader.recovery.stall.ms``).
+    """
+
+    def __init__(self, limit_ms: int) -> None:
+        if limit_ms < 0:
+            raise ValueError(f"limit_ms must be >= 0, got {limit_ms}")
+        self.limit_ms = limit_ms
+        self._since: int | None = None  # when the remaining count last changed (ms)
+        self._remaining: int | None = None
+
+    def check(self, in_recovery: bool, remaining: int, now_ms: int) -> int | None:
+        """Feed one observation: whether recovery runs and how many changelog records it has
+        left. Returns how long (ms) it has been stuck at ``remaining`` once that reaches the
+        limit, else ``None``."""
+        if not in_recovery or not self.limit_ms:
+            self._since = self._remaining = None
+            return None
+        if self._since is None or remaining != self._remaining:
+            self._since, self._remaining = now_ms, remaining
+            return None
+        stalled = now_ms - self._since
+        return stalled if stalled >= self.limit_ms else None

@@ -18,6 +18,7 @@ from queueflow.kafka.config import KafkaClientConfig
 
 __all__ = [
     "TopicMetadata",
+    "create_topic_hint",
     "ensure_topic",
     "existing_partition_counts",
     "partition_counts",
@@ -127,11 +128,20 @@ async def topic_partition_counts(config: KafkaClientConfig, names: Iterable[str]
         await admin.close()
 
 
+def create_topic_hint(name: str, bootstrap: str) -> str:
+    """How to create topic ``name``: the command queueflow ships (Kafka's own tool through
+    the jars it already has), and Kafka's script for those who have it."""
+    return (
+        f"`queueflow broker tool topics --bootstrap-server {bootstrap} --create --topic {name} "
+        "--partitions N` (or kafka-topics.sh with the same arguments)"
+    )
+
+
 def unknown_topic_error(name: str, bootstrap: str) -> ConfigurationError:
     """The error for a source topic that does not exist: it says how to create it."""
     return ConfigurationError(
-        f"unknown topic {name!r} on {bootstrap}: create it first (e.g. "
-        f"`kafka-topics.sh --create --topic {name} --partitions N`), or fix the name"
+        f"unknown topic {name!r} on {bootstrap}: create it first with "
+        f"{create_topic_hint(name, bootstrap)}, or fix the name"
     )
 
 

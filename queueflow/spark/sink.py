@@ -81,7 +81,7 @@ from pyspark.sql.types import (
 )
 
 from queueflow.errors import ConfigurationError
-from queueflow.kafka.admin import topic_partition_counts
+from queueflow.kafka.admin import create_topic_hint, topic_partition_counts
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.options import KafkaOptions, lower_options
 
@@ -305,8 +305,8 @@ class _Sink:
             source = "option 'topic'" if self.topic is not None else "column 'topic'"
             raise ConfigurationError(
                 f"unknown topic {topic!r} (from the {source}) on {self.kafka.bootstrap}: create "
-                f"it first (e.g. `kafka-topics.sh --create --topic {topic} --partitions N`), or "
-                "fix the name; the queueflow sink never creates topics"
+                f"it first with {create_topic_hint(topic, self.kafka.bootstrap)}, or fix the "
+                "name; the queueflow sink never creates topics"
             )
         return counts
 

@@ -142,3 +142,22 @@ def test_restart_keeps_topics(local_broker: LocalBroker | None, kafka_bootstrap:
     assert topic in asyncio.run(_list_topics(kafka_bootstrap))
     if has_native_share_groups():
         assert finalized_features(kafka_bootstrap)["share.version"] >= 1
+
+
+@pytest.mark.native_share_groups
+@pytest.mark.timeout(120)
+def test_tool_exits_1_when_a_kafka_admin_command_reports_an_error(kafka_bootstrap: str) -> None:
+    """Kafka's share-group command prints ``Error: ...`` and exits 0 for an unknown group;
+    ``queueflow broker tool`` exits 1 then, and passes its output on."""
+    from click.testing import CliRunner
+
+    from queueflow.devtools.cli import cli
+
+    missing = f"qf-no-such-group-{uuid.uuid4().hex[:8]}"
+    runner = CliRunner()
+    tool = ["broker", "tool", "share-groups", "--bootstrap-server", kafka_bootstrap]
+    failed = runner.invoke(cli, [*tool, "--describe", "--group", missing])
+    assert failed.exit_code == 1, failed.output
+    assert "Error:" in failed.output and missing in failed.output
+    listed = runner.invoke(cli, [*tool, "--list"])
+    assert listed.exit_code == 0, listed.output

@@ -109,6 +109,28 @@ def test_share_agent_outcomes(
     assert _sample(metrics, "queueflow_handler_errors_total", raised) == RECORDS // 5
 
 
+def test_a_worker_whose_table_recovery_stalls_stops_and_says_why(
+    kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+) -> None:
+    """A worker whose Faust table recovery makes no progress for
+    ``queueflow.leader.recovery.stall.ms`` would keep its partitions and serve nothing: it
+    stops, with a non-zero exit and ``leader_recovery_stalled``, so its partitions move."""
+    topic = topic_factory(1)
+    with agent_worker(
+        "tests.integration.stalled_recovery_app", topic, kafka_bootstrap, tmp_path
+    ) as (
+        worker,
+        _ledger,
+        log,
+        _web_port,
+    ):
+        code = worker.wait(timeout=90)
+    text = log.read_text()
+    assert code != 0, text[-2000:]
+    assert "leader_recovery_stalled" in text
+    assert "restart the worker" in text
+
+
 def test_records_whose_lock_expired_in_the_queue_are_not_handled(
     kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:

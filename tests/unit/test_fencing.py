@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from queueflow.engine import AcknowledgementBatch, AcknowledgeType, SharePartitionConfig
-from queueflow.engine.fencing import FenceOutcome, LeaderFencing, MembershipLease
+from queueflow.engine.fencing import FenceOutcome, LeaderFencing, MembershipLease, RecoveryWatch
 from queueflow.errors import ErrorCode, FencedStateEpochError
 from queueflow.server.durable import DurableSharePartition, delta_key
 
@@ -204,3 +204,25 @@ def test_membership_lease_lasts_a_session_from_the_newest_ok_heartbeat_send() ->
 def test_membership_lease_margin_must_be_below_the_session(margin_ms: int) -> None:
     with pytest.raises(ValueError, match="margin_ms must be in"):
         MembershipLease(session_timeout_ms=10_000, margin_ms=margin_ms)
+
+
+def test_recovery_watch_reports_recovery_stuck_at_the_same_remaining_count() -> None:
+    """Faust's table recovery stuck waiting for changelog records (seen after a worker was
+    frozen) is reported once it has made no progress for the limit; progress, or the end of
+    recovery, starts the count again."""
+    watch = RecoveryWatch(limit_ms=1000)
+    assert watch.check(True, 8, 0) is None
+    assert watch.check(True, 8, 999) is None
+    assert watch.check(True, 8, 1000) == 1000
+    assert watch.check(True, 7, 1500) is None  # a record restored: progress
+    assert watch.check(True, 7, 2400) is None
+    assert watch.check(True, 7, 2600) == 1100
+    assert watch.check(False, 0, 2700) is None  # recovered
+    assert watch.check(True, 3, 5000) is None  # the next recovery counts afresh
+    assert watch.check(True, 3, 5999) is None
+    assert RecoveryWatch(0).check(True, 8, 10**9) is None  # 0: never
+
+
+def test_recovery_watch_refuses_a_negative_limit() -> None:
+    with pytest.raises(ValueError, match="limit_ms"):
+        RecoveryWatch(-1)

@@ -54,11 +54,17 @@ from queueflow.devtools.broker.locations import (
 from queueflow.devtools.broker.maven import kafka_libs
 from queueflow.devtools.broker.ports import PortInUseError, find_free_ports
 from queueflow.devtools.broker.probe import SHARE_VERSION, finalized_features, is_serving
-from queueflow.devtools.broker.tools import DEFAULT_TOOL_JVM_OPTS, TOOL_ALIASES, run_kafka_tool
+from queueflow.devtools.broker.tools import (
+    ADMIN_TOOLS,
+    DEFAULT_TOOL_JVM_OPTS,
+    TOOL_ALIASES,
+    run_kafka_tool,
+)
 from queueflow.devtools.broker.topics import create_topic
 from queueflow.errors import BrokerError
 
 __all__ = [
+    "ADMIN_TOOLS",
     "DEFAULT_BROKER_JVM_OPTS",
     "DEFAULT_TOOL_JVM_OPTS",
     "ENV_BROKER",

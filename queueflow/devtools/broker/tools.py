@@ -16,7 +16,13 @@ from queueflow.devtools.broker.logtail import LOG_TAIL_LINES, as_text, tail_text
 from queueflow.devtools.broker.maven import kafka_libs
 from queueflow.errors import BrokerError
 
-__all__ = ["DEFAULT_TOOL_JVM_OPTS", "TOOL_ALIASES", "log4j_option", "run_kafka_tool"]
+__all__ = [
+    "ADMIN_TOOLS",
+    "DEFAULT_TOOL_JVM_OPTS",
+    "TOOL_ALIASES",
+    "log4j_option",
+    "run_kafka_tool",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +43,12 @@ TOOL_ALIASES: Mapping[str, str] = {
     "storage": "kafka.tools.StorageTool",
     "topics": "org.apache.kafka.tools.TopicCommand",
 }
+
+#: The admin commands among them: they finish on their own and report errors as an
+#: ``Error: ...`` line (mostly with exit status 0).
+ADMIN_TOOLS: frozenset[str] = frozenset(
+    TOOL_ALIASES[name] for name in ("configs", "features", "groups", "share-groups", "topics")
+)
 
 # Log4j2 configuration of short-lived tool JVMs: warnings and errors to stderr only.
 _TOOLS_LOG4J2 = """\

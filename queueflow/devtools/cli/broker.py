@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from queueflow.devtools.broker import (
+    ADMIN_TOOLS,
     ENV_BROKER,
     TOOL_ALIASES,
     LocalBroker,
@@ -185,11 +186,21 @@ def tool(timeout_s: float | None, main_class: str, args: tuple[str, ...]) -> Non
     Short names: see `queueflow broker tool --help`.
     """
     _setup_logging()
+    # Kafka's admin commands (kafka-share-groups.sh ...) print "Error: ..." and exit 0 on most
+    # failures: their output is read here, and such an error exits 1. Other tools (consoles,
+    # perf tests) stream their output as it comes.
+    admin = TOOL_ALIASES.get(main_class, main_class) in ADMIN_TOOLS
     try:
-        proc = run_kafka_tool(main_class, list(args), timeout_s=timeout_s, capture_output=False)
+        proc = run_kafka_tool(main_class, list(args), timeout_s=timeout_s, capture_output=admin)
     except BrokerError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    if admin:
+        click.echo(proc.stdout, nl=False)
+        click.echo(proc.stderr, nl=False, err=True)
+        failed = any(line.startswith("Error:") for line in (proc.stdout + proc.stderr).splitlines())
+        if failed and proc.returncode == 0:
+            sys.exit(1)
     sys.exit(proc.returncode)
 
 

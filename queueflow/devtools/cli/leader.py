@@ -43,7 +43,12 @@ def leader(
     web_port: int,
     loglevel: str,
 ) -> None:
-    """Lead the share groups of APP on TOPICs (replaces this process with a Faust worker)."""
+    """Lead the share groups of APP on TOPICs (replaces this process with a Faust worker).
+
+    A new share group starts at share.auto.offset.reset, which is `latest` unless
+    QUEUEFLOW_SHARE_AUTO_OFFSET_RESET=earliest is set: records produced before the group's first
+    member joined are then never delivered.
+    """
     broker = broker or f"kafka://{bootstrap_from_env() or 'localhost:9092'}"
     datadir = datadir or Path(".queueflow") / f"{app_id}-leader"
     env = dict(
