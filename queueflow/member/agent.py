@@ -288,7 +288,7 @@ class ShareAgent:
         self._in_flight: dict[TopicPartition, list[float]] = {}
         self._outcome_recorded = asyncio.Event()
         self._long_polled: dict[TopicPartition, bool] = {}
-        # Share-partitions whose last ShareFetch acquired nothing (see _fetch_limit).
+        # Share-partitions whose last ShareFetch acquired nothing (see _reserve).
         self._idle_partitions: set[TopicPartition] = set()
         self._idle_polls: dict[TopicPartition, asyncio.Lock] = {}  # one long poll at a time
         self._tasks: set[asyncio.Task[None]] = set()
