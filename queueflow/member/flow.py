@@ -83,8 +83,8 @@ class FlowControl:
 
         Such a fetch reserves no room (it mostly waits at the leader, and must not wait for
         room behind a busy share-partition): what it delivers is counted afterwards
-        (:meth:`take`). Every fetch loop answered at once with this many records adds at most
-        half of :attr:`high_water`, and at least one record each.
+        (:meth:`take`). Even if every fetch loop were answered at once with this many records,
+        they would add at most half of :attr:`high_water` (at least one record each).
         """
         return max(self.high_water // (2 * max(fetches, 1)), 1)
 
