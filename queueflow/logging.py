@@ -178,7 +178,7 @@ class RepeatLimiter(logging.Filter):
                     f"{record.getMessage()} ({int(window[2])} similar lines suppressed in the "
                     f"last {now - window[0]:.1f} s)"
                 )
-                record.args = None
+                record.args = ()  # None: some formatters (mode's) turn it into (None,)
             return True
         if window[1] < self.per_second:
             window[1] += 1

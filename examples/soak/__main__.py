@@ -92,14 +92,16 @@ def proc_rss_fds(pid: int | None) -> tuple[int, int] | None:
 
 
 def tree_bytes(path: Path, match: str | None = None) -> int:
-    """Bytes of the files under ``path`` (only in directories whose name contains ``match``)."""
+    """Bytes on disk of the files under ``path`` (only in directories whose name contains
+    ``match``): allocated blocks, not sizes, since Kafka preallocates 10 MiB sparse index
+    files for each active segment, which would hide the logs' own growth."""
     total = 0
     for root, _dirs, files in os.walk(path):
         if match is not None and match not in root:
             continue
         for name in files:
             with contextlib.suppress(OSError):  # a file RocksDB or Kafka just deleted
-                total += os.stat(os.path.join(root, name)).st_size
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
     return total
 
 

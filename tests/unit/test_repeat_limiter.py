@@ -69,3 +69,21 @@ def test_limit_client_logs_covers_aiokafka_loggers_once() -> None:
     # aiokafka.client logs as "aiokafka"; a logger's filters don't see its children's records
     for name in ("aiokafka", "aiokafka.conn"):
         assert logging.getLogger(name).filters.count(limiter) == 1, name
+
+
+def test_the_summary_line_formats_under_faust_s_log_formatter() -> None:
+    """Faust workers format records with mode's formatter, which wraps non-tuple ``args``
+    (``None`` became ``(None,)`` and the summary line a "--- Logging error ---" traceback,
+    seen in a chaos run): the summary keeps a tuple."""
+    from mode.utils.logging import ExtensionFormatter
+
+    clock = Clock()
+    limiter = RepeatLimiter(per_second=1, clock=clock)
+    assert limiter.filter(record()) and not limiter.filter(record())
+    clock.now += 1.5
+    summary = record()
+    assert limiter.filter(summary)
+    text = ExtensionFormatter(fmt="%(message)s").format(summary)
+    assert text == (
+        "Unable connect to node with id 1: refused (1 similar lines suppressed in the last 1.5 s)"
+    )
