@@ -357,16 +357,18 @@ class ShareAgent:
                 await self.session.start()
                 break
             except ShareGroupError as exc:
+                retry = exc.code is ErrorCode.REQUEST_TIMED_OUT and not self._stopping
+                if retry:  # said first: closing the clients may be slow with the broker gone
+                    self._log.error(
+                        "share_agent_join_failed",
+                        topic=self.topic_name,
+                        error=str(exc),
+                        note="trying again; a worker of the app with role 'all' or 'leader' "
+                        "must be running",
+                    )
                 await self.session.close(leave=False)
-                if exc.code is not ErrorCode.REQUEST_TIMED_OUT or self._stopping:
+                if not retry:
                     raise
-                self._log.error(
-                    "share_agent_join_failed",
-                    topic=self.topic_name,
-                    error=str(exc),
-                    note="trying again; a worker of the app with role 'all' or 'leader' must "
-                    "be running",
-                )
         worker = self._batch_worker if self.batch else self._worker
         self._workers = [self._spawn(worker(i)) for i in range(self.concurrency)]
         self._spawn(self._supervise())

@@ -23,6 +23,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.protocol.auth import ControlAuth
@@ -132,10 +133,10 @@ class KafkaMemberTransport:
                 await self._reader
             self._reader = None
         if self._replies is not None:
-            await self._replies.stop()
+            await stop_quietly("member reply consumer", self._replies.stop)
             self._replies = None
         if self._producer is not None:
-            await self._producer.stop()
+            await stop_quietly("member producer", self._producer.stop)
             self._producer = None
 
 
