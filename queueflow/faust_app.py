@@ -442,6 +442,7 @@ class ShareGroups:
         self._metadata = TopicMetadata(self.kafka)
         self._runtime = FaustRuntime(app)
         self._recovery_watch = RecoveryWatch(self.settings.recovery_stall_ms)
+        self._stopping_stalled = False
         self.server_context = ServerContext(
             namespace=self.namespace,
             settings=self.settings,
@@ -634,8 +635,9 @@ class ShareGroups:
         recovery = cast(Any, self.app.tables).recovery  # TableManager's, not in its interface
         remaining = recovery.active_remaining_total() if recovery.in_recovery else 0
         stalled = self._recovery_watch.check(bool(recovery.in_recovery), remaining, now)
-        if stalled is None:
+        if stalled is None or self._stopping_stalled:
             return
+        self._stopping_stalled = True  # once: the stall guard goes on ticking while it stops
         log.error(
             "leader_recovery_stalled",
             stalled_ms=stalled,

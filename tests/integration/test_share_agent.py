@@ -127,7 +127,7 @@ def test_a_worker_whose_table_recovery_stalls_stops_and_says_why(
         code = worker.wait(timeout=90)
     text = log.read_text()
     assert code != 0, text[-2000:]
-    assert "leader_recovery_stalled" in text
+    assert text.count("leader_recovery_stalled") == 1  # once, though the guard ticks on
     assert "restart the worker" in text
 
 
