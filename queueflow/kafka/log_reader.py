@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.lifecycle import stop_quietly
 
 __all__ = ["LogRangeReader"]
 
@@ -45,7 +46,11 @@ class LogRangeReader:
         consumer = AIOKafkaConsumer(
             **self.kafka.client_kwargs(), enable_auto_commit=False, auto_offset_reset="earliest"
         )
-        await consumer.start()
+        try:
+            await consumer.start()
+        except BaseException:
+            await stop_quietly("request log reader", consumer.stop)
+            raise
         out: list[tuple[int, bytes]] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
@@ -65,5 +70,5 @@ class LogRangeReader:
                 if not batch:  # offsets without records (retention, markers) are skipped
                     position = max(position, await consumer.position(tp))
         finally:
-            await consumer.stop()
+            await stop_quietly("request log reader", consumer.stop)
         return out
