@@ -19,7 +19,10 @@ runs past its deadline          cancelled; RELEASE, with an error log line
 A handler call's deadline is its record's acquisition lock deadline minus a margin (a tenth of
 the lock duration, between two acknowledgement lingers and 1 s), or ``handler_timeout_ms``
 after it started when that is sooner. A call still running then is cancelled and its record
-RELEASEd while the lock still holds, so the leader can deliver it again at once. When
+RELEASEd while the lock still holds, so the leader can deliver it again at once. A record
+whose lock ends within that margin when a handler is free is not started at all: it is RELEASEd
+unhandled (log ``acquisition_lock_expired_before_handling``), because its outcome would reach
+the leader after the lock elapsed and the record would be handled twice. When
 ``handler_timeout_ms`` is set and the group allows RENEW (``share.renew.acknowledge.enable``,
 KIP-1222), the lock no longer bounds the call: a lock margin before it elapses the agent RENEWs
 the call's records (log ``handler_locks_renewed``), as often as needed, and the call is
@@ -53,8 +56,9 @@ returns anything else (wrong length or type)       RELEASE, as an invalid per-re
 =================================================  ===============================================
 
 Records that can't be decoded are REJECTed before the call and left out of ``records``, and
-records whose acquisition lock expired while queued are released unhandled, both exactly as on
-the per-record path (the handler is not called when none is left).
+records whose acquisition lock expired (or ends within the margin) while queued are released
+unhandled, both exactly as on the per-record path (the handler is not called when none is
+left).
 """
 
 from __future__ import annotations
@@ -604,7 +608,11 @@ class ShareAgent:
         if delivered > 0:
             self._idle_partitions.discard(tp)
         else:
-            self._idle_partitions.add(tp)
+            # Idle only if it asked for records and found none: a fetch that only carried
+            # acknowledgements (no room) says nothing, and marking the share-partition idle
+            # then let its other loop acquire outside the room again and again.
+            if want > 0 and delivered == 0:
+                self._idle_partitions.add(tp)
             # The loops woken by room just freed reserve first (they wait in order).
             await asyncio.sleep(0)
 
@@ -709,7 +717,7 @@ class ShareAgent:
                 await queued.wait()
                 continue
             record = queue.popleft()
-            if record.lock_deadline <= clock.monotonic():
+            if self._too_late(record, clock.monotonic()):
                 self._lock_expired_unhandled(record)
                 continue
             self._busy += 1
@@ -722,10 +730,18 @@ class ShareAgent:
                 if self._stopping and not self._busy:
                     self._idle.set()
 
+    def _too_late(self, record: ShareRecord, now: float) -> bool:
+        """True if ``record``'s acquisition lock ends within the lock margin of monotonic time
+        ``now`` (s): a handler starting now would be cancelled at once, or finish with its
+        outcome reaching the leader after the lock elapsed (the record then goes to another
+        member as well: a duplicate)."""
+        return record.lock_deadline - self._lock_margin_s() <= now
+
     def _lock_expired_unhandled(self, record: ShareRecord) -> None:
-        """The record's acquisition lock expired while it waited for a handler: the leader may
-        have delivered it to another member already, so don't process it; RELEASE it (refused
-        harmlessly if the leader expired the lock first)."""
+        """The record's acquisition lock expired, or would within the lock margin, while it
+        waited for a handler: the leader may have delivered it to another member already, or
+        would before its outcome arrived, so don't process it; RELEASE it (refused harmlessly
+        if the leader expired the lock first)."""
         self.stats.lock_expired += 1
         self._lock_expired.inc()
         self._acknowledge(record, AcknowledgeType.RELEASE)
@@ -988,11 +1004,11 @@ class ShareAgent:
         released unhandled and undecodable ones REJECTed, as on the per-record path."""
         now = self.ctx.clock.monotonic()
         decode = self.decode
-        if decode is None and all(record.lock_deadline > now for record in batch):
+        if decode is None and not any(self._too_late(record, now) for record in batch):
             return batch  # the common case: no new list
         admitted: list[ShareRecord] = []
         for record in batch:
-            if record.lock_deadline <= now:
+            if self._too_late(record, now):
                 self._lock_expired_unhandled(record)
                 continue
             if decode is not None:

@@ -84,9 +84,11 @@ class FlowControl:
         Such a fetch reserves no room (it mostly waits at the leader, and must not wait for
         room behind a busy share-partition): what it delivers is counted afterwards
         (:meth:`take`). Even if every fetch loop were answered at once with this many records,
-        they would add at most half of :attr:`high_water` (at least one record each).
+        they would add at most half of :attr:`high_water`; and no more than the room left, but
+        at least one record each (an idle share-partition is never starved by a busy one).
         """
-        return max(self.high_water // (2 * max(fetches, 1)), 1)
+        share = self.high_water // (2 * max(fetches, 1))
+        return max(min(share, self.high_water - self.outstanding), 1)
 
     def release(self, count: int) -> bool:
         """Give back ``count`` reserved records (handled, or never acquired).

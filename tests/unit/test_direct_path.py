@@ -13,6 +13,7 @@ from inprocess_helpers import TOPIC, events, eventually, run
 from structlog.testing import capture_logs
 
 from queueflow.errors import ErrorCode
+from queueflow.member.agent import ShareAgent
 from queueflow.member.direct import DirectClient, DirectPathError
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
@@ -365,6 +366,38 @@ def test_an_idle_partition_s_long_polls_do_not_starve_another_partition_s_record
                     lambda n=total + 1: len(handled) == n, f"round {round_}: the single record"
                 )
             await agent.stop()
+
+    run(scenario())
+
+
+def test_only_a_fetch_that_asked_for_records_and_got_none_makes_its_share_partition_idle() -> None:
+    """A ShareFetch sent with no room (it only carries acknowledgements) finds no records by
+    design. Taking that for an idle share-partition let its other fetch loop long-poll outside
+    the room again and again: in the chaos run of 2026-11-25 a member held 406 records against
+    a high water of 83, and their locks expired while queued."""
+
+    async def scenario() -> None:
+        async def handler(record: Any) -> None:
+            pass
+
+        cluster = direct_cluster()
+        agent = ShareAgent(cluster.member_context, handler, TOPIC, "g")
+        answers: list[int] = []
+
+        async def reserve(tp: TopicPartition, idle: bool) -> int:
+            return answers.pop(0)
+
+        async def fetch_once(tp: TopicPartition, want: int, max_wait_ms: int | None) -> int:
+            return 0  # no records
+
+        agent._reserve = reserve  # type: ignore[method-assign]
+        agent._fetch_once = fetch_once  # type: ignore[method-assign]
+        answers.append(0)  # no room: acknowledgements only
+        await agent._fetch_round(TP, idle=False)
+        assert TP not in agent._idle_partitions
+        answers.append(5)  # asked for 5, got none: idle
+        await agent._fetch_round(TP, idle=False)
+        assert TP in agent._idle_partitions
 
     run(scenario())
 

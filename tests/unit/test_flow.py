@@ -47,6 +47,17 @@ def test_slow_handlers_get_small_batches_that_finish_within_half_the_lock() -> N
     assert flow.high_water == 8
 
 
+def test_an_idle_share_partition_s_fetch_takes_a_share_of_the_room_left_but_at_least_one() -> None:
+    flow = FlowControl(concurrency=2, max_poll_records=500, lock_s=30.0)
+    flow.handler_s = 0.001
+    high = flow.high_water
+    assert flow.idle_fetch_limit(fetches=4) == high // 8  # a share while the room is free
+    flow.take(high - 3)
+    assert flow.idle_fetch_limit(fetches=4) == 3  # no more than the room left
+    flow.take(10)  # over the room (idle fetches already delivered)
+    assert flow.idle_fetch_limit(fetches=4) == 1  # still one: never starved by a busy one
+
+
 def test_backoff_doubles_on_empty_answers_up_to_its_limit_and_resets_on_records() -> None:
     backoff = Backoff(initial_s=0.005, idle_max_s=0.02, error_max_s=1.0)
     waits = []

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -225,6 +226,45 @@ def test_a_record_past_its_lock_deadline_is_released_unhandled() -> None:
         expired = run(scenario())
     assert handled[0] == 0 and expired >= 1
     assert events(logs, "acquisition_lock_expired_before_handling")
+
+
+def test_a_record_whose_lock_ends_within_the_margin_is_released_unhandled() -> None:
+    """A queued record whose acquisition lock ends within the lock margin when a handler is
+    free is not started: its outcome would reach the leader after the lock elapsed and the
+    record would be handled twice (the chaos run's duplicates of 2026-11-25). ``concurrency=1``
+    keeps 2 records acquired: record 1 waits while record 0's handler runs until record 1 has
+    half a margin left."""
+    clock = FakeClock()
+    proceed = asyncio.Event()
+    handled: list[tuple[int, int]] = []
+    agents: list[queueflow.ShareAgent] = []
+
+    async def handler(record: queueflow.ShareRecord) -> None:
+        handled.append((record.offset, record.delivery_count))
+        if record.offset == 0:
+            await proceed.wait()
+            margin_ms = agents[0]._lock_margin_s() * 1000
+            clock.advance(1000 - margin_ms / 2)
+
+    async def scenario() -> dict[str, int]:
+        async with cluster_with(2, clock=clock) as cluster:
+            agent = await cluster.agent(handler, TOPIC, "g", concurrency=1, lock_duration_ms=1000)
+            agents.append(agent)
+            await eventually(
+                lambda: handled == [(0, 1)] and agent.stats.delivered == 2,
+                "record 0 in the handler, record 1 queued",
+            )
+            proceed.set()
+            await eventually(lambda: agent.stats.lock_expired == 1, "record 1 released")
+            await agent.stop()
+            return agent.stats.as_dict()
+
+    with capture_logs() as logs:
+        stats = run(scenario())
+    assert (1, 1) not in handled  # its first delivery was never handled
+    assert stats["lock_expired"] == 1
+    (line,) = events(logs, "acquisition_lock_expired_before_handling")
+    assert (line["offset"], line["delivery_count"]) == (1, 1)
 
 
 def test_a_leader_that_reads_a_newer_fence_steps_down_and_writes_nothing() -> None:
