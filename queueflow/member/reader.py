@@ -21,6 +21,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.protocol import messages as protocol
 from queueflow.structs import ShareRecord, TopicPartition
 
@@ -271,7 +272,7 @@ class PartitionReader:
             self._warming.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._warming
-        await self.consumer.stop()
+        await stop_quietly("member record reader", self.consumer.stop)
 
     async def read(
         self, acquired: list[protocol.WireAcquired], timeout_ms: int

@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.structs import TopicPartition
 
 __all__ = ["LOG_END_REFRESH_S", "LOG_END_WATCH_S", "LogOffsets"]
@@ -140,7 +141,7 @@ class LogOffsets:
             await arrivals.close()
         self._arrivals.clear()
         if self._consumer is not None:
-            await self._consumer.stop()
+            await stop_quietly("log offsets consumer", self._consumer.stop)
         self._consumer = None
 
 
@@ -221,8 +222,7 @@ class _Arrivals:
     async def _drop_consumer(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            with contextlib.suppress(Exception):
-                await consumer.stop()
+            await stop_quietly("log end watch consumer", consumer.stop)
 
     async def close(self) -> None:
         if self._task is not None:

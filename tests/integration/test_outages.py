@@ -7,24 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
 from queueflow import ShareConsumer
-from queueflow.devtools.broker import create_topic, find_free_ports
+from queueflow.devtools.broker import LocalBroker, create_topic, find_free_ports
 from queueflow.errors import BrokerError, ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.startup import wait_for_broker
 from queueflow.protocol import topics as internal
-from queueflow.testing import LeaderWorker
+from queueflow.testing import LeaderWorker, WorkerProcess, faust_worker_argv, produce
 
+ROOT = Path(__file__).resolve().parents[2]
 JOIN_TIMEOUT_MS = 3000
 
 
@@ -182,3 +184,77 @@ def test_a_worker_started_before_its_broker_waits_for_it(
         worker.stop()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_a_broker_outage_during_a_member_worker_s_join(
+    kafka_bootstrap: str, local_broker: LocalBroker | None, tmp_path: Path
+) -> None:
+    """Two member workers are still joining (no leader worker yet) when the broker stops. Each
+    waits for the broker with back-off (``broker_unreachable``): the one whose
+    ``queueflow.broker.wait.ms`` runs out first exits with a non-zero status and says why; the
+    other rides the outage out and handles every record once the broker and a leader worker
+    are back. In a `make chaos` run of 2026-11-25 such a worker exited with status 0 instead,
+    saying nothing (a ``CancelledError`` out of a client's ``stop()``, now logged as
+    ``client_stop_failed``)."""
+    if local_broker is None:
+        pytest.skip("stops the broker: needs the session's local broker")
+    topic = f"qf-join-outage-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 1)
+    asyncio.run(produce(kafka_bootstrap, topic, [json.dumps({"i": i}) for i in range(10)]))
+    ledger = tmp_path / "ledger.jsonl"
+    env = {
+        "AGENT_APP_ID": f"qf-join-outage-{uuid.uuid4().hex[:8]}",
+        "AGENT_TOPIC": topic,
+        "AGENT_BROKER": f"kafka://{kafka_bootstrap}",
+        "AGENT_LEDGER": str(ledger),
+        "QUEUEFLOW_MEMBER_JOIN_TIMEOUT_MS": str(JOIN_TIMEOUT_MS),
+    }
+
+    def worker(name: str, role: str, **extra: str) -> WorkerProcess:
+        argv = faust_worker_argv("tests.integration.agent_app", tmp_path / f"data-{name}")
+        log = tmp_path / f"{name}.log"
+        return WorkerProcess(argv, log, env | {"QUEUEFLOW_ROLE": role} | extra, cwd=ROOT)
+
+    leader = worker("leader", "leader")
+    patient = worker("patient", "member")  # the default wait: 60 s
+    brief = worker("brief", "member", QUEUEFLOW_BROKER_WAIT_MS="3000")
+    leader.start().wait_ready(90, what="leader worker")  # creates the app's internal topics
+    leader.stop()
+    patient.start()
+    brief.start()
+
+    def until(done: Callable[[], bool], what: str, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            assert patient.alive(), f"the patient member exited:\n{patient.log_tail()}"
+            assert time.monotonic() < deadline, f"{what}:\n{patient.log_tail()}"
+            time.sleep(0.2)
+
+    try:
+        until(
+            lambda: (
+                bool(patient.events("share_agent_join_failed"))
+                and bool(brief.events("share_agent_join_failed"))
+            ),
+            "a first join failed on both (no leader worker)",
+        )
+        local_broker.stop(timeout_s=60)
+        try:
+            until(lambda: not brief.alive(), "the brief member gave up", timeout_s=60)
+            until(lambda: len(patient.events("broker_unreachable")) >= 2, "the patient waits")
+        finally:
+            local_broker.start(timeout_s=120)
+        assert brief.process is not None and brief.process.returncode != 0, brief.log_tail()
+        assert "no Kafka broker answered" in brief.log_text(), brief.log_tail()
+        leader.start().wait_ready(90, what="leader worker")
+
+        def handled() -> set[int]:
+            lines = ledger.read_text().splitlines() if ledger.exists() else []
+            return {json.loads(line)["i"] for line in lines}
+
+        until(lambda: handled() == set(range(10)), "every record handled")
+        assert patient.events("broker_reachable"), patient.log_tail()
+    finally:
+        brief.stop()
+        patient.stop()
+        leader.stop()
