@@ -31,8 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from queueflow.admin import ShareGroupAdmin
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import Handler, ShareAgent
 from queueflow.member.consumer import ShareConsumer
 from queueflow.member.context import MemberContext
@@ -410,3 +412,39 @@ class InProcessCluster:
         share-partition, or None before its first request."""
         durable = self.leaders[topic].partitions.get((group, partition))
         return None if durable is None else durable.engine
+
+    # -- admin -----------------------------------------------------------------------------
+    def admin(self, timeout_ms: int = 5000) -> ShareGroupAdmin:
+        """A :class:`~queueflow.admin.ShareGroupAdmin` whose write requests and offset
+        lookups go to this cluster (its reads of changelogs need Kafka and are not served)."""
+        return ShareGroupAdmin(
+            self.namespace,
+            KafkaClientConfig("in-process:0"),
+            timeout_ms,
+            settings=self.settings,
+            transport=lambda admin_id: _Transport(self.bus, admin_id),
+            offsets=_Offsets(self),
+            clock=self.clock,
+        )
+
+
+class _Offsets:
+    """The in-memory partitions' offsets (:class:`~queueflow.admin.OffsetLookup`)."""
+
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: 0 for tp in tps}
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: len(self.cluster.records[TopicPartition(*tp)]) for tp in tps}
+
+    async def offsets_for_times(
+        self, tps: list[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        out: dict[TopicPartition, int | None] = {}
+        for tp in tps:
+            log = self.cluster.records[TopicPartition(*tp)]
+            out[tp] = next((i for i, r in enumerate(log) if r.timestamp >= timestamp_ms), None)
+        return out
