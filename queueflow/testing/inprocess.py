@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from queueflow.admin import ShareGroupAdmin
+from queueflow.admin import ShareGroupAdmin, groups_changelog, state_changelog
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
@@ -415,9 +415,11 @@ class InProcessCluster:
 
     # -- admin -----------------------------------------------------------------------------
     def admin(self, timeout_ms: int = 5000) -> ShareGroupAdmin:
-        """A :class:`~queueflow.admin.ShareGroupAdmin` whose write requests and offset
-        lookups go to this cluster (its reads of changelogs need Kafka and are not served)."""
-        return ShareGroupAdmin(
+        """A :class:`~queueflow.admin.ShareGroupAdmin` of this cluster: its write requests go
+        to the coordinator on the bus, its reads of the changelogs read the in-memory tables,
+        and its offset lookups the in-memory partitions."""
+        return _InProcessAdmin(
+            self,
             self.namespace,
             KafkaClientConfig("in-process:0"),
             timeout_ms,
@@ -426,6 +428,31 @@ class InProcessCluster:
             offsets=_Offsets(self),
             clock=self.clock,
         )
+
+
+class _InProcessAdmin(ShareGroupAdmin):
+    """:class:`~queueflow.admin.ShareGroupAdmin` reading the in-memory tables as changelogs."""
+
+    def __init__(self, cluster: InProcessCluster, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cluster = cluster
+
+    async def _read(self, topic: str, required: bool) -> dict[bytes, bytes]:
+        cluster = self.cluster
+        if topic == groups_changelog(cluster.namespace):
+            return dict(cluster.tables["groups"])
+        for name in cluster.topics:
+            if topic == state_changelog(cluster.namespace, name):
+                return dict(cluster.tables[name])
+        if required:
+            raise ConfigurationError(f"no changelog {topic!r} in the in-process cluster")
+        return {}
+
+    async def _log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: len(self.cluster.records[TopicPartition(*tp)]) for tp in tps}
+
+    async def _existing(self, names: list[str]) -> dict[str, int]:
+        return {n: self.cluster.topics[n] for n in names if n in self.cluster.topics}
 
 
 class _Offsets:

@@ -212,7 +212,9 @@ def test_delete_group_removes_its_metadata_and_state() -> None:
             await finish(cluster, "other")
             result = await cluster.admin().delete_share_groups(["g", "nope"])
             assert result["g"] is None
-            assert result["nope"] is not None and result["nope"].code is ErrorCode.GROUP_ID_NOT_FOUND
+            assert (
+                result["nope"] is not None and result["nope"].code is ErrorCode.GROUP_ID_NOT_FOUND
+            )
             assert b"g" not in cluster.tables["groups"] and "g" not in cluster.coordinator.groups
             assert durable_spso(cluster, 0) is None and durable_spso(cluster, 1) is None
             assert durable_spso(cluster, 0, "other") == 2  # another group is untouched
