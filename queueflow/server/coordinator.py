@@ -82,6 +82,8 @@ class ShareGroupCoordinator:
         """Forget groups whose coordinator partition moved away."""
         for group_id in [g for g in self.groups if topics.coordinator_partition(g) in partitions]:
             del self.groups[group_id]
+        for group_id in [g for g in self.pending if topics.coordinator_partition(g) in partitions]:
+            del self.pending[group_id]  # its leaders' answers now go to the new coordinator
 
     async def handle(self, partition: int, offset: int, value: bytes) -> None:
         """Handle one record of the coordinator topic (``partition``, ``offset``: its position).
@@ -132,7 +134,7 @@ class ShareGroupCoordinator:
         if self._last_event_ms and gap > 2 * expected_gap_ms:
             for group in self.groups.values():
                 group.touch_all(now)
-        self._expire_pending(now)
+        await self._expire_pending(now)
         if isinstance(message, protocol.ResetSharePartitionResult):
             await self._on_reset_result(message)
             return
@@ -305,6 +307,18 @@ class ShareGroupCoordinator:
         """Check an admin request and forward it to the share-partitions' leaders (see the
         module docstring); refusals are answered at once and change nothing."""
         response = protocol.AdminResponse(message.admin_id, message.request_id)
+        if message.deadline_ms and now > message.deadline_ms:
+            # Read again after a restart or rebalance (Faust resumes from its committed offset),
+            # or read late: its admin has given up, and applying it now could discard what
+            # members did since.
+            log.warning(
+                "share_group_admin_expired",
+                group=message.group,
+                kind=message.kind,
+                admin_id=message.admin_id,
+                late_ms=now - message.deadline_ms,
+            )
+            return
         try:
             group = await self._admin_group(message.group, now)
             if isinstance(message, protocol.AlterShareGroupOffsetsRequest):
@@ -475,19 +489,38 @@ class ShareGroupCoordinator:
         )
         await self._answer_admin(request.admin_id, request.reply_partition, response)
 
-    def _expire_pending(self, now: int) -> None:
-        """Give up on admin requests past their deadline (joins are allowed again; the leaders
-        refuse a reset they read later). The admin times out on its own."""
+    async def _expire_pending(self, now: int) -> None:
+        """Give up on admin requests past their deadline: joins are allowed again (the leaders
+        refuse a reset they read later), and the admin is told which share-partitions'
+        leaders did not answer (``REQUEST_TIMED_OUT``) and what the others did."""
         for group_id, pending in list(self.pending.items()):
-            if now > pending.deadline_ms:
-                del self.pending[group_id]
-                log.warning(
-                    "share_group_admin_timed_out",
-                    group=group_id,
-                    operation=pending.operation,
-                    admin_id=pending.request.admin_id,
-                    unanswered=sorted(f"{t}[{p}]" for t, p in pending.waiting),
-                )
+            if now <= pending.deadline_ms:
+                continue
+            del self.pending[group_id]
+            unanswered = sorted(f"{t}[{p}]" for t, p in pending.waiting)
+            log.warning(
+                "share_group_admin_timed_out",
+                group=group_id,
+                operation=pending.operation,
+                admin_id=pending.request.admin_id,
+                unanswered=unanswered,
+            )
+            request = pending.request
+            response = protocol.AdminResponse(
+                request.admin_id,
+                request.request_id,
+                error=ErrorCode.REQUEST_TIMED_OUT.value,
+                error_message=(
+                    f"the {pending.operation} of share group {group_id!r} timed out: the "
+                    f"leaders of {', '.join(unanswered)} did not answer (is a worker leading "
+                    "them?); they will not apply it now. " + _applied(pending)
+                ),
+                results=[
+                    (t, p, r.error, r.error_message, r.start_offset)
+                    for (t, p), r in sorted(pending.results.items())
+                ],
+            )
+            await self._answer_admin(request.admin_id, request.reply_partition, response)
 
     async def _answer_admin(
         self, admin_id: str, reply_partition: int, response: protocol.AdminResponse
@@ -495,6 +528,13 @@ class ShareGroupCoordinator:
         await send_reply(
             self.ctx, admin_id, reply_partition, self.auth.seal(protocol.encode(response))
         )
+
+
+def _applied(pending: _PendingAdmin) -> str:
+    done = sorted(
+        f"{t}[{p}]" for (t, p), r in pending.results.items() if r.error == ErrorCode.NONE.value
+    )
+    return f"Applied to: {', '.join(done)}." if done else "Nothing was applied."
 
 
 #: How long (ms) an admin request without a deadline holds joins back at most.

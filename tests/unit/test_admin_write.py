@@ -289,13 +289,17 @@ def test_joins_are_refused_while_a_reset_is_pending_and_allowed_after() -> None:
 
 
 def test_a_pending_request_past_its_deadline_lets_joins_in_again() -> None:
+    """No leader answers (none leads the partition): at the deadline the coordinator lets joins
+    in again and tells the admin which leaders did not answer; nothing was deleted. A request
+    read after its deadline (replayed after a restart) is dropped, not applied."""
     clock = FakeClock()
 
     async def scenario() -> None:
         async with cluster_with(2, clock=clock) as cluster:
             await finish(cluster)
-            del cluster.bus.handlers[topics.fetch_topic(cluster.namespace, TOPIC)]
             cluster.bus.handlers[topics.fetch_topic(cluster.namespace, TOPIC)] = _ignore
+            replies: list[protocol.Message] = []
+            cluster.bus.members[b"a"] = lambda data: replies.append(protocol.decode(data))
             request = protocol.DeleteShareGroupRequest(
                 group="g", admin_id="a", request_id=1, reply_partition=0,
                 deadline_ms=clock.now_ms() + 1000,
@@ -304,8 +308,19 @@ def test_a_pending_request_past_its_deadline_lets_joins_in_again() -> None:
             assert "g" in cluster.coordinator.pending
             clock.advance(1001)
             await cluster.tick()
+            await asyncio.sleep(0)
             assert "g" not in cluster.coordinator.pending
             assert "g" in cluster.coordinator.groups  # not deleted: no leader answered
+            (answer,) = replies
+            assert isinstance(answer, protocol.AdminResponse)
+            assert answer.error == ErrorCode.REQUEST_TIMED_OUT.value
+            assert f"leaders of {TOPIC}[0] did not answer" in answer.error_message
+            assert "Nothing was applied" in answer.error_message
+            sent = len(cluster.bus.sent)
+            await cluster.coordinator.handle(0, 100, protocol.encode(request))  # replayed
+            await settle(cluster)
+            assert "g" not in cluster.coordinator.pending and len(cluster.bus.sent) == sent
+            assert len(replies) == 1
 
     run(scenario())
 
