@@ -898,6 +898,20 @@ class _KafkaAdminTransport:
     async def start(self, on_reply: ReplyHandler) -> None:
         """Start the producer and the reply consumer, at the reply partition's end (so every
         answer to a request sent afterwards is read)."""
+        tp = KafkaTopicPartition(topics.reply_topic(self.app_id), self.reply_partition)
+        admin = admin_client(self.kafka)
+        await admin.start()
+        try:
+            needed = [tp.topic, topics.coordinator_topic(self.app_id)]
+            missing = sorted(set(needed) - set(await existing_partition_counts(admin, needed)))
+        finally:
+            await admin.close()
+        if missing:  # sending would create it (auto-create) and nobody would answer
+            raise ConfigurationError(
+                f"no share-group coordinator for app {self.app_id!r}: topic(s) "
+                f"{', '.join(missing)} do not exist; check the app id (the Faust app's id) and "
+                "that a worker of the app has run"
+            )
         self._producer = AIOKafkaProducer(
             **self.kafka.client_kwargs(self.client_id), linger_ms=0, acks="all"
         )
@@ -909,13 +923,6 @@ class _KafkaAdminTransport:
             fetch_max_wait_ms=200,
         )
         await self._replies.start()
-        tp = KafkaTopicPartition(topics.reply_topic(self.app_id), self.reply_partition)
-        existing = await self._replies.partitions_for_topic(tp.topic)
-        if not existing:
-            raise ConfigurationError(
-                f"topic {tp.topic!r} does not exist: no worker of app {self.app_id!r} has run "
-                "(check the app id)"
-            )
         self._replies.assign([tp])
         await self._replies.seek_to_end(tp)
         await self._replies.position(tp)

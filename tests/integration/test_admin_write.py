@@ -18,7 +18,7 @@ from queueflow import ACCEPT, RELEASE, ShareConsumer, ShareRecord
 from queueflow.admin import ShareGroupAdmin
 from queueflow.devtools.broker import create_topic
 from queueflow.devtools.cli import cli
-from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
 from queueflow.testing import LeaderWorker
@@ -241,3 +241,24 @@ async def _equal(value: Awaitable[Any], expected: Any, subset: bool = False) -> 
     if subset:
         return all(got.get(k) == v for k, v in expected.items())
     return bool(got == expected)
+
+
+def test_a_wrong_app_id_fails_fast_and_creates_nothing(kafka_bootstrap: str) -> None:
+    admin = ShareGroupAdmin("qf-typo-w", KafkaClientConfig(kafka_bootstrap), 10_000)
+    with pytest.raises(ConfigurationError, match="no share-group coordinator for app 'qf-typo-w'"):
+        asyncio.run(admin.delete_share_group_offsets("g", ["t"]))
+    refused = run_cli("--bootstrap-server", kafka_bootstrap, "--app", "qf-typo-w", "--delete",
+                      "--group", "g")  # fmt: skip
+    assert refused.exit_code == 1 and "no share-group coordinator" in refused.output
+    assert asyncio.run(_no_topics(kafka_bootstrap, "qf-typo-w"))
+
+
+async def _no_topics(bootstrap: str, prefix: str) -> bool:
+    from queueflow.kafka.admin import admin_client
+
+    admin = admin_client(KafkaClientConfig(bootstrap))
+    await admin.start()
+    try:
+        return not [t for t in await admin.list_topics() if t.startswith(prefix)]
+    finally:
+        await admin.close()
