@@ -520,3 +520,40 @@ def test_admin_messages_round_trip_on_the_wire() -> None:
     for message in messages:
         assert protocol.decode(protocol.encode(message)) == message
         assert protocol.decode_binary(protocol.encode_binary(message)) == message
+
+
+@given(
+    ops=st.lists(st.tuples(st.integers(1, 5), st.sampled_from(["accept", "release", "reject"])),
+                 max_size=12),
+    target=st.integers(0, 80),
+    snapshot_every=st.integers(0, 3),
+)  # fmt: skip
+def test_a_reset_survives_a_takeover_whatever_came_before(
+    ops: list[tuple[int, str]], target: int, snapshot_every: int
+) -> None:
+    """Whatever records were delivered and acknowledged, a reset persisted through the durable
+    state is what a new leader restores: SPSO = SPEO = target, nothing in flight."""
+    from queueflow.engine.partition import AcknowledgementBatch, SharePartitionConfig
+    from queueflow.structs import AcknowledgeType
+
+    config = SharePartitionConfig(max_in_flight_records=1000, delivery_count_limit=3)
+    table: dict[bytes, bytes] = {}
+    durable = DurableSharePartition.create(table, "g", TOPIC, 0, config, snapshot_every, 0)
+    kinds = {"accept": AcknowledgeType.ACCEPT, "release": AcknowledgeType.RELEASE,
+             "reject": AcknowledgeType.REJECT}  # fmt: skip
+    for count, outcome in ops:
+        for a in durable.engine.acquire("m", count, 50, 0):
+            n = a.last_offset - a.first_offset + 1
+            batch = AcknowledgementBatch(a.first_offset, a.last_offset, (kinds[outcome],) * n)
+            durable.engine.acknowledge("m", [batch], 0)
+        durable.persist()
+    durable.engine.reset_start_offset(target)
+    durable.persist()
+    restored = DurableSharePartition.load(dict(table), "g", TOPIC, 0, config, snapshot_every)
+    assert restored is not None
+    engine = restored.engine
+    assert (engine.start_offset, engine.end_offset, engine.in_flight_count) == (target, target, 0)
+    got = engine.acquire("m2", 100, target + 3, 0)
+    assert [(a.first_offset, a.last_offset, a.delivery_count) for a in got] == [
+        (target, target + 2, 1)
+    ]
