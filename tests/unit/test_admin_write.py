@@ -557,3 +557,20 @@ def test_a_reset_survives_a_takeover_whatever_came_before(
     assert [(a.first_offset, a.last_offset, a.delivery_count) for a in got] == [
         (target, target + 2, 1)
     ]
+
+
+def test_a_revoked_coordinator_partition_forgets_its_pending_requests() -> None:
+    async def scenario() -> None:
+        async with cluster_with(2) as cluster:
+            await finish(cluster)
+            cluster.bus.handlers[topics.fetch_topic(cluster.namespace, TOPIC)] = _ignore
+            request = protocol.DeleteShareGroupRequest(
+                group="g", admin_id="a", request_id=1, reply_partition=0,
+                deadline_ms=cluster.clock.now_ms() + 10_000,
+            )  # fmt: skip
+            await cluster.coordinator.handle(0, 100, protocol.encode(request))
+            assert "g" in cluster.coordinator.pending
+            cluster.coordinator.revoke({topics.coordinator_partition("g")})
+            assert cluster.coordinator.pending == {}
+
+    run(scenario())

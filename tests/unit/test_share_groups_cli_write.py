@@ -152,3 +152,16 @@ def test_delete_offsets_and_delete_print_kafka_s_messages() -> None:
             assert json.loads(text)["nope"]["error"] == "GROUP_ID_NOT_FOUND" and not ok
 
     run(scenario())
+
+
+def test_delete_all_groups_deletes_every_empty_group() -> None:
+    async def scenario() -> None:
+        async with cluster_with(2) as cluster:
+            await finished_group(cluster, "g")
+            await finished_group(cluster, "h")
+            admin = cluster.admin()
+            text, ok = await command._delete(admin, None, False)
+            assert ok and text == "Deletion of requested share groups ('g', 'h') was successful."
+            assert await admin.list_groups() == []
+
+    run(scenario())
