@@ -1,10 +1,25 @@
-"""Share-group administration: list groups, describe them and their offsets (issue #14).
+"""Share-group administration: list, describe, reset and delete share groups (issue #14).
 
-The read side of Kafka's Admin share-group calls (notes §7.2): :meth:`ShareGroupAdmin.list_groups`
+Kafka's Admin share-group calls (notes §7.2). The read side: :meth:`ShareGroupAdmin.list_groups`
 (``listGroups`` with the share filter), :meth:`ShareGroupAdmin.describe_groups`
 (``describeShareGroups``) and :meth:`ShareGroupAdmin.list_offsets` (``listShareGroupOffsets``,
-with KIP-1226 lag). ``queueflow share-groups`` (:mod:`queueflow.devtools.cli.share_groups`) prints
-them like ``kafka-share-groups.sh``.
+with KIP-1226 lag). The write side: :meth:`ShareGroupAdmin.alter_share_group_offsets`
+(``alterShareGroupOffsets``), :meth:`ShareGroupAdmin.delete_share_group_offsets`
+(``deleteShareGroupOffsets``) and :meth:`ShareGroupAdmin.delete_share_groups`
+(``deleteShareGroups``), with :meth:`ShareGroupAdmin.resolve_offsets` to turn ``--to-earliest``,
+``--to-latest``, ``--to-datetime``, ``--by-duration`` and ``--to-offset`` into offsets.
+``queueflow share-groups`` (:mod:`queueflow.devtools.cli.share_groups`) prints them like
+``kafka-share-groups.sh``.
+
+Writes never touch the changelogs: the coordinator owns group membership and the share-partition
+leaders own share-partition state, so the admin sends a request to the coordinator on
+``<app>-share-coordinator`` and reads the answer on ``<app>-share-replies`` (keyed by its admin
+id), as members do. The coordinator refuses a group with members (``NON_EMPTY_GROUP``), an
+unknown group (``GROUP_ID_NOT_FOUND``) or topic (``UNKNOWN_TOPIC_OR_PARTITION``), changing
+nothing; otherwise it forwards the request to the leaders, which reset or delete the state
+through the engine and persist it like any other change. How the race with a member joining
+meanwhile is closed: see :mod:`queueflow.server.coordinator`. A running worker of the app (role
+``all`` or ``leader``) is needed.
 
 queueflow keeps share-group state in Faust tables, so the admin reads what the coordinator and
 the leaders wrote there, from the tables' compacted changelogs: ``<app>-share-groups-changelog``
@@ -18,32 +33,47 @@ the producer's linger). It needs no running worker, and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
+import random
+import re
 import time
+import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
+from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.engine.group import ShareGroup
 from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.protocol import group_codec, topics
+from queueflow.protocol import messages as protocol
+from queueflow.protocol.auth import ControlAuth
 from queueflow.protocol.state_codec import decode_state, parse_state_key
+from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
 
 __all__ = [
+    "AdminTransport",
     "MemberDescription",
+    "OffsetLookup",
+    "OffsetSpec",
     "ShareGroupAdmin",
     "ShareGroupDescription",
     "ShareGroupListing",
     "SharePartitionOffsets",
     "describe_json",
     "groups_changelog",
+    "parse_datetime",
+    "parse_duration",
     "state_changelog",
 ]
 
@@ -138,27 +168,433 @@ class SharePartitionOffsets:
     error: str | None = None
 
 
+#: Called with the raw bytes of each reply addressed to the admin.
+ReplyHandler = Callable[[bytes], None]
+
+
+class AdminTransport(Protocol):
+    """Carries the admin's requests to the coordinator and its answers back (the shape of a
+    member's transport, :class:`queueflow.member.transport.MemberTransport`).
+
+    Attributes:
+        reply_partition: the reply-topic partition the admin reads.
+    """
+
+    reply_partition: int
+
+    async def start(self, on_reply: ReplyHandler) -> None:
+        """Connect; from now on call ``on_reply(bytes)`` for each reply keyed by the admin."""
+        ...
+
+    async def send(self, topic: str, partition: int, payload: bytes) -> None:
+        """Append one request record to ``topic[partition]``."""
+        ...
+
+    async def close(self) -> None:
+        """Disconnect (idempotent)."""
+        ...
+
+
+class OffsetLookup(Protocol):
+    """Log offsets of source partitions (aiokafka's consumer calls of the same names)."""
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Log start offset per partition."""
+        ...
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Log end offset (high watermark) per partition."""
+        ...
+
+    async def offsets_for_times(
+        self, tps: list[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        """The first offset whose timestamp is >= ``timestamp_ms`` (ms since the epoch), or
+        None when there is none."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetSpec:
+    """Where to reset share-partitions to, resolved by :meth:`ShareGroupAdmin.resolve_offsets`
+    (the scenarios of ``kafka-share-groups.sh --reset-offsets`` plus ``kafka-consumer-groups.sh``'s
+    ``--by-duration`` and ``--to-offset``).
+
+    Build with :meth:`earliest`, :meth:`latest`, :meth:`at` (a datetime or ms since the epoch),
+    :meth:`ago` (an ISO-8601 duration such as ``PT1H`` or a :class:`datetime.timedelta`) or
+    :meth:`exact`.
+
+    Attributes:
+        kind: ``earliest``, ``latest``, ``timestamp``, ``duration`` or ``offset``.
+        value: ms since the epoch (``timestamp``), ms (``duration``), the offset (``offset``).
+    """
+
+    kind: str
+    value: int = 0
+
+    @classmethod
+    def earliest(cls) -> OffsetSpec:
+        """The log start offset (``--to-earliest``)."""
+        return cls("earliest")
+
+    @classmethod
+    def latest(cls) -> OffsetSpec:
+        """The log end offset (``--to-latest``): only records produced later are delivered."""
+        return cls("latest")
+
+    @classmethod
+    def at(cls, when: dt.datetime | int | str) -> OffsetSpec:
+        """The first offset with a timestamp at or after ``when`` (``--to-datetime``): an aware
+        datetime (a naive one is UTC), ms since the epoch, or text for :func:`parse_datetime`.
+
+        Raises:
+            ConfigurationError: text that :func:`parse_datetime` refuses.
+        """
+        if isinstance(when, str):
+            return cls("timestamp", parse_datetime(when))
+        if isinstance(when, dt.datetime):
+            aware = when if when.tzinfo is not None else when.replace(tzinfo=dt.timezone.utc)
+            return cls("timestamp", int(aware.timestamp() * 1000))
+        return cls("timestamp", int(when))
+
+    @classmethod
+    def ago(cls, duration: dt.timedelta | str) -> OffsetSpec:
+        """The first offset with a timestamp at or after now minus ``duration``
+        (``--by-duration``): a timedelta or an ISO-8601 duration (:func:`parse_duration`).
+
+        Raises:
+            ConfigurationError: a malformed or negative duration.
+        """
+        ms = (
+            parse_duration(duration)
+            if isinstance(duration, str)
+            else int(duration.total_seconds() * 1000)
+        )
+        if ms < 0:
+            raise ConfigurationError(f"duration {duration!r} is negative; give a duration ago")
+        return cls("duration", ms)
+
+    @classmethod
+    def exact(cls, offset: int) -> OffsetSpec:
+        """``offset``, clamped to the log's start and end offsets (``--to-offset``, as
+        ``kafka-consumer-groups.sh`` clamps it).
+
+        Raises:
+            ConfigurationError: ``offset`` is negative.
+        """
+        if offset < 0:
+            raise ConfigurationError(f"offset must be >= 0, got {offset}")
+        return cls("offset", offset)
+
+
+_DATETIME = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(Z|[+-]\d{2}(?::?\d{2})?)?"
+)
+
+
+def parse_datetime(text: str) -> int:
+    """Parse ``kafka-share-groups.sh --to-datetime``'s ``YYYY-MM-DDThh:mm:ss.sss`` into ms since
+    the epoch.
+
+    As Kafka's ``Utils.getDateTime``: a time without a zone is UTC; a zone is ``Z``, ``±hh``,
+    ``±hhmm`` or ``±hh:mm``. The fraction of a second is optional (1 to 9 digits; below a
+    millisecond is dropped).
+
+    Raises:
+        ConfigurationError: anything else (the message shows the expected format).
+    """
+    m = _DATETIME.fullmatch(text.strip())
+    problem = "" if m else "expected YYYY-MM-DDThh:mm:ss.sss, optionally with Z or ±hh:mm"
+    if m:
+        year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+        fraction, zone = m.group(7) or "", m.group(8)
+        tz = dt.timezone.utc
+        if zone and zone != "Z":
+            digits = zone[1:].replace(":", "")
+            hours, minutes = int(digits[:2]), int(digits[2:] or 0)
+            if hours > 18 or minutes > 59:
+                problem = f"zone offset {zone} is out of range"
+            else:
+                delta = dt.timedelta(hours=hours, minutes=minutes)
+                tz = dt.timezone(delta if zone[0] == "+" else -delta)
+        if not problem:
+            try:
+                when = dt.datetime(year, month, day, hour, minute, second, tzinfo=tz)
+            except ValueError as exc:
+                problem = str(exc)
+            else:
+                return int(when.timestamp()) * 1000 + int((fraction + "000")[:3])
+    raise ConfigurationError(f"cannot parse datetime {text!r}: {problem}")
+
+
+_DURATION = re.compile(
+    r"([-+]?)P(?:([-+]?\d+)D)?"
+    r"(T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_duration(text: str) -> int:
+    """Parse an ISO-8601 duration as Java's ``Duration.parse`` (which ``--by-duration`` uses):
+    ``PnDTnHnMn.nS``, e.g. ``PT1H``, ``P1DT2H30M``, ``PT0.5S``, ``-PT10M``; returns ms
+    (rounded towards zero below a millisecond).
+
+    Days are 24 hours; there are no years or months. Signs may precede the whole and each
+    number; at least one part must be given, and a ``T`` must be followed by one.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or not any(m.group(i) is not None for i in (2, 4, 5, 6)) or m.group(3) == "T":
+        raise ConfigurationError(
+            f"cannot parse duration {text!r}: expected an ISO-8601 duration PnDTnHnMn.nS "
+            "(e.g. PT1H, P1DT12H, PT30M, PT0.5S)"
+        )
+    sign, days, _, hours, minutes, seconds, fraction = m.groups()
+    total_ns = (
+        int(days or 0) * 86_400_000_000_000
+        + int(hours or 0) * 3_600_000_000_000
+        + int(minutes or 0) * 60_000_000_000
+        + int(seconds or 0) * 1_000_000_000
+    )
+    if fraction:
+        nanos = int((fraction + "000000000")[:9])
+        total_ns += -nanos if (seconds or "").startswith("-") else nanos
+    if sign == "-":
+        total_ns = -total_ns
+    ms = abs(total_ns) // 1_000_000
+    return -ms if total_ns < 0 else ms
+
+
 class ShareGroupAdmin:
-    """Read-only share-group administration of one queueflow app.
+    """Share-group administration of one queueflow app.
 
     Args:
         app_id: the app id (Faust's ``id``) whose internal topics hold the groups.
         config: how to reach the cluster (bootstrap servers and security settings).
-        timeout_ms: how long one call may take to read the changelogs (ms).
+        timeout_ms: how long one call may take (ms): to read the changelogs, or to get a write
+            request answered.
+        settings: share-group settings; only ``queueflow.auth.mode`` / ``.secret`` are used
+            (write requests are signed like the app's workers' messages). Default: from the
+            environment (:meth:`~queueflow.settings.ShareGroupSettings.load`).
+        transport: how write requests reach the coordinator and answers come back, given the
+            admin id (default: Kafka, the app's coordinator and reply topics).
+        offsets: log offsets for :meth:`resolve_offsets` (default: a Kafka consumer).
+        clock: wall-clock time (request deadlines, ``--by-duration``).
 
-    Every call raises :class:`~queueflow.errors.ConfigurationError` when the app has no
+    Every read raises :class:`~queueflow.errors.ConfigurationError` when the app has no
     group table (a wrong app id, or no worker ever ran), and ``TimeoutError`` when a changelog
     cannot be read to its end within ``timeout_ms``.
     """
 
     def __init__(
-        self, app_id: str, config: KafkaClientConfig, timeout_ms: int = DEFAULT_TIMEOUT_MS
+        self,
+        app_id: str,
+        config: KafkaClientConfig,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        *,
+        settings: ShareGroupSettings | None = None,
+        transport: Callable[[str], AdminTransport] | None = None,
+        offsets: OffsetLookup | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not app_id:
             raise ConfigurationError("app_id must name the queueflow app (its Faust id)")
         self.app_id = app_id
         self.config = config
         self.timeout_ms = timeout_ms
+        self._settings = settings
+        self._transport = transport
+        self._offsets = offsets
+        self._clock = clock
+        self.admin_id = f"admin-{uuid.uuid4()}"
+        self._next_request = 0
+
+    # -- writes (alterShareGroupOffsets, deleteShareGroupOffsets, deleteShareGroups) ---------
+    async def alter_share_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, int]:
+        """Set the share-partition start offset (SPSO) of share-partitions of an empty group
+        (``Admin.alterShareGroupOffsets``; KIP-932 "Managing the SPSO and SPEO").
+
+        Each share-partition's in-flight records and delivery counts are discarded and its
+        SPSO (and SPEO) become the given offset: the group's next member is delivered records
+        from there. A share-partition without state yet is initialised at the offset.
+
+        Args:
+            group_id: the share group.
+            offsets: new SPSO (>= 0) per share-partition ``TopicPartition(topic, partition)``;
+                the topics must be ones the group has share-partitions of. See
+                :meth:`resolve_offsets` to compute them.
+
+        Returns:
+            The SPSO now, per share-partition.
+
+        Raises:
+            ShareGroupError: ``NON_EMPTY_GROUP`` (the group has members),
+                ``GROUP_ID_NOT_FOUND``, ``UNKNOWN_TOPIC_OR_PARTITION``, ``INVALID_REQUEST``
+                (a negative offset, or another admin request on the group in progress): nothing
+                changed. ``NON_EMPTY_GROUP`` naming share-partitions whose leader found
+                Acquired records (a member joined meanwhile): the others were reset.
+                ``REQUEST_TIMED_OUT``: no answer within ``timeout_ms`` (the message says
+                from what).
+        """
+        request = protocol.AlterShareGroupOffsetsRequest(
+            group=group_id,
+            admin_id=self.admin_id,
+            request_id=0,
+            reply_partition=0,
+            offsets=[(tp.topic, tp.partition, int(o)) for tp, o in sorted(offsets.items())],
+        )
+        response = await self._call(request, f"reset offsets of share group {group_id!r}")
+        return {TopicPartition(t, p): start for t, p, _e, _m, start in response.results}
+
+    async def delete_share_group_offsets(self, group_id: str, topics_: Iterable[str]) -> None:
+        """Delete the share-partition state of ``topics_`` for an empty group
+        (``Admin.deleteShareGroupOffsets``, KIP-932 DeleteShareGroupOffsets): the group no
+        longer has share-partitions of those topics; a member subscribing again starts from
+        ``share.auto.offset.reset``.
+
+        Raises:
+            ShareGroupError: as :meth:`alter_share_group_offsets`.
+        """
+        names = sorted(set(topics_))
+        if not names:
+            raise ConfigurationError("give at least one topic whose offsets to delete")
+        request = protocol.DeleteShareGroupOffsetsRequest(
+            group=group_id,
+            admin_id=self.admin_id,
+            request_id=0,
+            reply_partition=0,
+            topics=names,
+        )
+        await self._call(request, f"delete offsets of share group {group_id!r}")
+
+    async def delete_share_groups(
+        self, group_ids: Iterable[str]
+    ) -> dict[str, ShareGroupError | None]:
+        """Delete empty share groups: their metadata and the state of all their
+        share-partitions (``Admin.deleteShareGroups``). Each group is deleted on its own.
+
+        Returns:
+            Per group, in the order given: ``None`` if deleted, else why not (a
+            :class:`~queueflow.errors.ShareGroupError`: ``NON_EMPTY_GROUP``,
+            ``GROUP_ID_NOT_FOUND``, ``REQUEST_TIMED_OUT``...).
+        """
+        out: dict[str, ShareGroupError | None] = {}
+        for group_id in group_ids:
+            request = protocol.DeleteShareGroupRequest(
+                group=group_id, admin_id=self.admin_id, request_id=0, reply_partition=0
+            )
+            try:
+                await self._call(request, f"delete share group {group_id!r}")
+                out[group_id] = None
+            except ShareGroupError as exc:
+                out[group_id] = exc
+        return out
+
+    async def resolve_offsets(
+        self, partitions: Iterable[TopicPartition], spec: OffsetSpec
+    ) -> dict[TopicPartition, int]:
+        """The offsets ``spec`` names for each of ``partitions``, from the log (as
+        ``kafka-share-groups.sh --reset-offsets`` computes them): earliest/latest are the log
+        start/end offsets; a datetime or duration the first offset whose timestamp is at or
+        after it, or the log end when there is none; an exact offset is clamped to
+        [log start, log end].
+
+        Raises:
+            TimeoutError: the broker did not answer within ``timeout_ms``.
+        """
+        tps = sorted(set(partitions))
+        if not tps:
+            return {}
+        lookup = self._offsets
+        consumer = None
+        if lookup is None:
+            consumer = await self._consumer()
+            lookup = _KafkaOffsets(consumer)
+        try:
+            return await asyncio.wait_for(
+                self._resolve(lookup, tps, spec, self._clock.now_ms()), self.timeout_ms / 1000
+            )
+        finally:
+            if consumer is not None:
+                await consumer.stop()
+
+    @staticmethod
+    async def _resolve(
+        lookup: OffsetLookup, tps: list[TopicPartition], spec: OffsetSpec, now_ms: int
+    ) -> dict[TopicPartition, int]:
+        if spec.kind == "earliest":
+            return dict(await lookup.beginning_offsets(tps))
+        ends = await lookup.end_offsets(tps)
+        if spec.kind == "latest":
+            return dict(ends)
+        if spec.kind == "offset":
+            starts = await lookup.beginning_offsets(tps)
+            return {tp: min(max(spec.value, starts[tp]), ends[tp]) for tp in tps}
+        if spec.kind not in ("timestamp", "duration"):
+            raise ConfigurationError(f"unknown offset spec {spec.kind!r}")
+        when = spec.value if spec.kind == "timestamp" else now_ms - spec.value
+        found = await lookup.offsets_for_times(tps, max(when, 0))
+        return {tp: ends[tp] if found.get(tp) is None else int(found[tp] or 0) for tp in tps}
+
+    async def _call(
+        self,
+        request: protocol.AlterShareGroupOffsetsRequest
+        | protocol.DeleteShareGroupOffsetsRequest
+        | protocol.DeleteShareGroupRequest,
+        what: str,
+    ) -> protocol.AdminResponse:
+        """Send ``request`` to the group's coordinator and wait for its answer."""
+        self._next_request += 1
+        request.request_id = self._next_request
+        # The coordinator holds joins back until this deadline at most; leave time for its
+        # answer (it is checked on the coordinator's ticks).
+        request.deadline_ms = self._clock.now_ms() + self.timeout_ms * 3 // 4
+        settings = self._settings if self._settings is not None else ShareGroupSettings.load()
+        auth = ControlAuth(settings.auth_mode, settings.auth_secret, self.app_id, self.admin_id)
+        make = self._transport or (
+            lambda admin_id: _KafkaAdminTransport(self.config, self.app_id, admin_id)
+        )
+        transport = make(self.admin_id)
+        request.reply_partition = transport.reply_partition
+        answer: asyncio.Future[protocol.AdminResponse] = asyncio.get_running_loop().create_future()
+
+        def on_reply(data: bytes) -> None:
+            try:
+                reply = protocol.decode(auth.open(data))
+            except ShareGroupError:
+                return  # not for us, or forged: keep waiting
+            if (
+                isinstance(reply, protocol.AdminResponse)
+                and reply.request_id == request.request_id
+                and not answer.done()
+            ):
+                answer.set_result(reply)
+
+        coordinator = topics.coordinator_topic(self.app_id)
+        partition = topics.coordinator_partition(request.group)
+        try:
+            await asyncio.wait_for(transport.start(on_reply), self.timeout_ms / 1000)
+            await transport.send(coordinator, partition, auth.seal(protocol.encode(request)))
+            response = await asyncio.wait_for(answer, self.timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            raise ShareGroupError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"could not {what}: no answer from the share-group coordinator of app "
+                f"{self.app_id!r} ({coordinator}[{partition}]) within {self.timeout_ms} ms; is "
+                "a worker of the app (role all or leader) running? If one is, a "
+                "share-partition leader did not answer in time: the request may have been "
+                "applied to some share-partitions, check with --describe",
+            ) from None
+        finally:
+            await transport.close()
+        if response.error != ErrorCode.NONE.value:
+            raise ShareGroupError(ErrorCode(response.error), response.error_message)
+        return response
 
     async def list_groups(self, states: Iterable[str] | None = None) -> list[ShareGroupListing]:
         """Every share group of the app, ordered by id, optionally only those in ``states``
@@ -417,3 +853,105 @@ def describe_json(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): describe_json(v) for k, v in value.items()}
     return value
+
+
+class _KafkaOffsets:
+    """:class:`OffsetLookup` over an aiokafka consumer."""
+
+    def __init__(self, consumer: AIOKafkaConsumer) -> None:
+        self.consumer = consumer
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        found = await self.consumer.beginning_offsets([KafkaTopicPartition(*tp) for tp in tps])
+        return {TopicPartition(tp.topic, tp.partition): int(o) for tp, o in found.items()}
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        found = await self.consumer.end_offsets([KafkaTopicPartition(*tp) for tp in tps])
+        return {TopicPartition(tp.topic, tp.partition): int(o) for tp, o in found.items()}
+
+    async def offsets_for_times(
+        self, tps: list[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        found = await self.consumer.offsets_for_times(
+            {KafkaTopicPartition(*tp): timestamp_ms for tp in tps}
+        )
+        return {
+            TopicPartition(tp.topic, tp.partition): None if o is None else int(o.offset)
+            for tp, o in found.items()
+        }
+
+
+class _KafkaAdminTransport:
+    """The admin's requests as records on the coordinator topic; its answers read from one
+    reply-topic partition (as :class:`queueflow.member.transport.KafkaMemberTransport`)."""
+
+    def __init__(self, kafka: KafkaClientConfig, app_id: str, admin_id: str) -> None:
+        self.kafka = kafka
+        self.app_id = app_id
+        self._key = admin_id.encode()
+        self.client_id = f"{kafka.client_id}-admin"
+        self.reply_partition = random.randrange(topics.REPLY_PARTITIONS)
+        self._producer: AIOKafkaProducer | None = None
+        self._replies: AIOKafkaConsumer | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self, on_reply: ReplyHandler) -> None:
+        """Start the producer and the reply consumer, at the reply partition's end (so every
+        answer to a request sent afterwards is read)."""
+        tp = KafkaTopicPartition(topics.reply_topic(self.app_id), self.reply_partition)
+        admin = admin_client(self.kafka)
+        await admin.start()
+        try:
+            needed = [tp.topic, topics.coordinator_topic(self.app_id)]
+            missing = sorted(set(needed) - set(await existing_partition_counts(admin, needed)))
+        finally:
+            await admin.close()
+        if missing:  # sending would create it (auto-create) and nobody would answer
+            raise ConfigurationError(
+                f"no share-group coordinator for app {self.app_id!r}: topic(s) "
+                f"{', '.join(missing)} do not exist; check the app id (the Faust app's id) and "
+                "that a worker of the app has run"
+            )
+        self._producer = AIOKafkaProducer(
+            **self.kafka.client_kwargs(self.client_id), linger_ms=0, acks="all"
+        )
+        await self._producer.start()
+        self._replies = AIOKafkaConsumer(
+            **self.kafka.client_kwargs(self.client_id),
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=200,
+        )
+        await self._replies.start()
+        self._replies.assign([tp])
+        await self._replies.seek_to_end(tp)
+        await self._replies.position(tp)
+        self._reader = asyncio.create_task(self._read(on_reply), name="queueflow-admin-replies")
+
+    async def _read(self, on_reply: ReplyHandler) -> None:
+        assert self._replies is not None
+        while True:
+            batches = await self._replies.getmany(timeout_ms=500)
+            for messages in batches.values():
+                for message in messages:
+                    if message.key == self._key and message.value is not None:
+                        on_reply(message.value)
+
+    async def send(self, topic: str, partition: int, payload: bytes) -> None:
+        """Produce one request record (acks=all)."""
+        assert self._producer is not None, "start() was not called"
+        await self._producer.send_and_wait(topic, payload, key=self._key, partition=partition)
+
+    async def close(self) -> None:
+        """Stop the reply reader, the consumer and the producer."""
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader
+            self._reader = None
+        if self._replies is not None:
+            await stop_quietly("admin reply consumer", self._replies.stop)
+            self._replies = None
+        if self._producer is not None:
+            await stop_quietly("admin producer", self._producer.stop)
+            self._producer = None

@@ -11,6 +11,10 @@ ShareGroupHeartbeat          :class:`HeartbeatRequest` / :class:`HeartbeatRespon
 ShareFetch                   :class:`ShareFetchRequest` (``max_records`` > 0) / response
 ShareAcknowledge             :class:`ShareFetchRequest` with ``max_records == 0``
 (leader-internal)            :class:`ReleaseMember`, :class:`Tick`, :class:`Fence`
+AlterShareGroupOffsets       :class:`AlterShareGroupOffsetsRequest` / :class:`AdminResponse`
+DeleteShareGroupOffsets      :class:`DeleteShareGroupOffsetsRequest` / :class:`AdminResponse`
+DeleteGroups (share groups)  :class:`DeleteShareGroupRequest` / :class:`AdminResponse`
+(coordinator ↔ leader)       :class:`ResetSharePartition` / :class:`ResetSharePartitionResult`
 ===========================  ===========================================================
 
 Requests travel on internal Kafka topics that Faust agents consume, so that every state change
@@ -21,8 +25,10 @@ Encoding
 --------
 Each message is a :class:`msgspec.Struct` of a tagged union: a compact JSON object whose ``kind``
 field names the message (``"fetch"``, ``"fetch_response"``, ``"release_member"``, ``"tick"``,
-``"fence"``, ``"heartbeat"``, ``"heartbeat_response"``). Versioning follows Kafka's RPC rules
-(``validVersions`` / tagged fields):
+``"fence"``, ``"heartbeat"``, ``"heartbeat_response"``, and the admin messages
+``"alter_offsets"``, ``"delete_offsets"``, ``"delete_group"``, ``"admin_response"``,
+``"reset_share_partition"``, ``"reset_share_partition_result"``). Versioning follows Kafka's
+RPC rules (``validVersions`` / tagged fields):
 
 * every message has a schema version ``v`` (1 here), and the heartbeat also carries the member's
   :data:`PROTOCOL_VERSION`, so the coordinator can answer ``UNSUPPORTED_VERSION``;
@@ -50,12 +56,18 @@ __all__ = [
     "BINARY_FORMAT_VERSION",
     "PROTOCOL_VERSION",
     "SUPPORTED_PROTOCOL_VERSIONS",
+    "AdminResponse",
+    "AlterShareGroupOffsetsRequest",
+    "DeleteShareGroupOffsetsRequest",
+    "DeleteShareGroupRequest",
     "Fence",
     "HeartbeatRequest",
     "HeartbeatResponse",
     "LeaderAnnouncement",
     "Message",
     "ReleaseMember",
+    "ResetSharePartition",
+    "ResetSharePartitionResult",
     "ShareFetchCancel",
     "ShareFetchRequest",
     "ShareFetchResponse",
@@ -288,6 +300,114 @@ class LeaderAnnouncement(_Message, tag="leader_announcement"):
     sent_ms: _Int64 = 0
 
 
+class AlterShareGroupOffsetsRequest(_Message, tag="alter_offsets"):
+    """Admin → coordinator: set the SPSO of share-partitions of an empty group (KIP-932
+    AlterShareGroupOffsets, ``Admin.alterShareGroupOffsets``).
+
+    Args:
+        group: the share group.
+        admin_id: the admin client's id; the answer is keyed by it on the reply topic.
+        request_id: correlation id, unique per admin client.
+        reply_partition: the reply-topic partition the admin reads.
+        offsets: ``(topic, partition, new start offset)`` triples; offsets >= 0.
+        deadline_ms: wall-clock ms after which the admin no longer waits: the coordinator
+            refuses joins of ``group`` until every leader answered or this deadline passed,
+            and a leader that reads its reset after it does not apply it.
+    """
+
+    kind: ClassVar[str] = "alter_offsets"
+
+    group: str
+    admin_id: str
+    request_id: _Int64
+    reply_partition: _Int64
+    offsets: list[tuple[str, _Int64, _Int64]]
+    deadline_ms: _Int64 = 0
+
+
+class DeleteShareGroupOffsetsRequest(_Message, tag="delete_offsets"):
+    """Admin → coordinator: delete the share-partition state of ``topics`` of an empty group
+    (KIP-932 DeleteShareGroupOffsets, ``Admin.deleteShareGroupOffsets``). Fields as
+    :class:`AlterShareGroupOffsetsRequest`."""
+
+    kind: ClassVar[str] = "delete_offsets"
+
+    group: str
+    admin_id: str
+    request_id: _Int64
+    reply_partition: _Int64
+    topics: list[str]
+    deadline_ms: _Int64 = 0
+
+
+class DeleteShareGroupRequest(_Message, tag="delete_group"):
+    """Admin → coordinator: delete an empty share group, its metadata and the state of all its
+    share-partitions (``Admin.deleteShareGroups``, one group per request). Fields as
+    :class:`AlterShareGroupOffsetsRequest`."""
+
+    kind: ClassVar[str] = "delete_group"
+
+    group: str
+    admin_id: str
+    request_id: _Int64
+    reply_partition: _Int64
+    deadline_ms: _Int64 = 0
+
+
+class AdminResponse(_Message, tag="admin_response"):
+    """Coordinator → admin: the outcome of an admin request.
+
+    ``error`` concerns the request as a whole (``GROUP_ID_NOT_FOUND``, ``NON_EMPTY_GROUP``,
+    ``UNKNOWN_TOPIC_OR_PARTITION``, ``REQUEST_TIMED_OUT``...; nothing was changed unless it is
+    ``REQUEST_TIMED_OUT``, which names the share-partitions whose leaders did not answer).
+    ``results`` has one ``(topic, partition, error, error message, start offset)`` per
+    share-partition the request reached (start offset -1 when the state was deleted or not
+    changed).
+    """
+
+    kind: ClassVar[str] = "admin_response"
+
+    admin_id: str
+    request_id: _Int64
+    error: str = ErrorCode.NONE.value
+    error_message: str = ""
+    results: list[tuple[str, _Int64, str, str, _Int64]] = msgspec.field(default_factory=list)
+
+
+class ResetSharePartition(_Message, tag="reset_share_partition"):
+    """Coordinator → share-partition leader: reset (``start_offset`` >= 0) or delete
+    (``start_offset`` ``None``) the state of ``group``'s share-partition ``topic[partition]``,
+    on behalf of the admin request ``(admin_id, request_id)``. The leader refuses while a record
+    is Acquired (``NON_EMPTY_GROUP``) and after ``deadline_ms`` (``REQUEST_TIMED_OUT``), and
+    answers the coordinator with :class:`ResetSharePartitionResult`."""
+
+    kind: ClassVar[str] = "reset_share_partition"
+
+    group: str
+    topic: str
+    partition: _Int64
+    admin_id: str
+    request_id: _Int64
+    start_offset: _Int64 | None = None
+    deadline_ms: _Int64 = 0
+
+
+class ResetSharePartitionResult(_Message, tag="reset_share_partition_result"):
+    """Leader → coordinator: the outcome of a :class:`ResetSharePartition`; ``start_offset``
+    is the SPSO now (-1 after a delete or a refusal)."""
+
+    kind: ClassVar[str] = "reset_share_partition_result"
+
+    group: str
+    topic: str
+    partition: _Int64
+    admin_id: str
+    request_id: _Int64
+    error: str = ErrorCode.NONE.value
+    error_message: str = ""
+    start_offset: _Int64 = -1
+
+
 Message = (
     ShareFetchRequest
     | ShareFetchResponse
@@ -298,6 +418,12 @@ Message = (
     | HeartbeatResponse
     | LeaderAnnouncement
     | ShareFetchCancel
+    | AlterShareGroupOffsetsRequest
+    | DeleteShareGroupOffsetsRequest
+    | DeleteShareGroupRequest
+    | AdminResponse
+    | ResetSharePartition
+    | ResetSharePartitionResult
 )
 
 

@@ -5,11 +5,31 @@ It handles ShareGroupHeartbeat requests (join, heartbeat, leave) and clock ticks
 ``share-groups`` Faust table (so a new coordinator picks up where the old one stopped), and tells
 share-partition leaders to release the records of members that left or timed out
 (:class:`~queueflow.protocol.messages.ReleaseMember`).
+
+It also serves the admin's write requests (``alterShareGroupOffsets``,
+``deleteShareGroupOffsets``, ``deleteShareGroups``; :mod:`queueflow.admin`). The coordinator owns
+membership and the share-partition leaders own share-partition state, so an admin request is
+checked here (the group exists, has no members, names share-partitions of its topics) and
+forwarded to the leaders as :class:`~queueflow.protocol.messages.ResetSharePartition`; the
+leaders apply it and answer here, and the coordinator answers the admin once every leader has
+(or the request's deadline passed).
+
+The join race: between the emptiness check and a leader applying the reset, a member could join
+and acquire records, which the reset would then discard. Two rules close it. (1) While an admin
+request is pending for a group, the coordinator refuses joins of that group with the retriable
+``REQUEST_TIMED_OUT`` (members retry their join with back-off), so no member can join before
+every leader has applied or refused the request, or its deadline passed. (2) A leader refuses a
+reset or delete while any record of the share-partition is Acquired (``NON_EMPTY_GROUP``), and
+refuses one read after the request's deadline, when (1) no longer holds joins back. (2) also
+covers a coordinator failover mid-request (the pending set is in memory only): the
+share-partitions a new member already fetched from are refused, and the admin, whose answer is
+lost with the old coordinator, times out naming the request.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -55,11 +75,15 @@ class ShareGroupCoordinator:
         #: ``(topic, partition) -> (leader epoch, "host:port", received wall ms)``.
         self.leader_addresses: dict[tuple[str, int], tuple[int, str, int]] = {}
         self._last_event_ms = ctx.clock.now_ms()
+        #: Admin requests forwarded to leaders and not yet answered, by group.
+        self.pending: dict[str, _PendingAdmin] = {}
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget groups whose coordinator partition moved away."""
         for group_id in [g for g in self.groups if topics.coordinator_partition(g) in partitions]:
             del self.groups[group_id]
+        for group_id in [g for g in self.pending if topics.coordinator_partition(g) in partitions]:
+            del self.pending[group_id]  # its leaders' answers now go to the new coordinator
 
     async def handle(self, partition: int, offset: int, value: bytes) -> None:
         """Handle one record of the coordinator topic (``partition``, ``offset``: its position).
@@ -110,6 +134,18 @@ class ShareGroupCoordinator:
         if self._last_event_ms and gap > 2 * expected_gap_ms:
             for group in self.groups.values():
                 group.touch_all(now)
+        await self._expire_pending(now)
+        if isinstance(message, protocol.ResetSharePartitionResult):
+            await self._on_reset_result(message)
+            return
+        if isinstance(
+            message,
+            protocol.AlterShareGroupOffsetsRequest
+            | protocol.DeleteShareGroupOffsetsRequest
+            | protocol.DeleteShareGroupRequest,
+        ):
+            await self._on_admin(message, now)
+            return
         if isinstance(message, protocol.Tick):
             for group in list(self.groups.values()):
                 released = group.expire(now)
@@ -159,6 +195,15 @@ class ShareGroupCoordinator:
             await self._reply(message, response)
             return
         epoch_before, members_before = group.group_epoch, len(group.members)
+        pending = self.pending.get(group.group_id)
+        if pending is not None and message.member_id not in group.members:
+            response.error = ErrorCode.REQUEST_TIMED_OUT.value  # retriable: the member retries
+            response.error_message = (
+                f"share group {group.group_id!r} is being changed by an admin request "
+                f"({pending.operation}); retry the join"
+            )
+            await self._reply(message, response)
+            return
         try:
             counts = await self.ctx.topic_metadata.partition_counts(list(message.subscribed_topics))
             result = group.heartbeat(
@@ -250,3 +295,262 @@ class ShareGroupCoordinator:
                         partition,
                         self.auth.seal(protocol.encode(message)),
                     )
+
+    # -- admin requests ----------------------------------------------------------------------
+    async def _on_admin(
+        self,
+        message: protocol.AlterShareGroupOffsetsRequest
+        | protocol.DeleteShareGroupOffsetsRequest
+        | protocol.DeleteShareGroupRequest,
+        now: int,
+    ) -> None:
+        """Check an admin request and forward it to the share-partitions' leaders (see the
+        module docstring); refusals are answered at once and change nothing."""
+        response = protocol.AdminResponse(message.admin_id, message.request_id)
+        if message.deadline_ms and now > message.deadline_ms:
+            # Read again after a restart or rebalance (Faust resumes from its committed offset),
+            # or read late: its admin has given up, and applying it now could discard what
+            # members did since.
+            log.warning(
+                "share_group_admin_expired",
+                group=message.group,
+                kind=message.kind,
+                admin_id=message.admin_id,
+                late_ms=now - message.deadline_ms,
+            )
+            return
+        try:
+            group = await self._admin_group(message.group, now)
+            if isinstance(message, protocol.AlterShareGroupOffsetsRequest):
+                operation = "alter offsets"
+                targets = await self._alter_targets(group, message.offsets)
+            elif isinstance(message, protocol.DeleteShareGroupOffsetsRequest):
+                operation = "delete offsets"
+                self._check_topics(group, message.topics)
+                targets = {
+                    (t, p): None for t in sorted(set(message.topics))
+                    for p in range(group.partitions[t])
+                }  # fmt: skip
+            else:
+                operation = "delete group"
+                targets = {
+                    (t, p): None for t in sorted(group.partitions)
+                    for p in range(group.partitions[t])
+                }  # fmt: skip
+        except ShareGroupError as exc:
+            response.error, response.error_message = exc.code.value, exc.message
+            log.warning(
+                "share_group_admin_refused",
+                group=message.group,
+                kind=message.kind,
+                admin_id=message.admin_id,
+                error=str(exc),
+            )
+            await self._answer_admin(message.admin_id, message.reply_partition, response)
+            return
+        pending = _PendingAdmin(
+            message, operation, set(targets), message.deadline_ms or now + _ADMIN_DEADLINE_MS
+        )
+        log.info(
+            "share_group_admin_request",
+            group=group.group_id,
+            operation=operation,
+            admin_id=message.admin_id,
+            share_partitions=len(targets),
+        )
+        if not targets:
+            await self._finish_admin(pending)
+            return
+        self.pending[group.group_id] = pending
+        for (topic, partition), start in sorted(targets.items()):
+            reset = protocol.ResetSharePartition(
+                group=group.group_id,
+                topic=topic,
+                partition=partition,
+                admin_id=message.admin_id,
+                request_id=message.request_id,
+                start_offset=start,
+                deadline_ms=pending.deadline_ms,
+            )
+            await self.ctx.sender.send(
+                topics.fetch_topic(self.ctx.namespace, topic),
+                partition,
+                self.auth.seal(protocol.encode(reset)),
+            )
+
+    async def _admin_group(self, group_id: str, now: int) -> ShareGroup:
+        """The group an admin request names, which must exist and be empty (members whose
+        session lapsed are expired first, as a tick would)."""
+        if group_id in self.pending:
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"another admin request on share group {group_id!r} is in progress; retry",
+            )
+        if group_id not in self.groups and self.table.get(group_id.encode()) is None:
+            raise ShareGroupError(
+                ErrorCode.GROUP_ID_NOT_FOUND, f"share group {group_id!r} does not exist"
+            )
+        group = self._group(group_id)
+        released = group.expire(now) if group.members else []
+        if released:
+            self._persist(group)
+            await self._release(group, released, "session timeout")
+        if group.members:
+            raise ShareGroupError(
+                ErrorCode.NON_EMPTY_GROUP,
+                f"share group {group_id!r} is not empty: it has {len(group.members)} "
+                "member(s); stop its consumers (or wait for their sessions to time out) first",
+            )
+        return group
+
+    @staticmethod
+    def _check_topics(group: ShareGroup, names: Iterable[str]) -> None:
+        unknown = sorted({t for t in names if t not in group.partitions})
+        if unknown:
+            known = ", ".join(sorted(group.partitions)) or "none"
+            raise ShareGroupError(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"share group {group.group_id!r} has no share-partitions of topic(s) "
+                f"{', '.join(unknown)} (its topics: {known})",
+            )
+
+    async def _alter_targets(
+        self, group: ShareGroup, offsets: list[tuple[str, int, int]]
+    ) -> dict[tuple[str, int], int | None]:
+        self._check_topics(group, (t for t, _, _ in offsets))
+        counts = await self.ctx.topic_metadata.partition_counts(sorted({t for t, _, _ in offsets}))
+        targets: dict[tuple[str, int], int | None] = {}
+        for topic, partition, start in offsets:
+            count = max(counts.get(topic, 0), group.partitions[topic])
+            if not 0 <= partition < count:
+                raise ShareGroupError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {topic!r} has no partition {partition} (partitions 0..{count - 1})",
+                )
+            if start < 0:
+                raise ShareGroupError(
+                    ErrorCode.INVALID_REQUEST,
+                    f"start offset of {topic}[{partition}] must be >= 0, got {start}",
+                )
+            targets[(topic, partition)] = start
+        return targets
+
+    async def _on_reset_result(self, message: protocol.ResetSharePartitionResult) -> None:
+        pending = self.pending.get(message.group)
+        key = (message.topic, message.partition)
+        if (
+            pending is None
+            or (pending.request.admin_id, pending.request.request_id)
+            != (message.admin_id, message.request_id)
+            or key not in pending.waiting
+        ):
+            return  # late (the request timed out) or repeated
+        pending.waiting.discard(key)
+        pending.results[key] = message
+        if not pending.waiting:
+            del self.pending[message.group]
+            await self._finish_admin(pending)
+
+    async def _finish_admin(self, pending: _PendingAdmin) -> None:
+        """Answer the admin; a successful group deletion also deletes the group's metadata,
+        and a successful offsets deletion forgets the topics."""
+        request = pending.request
+        response = protocol.AdminResponse(request.admin_id, request.request_id)
+        failed = []
+        for (topic, partition), result in sorted(pending.results.items()):
+            response.results.append(
+                (topic, partition, result.error, result.error_message, result.start_offset)
+            )
+            if result.error != ErrorCode.NONE.value:
+                failed.append(result)
+        if failed:
+            response.error = failed[0].error
+            response.error_message = (
+                f"{len(failed)} of {len(pending.results)} share-partitions refused the "
+                f"{pending.operation}: "
+                + "; ".join(f"{r.topic}[{r.partition}]: {r.error_message}" for r in failed)
+            )
+        elif isinstance(request, protocol.DeleteShareGroupRequest):
+            self.groups.pop(request.group, None)
+            if self.table.get(request.group.encode()) is not None:
+                del self.table[request.group.encode()]
+            self.ctx.metrics.group_members.labels(request.group).set(0)
+        elif isinstance(request, protocol.DeleteShareGroupOffsetsRequest):
+            group = self._group(request.group)
+            for topic in request.topics:
+                group.partitions.pop(topic, None)
+            self._persist(group)
+        log.info(
+            "share_group_admin_done",
+            group=request.group,
+            operation=pending.operation,
+            admin_id=request.admin_id,
+            error=response.error,
+        )
+        await self._answer_admin(request.admin_id, request.reply_partition, response)
+
+    async def _expire_pending(self, now: int) -> None:
+        """Give up on admin requests past their deadline: joins are allowed again (the leaders
+        refuse a reset they read later), and the admin is told which share-partitions'
+        leaders did not answer (``REQUEST_TIMED_OUT``) and what the others did."""
+        for group_id, pending in list(self.pending.items()):
+            if now <= pending.deadline_ms:
+                continue
+            del self.pending[group_id]
+            unanswered = sorted(f"{t}[{p}]" for t, p in pending.waiting)
+            log.warning(
+                "share_group_admin_timed_out",
+                group=group_id,
+                operation=pending.operation,
+                admin_id=pending.request.admin_id,
+                unanswered=unanswered,
+            )
+            request = pending.request
+            response = protocol.AdminResponse(
+                request.admin_id,
+                request.request_id,
+                error=ErrorCode.REQUEST_TIMED_OUT.value,
+                error_message=(
+                    f"the {pending.operation} of share group {group_id!r} timed out: the "
+                    f"leaders of {', '.join(unanswered)} did not answer (is a worker leading "
+                    "them?); they will not apply it now. " + _applied(pending)
+                ),
+                results=[
+                    (t, p, r.error, r.error_message, r.start_offset)
+                    for (t, p), r in sorted(pending.results.items())
+                ],
+            )
+            await self._answer_admin(request.admin_id, request.reply_partition, response)
+
+    async def _answer_admin(
+        self, admin_id: str, reply_partition: int, response: protocol.AdminResponse
+    ) -> None:
+        await send_reply(
+            self.ctx, admin_id, reply_partition, self.auth.seal(protocol.encode(response))
+        )
+
+
+def _applied(pending: _PendingAdmin) -> str:
+    done = sorted(
+        f"{t}[{p}]" for (t, p), r in pending.results.items() if r.error == ErrorCode.NONE.value
+    )
+    return f"Applied to: {', '.join(done)}." if done else "Nothing was applied."
+
+
+#: How long (ms) an admin request without a deadline holds joins back at most.
+_ADMIN_DEADLINE_MS = 30_000
+
+
+@dataclass(slots=True)
+class _PendingAdmin:
+    """An admin request forwarded to leaders: which share-partitions have yet to answer."""
+
+    request: (
+        protocol.AlterShareGroupOffsetsRequest
+        | protocol.DeleteShareGroupOffsetsRequest
+        | protocol.DeleteShareGroupRequest
+    )
+    operation: str
+    waiting: set[tuple[str, int]]
+    deadline_ms: int
+    results: dict[tuple[str, int], protocol.ResetSharePartitionResult] = field(default_factory=dict)

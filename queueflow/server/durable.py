@@ -291,3 +291,24 @@ class DurableSharePartition:
             if self.table.get(key) is not None:
                 del self.table[key]
         self.delta_index = 0
+
+    def delete(self) -> None:
+        """Delete the share-partition's durable state: its snapshot and the deltas written
+        since (tombstones in the changelog). KIP-932 DeleteShareGroupState (the share
+        coordinator's side of ``deleteShareGroupOffsets`` / ``deleteShareGroups``); the next
+        request for the share-partition initialises it afresh (``share.auto.offset.reset``).
+
+        Raises:
+            FencedStateEpochError: this leader was fenced (:meth:`fence`); nothing is deleted.
+        """
+        self._check_not_fenced()
+        for index in range(self.delta_index):
+            key = delta_key(
+                self.group, self.partition, self.state_epoch, self.snapshot_epoch, index
+            )
+            if self.table.get(key) is not None:
+                del self.table[key]
+        if self.table.get(snapshot_key(self.group, self.partition)) is not None:
+            del self.table[snapshot_key(self.group, self.partition)]
+        self.delta_index = 0
+        self.fenced = "its state was deleted by an admin request"

@@ -36,7 +36,7 @@ from queueflow.protocol.state_codec import (
     request_position_key,
 )
 from queueflow.server.context import ServerContext
-from queueflow.server.durable import DurableSharePartition, StateTable
+from queueflow.server.durable import DurableSharePartition, StateTable, snapshot_key
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
 
@@ -360,6 +360,8 @@ class ShareLeader:
                     records=released,
                     reason=message.reason,
                 )
+        elif isinstance(message, protocol.ResetSharePartition):
+            changed = await self._reset(message, partition, offset, now)
         elif isinstance(message, protocol.ShareFetchRequest):
             # A request before this worker's own fence belongs to the previous leader, which may
             # have answered it already: apply its acknowledgements (atomic, so a repeat is
@@ -380,6 +382,114 @@ class ShareLeader:
                 )
             changed = bool(message.acks)
         return changed
+
+    async def _reset(
+        self, message: protocol.ResetSharePartition, partition: int, offset: int, now: int
+    ) -> bool:
+        """Apply an admin reset (``start_offset`` set) or delete (``None``) of one
+        share-partition's state, forwarded by the coordinator once it found the group empty,
+        and answer the coordinator (a
+        :class:`~queueflow.protocol.messages.ResetSharePartitionResult`).
+
+        Refused, changing nothing, when a record is Acquired (``NON_EMPTY_GROUP``: a member
+        fetched since the coordinator's check), after the request's deadline
+        (``REQUEST_TIMED_OUT``: the coordinator no longer holds joins back), or for a
+        partition of another topic (``UNKNOWN_TOPIC_OR_PARTITION``). A reset discards every
+        in-flight record and delivery count (KIP-932 "Managing the SPSO and SPEO"). Returns
+        True if state changed.
+        """
+        result = protocol.ResetSharePartitionResult(
+            group=message.group,
+            topic=message.topic,
+            partition=partition,
+            admin_id=message.admin_id,
+            request_id=message.request_id,
+        )
+        changed = False
+        key = (message.group, partition)
+        try:
+            if message.topic != self.topic or message.partition != partition:
+                raise ShareGroupError(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"share-partition {message.topic}[{message.partition}] is not served on "
+                    f"{self.request_topic}[{partition}]",
+                )
+            if message.deadline_ms and now > message.deadline_ms:
+                raise ShareGroupError(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"the admin request's deadline passed {now - message.deadline_ms} ms "
+                    "before this leader read it; nothing was changed",
+                )
+            durable = await self._existing_share_partition(message.group, partition)
+            if durable is not None and durable.engine.acquired_count:
+                raise ShareGroupError(
+                    ErrorCode.NON_EMPTY_GROUP,
+                    f"share group {message.group!r} is not empty: "
+                    f"{durable.engine.acquired_count} records of {self.topic}[{partition}] "
+                    "are Acquired by members",
+                )
+            if message.start_offset is None:
+                if durable is not None:
+                    durable.delete()
+                    self.partitions.pop(key, None)
+                    self._retained.pop(key, None)
+                    changed = True
+            else:
+                if durable is None:
+                    durable = DurableSharePartition.create(
+                        self.table,
+                        message.group,
+                        self.topic,
+                        partition,
+                        self.config,
+                        self.ctx.settings.snapshot_update_records_per_snapshot,
+                        message.start_offset,
+                        leader_epoch=self._epoch(partition),
+                    )
+                    self.partitions[key] = durable
+                else:
+                    durable.engine.reset_start_offset(message.start_offset)
+                    self._persist(message.group, durable)
+                result.start_offset = durable.engine.start_offset
+                changed = True
+            if changed:
+                self._write_position(partition, offset)
+                if self.ctx.settings.state_durability == "acked":
+                    await self.ctx.flush_state()
+            self._log.info(
+                "share_partition_reset" if message.start_offset is not None else
+                "share_partition_deleted",
+                group=message.group,
+                partition=partition,
+                start_offset=message.start_offset,
+                admin_id=message.admin_id,
+            )  # fmt: skip
+        except ShareGroupError as exc:
+            result.error, result.error_message = exc.code.value, exc.message
+            self._log.warning(
+                "share_partition_reset_refused",
+                group=message.group,
+                partition=partition,
+                error=str(exc),
+            )
+        await self.ctx.sender.send(
+            topics.coordinator_topic(self.ctx.namespace),
+            topics.coordinator_partition(message.group),
+            self.auth.seal(protocol.encode(result)),
+        )
+        return changed
+
+    async def _existing_share_partition(
+        self, group: str, partition: int
+    ) -> DurableSharePartition | None:
+        """The share-partition if it has state (in memory or in the table), else None (it is
+        not initialised, unlike :meth:`_share_partition`)."""
+        key = (group, partition)
+        if key in self.partitions or key in self._retained or key in self.refused:
+            return await self._share_partition(group, partition)
+        if self.table.get(snapshot_key(group, partition)) is None:
+            return None
+        return await self._share_partition(group, partition)
 
     def has_acquired(self, partition: int) -> bool:
         """True if a share-partition of request partition ``partition`` has Acquired records

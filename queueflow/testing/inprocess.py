@@ -31,8 +31,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from queueflow.admin import ShareGroupAdmin, groups_changelog, state_changelog
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import Handler, ShareAgent
 from queueflow.member.consumer import ShareConsumer
 from queueflow.member.context import MemberContext
@@ -410,3 +412,66 @@ class InProcessCluster:
         share-partition, or None before its first request."""
         durable = self.leaders[topic].partitions.get((group, partition))
         return None if durable is None else durable.engine
+
+    # -- admin -----------------------------------------------------------------------------
+    def admin(self, timeout_ms: int = 5000) -> ShareGroupAdmin:
+        """A :class:`~queueflow.admin.ShareGroupAdmin` of this cluster: its write requests go
+        to the coordinator on the bus, its reads of the changelogs read the in-memory tables,
+        and its offset lookups the in-memory partitions."""
+        return _InProcessAdmin(
+            self,
+            self.namespace,
+            KafkaClientConfig("in-process:0"),
+            timeout_ms,
+            settings=self.settings,
+            transport=lambda admin_id: _Transport(self.bus, admin_id),
+            offsets=_Offsets(self),
+            clock=self.clock,
+        )
+
+
+class _InProcessAdmin(ShareGroupAdmin):
+    """:class:`~queueflow.admin.ShareGroupAdmin` reading the in-memory tables as changelogs."""
+
+    def __init__(self, cluster: InProcessCluster, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cluster = cluster
+
+    async def _read(self, topic: str, required: bool) -> dict[bytes, bytes]:
+        cluster = self.cluster
+        if topic == groups_changelog(cluster.namespace):
+            return dict(cluster.tables["groups"])
+        for name in cluster.topics:
+            if topic == state_changelog(cluster.namespace, name):
+                return dict(cluster.tables[name])
+        if required:
+            raise ConfigurationError(f"no changelog {topic!r} in the in-process cluster")
+        return {}
+
+    async def _log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: len(self.cluster.records[TopicPartition(*tp)]) for tp in tps}
+
+    async def _existing(self, names: list[str]) -> dict[str, int]:
+        return {n: self.cluster.topics[n] for n in names if n in self.cluster.topics}
+
+
+class _Offsets:
+    """The in-memory partitions' offsets (:class:`~queueflow.admin.OffsetLookup`)."""
+
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+
+    async def beginning_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: 0 for tp in tps}
+
+    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: len(self.cluster.records[TopicPartition(*tp)]) for tp in tps}
+
+    async def offsets_for_times(
+        self, tps: list[TopicPartition], timestamp_ms: int
+    ) -> dict[TopicPartition, int | None]:
+        out: dict[TopicPartition, int | None] = {}
+        for tp in tps:
+            log = self.cluster.records[TopicPartition(*tp)]
+            out[tp] = next((i for i, r in enumerate(log) if r.timestamp >= timestamp_ms), None)
+        return out

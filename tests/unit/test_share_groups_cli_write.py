@@ -1,0 +1,167 @@
+"""``queueflow share-groups`` write actions (issue #14): ``--reset-offsets``,
+``--delete-offsets`` and ``--delete``. Flag combinations are checked through click (they are
+refused before anything connects); the actions' output runs against an ``InProcessCluster``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from inprocess_helpers import TOPIC, cluster_with, run, settle
+
+from queueflow.admin import OffsetSpec
+from queueflow.devtools.cli import cli
+from queueflow.devtools.cli import share_groups as command
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.testing.inprocess import InProcessCluster
+
+BASE = ["share-groups", "--bootstrap-server", "x:1", "--app", "app"]
+RESET = ["--reset-offsets", "--group", "g"]
+
+
+@pytest.fixture
+def no_admin(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any) -> Any:
+        raise AssertionError("the command connected although its flags are refused")
+
+    monkeypatch.setattr(command, "make_admin", refuse)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "exactly one action"),
+        (["--list", "--delete", "--group", "g"], "exactly one action"),
+        ([*RESET, "--to-earliest", "--dry-run"], "either --topic or --all-topics"),
+        ([*RESET, "--topic", "t", "--all-topics", "--to-earliest", "--dry-run"],
+         "either --topic or --all-topics"),
+        ([*RESET, "--all-topics", "--dry-run"], "exactly one of --to-earliest"),
+        ([*RESET, "--all-topics", "--to-earliest", "--to-latest", "--dry-run"],
+         "exactly one of --to-earliest"),
+        ([*RESET, "--all-topics", "--to-earliest"], "either --dry-run or --execute"),
+        ([*RESET, "--all-topics", "--to-earliest", "--dry-run", "--execute"],
+         "either --dry-run or --execute"),
+        (["--reset-offsets", "--all-topics", "--to-earliest", "--dry-run"], "exactly one --group"),
+        ([*RESET, "--group", "h", "--all-topics", "--to-latest", "--execute"],
+         "exactly one --group"),
+        ([*RESET, "--topic", "t:x", "--to-earliest", "--dry-run"], "partitions must be numbers"),
+        ([*RESET, "--all-topics", "--to-datetime", "yesterday", "--dry-run"],
+         "cannot parse datetime 'yesterday'"),
+        ([*RESET, "--all-topics", "--by-duration", "1h", "--dry-run"],
+         "cannot parse duration '1h'"),
+        ([*RESET, "--all-topics", "--by-duration", "-PT1H", "--dry-run"], "negative"),
+        ([*RESET, "--all-topics", "--to-offset", "-1", "--dry-run"], "must be >= 0"),
+        (["--delete-offsets", "--group", "g"], "needs --topic"),
+        (["--delete-offsets", "--topic", "t"], "exactly one --group"),
+        (["--delete"], "--delete needs --group G"),
+        (["--delete", "--group", "g", "--all-groups"], "--delete needs --group G"),
+        (["--describe", "--group", "g", "--to-earliest"], "--to-earliest may be used with"),
+        (["--delete", "--group", "g", "--execute"], "--execute may be used with"),
+        (["--list", "--topic", "t"], "--topic may be used with"),
+        (["--delete", "--group", "g", "--members"], "--members may be used with --describe"),
+    ],
+)  # fmt: skip
+def test_refused_flag_combinations_exit_1_like_kafka(
+    no_admin: None, flags: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(cli, [*BASE, *flags])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: ") and message in result.output, result.output
+
+
+async def finished_group(cluster: InProcessCluster, group: str = "g") -> None:
+    consumer = cluster.consumer(group)
+    await consumer.subscribe([TOPIC])
+    while await consumer.poll(timeout_ms=0):
+        pass
+    await consumer.commit_sync()
+    await consumer.close()
+    await settle(cluster)
+
+
+def test_reset_dry_run_prints_the_plan_and_execute_applies_it() -> None:
+    async def scenario() -> None:
+        async with cluster_with(10, partitions=2) as cluster:
+            await finished_group(cluster)
+            admin = cluster.admin()
+            plan = await command._reset(
+                admin, "g", [f"{TOPIC}:1"], OffsetSpec.exact(2), False, False
+            )
+            assert [line.split() for line in plan.splitlines()] == [
+                ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
+                ["g", TOPIC, "1", "2"],
+            ]
+            assert cluster.share_partition("g", TOPIC, 1).start_offset == 5  # dry run
+            done = await command._reset(admin, "g", [], OffsetSpec.earliest(), True, True)
+            assert json.loads(done) == [
+                {"group": "g", "topic": TOPIC, "partition": 0, "new_offset": 0},
+                {"group": "g", "topic": TOPIC, "partition": 1, "new_offset": 0},
+            ]
+            assert cluster.share_partition("g", TOPIC, 0).start_offset == 0
+            assert cluster.share_partition("g", TOPIC, 1).start_offset == 0
+            offsets = await admin.list_offsets("g")  # the read side sees it in the tables
+            assert [(o.partition, o.start_offset, o.lag) for o in offsets] == [(0, 0, 5), (1, 0, 5)]
+            with pytest.raises(ShareGroupError) as info:
+                await command._reset(admin, "g", ["other"], OffsetSpec.latest(), False, False)
+            assert info.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            with pytest.raises(ShareGroupError) as info:
+                await command._reset(admin, "g", [f"{TOPIC}:2"], OffsetSpec.latest(), False, False)
+            assert "has no partition 2" in info.value.message
+
+    run(scenario())
+
+
+def test_reset_of_a_group_with_members_is_refused_in_kafka_s_words() -> None:
+    async def scenario() -> None:
+        async with cluster_with(2) as cluster:
+            member = cluster.consumer("g")
+            await member.subscribe([TOPIC])
+            await settle(cluster)
+            with pytest.raises(ShareGroupError) as info:
+                await command._reset(cluster.admin(), "g", [], OffsetSpec.earliest(), False, False)
+            assert info.value.message == "Share group 'g' is not empty."
+            await member.close()
+
+    run(scenario())
+
+
+def test_delete_offsets_and_delete_print_kafka_s_messages() -> None:
+    async def scenario() -> None:
+        async with cluster_with(4) as cluster:
+            await finished_group(cluster, "g")
+            await finished_group(cluster, "h")
+            admin = cluster.admin()
+            text = await command._delete_offsets(admin, "g", [TOPIC], False)
+            assert [line.split() for line in text.splitlines()] == [
+                ["TOPIC", "STATUS"],
+                [TOPIC, "Successful"],
+            ]
+            text, ok = await command._delete(admin, ["g"], False)
+            assert ok and text == "Deletion of requested share groups ('g') was successful."
+            text, ok = await command._delete(admin, ["nope", "h"], False)
+            assert not ok
+            lines = text.splitlines()
+            assert lines[0] == "Deletion of some share groups failed:"
+            assert lines[1].startswith("* Group 'nope' could not be deleted due to: ")
+            assert "GROUP_ID_NOT_FOUND" in lines[1]
+            assert lines[-1] == "These share groups were deleted successfully: 'h'"
+            assert [g.group_id for g in await admin.list_groups()] == []
+            text, ok = await command._delete(admin, ["nope"], True)
+            assert json.loads(text)["nope"]["error"] == "GROUP_ID_NOT_FOUND" and not ok
+
+    run(scenario())
+
+
+def test_delete_all_groups_deletes_every_empty_group() -> None:
+    async def scenario() -> None:
+        async with cluster_with(2) as cluster:
+            await finished_group(cluster, "g")
+            await finished_group(cluster, "h")
+            admin = cluster.admin()
+            text, ok = await command._delete(admin, None, False)
+            assert ok and text == "Deletion of requested share groups ('g', 'h') was successful."
+            assert await admin.list_groups() == []
+
+    run(scenario())
