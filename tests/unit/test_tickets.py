@@ -471,3 +471,32 @@ def test_random_tickets_on_the_request_topic_never_acquire_nor_create_state(
     cluster, answers = run(scenario())
     assert all(a.error == ErrorCode.UNKNOWN_MEMBER_ID.value and not a.acquired for a in answers)
     assert cluster.share_partition("g", TOPIC, 0) is None and not cluster.tables[TOPIC]
+
+
+def test_a_member_whose_ticket_expired_heartbeats_and_resends_once() -> None:
+    """A member that had no heartbeat answer for a session timeout (here the clock jumps; in
+    life a coordinator outage) is refused once, heartbeats at once and gets its records with
+    the new ticket."""
+    clock = FakeClock()
+
+    async def scenario() -> Any:
+        async with cluster_with(4, clock=clock) as cluster:
+            session = ShareFetchSession(cluster.member_context, "g", [TOPIC], "test")
+            await session.start()
+            tp = TopicPartition(TOPIC, 0)
+            first = await session.fetch(tp, 2)
+            for record in first.records:
+                session.acknowledge(tp, record.offset, AcknowledgeType.ACCEPT)
+            clock.advance(cluster.settings.session_timeout_ms + 1)
+            second = await session.fetch(tp, 2)  # carries the ACCEPTs of the first two
+            spso = cluster.share_partition("g", TOPIC, 0).start_offset
+            await session.close()
+            return cluster, first, second, spso
+
+    with capture_logs() as logs:
+        cluster, first, second, spso = run(scenario())
+    assert [r.offset for r in first.records] == [0, 1]
+    assert second.error is None and [r.offset for r in second.records] == [2, 3]
+    assert spso == 2  # the ACCEPTs were applied once (the resend went without them)
+    assert refusals(cluster, "expired") == 1
+    assert len(events(logs, "share_fetch_refused")) == 1
