@@ -346,17 +346,18 @@ class ShareFetchSession:
         epoch), heartbeat now and, if that brought another ticket, send it once more: with the
         acknowledgements if the leader refused them too (nothing was applied), else without
         (they were applied; only the acquisition was refused)."""
+        membership = self._membership
+        sent = membership.ticket
         response, direct = await self._send(tp, max_records, acks, max_wait_ms)
         if response.error not in _TICKET_REFUSALS:
             return response, direct
-        membership = self._membership
-        before = membership.ticket
-        try:
-            await membership.refresh()
-        except Exception as exc:  # the coordinator is away: the refusal stands
-            self._log.warning("ticket_refresh_failed", error=repr(exc), refused=response.error)
-            return response, direct
-        if not membership.ticket or membership.ticket == before:
+        if membership.ticket == sent:  # no newer ticket arrived meanwhile: ask for one
+            try:
+                await membership.refresh()
+            except Exception as exc:  # the coordinator is away: the refusal stands
+                self._log.warning("ticket_refresh_failed", error=repr(exc), refused=response.error)
+                return response, direct
+        if not membership.ticket or membership.ticket == sent:
             return response, direct
         resend = acks if response.ack_error != ErrorCode.NONE.value else []
         if not resend and not max_records:
