@@ -500,3 +500,18 @@ def test_a_member_whose_ticket_expired_heartbeats_and_resends_once() -> None:
     assert spso == 2  # the ACCEPTs were applied once (the resend went without them)
     assert refusals(cluster, "expired") == 1
     assert len(events(logs, "share_fetch_refused")) == 1
+
+
+def test_with_optional_tickets_a_member_without_one_is_served_and_a_bad_one_is_not() -> None:
+    """``queueflow.auth.tickets=optional`` (a rolling upgrade from members without tickets)."""
+
+    async def scenario() -> Any:
+        async with cluster_with(4, auth_tickets="optional") as cluster:
+            old_member = RawMember(cluster, "m-old")
+            served = await raw_fetch(old_member, 0, 2, b"")
+            forged = await raw_fetch(old_member, 0, 2, cluster.ticket("g", "someone-else"))
+            return served, forged
+
+    served, forged = run(scenario())
+    assert served.error == ErrorCode.NONE.value and served.acquired == [(0, 1, 1)]
+    assert forged.error == ErrorCode.UNKNOWN_MEMBER_ID.value and forged.acquired == []
