@@ -6,30 +6,26 @@ signed :class:`~queueflow.protocol.auth.AssignmentTicket` in every successful he
 (group, member id, member epoch, assigned share-partitions, expiry one session timeout away),
 the member attaches its latest ticket to every request, and :class:`TicketGate` checks it:
 
-==============================================  =================================  ==========
-Refused when                                    Error                              Applies to
-==============================================  =================================  ==========
-no ticket (``queueflow.auth.tickets=required``)  ``UNKNOWN_MEMBER_ID``              both
-bad MAC, malformed, over :data:`MAX_TICKET_BYTES`  ``UNKNOWN_MEMBER_ID``            both
-another member's or another group's ticket      ``UNKNOWN_MEMBER_ID``              both
-the member was removed (ReleaseMember of the    ``UNKNOWN_MEMBER_ID``              both
-share-partition) at or after the ticket's epoch
-expired (no heartbeat answer for a session      ``UNKNOWN_MEMBER_ID``              acquiring
-timeout)
-an older epoch than one already seen            ``FENCED_MEMBER_EPOCH``            acquiring
-share-partition not in the ticket               ``UNKNOWN_TOPIC_OR_PARTITION``     acquiring
-==============================================  =================================  ==========
+* ``UNKNOWN_MEMBER_ID`` for any request (acquiring or only acknowledging) without a ticket
+  (with ``queueflow.auth.tickets=required``), with a ticket that fails its MAC, is malformed or
+  longer than :data:`MAX_TICKET_BYTES`, with another member's or another group's ticket, or with
+  a ticket of an epoch at or below the one at which the coordinator removed the member from the
+  share-partition (its ReleaseMember);
+* for a request that acquires (``max_records > 0``), also ``UNKNOWN_MEMBER_ID`` when the ticket
+  expired (no heartbeat answer for a session timeout), ``FENCED_MEMBER_EPOCH`` when its epoch is
+  older than one already seen from the member, and ``UNKNOWN_TOPIC_OR_PARTITION`` when it does
+  not assign the share-partition.
 
-Acknowledgements need only a member that was not removed (the first five rows): KIP-932 lets a
-member acknowledge the records it acquired until their locks end, even after its share-partition
-moved to another member (a reassignment bumps its epoch and drops the share-partition from its
-ticket), and the engine refuses acknowledgements of records the member doesn't hold, so the
-records' locks, not the ticket's expiry, bound how long it may acknowledge (a coordinator that
-was down longer than a session timeout forgives the silence; so do acknowledgements).
+Acknowledgements need only the first point: KIP-932 lets a member acknowledge the records it
+acquired until their locks end, even after its share-partition moved to another member (a
+reassignment bumps its epoch and drops the share-partition from its ticket), and the engine
+refuses acknowledgements of records the member doesn't hold, so the records' locks, not the
+ticket's expiry, bound how long it may acknowledge (a coordinator that was down longer than a
+session timeout forgives the silence; so do acknowledgements).
 
 Verifying a ticket (HMAC-SHA256, msgpack decode) happens once per distinct ticket: the verified
-ticket is cached by its bytes until it expires (a member sends the same ticket with every request
-until its next heartbeat answer). Pure and synchronous: no I/O, time passed in.
+ticket is cached by its bytes, and swept once expired (a member sends the same ticket with every
+request until its next heartbeat answer). Pure and synchronous: no I/O, time passed in.
 """
 
 from __future__ import annotations
