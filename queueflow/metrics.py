@@ -156,6 +156,14 @@ class Metrics:
             ("topic",),
             registry=reg,
         )
+        self.ticket_refusals = Counter(
+            "queueflow_ticket_refusals",
+            "ShareFetch / acknowledgement requests a leader refused after checking their "
+            "assignment ticket (reason: missing, bad_ticket, expired, wrong_member, wrong_group, "
+            "removed, fenced_epoch, not_assigned)",
+            ("topic", "reason"),
+            registry=reg,
+        )
         self.group_members = Gauge(
             "queueflow_share_group_members", "Members per share group", ("group",), registry=reg
         )

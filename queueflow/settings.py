@@ -362,6 +362,18 @@ SETTINGS: tuple[Setting, ...] = (
         "every worker; never logged).",
         read_by="every worker and member",
     ),
+    Setting(
+        "auth_tickets",
+        "queueflow.auth.tickets",
+        "required",
+        choices=("required", "optional"),
+        doc="required: leaders serve a ShareFetch or acknowledgement only with the assignment "
+        "ticket of the member's latest heartbeat answer (current member, current epoch, "
+        "share-partition assigned; UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH / "
+        "UNKNOWN_TOPIC_OR_PARTITION otherwise); optional: a request without a ticket is served "
+        "unchecked (only during a rolling upgrade from a queueflow without tickets).",
+        read_by="leader",
+    ),
 )
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}
@@ -453,6 +465,7 @@ class ShareGroupSettings:
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")
     auth_mode: str = str_default("auth_mode")
     auth_secret: str = dataclasses.field(default=str_default("auth_secret"), repr=False)
+    auth_tickets: str = str_default("auth_tickets")
 
     @classmethod
     def load(

@@ -12,6 +12,8 @@ Rules implemented here:
   assignment epoch follows it and never moves backwards;
 * a member silent for longer than ``group.share.session.timeout.ms`` is removed, and the leaders
   release its records;
+* epochs never go back: a heartbeat of a known member at an epoch above the group epoch (the
+  durable metadata lost its last writes in a coordinator failover) moves the group epoch past it;
 * the group is EMPTY with no members, STABLE with members, DEAD once deleted;
 * ``group.share.max.size`` bounds the number of members (``GROUP_MAX_SIZE_REACHED``).
 """
@@ -26,6 +28,9 @@ from typing import Any
 from queueflow.engine.assignor import assign
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.structs import TopicPartition
+
+#: Member and group epochs are Kafka int32s; a heartbeat claiming more is not believed.
+MAX_EPOCH = 2**31 - 1
 
 
 class GroupState(enum.Enum):
@@ -146,6 +151,13 @@ class ShareGroup:
             topics = tuple(sorted(subscribed_topics))
             changed = topics != member.subscribed_topics
             member.subscribed_topics = topics
+            if self.group_epoch < member_epoch <= MAX_EPOCH:
+                # A member holds an epoch this group never reached: the durable metadata is
+                # older than what the previous coordinator issued (its last writes were lost
+                # in a failover). Epochs never go back (leaders fence tickets of older
+                # epochs), so move past it.
+                self.group_epoch = member_epoch
+                changed = True
         member.last_heartbeat_ms = now_ms
         member.client_id = client_id or member.client_id
         member.host = host or member.host

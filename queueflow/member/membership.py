@@ -76,6 +76,12 @@ class Membership:
         #: The direct endpoints (``host:port``) of the assigned share-partitions' leaders, as
         #: the last heartbeat answer named them (see :mod:`queueflow.member.direct`).
         self.leaders: dict[TopicPartition, str] = {}
+        #: The assignment ticket of the last successful heartbeat answer (opaque bytes; empty
+        #: before the join and after a leave): attached to every ShareFetch, it proves to the
+        #: leaders that this member is in the group at :attr:`member_epoch` with
+        #: :attr:`assignment` (see queueflow.server.tickets).
+        self.ticket = b""
+        self._refreshing: asyncio.Future[None] | None = None
         self._heartbeats: asyncio.Task[None] | None = None
         self._closing = False
         self._log = log.bind(group=group, member_id=self.member_id)
@@ -138,6 +144,22 @@ class Membership:
                 await self._heartbeats
             self._heartbeats = None
 
+    async def refresh(self) -> None:
+        """Heartbeat now (a leader refused this member's ticket as expired, removed or of an
+        older epoch): the answer brings the current epoch, assignment and ticket. Concurrent
+        callers share one heartbeat.
+
+        Raises:
+            ShareGroupError: the coordinator refused it or did not answer in time.
+            aiokafka.errors.KafkaError: it could not be sent.
+        """
+        if self._closing:
+            return
+        task = self._refreshing
+        if task is None or task.done():
+            task = self._refreshing = asyncio.ensure_future(self._heartbeat())
+        await asyncio.shield(task)
+
     async def _heartbeat(self, join: bool = False, leave: bool = False) -> None:
         epoch = -1 if leave else (0 if join else self.member_epoch)
         rid = self.requester.next_id()
@@ -172,9 +194,11 @@ class Membership:
         if leave:
             self.assignment = set()
             self.leaders = {}
+            self.ticket = b""
             self.assignment_changed.set()
             return None
         self.member_epoch = response.member_epoch
+        self.ticket = response.ticket
         self.leaders = {TopicPartition(t, p): address for t, p, address in response.leaders}
         new = {TopicPartition(t, p) for t, parts in response.assignment.items() for p in parts}
         if new != self.assignment:

@@ -50,6 +50,9 @@ log = structlog.get_logger("queueflow.member.session")
 #: applied (``error`` None), or refused for good (``error`` the leader's).
 AcknowledgementCallback = Callable[[TopicPartition, list[int], ShareGroupError | None], None]
 
+#: Leader errors that refused the member's assignment ticket: a heartbeat may bring a better one.
+_TICKET_REFUSALS = {ErrorCode.UNKNOWN_MEMBER_ID.value, ErrorCode.FENCED_MEMBER_EPOCH.value}
+
 #: Acknowledgement errors after which the still-valid outcomes are sent again.
 _SPLITTABLE = {ErrorCode.INVALID_RECORD_STATE.value, ErrorCode.INVALID_REQUEST.value}
 
@@ -337,6 +340,44 @@ class ShareFetchSession:
         acks: list[protocol.WireAck],
         max_wait_ms: int = 0,
     ) -> tuple[protocol.ShareFetchResponse, bool]:
+        """Send one ShareFetch (:meth:`_send`). If the leader refused the member's assignment
+        ticket (``UNKNOWN_MEMBER_ID``: expired or removed; ``FENCED_MEMBER_EPOCH``: an epoch
+        older than one it saw, e.g. a request sent just before a heartbeat answer brought a new
+        epoch), heartbeat now and, if that brought another ticket, send it once more: with the
+        acknowledgements if the leader refused them too (nothing was applied), else without
+        (they were applied; only the acquisition was refused)."""
+        membership = self._membership
+        sent = membership.ticket
+        response, direct = await self._send(tp, max_records, acks, max_wait_ms)
+        if response.error not in _TICKET_REFUSALS:
+            return response, direct
+        if membership.ticket == sent:  # no newer ticket arrived meanwhile: ask for one
+            try:
+                await membership.refresh()
+            except Exception as exc:  # the coordinator is away: the refusal stands
+                self._log.warning("ticket_refresh_failed", error=repr(exc), refused=response.error)
+                return response, direct
+        if not membership.ticket or membership.ticket == sent:
+            return response, direct
+        resend = acks if response.ack_error != ErrorCode.NONE.value else []
+        if not resend and not max_records:
+            return response, direct
+        retried, direct = await self._send(tp, max_records, resend, max_wait_ms)
+        if acks and not resend:  # the first answer holds their result
+            retried.ack_error, retried.ack_error_message = (
+                response.ack_error,
+                response.ack_error_message,
+            )
+            retried.ack_stale = response.ack_stale
+        return retried, direct
+
+    async def _send(
+        self,
+        tp: TopicPartition,
+        max_records: int,
+        acks: list[protocol.WireAck],
+        max_wait_ms: int = 0,
+    ) -> tuple[protocol.ShareFetchResponse, bool]:
         """Send one ShareFetch: straight to the leader's endpoint when the last heartbeat named
         one, else (or when that fails or the leader refuses as ``NOT_LEADER_OR_FOLLOWER``)
         through the request topic. Returns the answer and whether it came over the direct
@@ -357,6 +398,7 @@ class ShareFetchSession:
             lock_duration_ms=self.lock_duration_ms if max_records else None,
             deadline_ms=self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms,
             max_wait_ms=max_wait_ms if max_records else 0,
+            ticket=self._membership.ticket,
         )
         address = self._membership.leaders.get(tp)
         if address is not None:
@@ -376,6 +418,7 @@ class ShareFetchSession:
                     return direct, True
                 self._reroute(tp, address, direct.error_message)
             request.max_wait_ms = 0  # the request topic's leaders answer at once
+            request.ticket = self._membership.ticket  # a heartbeat may have brought a newer one
             request.deadline_ms = self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms
         reply = await requester.call(
             internal.fetch_topic(self.ctx.namespace, tp[0]),

@@ -54,6 +54,7 @@ __all__ = [
     "Verifier",
     "derive_key",
     "issue_ticket",
+    "ticket_key",
     "verify_ticket",
 ]
 
@@ -296,6 +297,30 @@ def verify_ticket(key: bytes, data: bytes, *, now_ms: int | None = None) -> Assi
     if now >= ticket.expires_ms:
         raise AuthenticationError("stale", f"ticket expired at {ticket.expires_ms} ms")
     return ticket
+
+
+#: The stand-in secret of ``queueflow.auth.mode=none``: tickets are still MAC'd, so a ticket a
+#: member altered by mistake, or a member id that never joined, is refused, but anyone who
+#: knows the app id can compute this key. Not a security boundary (docs/operations.md).
+UNAUTHENTICATED_TICKET_SECRET: Final = "queueflow/unauthenticated-tickets"
+
+
+def ticket_key(mode: str, secret: str, app_id: str) -> bytes:
+    """The key coordinators issue and leaders verify assignment tickets with.
+
+    ``mode`` ``"hmac"``: :func:`derive_key` of ``secret`` (``purpose="tickets"``), so only the
+    app's workers can issue a ticket. ``"none"``: derived from
+    :data:`UNAUTHENTICATED_TICKET_SECRET` and the app id, so tickets catch mistakes (a member id
+    that never joined, a stale epoch, a share-partition not assigned) but not an attacker.
+
+    Raises:
+        ValueError: ``mode`` is unknown, or ``"hmac"`` without a secret.
+    """
+    if mode == "hmac":
+        return derive_key(secret, app_id, "tickets")
+    if mode == "none":
+        return derive_key(UNAUTHENTICATED_TICKET_SECRET, app_id, "tickets")
+    raise ValueError(f"queueflow.auth.mode={mode!r}: choose hmac or none")
 
 
 #: Messages a member sends: their signed sender must be the member id they name.

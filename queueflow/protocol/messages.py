@@ -138,6 +138,10 @@ class ShareFetchRequest(_Message, tag="fetch"):
             the direct path (:mod:`queueflow.server.endpoint`) parks the request up to this
             many ms and answers as soon as records become available; 0 answers at once (and
             the request-topic path always does).
+        ticket: the assignment ticket of the member's latest heartbeat answer
+            (:attr:`HeartbeatResponse.ticket`, opaque bytes; empty: none). The leader checks it
+            before acknowledging or acquiring (:mod:`queueflow.server.tickets`); leaders of
+            earlier releases ignore it.
         v: schema version (keyword only).
     """
 
@@ -154,6 +158,7 @@ class ShareFetchRequest(_Message, tag="fetch"):
     lock_duration_ms: _Int64 | None = None
     deadline_ms: _Int64 = 0
     max_wait_ms: _Int64 = 0
+    ticket: bytes = b""
 
 
 class ShareFetchResponse(_Message, tag="fetch_response"):
@@ -189,6 +194,11 @@ class ReleaseMember(_Message, tag="release_member"):
     """Coordinator → leader: release every record the member holds (it left or timed out).
 
     KIP-932 "Share group membership": a departed member's acquired records become Available.
+    ``member_epoch`` is the group epoch when the member was removed: from then on the leader
+    refuses the member's tickets of that epoch or older (``UNKNOWN_MEMBER_ID``), so a removed
+    member can't acquire or acknowledge again before it rejoins (a rejoin gets a higher epoch).
+    -1 (unknown, a coordinator of an earlier release): the records are released, no ticket is
+    fenced.
     """
 
     kind: ClassVar[str] = "release_member"
@@ -198,6 +208,7 @@ class ReleaseMember(_Message, tag="release_member"):
     partition: _Int64
     member_id: str
     reason: str = ""
+    member_epoch: _Int64 = -1
 
 
 class Tick(_Message, tag="tick"):
@@ -252,6 +263,10 @@ class HeartbeatResponse(_Message, tag="heartbeat_response"):
     ``leaders`` gives, for the assigned share-partitions whose leader announced one, the
     ``host:port`` of the leader's direct endpoint: ``[(topic, partition, address), ...]``
     (KIP-932 members learn share-partition leaders from metadata; here from the coordinator).
+    ``ticket`` (successful answers only) is the coordinator's signed assignment ticket
+    (:func:`queueflow.protocol.auth.issue_ticket`: group, member id, member epoch, assigned
+    share-partitions, expiry one session timeout away), opaque to the member, which attaches
+    the latest one to every :class:`ShareFetchRequest`.
     """
 
     kind: ClassVar[str] = "heartbeat_response"
@@ -264,6 +279,7 @@ class HeartbeatResponse(_Message, tag="heartbeat_response"):
     error: str = ErrorCode.NONE.value
     error_message: str = ""
     leaders: list[tuple[str, _Int64, str]] = msgspec.field(default_factory=list)
+    ticket: bytes = b""
 
 
 class ShareFetchCancel(_Message, tag="fetch_cancel"):

@@ -37,7 +37,7 @@ from queueflow.engine.group import ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import SkipLogLimiter
+from queueflow.protocol.auth import SkipLogLimiter, issue_ticket, ticket_key
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
 from queueflow.server.leader import control_auth, monotonic_ms, send_reply
@@ -70,6 +70,10 @@ class ShareGroupCoordinator:
         self.request_topic = topics.coordinator_topic(ctx.namespace)
         self.groups: dict[str, ShareGroup] = {}
         self.auth = control_auth(ctx, "coordinator")
+        s = ctx.settings
+        #: The key of the assignment tickets in heartbeat answers (see
+        #: :mod:`queueflow.server.tickets`); the leaders of the app derive the same.
+        self.ticket_key = ticket_key(s.auth_mode, s.auth_secret, ctx.namespace)
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         #: Direct endpoints of share-partition leaders, from their announcements:
         #: ``(topic, partition) -> (leader epoch, "host:port", received wall ms)``.
@@ -220,6 +224,16 @@ class ShareGroupCoordinator:
             for t, p in result.assignment:
                 response.assignment.setdefault(t, []).append(p)
             response.leaders = self._addresses(result.assignment, now)
+            if result.member_epoch > 0:  # not a leave: the member's proof for the leaders
+                response.ticket = issue_ticket(
+                    self.ticket_key,
+                    group=group.group_id,
+                    member_id=message.member_id,
+                    member_epoch=result.member_epoch,
+                    partitions=((t, p) for t, p in result.assignment),
+                    ttl_ms=group.session_timeout_ms,
+                    now_ms=now,
+                )
             if result.released:
                 await self._release(group, result.released, "member left")
         except ShareGroupError as exc:
@@ -282,13 +296,20 @@ class ShareGroupCoordinator:
         self, group: ShareGroup, released: list[tuple[str, list[TopicPartition]]], reason: str
     ) -> None:
         """Tell the leaders of every partition of the group's topics to release the members'
-        records (a member may hold records of partitions it was assigned earlier)."""
+        records (a member may hold records of partitions it was assigned earlier), and to refuse
+        their tickets issued up to now (``member_epoch``: the group epoch, which every later
+        ticket of a rejoining member exceeds)."""
         names = sorted(group.partitions)
         for member_id, _assignment in released:
             for name in names:
                 for partition in range(group.partitions[name]):
                     message = protocol.ReleaseMember(
-                        group.group_id, name, partition, member_id, reason
+                        group.group_id,
+                        name,
+                        partition,
+                        member_id,
+                        reason,
+                        member_epoch=group.group_epoch,
                     )
                     await self.ctx.sender.send(
                         topics.fetch_topic(self.ctx.namespace, name),

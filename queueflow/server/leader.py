@@ -29,7 +29,7 @@ from queueflow.engine.partition import AcknowledgementBatch, SharePartitionConfi
 from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.protocol.auth import ControlAuth, SkipLogLimiter
+from queueflow.protocol.auth import ControlAuth, SkipLogLimiter, ticket_key
 from queueflow.protocol.state_codec import (
     decode_request_position,
     encode_request_position,
@@ -37,6 +37,7 @@ from queueflow.protocol.state_codec import (
 )
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable, snapshot_key
+from queueflow.server.tickets import TicketGate
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
 
@@ -128,6 +129,14 @@ class ShareLeader:
         self.config = engine_config(ctx.settings)
         self.auth = control_auth(ctx, "leader")
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
+        s = ctx.settings
+        #: Membership, member epoch and assignment of each request, from its assignment
+        #: ticket (KIP-932 checks them on every ShareFetch; see queueflow.server.tickets).
+        self.tickets = TicketGate(
+            ticket_key(s.auth_mode, s.auth_secret, ctx.namespace),
+            required=s.auth_tickets == "required",
+        )
+        self.refusals = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
         self.refused: dict[tuple[str, int], CorruptStateError] = {}
         # Share-partitions of partitions this worker lost, kept in case a rebalance gives the
@@ -346,6 +355,9 @@ class ShareLeader:
                     durable.persist()
                     changed = True
         elif isinstance(message, protocol.ReleaseMember):
+            # Its tickets issued so far are refused from now on: nothing is acquired for it
+            # after this release (the records of a removed member are released once).
+            self.tickets.remove(message.group, message.member_id, partition, message.member_epoch)
             durable = await self._share_partition(message.group, partition)
             released = durable.engine.release_member(message.member_id, now)
             if released:
@@ -589,8 +601,13 @@ class ShareLeader:
     ) -> tuple[protocol.ShareFetchResponse, DurableSharePartition | None]:
         """Apply a request's acknowledgements, then acquire (KIP-932 "ShareFetch API").
 
+        Before anything else the request's assignment ticket must prove a current member
+        (:meth:`_refused`): otherwise the answer is ``UNKNOWN_MEMBER_ID`` for the fetch and its
+        acknowledgements, and nothing is loaded or changed.
+
         Returns the answer and the share-partition it changed (``None`` when its state could
-        not be loaded). With ``persist=False`` the caller persists (one write per batch).
+        not be loaded, or the request was refused). With ``persist=False`` the caller persists
+        (one write per batch).
         """
         response = protocol.ShareFetchResponse(
             member_id=request.member_id,
@@ -598,6 +615,13 @@ class ShareLeader:
             topic=self.topic,
             partition=partition,
         )
+        if self._refused(request, partition, now, response, acquiring=False):
+            if request.acks:
+                response.ack_error, response.ack_error_message = (
+                    response.error,
+                    response.error_message,
+                )
+            return response, None
         try:
             durable = await self._share_partition(request.group, partition)
         except CorruptStateError as exc:
@@ -636,7 +660,11 @@ class ShareLeader:
         response: protocol.ShareFetchResponse,
         now: int,
     ) -> None:
-        """Acquire up to the request's ``max_records`` into ``response``."""
+        """Acquire up to the request's ``max_records`` into ``response``, if its ticket is of
+        the member's latest epoch and assigns it the share-partition (checked again for a
+        parked request: the member may have been removed or its ticket expired meanwhile)."""
+        if self._refused(request, durable.partition, now, response, acquiring=True):
+            return
         tp = TopicPartition(self.topic, durable.partition)
         offsets = self.ctx.log_offsets
         # A long poll that finds nothing parks, and its wait refreshes the log end: it needs no
@@ -653,6 +681,47 @@ class ShareLeader:
             acquired = []
         response.acquired = [(a.first_offset, a.last_offset, a.delivery_count) for a in acquired]
         response.lock_timeout_ms = request.lock_duration_ms or self.config.record_lock_duration_ms
+
+    def _refused(
+        self,
+        request: protocol.ShareFetchRequest,
+        partition: int,
+        now: int,
+        response: protocol.ShareFetchResponse,
+        *,
+        acquiring: bool,
+    ) -> bool:
+        """Check the request's assignment ticket (:class:`~queueflow.server.tickets.TicketGate`;
+        ``acquiring``: also its epoch and assignment); on a refusal set ``response.error``,
+        count it (``queueflow_ticket_refusals``), log it rate-limited (``share_fetch_refused``)
+        and return True."""
+        refusal = self.tickets.check(
+            request.group,
+            request.member_id,
+            request.ticket,
+            now,
+            topic=self.topic,
+            partition=partition,
+            acquiring=acquiring,
+        )
+        if refusal is None:
+            return False
+        response.error, response.error_message = refusal.code.value, refusal.message
+        self.ctx.metrics.ticket_refusals.labels(self.topic, refusal.reason).inc()
+        suppressed = self.refusals.admit()
+        if suppressed is not None:
+            self._log.warning(
+                "share_fetch_refused",
+                group=request.group,
+                partition=partition,
+                member_id=request.member_id,
+                code=refusal.code.value,
+                reason=refusal.reason,
+                detail=refusal.message,
+                acknowledgements=len(request.acks),
+                suppressed=suppressed,
+            )
+        return True
 
     def _persist(self, group: str, durable: DurableSharePartition) -> None:
         """Write what changed (one delta) and refresh the share-partition's gauges."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,7 @@ from queueflow.member.transport import ReplyHandler
 from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
+from queueflow.protocol.auth import issue_ticket
 from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
@@ -406,6 +407,36 @@ class InProcessCluster:
         await agent.start()
         self._agents.append(agent)
         return agent
+
+    def ticket(
+        self,
+        group: str,
+        member_id: str,
+        partitions: Iterable[tuple[str, int]] | None = None,
+        *,
+        member_epoch: int = 1,
+        ttl_ms: int | None = None,
+    ) -> bytes:
+        """An assignment ticket as this cluster's coordinator would issue it, for tests that
+        speak the wire protocol by hand (attach it as ``ShareFetchRequest.ticket``).
+
+        Args:
+            partitions: the ``(topic, partition)`` pairs it assigns (default: every partition
+                of every topic).
+            member_epoch: the member epoch it proves.
+            ttl_ms: its lifetime in ms (default ``session_timeout_ms``) from the clock's now.
+        """
+        if partitions is None:
+            partitions = [(t, p) for t, n in self.topics.items() for p in range(n)]
+        return issue_ticket(
+            self.coordinator.ticket_key,
+            group=group,
+            member_id=member_id,
+            member_epoch=member_epoch,
+            partitions=partitions,
+            ttl_ms=self.settings.session_timeout_ms if ttl_ms is None else ttl_ms,
+            now_ms=self.clock.now_ms(),
+        )
 
     def share_partition(self, group: str, topic: str, partition: int) -> Any:
         """The leader's engine (:class:`~queueflow.engine.partition.SharePartition`) of a

@@ -21,7 +21,7 @@ TP0 = TopicPartition(TOPIC, 0)
 
 
 def forged_fetch(
-    member_id: str, request_id: int = 1, now_ms: int = 0
+    member_id: str, request_id: int = 1, now_ms: int = 0, ticket: bytes = b""
 ) -> protocol.ShareFetchRequest:
     return protocol.ShareFetchRequest(
         group="g",
@@ -32,6 +32,7 @@ def forged_fetch(
         reply_partition=0,
         max_records=100,
         deadline_ms=now_ms + 60_000,
+        ticket=ticket,
     )
 
 
@@ -62,7 +63,11 @@ def test_forged_and_replayed_requests_are_dropped() -> None:
             guessed = ControlAuth("hmac", "guess", ns, "m-x")
             insider = ControlAuth("hmac", SECRET, ns, "m-other")
             valid = ControlAuth("hmac", SECRET, ns, "m-x")
-            replayed = valid.seal(protocol.encode(forged_fetch("m-x", 7, cluster.clock.now_ms())))
+            # A genuine member's request: signed, with the ticket its heartbeat would bring.
+            ticket = cluster.ticket("g", "m-x")
+            replayed = valid.seal(
+                protocol.encode(forged_fetch("m-x", 7, cluster.clock.now_ms(), ticket))
+            )
             attacks = [
                 (fetch_topic, protocol.encode(forged_fetch("m-x"))),
                 (fetch_topic, guessed.seal(protocol.encode(forged_fetch("m-x")))),

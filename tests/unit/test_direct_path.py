@@ -17,6 +17,7 @@ from queueflow.member.agent import ShareAgent
 from queueflow.member.direct import DirectClient, DirectPathError
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
+from queueflow.protocol.auth import issue_ticket, ticket_key
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
 from queueflow.testing.inprocess import InProcessCluster
@@ -42,9 +43,23 @@ def direct_cluster(records: int = 0, partitions: int = 1, **overrides: Any) -> I
     return cluster
 
 
+def member_ticket(member: str, partitions: int = 8) -> bytes:
+    """The ticket the coordinator of an in-process cluster (app ``inprocess``, auth mode
+    ``none``) would give ``member`` of group ``g`` for partitions ``0..partitions-1``."""
+    return issue_ticket(
+        ticket_key("none", "", "inprocess"),
+        group="g",
+        member_id=member,
+        member_epoch=1,
+        partitions=[(TOPIC, p) for p in range(partitions)],
+        ttl_ms=60_000,
+    )
+
+
 def fetch(
     member: str, rid: int, max_records: int = 10, max_wait_ms: int = 0, **kw: Any
 ) -> protocol.ShareFetchRequest:
+    kw.setdefault("ticket", member_ticket(member))
     return protocol.ShareFetchRequest(
         group="g",
         topic=TOPIC,

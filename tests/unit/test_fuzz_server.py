@@ -45,9 +45,18 @@ _heartbeat = protocol.HeartbeatRequest(
     reply_partition=0,
     request_id=1,
 )
-# Fields every request must have, so a value of another type is always refused.
+# Fields whose value of another type is always refused (every request has them, or, for the
+# assignment ticket, bytes: a base64 string in JSON).
 _REQUIRED = {
-    "fetch": ("group", "topic", "partition", "member_id", "request_id", "reply_partition"),
+    "fetch": (
+        "group",
+        "topic",
+        "partition",
+        "member_id",
+        "request_id",
+        "reply_partition",
+        "ticket",
+    ),
     "heartbeat": ("group", "member_id", "member_epoch", "reply_partition", "request_id"),
 }
 _wrong_type = st.one_of(

@@ -35,6 +35,9 @@ class RawMember:
         self.group = group
         self.replies: list[Any] = []
         self._request_id = 0
+        #: Its assignment ticket: its last heartbeat answer's, else one the coordinator would
+        #: issue for every partition (so that requests sent without joining are served).
+        self.ticket = b""
         cluster.bus.members[member_id.encode()] = lambda raw: self.replies.append(
             protocol.decode(raw)
         )
@@ -78,6 +81,8 @@ class RawMember:
         topic = topics.coordinator_topic(self.cluster.namespace)
         reply = await self.call(topic, 0, self.heartbeat_request(epoch), **kwargs)
         assert isinstance(reply, protocol.HeartbeatResponse)
+        if reply.ticket:
+            self.ticket = reply.ticket
         return reply
 
     def fetch_request(
@@ -98,6 +103,7 @@ class RawMember:
             max_records=max_records,
             acks=acks or [],
             deadline_ms=clock.now_ms() + 1000 if deadline_ms is None else deadline_ms,
+            ticket=self.ticket or self.cluster.ticket(self.group, self.member_id),
         )
 
     async def fetch(

@@ -136,6 +136,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "lock_duration_ms",
         "deadline_ms",
         "max_wait_ms",
+        "ticket",
     ),
     ShareFetchResponse: (
         "member_id",
@@ -150,7 +151,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "ack_stale",
         "lock_timeout_ms",
     ),
-    ReleaseMember: ("group", "topic", "partition", "member_id", "reason"),
+    ReleaseMember: ("group", "topic", "partition", "member_id", "reason", "member_epoch"),
     Tick: ("sent_ms",),
     Fence: ("leader_epoch", "sent_ms"),
     HeartbeatRequest: (
@@ -173,6 +174,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "error",
         "error_message",
         "leaders",
+        "ticket",
     ),
     LeaderAnnouncement: ("topic", "partitions", "leader_epoch", "address", "sent_ms"),
     ShareFetchCancel: ("member_id", "request_id", "topic", "partition"),

@@ -99,6 +99,8 @@ messages: st.SearchStrategy[Message] = st.one_of(
         acks,
         st.none() | i64,
         i64,
+        i64,
+        st.binary(max_size=64),
         v=versions,
     ),
     st.builds(
@@ -116,7 +118,7 @@ messages: st.SearchStrategy[Message] = st.one_of(
         i64,
         v=versions,
     ),
-    st.builds(ReleaseMember, text, text, small, text, text, v=versions),
+    st.builds(ReleaseMember, text, text, small, text, text, i64, v=versions),
     st.builds(Tick, i64, v=versions),
     st.builds(Fence, i64, i64, v=versions),
     st.builds(
@@ -141,6 +143,8 @@ messages: st.SearchStrategy[Message] = st.one_of(
         i64,
         text,
         text,
+        st.lists(st.tuples(text, small, text), max_size=2),
+        st.binary(max_size=64),
         v=versions,
     ),
 )
