@@ -33,9 +33,7 @@ the producer's linger). It needs no running worker, and changes nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
-import random
 import re
 import time
 import uuid
@@ -44,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.clock import SYSTEM_CLOCK, Clock
@@ -53,7 +51,7 @@ from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts
 from queueflow.kafka.config import KafkaClientConfig
-from queueflow.kafka.lifecycle import stop_quietly
+from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.auth import ControlAuth
@@ -166,10 +164,6 @@ class SharePartitionOffsets:
     lag: int | None
     in_flight: Mapping[str, int] = field(default_factory=dict)
     error: str | None = None
-
-
-#: Called with the raw bytes of each reply addressed to the admin.
-ReplyHandler = Callable[[bytes], None]
 
 
 class AdminTransport(Protocol):
@@ -881,77 +875,43 @@ class _KafkaOffsets:
         }
 
 
-class _KafkaAdminTransport:
-    """The admin's requests as records on the coordinator topic; its answers read from one
-    reply-topic partition (as :class:`queueflow.member.transport.KafkaMemberTransport`)."""
+class _KafkaAdminTransport(KafkaReplyChannel):
+    """The admin's requests as records on the coordinator topic (acks=all, awaited); its
+    answers read from one reply-topic partition (as a member's,
+    :class:`queueflow.member.transport.KafkaMemberTransport`)."""
 
     def __init__(self, kafka: KafkaClientConfig, app_id: str, admin_id: str) -> None:
-        self.kafka = kafka
+        super().__init__(
+            kafka,
+            topics.reply_topic(app_id),
+            admin_id,
+            f"{kafka.client_id}-admin",
+            what="admin",
+            acks="all",
+            wait_for_ack=True,
+            reply_fetch_wait_ms=200,
+        )
         self.app_id = app_id
-        self._key = admin_id.encode()
-        self.client_id = f"{kafka.client_id}-admin"
-        self.reply_partition = random.randrange(topics.REPLY_PARTITIONS)
-        self._producer: AIOKafkaProducer | None = None
-        self._replies: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
 
     async def start(self, on_reply: ReplyHandler) -> None:
-        """Start the producer and the reply consumer, at the reply partition's end (so every
-        answer to a request sent afterwards is read)."""
-        tp = KafkaTopicPartition(topics.reply_topic(self.app_id), self.reply_partition)
+        """Check that the app's reply and coordinator topics exist, then start (see
+        :meth:`KafkaReplyChannel.start`).
+
+        Raises:
+            ConfigurationError: a topic is missing (a wrong app id, or no worker of the app
+                ever ran): sending would auto-create it and nobody would answer.
+        """
         admin = admin_client(self.kafka)
         await admin.start()
         try:
-            needed = [tp.topic, topics.coordinator_topic(self.app_id)]
+            needed = [self.reply_topic, topics.coordinator_topic(self.app_id)]
             missing = sorted(set(needed) - set(await existing_partition_counts(admin, needed)))
         finally:
             await admin.close()
-        if missing:  # sending would create it (auto-create) and nobody would answer
+        if missing:
             raise ConfigurationError(
                 f"no share-group coordinator for app {self.app_id!r}: topic(s) "
                 f"{', '.join(missing)} do not exist; check the app id (the Faust app's id) and "
                 "that a worker of the app has run"
             )
-        self._producer = AIOKafkaProducer(
-            **self.kafka.client_kwargs(self.client_id), linger_ms=0, acks="all"
-        )
-        await self._producer.start()
-        self._replies = AIOKafkaConsumer(
-            **self.kafka.client_kwargs(self.client_id),
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=200,
-        )
-        await self._replies.start()
-        self._replies.assign([tp])
-        await self._replies.seek_to_end(tp)
-        await self._replies.position(tp)
-        self._reader = asyncio.create_task(self._read(on_reply), name="queueflow-admin-replies")
-
-    async def _read(self, on_reply: ReplyHandler) -> None:
-        assert self._replies is not None
-        while True:
-            batches = await self._replies.getmany(timeout_ms=500)
-            for messages in batches.values():
-                for message in messages:
-                    if message.key == self._key and message.value is not None:
-                        on_reply(message.value)
-
-    async def send(self, topic: str, partition: int, payload: bytes) -> None:
-        """Produce one request record (acks=all)."""
-        assert self._producer is not None, "start() was not called"
-        await self._producer.send_and_wait(topic, payload, key=self._key, partition=partition)
-
-    async def close(self) -> None:
-        """Stop the reply reader, the consumer and the producer."""
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-            self._reader = None
-        if self._replies is not None:
-            await stop_quietly("admin reply consumer", self._replies.stop)
-            self._replies = None
-        if self._producer is not None:
-            await stop_quietly("admin producer", self._producer.stop)
-            self._producer = None
+        await super().start(on_reply)

@@ -12,18 +12,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import random
-from collections.abc import Callable
 from typing import Protocol
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
-from queueflow.kafka.lifecycle import stop_quietly
+from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.protocol.auth import ControlAuth
@@ -34,9 +29,6 @@ log = structlog.get_logger("queueflow.member.transport")
 
 #: How long (ms) the broker may hold a member's fetch of the reply topic when it is empty.
 REPLY_FETCH_WAIT_MS = 5000
-
-#: Called with the raw bytes of each reply addressed to this member.
-ReplyHandler = Callable[[bytes], None]
 
 
 class MemberTransport(Protocol):
@@ -61,8 +53,9 @@ class MemberTransport(Protocol):
         ...
 
 
-class KafkaMemberTransport:
-    """Requests as records on the request topics, replies read from one reply-topic partition.
+class KafkaMemberTransport(KafkaReplyChannel):
+    """Requests as records on the request topics (acks=1, not awaited: a lost one is a missing
+    answer, which :class:`Requester` times out), replies read from one reply-topic partition.
 
     Args:
         kafka: the cluster.
@@ -74,70 +67,19 @@ class KafkaMemberTransport:
     def __init__(
         self, kafka: KafkaClientConfig, namespace: str, member_id: str, client_id: str
     ) -> None:
-        self.kafka = kafka
+        # Replies arrive within a long poll anyway; a long wait only makes an idle member's
+        # reply fetches rare.
+        super().__init__(
+            kafka,
+            internal.reply_topic(namespace),
+            member_id,
+            client_id,
+            what="member",
+            acks=1,
+            reply_fetch_wait_ms=REPLY_FETCH_WAIT_MS,
+        )
         self.namespace = namespace
         self.member_id = member_id
-        self._key = member_id.encode()
-        self.client_id = client_id
-        self.reply_partition = random.randrange(internal.REPLY_PARTITIONS)
-        self._producer: AIOKafkaProducer | None = None
-        self._replies: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
-
-    async def start(self, on_reply: ReplyHandler) -> None:
-        """Start the producer and the reply consumer (at the reply partition's end)."""
-        self._producer = AIOKafkaProducer(
-            **self.kafka.client_kwargs(self.client_id), linger_ms=0, acks=1
-        )
-        await self._producer.start()
-        self._replies = AIOKafkaConsumer(
-            **self.kafka.client_kwargs(self.client_id),
-            enable_auto_commit=False,
-            # Replies arrive within a long poll anyway; a long wait only makes an idle
-            # member's reply fetches rare.
-            fetch_max_wait_ms=REPLY_FETCH_WAIT_MS,
-        )
-        await self._replies.start()
-        tp = KafkaTopicPartition(internal.reply_topic(self.namespace), self.reply_partition)
-        self._replies.assign([tp])
-        await self._replies.seek_to_end(tp)
-        await self._replies.position(tp)
-        self._reader = asyncio.create_task(self._read(on_reply), name="queueflow-replies")
-
-    async def _read(self, on_reply: ReplyHandler) -> None:
-        assert self._replies is not None
-        key = self._key
-        while True:
-            batches = await self._replies.getmany(timeout_ms=1000)
-            for messages in batches.values():
-                for message in messages:
-                    if message.key == key and message.value is not None:
-                        on_reply(message.value)
-
-    async def send(self, topic: str, partition: int, payload: bytes) -> None:
-        """Produce one request record (acks=1, no linger).
-
-        Raises:
-            RuntimeError: :meth:`start` was not called.
-            aiokafka.errors.KafkaError: the record could not be produced.
-        """
-        if self._producer is None:
-            raise RuntimeError("KafkaMemberTransport.start() was not called")
-        await self._producer.send(topic, payload, key=self._key, partition=partition)
-
-    async def close(self) -> None:
-        """Stop the reply reader, the consumer and the producer."""
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader
-            self._reader = None
-        if self._replies is not None:
-            await stop_quietly("member reply consumer", self._replies.stop)
-            self._replies = None
-        if self._producer is not None:
-            await stop_quietly("member producer", self._producer.stop)
-            self._producer = None
 
 
 class Requester:
