@@ -23,15 +23,7 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
-
-LEADER_SETTINGS = {
-    "share.auto.offset.reset": "earliest",
-    "group.share.record.lock.duration.ms": 60_000,  # held records stay Acquired
-    "group.share.session.timeout.ms": 6000,
-    "group.share.heartbeat.interval.ms": 500,
-}
-MEMBER_SETTINGS = {"group.share.heartbeat.interval.ms": 500, "max.poll.records": 50}
-WAIT_S = 60.0
+from tests.integration.admin_env import LEADER_SETTINGS, MEMBER_SETTINGS, WAIT_S
 
 
 @pytest.fixture(scope="module")
