@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from admin_env import LEADER_SETTINGS, MEMBER_SETTINGS, WAIT_S
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from click.testing import CliRunner
@@ -26,7 +27,6 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.protocol import topics
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
-from tests.integration.admin_env import LEADER_SETTINGS, MEMBER_SETTINGS, WAIT_S
 
 
 @pytest.fixture(scope="module")

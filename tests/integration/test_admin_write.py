@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from admin_env import LEADER_SETTINGS, MEMBER_SETTINGS, WAIT_S
 from click.testing import CliRunner
 
 from queueflow import ACCEPT, RELEASE, ShareConsumer, ShareRecord
@@ -23,7 +24,6 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
-from tests.integration.admin_env import LEADER_SETTINGS, MEMBER_SETTINGS, WAIT_S
 
 
 @pytest.fixture(scope="module")
