@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import traceback
 import uuid
@@ -89,7 +90,11 @@ class Context:
 
 
 def guarded(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one scenario; an exception becomes ``{"error", "traceback"}`` in the results and is
+    printed, so that a failed scenario is never just an empty table row."""
     try:
         return run()
     except Exception as exc:
-        return {"error": repr(exc)[:500], "traceback": traceback.format_exc()[-2000:]}
+        tb = traceback.format_exc()
+        print(f"scenario failed: {exc!r}\n{tb}", file=sys.stderr, flush=True)
+        return {"error": repr(exc)[:500], "traceback": tb[-2000:]}

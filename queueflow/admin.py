@@ -50,7 +50,7 @@ from queueflow.engine.group import ShareGroup
 from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts
-from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
@@ -549,7 +549,8 @@ class ShareGroupAdmin:
         # answer (it is checked on the coordinator's ticks).
         request.deadline_ms = self._clock.now_ms() + self.timeout_ms * 3 // 4
         settings = self._settings if self._settings is not None else ShareGroupSettings.load()
-        auth = ControlAuth(settings.auth_mode, settings.auth_secret, self.app_id, self.admin_id)
+        check_control_auth(settings, self.config)
+        auth = ControlAuth(settings.control_auth_mode, settings.auth_secret, self.app_id, self.admin_id)
         make = self._transport or (
             lambda admin_id: _KafkaAdminTransport(self.config, self.app_id, admin_id)
         )

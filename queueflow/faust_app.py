@@ -39,7 +39,7 @@ from queueflow import logging as qf_logging
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
-from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
@@ -422,6 +422,13 @@ class ShareGroups:
             replication_factor=int(app.conf.topic_replication_factor),
             extra=credentials_to_kwargs(app.conf.broker_credentials, app.conf.ssl_context),
         )
+        if check_control_auth(self.settings, self.kafka) == "none":
+            log.warning(
+                "control_messages_unauthenticated",
+                app=self.namespace,
+                detail="queueflow.auth.mode resolves to none: control messages are not signed; "
+                "set queueflow.auth.secret on every worker to authenticate them",
+            )
         self.member_context = MemberContext.for_kafka(
             self.kafka, self.namespace, self.settings, self.metrics
         )

@@ -347,11 +347,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "auth_mode",
         "queueflow.auth.mode",
-        "none",
-        choices=("none", "hmac"),
+        "auto",
+        choices=("auto", "hmac", "none"),
         doc="hmac: every control message is signed with `queueflow.auth.secret` and unsigned, "
         "forged, stale or replayed ones are dropped (docs/operations.md, threat model); none: "
-        "no authentication (a trusted cluster).",
+        "no authentication (a trusted cluster); auto: hmac when `queueflow.auth.secret` is set, "
+        "else none on a PLAINTEXT cluster and a refusal to start on a SASL or SSL one.",
         read_by="every worker and member (same value everywhere)",
     ),
     Setting(
@@ -518,6 +519,18 @@ class ShareGroupSettings:
             object.__setattr__(self, setting.attr, value)
             values[setting.attr] = value
         _cross_check(values, {})
+
+    @property
+    def control_auth_mode(self) -> str:
+        """The authentication control messages use: ``"hmac"`` or ``"none"``.
+
+        ``queueflow.auth.mode=auto`` means ``hmac`` when ``queueflow.auth.secret`` is set, else
+        ``none``; :func:`queueflow.kafka.config.check_control_auth` refuses the latter on a
+        secured cluster.
+        """
+        if self.auth_mode == "auto":
+            return "hmac" if self.auth_secret else "none"
+        return self.auth_mode
 
     def as_kip_names(self) -> dict[str, int | str]:
         """The settings keyed by their KIP-932 names (for logs, admin output and docs)."""

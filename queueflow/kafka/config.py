@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queueflow.errors import ConfigurationError
+from queueflow.settings import ShareGroupSettings
 
-__all__ = ["KafkaClientConfig", "bootstrap_servers"]
+__all__ = ["KafkaClientConfig", "bootstrap_servers", "check_control_auth"]
 
 
 def bootstrap_servers(broker: str | Iterable[Any]) -> str:
@@ -66,3 +67,36 @@ class KafkaClientConfig:
             "client_id": client_id or self.client_id,
             **self.extra,
         }
+
+
+def check_control_auth(settings: ShareGroupSettings, kafka: KafkaClientConfig) -> str:
+    """Refuse unauthenticated control messages on a secured cluster unless asked for.
+
+    With ``queueflow.auth.mode=auto`` (the default) and no ``queueflow.auth.secret``, control
+    messages go unsigned. On a PLAINTEXT cluster that is no weaker than the cluster itself (any
+    client that reaches the broker can read and write every topic); on a SASL or SSL cluster,
+    whose ACLs let the app's principals write the internal topics, anyone else with that right
+    could drive share groups, so queueflow asks for a secret (or an explicit
+    ``queueflow.auth.mode=none``). Issue #12, docs/operations.md "Threat model".
+
+    Args:
+        settings: the app's share-group settings.
+        kafka: how queueflow's clients reach the cluster (``extra["security_protocol"]``).
+
+    Returns:
+        The authentication control messages will use: ``"hmac"`` or ``"none"``.
+
+    Raises:
+        ConfigurationError: ``auto`` without a secret on a SASL or SSL cluster.
+    """
+    protocol = str(kafka.extra.get("security_protocol", "PLAINTEXT")).upper()
+    if settings.auth_mode == "auto" and not settings.auth_secret and protocol != "PLAINTEXT":
+        raise ConfigurationError(
+            f"this app reaches Kafka over {protocol}, a secured cluster, but its control "
+            "messages would not be authenticated (queueflow.auth.mode=auto and no "
+            "queueflow.auth.secret): any principal allowed to write queueflow's internal topics "
+            "could acquire, acknowledge or fence. Set queueflow.auth.secret (or "
+            "$QUEUEFLOW_AUTH_SECRET) to the same secret on every worker, member and admin of "
+            "the app, or set queueflow.auth.mode=none to accept that risk"
+        )
+    return settings.control_auth_mode

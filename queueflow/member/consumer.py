@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
-from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
 from queueflow.logging import limit_client_logs
 from queueflow.member.context import MemberContext
@@ -78,8 +78,9 @@ class ShareConsumer:
             Every Kafka client of the consumer uses these security settings.
 
     Raises:
-        ConfigurationError: an invalid mode or setting, or an invalid combination of security
-            arguments (the message names it).
+        ConfigurationError: an invalid mode or setting, an invalid combination of security
+            arguments (the message names it), or a SASL/SSL cluster with
+            ``queueflow.auth.mode=auto`` and no ``queueflow.auth.secret``.
     """
 
     def __init__(
@@ -116,17 +117,16 @@ class ShareConsumer:
             ssl_context=ssl_context,
         )
         if context is None:
-            context = MemberContext.for_kafka(
-                KafkaClientConfig.from_broker(
-                    bootstrap_servers, client_id=client_id, extra=security
-                ),
-                app_id,
-                (
-                    settings
-                    if isinstance(settings, ShareGroupSettings)
-                    else ShareGroupSettings.load(settings)
-                ),
+            kafka = KafkaClientConfig.from_broker(
+                bootstrap_servers, client_id=client_id, extra=security
             )
+            loaded = (
+                settings
+                if isinstance(settings, ShareGroupSettings)
+                else ShareGroupSettings.load(settings)
+            )
+            check_control_auth(loaded, kafka)
+            context = MemberContext.for_kafka(kafka, app_id, loaded)
         self.ctx = context
         self.settings = context.settings
         self.max_poll_records = max_poll_records or self.settings.max_poll_records

@@ -157,7 +157,7 @@ class ShareFetchSession:
         self.acks_dropped = 0
         self.member_id = str(uuid.uuid4())
         s = ctx.settings
-        auth = ControlAuth(s.auth_mode, s.auth_secret, ctx.namespace, self.member_id)
+        auth = ControlAuth(s.control_auth_mode, s.auth_secret, ctx.namespace, self.member_id)
         self._requester = Requester(
             ctx.io.transport(self.member_id, client_id),
             ctx.namespace,

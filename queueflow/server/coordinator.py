@@ -73,7 +73,7 @@ class ShareGroupCoordinator:
         s = ctx.settings
         #: The key of the assignment tickets in heartbeat answers (see
         #: :mod:`queueflow.server.tickets`); the leaders of the app derive the same.
-        self.ticket_key = ticket_key(s.auth_mode, s.auth_secret, ctx.namespace)
+        self.ticket_key = ticket_key(s.control_auth_mode, s.auth_secret, ctx.namespace)
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         #: Direct endpoints of share-partition leaders, from their announcements:
         #: ``(topic, partition) -> (leader epoch, "host:port", received wall ms)``.

@@ -65,7 +65,7 @@ def control_auth(ctx: ServerContext, role: str) -> ControlAuth:
     """The :class:`~queueflow.protocol.auth.ControlAuth` of one server loop (``role``: leader,
     coordinator, ticker, endpoint) under ``queueflow.auth.mode``; each has its own replay cache."""
     s = ctx.settings
-    return ControlAuth(s.auth_mode, s.auth_secret, ctx.namespace, f"{ctx.namespace}/{role}")
+    return ControlAuth(s.control_auth_mode, s.auth_secret, ctx.namespace, f"{ctx.namespace}/{role}")
 
 
 async def send_reply(
@@ -133,7 +133,7 @@ class ShareLeader:
         #: Membership, member epoch and assignment of each request, from its assignment
         #: ticket (KIP-932 checks them on every ShareFetch; see queueflow.server.tickets).
         self.tickets = TicketGate(
-            ticket_key(s.auth_mode, s.auth_secret, ctx.namespace),
+            ticket_key(s.control_auth_mode, s.auth_secret, ctx.namespace),
             required=s.auth_tickets == "required",
         )
         self.refusals = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))

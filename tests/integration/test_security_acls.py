@@ -36,6 +36,9 @@ RECORDS = 60
 PARTITIONS = 2
 #: Seconds for every record to be handled and acknowledged.
 DEADLINE_S = 60.0
+#: The app's shared secret: on a SASL/SSL cluster queueflow refuses to run unsigned unless told
+#: to (queueflow.auth.mode=auto), so the secured app signs its control messages.
+SECRET = "secured-app-secret"
 
 
 def admin_kwargs(broker: LocalBroker) -> dict[str, Any]:
@@ -62,7 +65,7 @@ def consumer_for(
     assert broker.security is not None
     common: dict[str, Any] = {
         "app_id": app_id,
-        "settings": {"share.auto.offset.reset": "earliest"},
+        "settings": {"share.auto.offset.reset": "earliest", "queueflow.auth.secret": SECRET},
         "ssl_context": broker.security.ssl_context(cert),
     }
     if cert is not None:
@@ -115,6 +118,7 @@ class Secured:
             "SEC_PASSWORD": USERS[user],
             "SEC_CAFILE": str(self.broker.security.ca_path),
             "QUEUEFLOW_ROLE": role,
+            "QUEUEFLOW_AUTH_SECRET": SECRET,
         }
         argv = faust_worker_argv(
             "tests.integration.security_app", self.tmp_path / f"data-{role}", web_port=web_port

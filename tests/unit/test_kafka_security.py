@@ -166,3 +166,56 @@ def test_spark_kafka_options_reach_the_client_config() -> None:
 def test_spark_kafka_options_invalid_combinations(options: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         KafkaOptions.parse({"bootstrap.servers": "h:1", **options})
+
+
+# -- queueflow.auth.mode=auto: signed with a secret, refused unsigned on a secured cluster ------
+
+
+@pytest.mark.parametrize("protocol", ["SSL", "SASL_PLAINTEXT", "SASL_SSL"])
+def test_auto_without_a_secret_is_refused_on_a_secured_cluster(protocol: str) -> None:
+    from queueflow.kafka.config import check_control_auth
+    from queueflow.settings import ShareGroupSettings
+
+    kafka = KafkaClientConfig("h:9093", extra={"security_protocol": protocol})
+    with pytest.raises(ConfigurationError, match="queueflow.auth.secret") as info:
+        check_control_auth(ShareGroupSettings(), kafka)
+    assert protocol in str(info.value)
+    assert "queueflow.auth.mode=none" in str(info.value)  # the way to accept the risk
+
+
+@pytest.mark.parametrize(
+    ("mode", "secret", "protocol", "expected"),
+    [
+        ("auto", "", "PLAINTEXT", "none"),
+        ("auto", "s", "PLAINTEXT", "hmac"),
+        ("auto", "s", "SASL_SSL", "hmac"),
+        ("none", "", "SASL_SSL", "none"),  # explicitly accepted
+        ("hmac", "s", "PLAINTEXT", "hmac"),
+    ],
+)
+def test_the_control_auth_mode_each_setting_resolves_to(
+    mode: str, secret: str, protocol: str, expected: str
+) -> None:
+    from queueflow.kafka.config import check_control_auth
+    from queueflow.settings import ShareGroupSettings
+
+    settings = ShareGroupSettings(auth_mode=mode, auth_secret=secret)
+    kafka = KafkaClientConfig("h:9093", extra={"security_protocol": protocol})
+    assert check_control_auth(settings, kafka) == expected
+    assert settings.control_auth_mode == expected
+
+
+def test_a_share_consumer_on_a_secured_cluster_without_a_secret_fails_before_connecting() -> None:
+    from queueflow import ShareConsumer
+
+    with pytest.raises(ConfigurationError, match="SASL_SSL, a secured cluster"):
+        ShareConsumer(
+            "g",
+            app_id="app",
+            bootstrap_servers="127.0.0.1:1",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="PLAIN",
+            sasl_plain_username="u",
+            sasl_plain_password="p",
+            ssl_context=ssl.create_default_context(),
+        )
