@@ -549,8 +549,8 @@ class ShareGroupAdmin:
         # answer (it is checked on the coordinator's ticks).
         request.deadline_ms = self._clock.now_ms() + self.timeout_ms * 3 // 4
         settings = self._settings if self._settings is not None else ShareGroupSettings.load()
-        check_control_auth(settings, self.config)
-        auth = ControlAuth(settings.control_auth_mode, settings.auth_secret, self.app_id, self.admin_id)
+        mode = check_control_auth(settings, self.config)
+        auth = ControlAuth(mode, settings.auth_secret, self.app_id, self.admin_id)
         make = self._transport or (
             lambda admin_id: _KafkaAdminTransport(self.config, self.app_id, admin_id)
         )

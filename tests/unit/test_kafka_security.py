@@ -177,7 +177,7 @@ def test_auto_without_a_secret_is_refused_on_a_secured_cluster(protocol: str) ->
     from queueflow.settings import ShareGroupSettings
 
     kafka = KafkaClientConfig("h:9093", extra={"security_protocol": protocol})
-    with pytest.raises(ConfigurationError, match="queueflow.auth.secret") as info:
+    with pytest.raises(ConfigurationError, match=r"queueflow\.auth\.secret") as info:
         check_control_auth(ShareGroupSettings(), kafka)
     assert protocol in str(info.value)
     assert "queueflow.auth.mode=none" in str(info.value)  # the way to accept the risk
