@@ -1,7 +1,9 @@
 """What the admin tests (test_admin, test_admin_write) share: the leader's and members' settings
-(KIP-932 names) and the bound of every wait."""
+(KIP-932 names), the bound of every wait, and the members they start."""
 
 from __future__ import annotations
+
+from queueflow import ShareConsumer
 
 LEADER_SETTINGS = {
     "share.auto.offset.reset": "earliest",
@@ -11,3 +13,15 @@ LEADER_SETTINGS = {
 }
 MEMBER_SETTINGS = {"group.share.heartbeat.interval.ms": 500, "max.poll.records": 50}
 WAIT_S = 60.0
+
+
+def member(bootstrap: str, app_id: str, group: str) -> ShareConsumer:
+    """A member of ``group`` (explicit acknowledgement, client id ``<group>-client``)."""
+    return ShareConsumer(
+        group,
+        app_id=app_id,
+        bootstrap_servers=bootstrap,
+        acknowledgement_mode="explicit",
+        settings=MEMBER_SETTINGS,
+        client_id=f"{group}-client",
+    )

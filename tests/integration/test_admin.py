@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from admin_env import LEADER_SETTINGS, MEMBER_SETTINGS, WAIT_S
+from admin_env import LEADER_SETTINGS, WAIT_S, member
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from click.testing import CliRunner
 
-from queueflow import ACCEPT, REJECT, RELEASE, ShareConsumer, ShareRecord
+from queueflow import ACCEPT, REJECT, RELEASE, ShareRecord
 from queueflow.admin import ShareGroupAdmin
-from queueflow.devtools.broker import create_topic
+from queueflow.devtools.broker import create_topic, kafka_tool_argv
 from queueflow.devtools.cli import cli
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
@@ -42,17 +43,6 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )  # fmt: skip
     with worker.start():
         yield {"topic": topic, "app_id": app_id, "worker": worker}
-
-
-def member(bootstrap: str, app_id: str, group: str) -> ShareConsumer:
-    return ShareConsumer(
-        group,
-        app_id=app_id,
-        bootstrap_servers=bootstrap,
-        acknowledgement_mode="explicit",
-        settings=MEMBER_SETTINGS,
-        client_id=f"{group}-client",
-    )
 
 
 def outcome(r: ShareRecord) -> Any:
@@ -224,6 +214,33 @@ def test_cli_matches_kafka_share_groups_on_a_native_group(
         ours = run_cli(
             "--bootstrap-server", kafka_bootstrap, "--app", app_id, "--describe", "--group", "cmp"
         )
+        # --members: one live member in each group (the console share consumer stays in its
+        # group until --timeout-ms passes with no record).
+        native_member = subprocess.Popen(
+            kafka_tool_argv(
+                "console-share-consumer",
+                [
+                    "--bootstrap-server",
+                    kafka_bootstrap,
+                    "--topic",
+                    topic,
+                    "--group",
+                    native,
+                    "--timeout-ms",
+                    "120000",
+                ],
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            kafka_members, our_members = asyncio.run(
+                members_of_both(kafka_bootstrap, app_id, topic, native)
+            )
+        finally:
+            native_member.kill()
+            native_member.wait(timeout=30)
     print(f"kafka-share-groups.sh:\n{kafka.stdout}\nqueueflow share-groups:\n{ours.output}")
     our_lines = [line.split() for line in ours.output.splitlines() if line.strip()]
     assert ours.exit_code == 0, ours.output
@@ -231,6 +248,48 @@ def test_cli_matches_kafka_share_groups_on_a_native_group(
     mine = dict(zip(our_lines[0], our_lines[1], strict=True))
     for column in ("TOPIC", "PARTITION", "START-OFFSET", "LAG"):
         assert mine[column] == row[column], (column, ours.output, kafka.stdout)
+
+    print(f"kafka-share-groups.sh --members:\n{kafka_members}\n")
+    print(f"queueflow share-groups --members:\n{our_members}")
+    k_lines = [line.split() for line in kafka_members.splitlines() if line.strip()]
+    o_lines = [line.split() for line in our_members.splitlines() if line.strip()]
+    assert o_lines[0] == k_lines[0], (our_members, kafka_members)
+    assert len(k_lines) == len(o_lines) == 2, (our_members, kafka_members)
+    k_row, o_row = dict(zip(*k_lines, strict=True)), dict(zip(*o_lines, strict=True))
+    for column in ("#PARTITIONS", "ASSIGNMENT"):
+        assert o_row[column] == k_row[column], (column, our_members, kafka_members)
+
+
+async def members_of_both(bootstrap: str, app_id: str, topic: str, native: str) -> tuple[str, str]:
+    """``--describe --members`` of the native group (once Kafka's tool shows its console share
+    consumer) and of queueflow's group ``cmp`` while a member is in it."""
+    from queueflow.devtools.broker import run_kafka_tool
+
+    c = member(bootstrap, app_id, "cmp")
+    await c.subscribe([topic])
+    await c.poll(timeout_ms=500)  # joined, with its assignment
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            kafka = await asyncio.to_thread(
+                run_kafka_tool,
+                "share-groups",
+                ["--bootstrap-server", bootstrap, "--describe", "--group", native, "--members"],
+                90,
+                check=True,
+            )
+            if len([line for line in kafka.stdout.splitlines() if line.strip()]) >= 2:
+                break
+            assert time.monotonic() < deadline, f"no native member within {WAIT_S} s"
+            await asyncio.sleep(0.5)
+        ours = await asyncio.to_thread(
+            run_cli, "--bootstrap-server", bootstrap, "--app", app_id, "--describe", "--group",
+            "cmp", "--members",
+        )  # fmt: skip
+        assert ours.exit_code == 0, ours.output
+        return kafka.stdout, ours.output
+    finally:
+        await c.close()
 
 
 def test_the_app_s_internal_topics_roll_and_expire_their_segments(

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-from admin_env import LEADER_SETTINGS, MEMBER_SETTINGS, WAIT_S
+from admin_env import LEADER_SETTINGS, WAIT_S, member
 from click.testing import CliRunner
 
 from queueflow import ACCEPT, RELEASE, ShareConsumer, ShareRecord
@@ -39,16 +39,6 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )  # fmt: skip
     with worker.start():
         yield {"topic": topic, "app_id": app_id}
-
-
-def member(bootstrap: str, app_id: str, group: str) -> ShareConsumer:
-    return ShareConsumer(
-        group,
-        app_id=app_id,
-        bootstrap_servers=bootstrap,
-        acknowledgement_mode="explicit",
-        settings=MEMBER_SETTINGS,
-    )
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:

@@ -58,6 +58,7 @@ from queueflow.devtools.broker.tools import (
     ADMIN_TOOLS,
     DEFAULT_TOOL_JVM_OPTS,
     TOOL_ALIASES,
+    kafka_tool_argv,
     run_kafka_tool,
 )
 from queueflow.devtools.broker.topics import create_topic
@@ -90,5 +91,6 @@ __all__ = [
     "is_serving",
     "kafka_home",
     "kafka_libs",
+    "kafka_tool_argv",
     "run_kafka_tool",
 ]

@@ -20,6 +20,7 @@ __all__ = [
     "ADMIN_TOOLS",
     "DEFAULT_TOOL_JVM_OPTS",
     "TOOL_ALIASES",
+    "kafka_tool_argv",
     "log4j_option",
     "run_kafka_tool",
 ]
@@ -83,6 +84,40 @@ def log4j_option(path: Path) -> str:
     return f"-Dlog4j.configuration=file:{path}"
 
 
+def kafka_tool_argv(
+    main_class: str, args: Sequence[str], *, jvm_opts: Sequence[str] | None = None
+) -> list[str]:
+    """The command line :func:`run_kafka_tool` runs, for a tool started in the background
+    (``subprocess.Popen``), e.g. a console share consumer that stays in its group.
+
+    Args:
+        main_class: fully qualified main class, or a key of :data:`TOOL_ALIASES`.
+        args: the tool's arguments.
+        jvm_opts: JVM options (default as for :func:`run_kafka_tool`).
+
+    Raises:
+        BrokerError: Java/Maven missing (see :func:`kafka_libs`).
+    """
+    java = find_java()
+    libs = kafka_libs()
+    main = TOOL_ALIASES.get(main_class, main_class)
+    opts = (
+        list(jvm_opts)
+        if jvm_opts is not None
+        else jvm_opts_from_env(ENV_TOOL_JVM_OPTS, DEFAULT_TOOL_JVM_OPTS)
+    )
+    return [
+        java,
+        *opts,
+        "-Djava.awt.headless=true",
+        log4j_option(_tools_log4j_config()),
+        "-cp",
+        f"{libs}/*",
+        main,
+        *args,
+    ]
+
+
 def run_kafka_tool(
     main_class: str,
     args: Sequence[str],
@@ -117,24 +152,8 @@ def run_kafka_tool(
         BrokerError: Java/Maven missing (see :func:`kafka_libs`), the timeout expired (the
             message holds the output so far), or ``check`` and a non-zero exit.
     """
-    java = find_java()
-    libs = kafka_libs()
+    cmd = kafka_tool_argv(main_class, args, jvm_opts=jvm_opts)
     main = TOOL_ALIASES.get(main_class, main_class)
-    opts = (
-        list(jvm_opts)
-        if jvm_opts is not None
-        else jvm_opts_from_env(ENV_TOOL_JVM_OPTS, DEFAULT_TOOL_JVM_OPTS)
-    )
-    cmd = [
-        java,
-        *opts,
-        "-Djava.awt.headless=true",
-        log4j_option(_tools_log4j_config()),
-        "-cp",
-        f"{libs}/*",
-        main,
-        *args,
-    ]
     log.debug("running %s", shlex.join(cmd))
     try:
         proc = subprocess.run(
