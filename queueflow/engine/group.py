@@ -7,9 +7,11 @@ persists :meth:`ShareGroup.to_dict` in a Faust table. Time is passed in (``now_m
 Rules implemented here:
 
 * member epoch 0 joins, -1 leaves; the member id is chosen by the member (a UUID);
-* any change of membership, subscriptions or partition counts bumps the group epoch, and the
-  assignment is recomputed by the SimpleAssignor (:mod:`queueflow.engine.assignor`); the
-  assignment epoch follows it and never moves backwards;
+* any change of membership, subscriptions, advertised assignors, racks or partition counts
+  bumps the group epoch, and the assignment is recomputed by the group's assignor
+  (:mod:`queueflow.engine.assignors`): the first of ``group.share.assignors`` that every member
+  supports, picked again on every such change (``simple``, KIP-932's SimpleAssignor, unless
+  configured otherwise); the assignment epoch follows it and never moves backwards;
 * a member silent for longer than ``group.share.session.timeout.ms`` is removed, and the leaders
   release its records;
 * epochs never go back: a heartbeat of a known member at an epoch above the group epoch (the
@@ -25,7 +27,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueflow.engine.assignor import assign
+from queueflow.engine.assignors import (
+    DEFAULT_ASSIGNOR,
+    AssignmentSpec,
+    AssignorSelection,
+    MemberSpec,
+    get_assignor,
+    select_assignor,
+)
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.structs import TopicPartition
 
@@ -52,6 +61,10 @@ class Member:
     last_heartbeat_ms: int = 0
     client_id: str = ""
     host: str = ""
+    #: The assignor names it advertises (``()``: an older member, which supports ``simple``).
+    assignors: tuple[str, ...] = ()
+    #: Its rack (``client.rack``), ``""`` if unset.
+    rack_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +89,31 @@ class ShareGroup:
         group_id: the share group id.
         session_timeout_ms: ``group.share.session.timeout.ms``.
         max_size: ``group.share.max.size``.
+        assignors: ``group.share.assignors``, most preferred first (registered names).
+
+    Attributes:
+        assignor: the assignor of the current assignment (persisted).
+        selection: the last choice made and why (``None`` before the first rebalance).
+        lag: share-partition → lag as its leader last reported it, set by the coordinator
+            before each call (input of lag-aware assignors; absent: unknown).
+        partition_racks: Kafka partition → rack of its leader broker, set likewise.
     """
 
-    def __init__(self, group_id: str, session_timeout_ms: int, max_size: int) -> None:
+    def __init__(
+        self,
+        group_id: str,
+        session_timeout_ms: int,
+        max_size: int,
+        assignors: Sequence[str] = (DEFAULT_ASSIGNOR,),
+    ) -> None:
         self.group_id = group_id
         self.session_timeout_ms = session_timeout_ms
         self.max_size = max_size
+        self.assignor_preference: tuple[str, ...] = tuple(assignors)
+        self.assignor = DEFAULT_ASSIGNOR
+        self.selection: AssignorSelection | None = None
+        self.lag: Mapping[TopicPartition, int] = {}
+        self.partition_racks: Mapping[TopicPartition, str] = {}
         self.members: dict[str, Member] = {}
         self.group_epoch = 0
         self.assignment_epoch = 0
@@ -108,6 +140,8 @@ class ShareGroup:
         partitions: Mapping[str, int],
         client_id: str = "",
         host: str = "",
+        assignors: Sequence[str] | None = None,
+        rack_id: str = "",
     ) -> HeartbeatResult:
         """Handle a ShareGroupHeartbeat.
 
@@ -117,6 +151,10 @@ class ShareGroup:
             subscribed_topics: topic names the member subscribes to.
             now_ms: current time in ms.
             partitions: topic → partition count for (at least) the subscribed topics.
+            client_id / host: shown by admin tooling.
+            assignors: the assignor names the member supports (``[]``: an older member, which
+                supports ``simple`` only); ``None`` keeps what it advertised before.
+            rack_id: the member's rack (``client.rack``), ``""`` if unset.
 
         Raises:
             ShareGroupError: ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a member
@@ -158,6 +196,10 @@ class ShareGroup:
                 # epochs), so move past it.
                 self.group_epoch = member_epoch
                 changed = True
+        advertised = member.assignors if assignors is None else tuple(assignors)
+        if (advertised, rack_id) != (member.assignors, member.rack_id):
+            member.assignors, member.rack_id = advertised, rack_id
+            changed = True  # the choice of assignor, or its input, may change
         member.last_heartbeat_ms = now_ms
         member.client_id = client_id or member.client_id
         member.host = host or member.host
@@ -201,13 +243,28 @@ class ShareGroup:
         for m in self.members.values():
             m.last_heartbeat_ms = now_ms
 
+    def select_assignor(self) -> AssignorSelection:
+        """Choose the group's assignor now: the first of ``group.share.assignors`` that every
+        current member supports (:func:`~queueflow.engine.assignors.select_assignor`)."""
+        self.selection = select_assignor(
+            self.assignor_preference, {m.member_id: m.assignors for m in self.members.values()}
+        )
+        self.assignor = self.selection.name
+        return self.selection
+
     def _rebalance(self) -> list[tuple[str, list[TopicPartition]]]:
         self.group_epoch += 1
-        target = assign(
-            {m.member_id: m.subscribed_topics for m in self.members.values()},
-            self.partitions,
-            {m.member_id: m.assignment for m in self.members.values()},
+        self.select_assignor()
+        spec = AssignmentSpec(
+            members={
+                m.member_id: MemberSpec(m.subscribed_topics, m.rack_id, tuple(m.assignment))
+                for m in self.members.values()
+            },
+            partitions=self.partitions,
+            lag=self.lag,
+            partition_racks=self.partition_racks,
         )
+        target = get_assignor(self.assignor).assign(spec)
         self.assignment_epoch = max(self.assignment_epoch, self.group_epoch)
         for m in self.members.values():
             m.assignment = target[m.member_id]
@@ -218,7 +275,7 @@ class ShareGroup:
 
     def to_dict(self) -> dict[str, Any]:
         """The durable form (stored in the coordinator's Faust table)."""
-        return {
+        data: dict[str, Any] = {
             "v": 1,
             "group_epoch": self.group_epoch,
             "assignment_epoch": self.assignment_epoch,
@@ -236,6 +293,17 @@ class ShareGroup:
                 for m in self.members.values()
             ],
         }
+        # Added later, written only when not the default (so older layouts stay byte-equal).
+        if self.assignor != DEFAULT_ASSIGNOR:
+            data["assignor"] = self.assignor
+        meta = {
+            m.member_id: [list(m.assignors), m.rack_id]
+            for m in self.members.values()
+            if m.assignors or m.rack_id
+        }
+        if meta:
+            data["member_meta"] = meta
+        return data
 
     @classmethod
     def from_dict(
@@ -269,6 +337,11 @@ class ShareGroup:
                     client_id,
                     host,
                 )
+            group.assignor = str(data.get("assignor", DEFAULT_ASSIGNOR))
+            for mid, (names, rack) in dict(data.get("member_meta", {})).items():
+                if mid in group.members:
+                    group.members[mid].assignors = tuple(str(n) for n in names)
+                    group.members[mid].rack_id = str(rack)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ShareGroupError(
                 ErrorCode.CORRUPT_STATE,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from queueflow.engine.assignors import check_known, parse_names
 from queueflow.engine.group import ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec, topics
@@ -50,6 +51,8 @@ log = structlog.get_logger("queueflow.server.coordinator")
 #: A leader address not announced again within this many ms is no longer handed out (leaders
 #: announce every 2 s; see :mod:`queueflow.server.endpoint`).
 LEADER_ADDRESS_TTL_MS = 6000
+#: A share-partition's lag not reported again within this many ms counts as unknown.
+LAG_TTL_MS = 10_000
 
 
 class ShareGroupCoordinator:
@@ -81,6 +84,14 @@ class ShareGroupCoordinator:
         self._last_event_ms = ctx.clock.now_ms()
         #: Admin requests forwarded to leaders and not yet answered, by group.
         self.pending: dict[str, _PendingAdmin] = {}
+        #: ``group.share.assignors``, most preferred first (checked against the registry now,
+        #: so a typo stops the worker at start-up rather than at the first rebalance).
+        self.assignors = parse_names(s.assignors, "group.share.assignors")
+        check_known(self.assignors, "group.share.assignors")
+        #: Lag of share-partitions from the leaders' announcements (the ``lag`` assignor's
+        #: input): ``group -> (topic, partition) -> (lag, received wall ms)``.
+        self.lag: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
+        self._logged_assignor: dict[str, str] = {}
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget groups whose coordinator partition moved away."""
@@ -110,13 +121,36 @@ class ShareGroupCoordinator:
                 group = group_codec.decode_group(
                     group_id, raw, s.session_timeout_ms, s.max_size, self.ctx.clock.now_ms()
                 )
+                self._logged_assignor[group_id] = group.assignor
+            group.assignor_preference = self.assignors
             self.groups[group_id] = group
         return group
+
+    def _feed(self, group: ShareGroup, now: int) -> None:
+        """Give the group the lag its leaders reported lately (older reports, or none: the
+        share-partition's lag is unknown to the assignors)."""
+        reports = self.lag.get(group.group_id, {})
+        group.lag = {
+            TopicPartition(t, p): lag
+            for (t, p), (lag, at) in reports.items()
+            if now - at <= LAG_TTL_MS
+        }
 
     def _persist(self, group: ShareGroup) -> None:
         self.table[group.group_id.encode()] = group_codec.encode_group(group)
         self.ctx.metrics.group_members.labels(group.group_id).set(len(group.members))
         self.ctx.metrics.group_epoch.labels(group.group_id).set(group.group_epoch)
+        if self._logged_assignor.get(group.group_id) != group.assignor:
+            self._logged_assignor[group.group_id] = group.assignor
+            selection = group.selection
+            log.info(
+                "assignor_selected",
+                group=group.group_id,
+                assignor=group.assignor,
+                reason=selection.reason if selection is not None else "stored",
+                members=len(group.members),
+                group_epoch=group.group_epoch,
+            )
 
     async def _handle(self, value: bytes) -> None:
         try:
@@ -152,6 +186,7 @@ class ShareGroupCoordinator:
             return
         if isinstance(message, protocol.Tick):
             for group in list(self.groups.values()):
+                self._feed(group, now)
                 released = group.expire(now)
                 if released:
                     for member_id, _ in released:
@@ -210,6 +245,7 @@ class ShareGroupCoordinator:
             return
         try:
             counts = await self.ctx.topic_metadata.partition_counts(list(message.subscribed_topics))
+            self._feed(group, now)
             result = group.heartbeat(
                 message.member_id,
                 message.member_epoch,
@@ -218,6 +254,8 @@ class ShareGroupCoordinator:
                 counts,
                 message.client_id,
                 message.host,
+                message.assignors,
+                message.rack_id,
             )
             response.member_epoch = result.member_epoch
             response.assignment = {}
@@ -251,7 +289,9 @@ class ShareGroupCoordinator:
 
     def _on_announcement(self, message: protocol.LeaderAnnouncement, now: int) -> None:
         """Remember a leader's direct endpoint; a higher leader epoch (a later Faust generation)
-        replaces a lower one, and an equal one refreshes it."""
+        replaces a lower one, and an equal one refreshes it. Its lag reports are kept."""
+        for group_id, partition, lag in message.lag:
+            self.lag.setdefault(group_id, {})[(message.topic, partition)] = (lag, now)
         for partition in message.partitions:
             key = (message.topic, partition)
             known = self.leader_addresses.get(key)
@@ -412,6 +452,7 @@ class ShareGroupCoordinator:
                 ErrorCode.GROUP_ID_NOT_FOUND, f"share group {group_id!r} does not exist"
             )
         group = self._group(group_id)
+        self._feed(group, now)
         released = group.expire(now) if group.members else []
         if released:
             self._persist(group)
@@ -493,6 +534,7 @@ class ShareGroupCoordinator:
             )
         elif isinstance(request, protocol.DeleteShareGroupRequest):
             self.groups.pop(request.group, None)
+            self.lag.pop(request.group, None)
             if self.table.get(request.group.encode()) is not None:
                 del self.table[request.group.encode()]
             self.ctx.metrics.group_members.labels(request.group).set(0)
