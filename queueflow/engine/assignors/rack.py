@@ -12,7 +12,8 @@ who gets what.
   (the one with most room left); then members keep other held ones; the rest go by
   SimpleAssignor's order.
 * With more members than partitions (each member gets one share-partition, each
-  share-partition ``floor`` or ``ceil`` of M/P members): members keep a held one in their rack;
+  share-partition ``floor`` or ``ceil`` of M/P members): members keep a held one in their rack
+  (or of unknown rack, if their rack has no more than its even share of members on it);
   the others take a share-partition in their rack if one has room, and otherwise the one with
   the fewest members of their own rack, so that the members of each rack are spread evenly
   over the share-partitions (a rack going down leaves no share-partition without members
@@ -60,8 +61,16 @@ class RackAwareAssignor:
                 out: dict[str, list[TopicPartition]] = {}
                 on: dict[TopicPartition, Counter[str]] = {tp: Counter() for tp in tps}
                 pending: list[str] = []
+                # A rack's fair share of each share-partition: its members spread evenly.
+                per_rack = Counter(racks[m] for m in members)
+                fair = {r: -(-n // len(tps)) for r, n in per_rack.items()}
+
+                def keeps(m: str, t: TopicPartition) -> bool:
+                    spread = not racks[m] or match(m, t) or on[t][racks[m]] < fair[racks[m]]
+                    return quota[t] > 0 and compatible(m, t) and spread
+
                 for m in members:
-                    kept = next((t for t in held[m] if quota[t] > 0 and compatible(m, t)), None)
+                    kept = next((t for t in held[m] if keeps(m, t)), None)
                     if kept is None:
                         pending.append(m)
                     else:
