@@ -1,0 +1,158 @@
+"""The choice of assignor and its lag input through ``InProcessCluster``: the real coordinator,
+leaders, members and admin on in-memory topics (``queueflow.engine.assignors``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+from inprocess_helpers import TOPIC, cluster_with, eventually, events, run, settings
+from structlog.testing import capture_logs
+
+from queueflow.errors import ConfigurationError
+from queueflow.member.consumer import ShareConsumer
+from queueflow.member.context import MemberContext
+from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics
+from queueflow.server.coordinator import ShareGroupCoordinator
+from queueflow.structs import TopicPartition
+from queueflow.testing import FakeClock
+from queueflow.testing.inprocess import InProcessCluster, _MemberIO
+
+
+async def heartbeat(
+    cluster: InProcessCluster, member_id: str, epoch: int, **fields: Any
+) -> protocol.HeartbeatResponse:
+    """One heartbeat of ``member_id`` sent as is (``fields``: ``assignors``, ``rack_id``)."""
+    replies: list[Any] = []
+    cluster.bus.members[member_id.encode()] = lambda raw: replies.append(protocol.decode(raw))
+    request = protocol.HeartbeatRequest(
+        group="g",
+        member_id=member_id,
+        member_epoch=epoch,
+        subscribed_topics=[TOPIC],
+        reply_partition=0,
+        request_id=1,
+        **fields,
+    )
+    await cluster.bus.send(
+        topics.coordinator_topic(cluster.namespace), 0, protocol.encode(request), b"k"
+    )
+    await cluster.bus.drain()
+    await eventually(lambda: bool(replies), f"an answer to {member_id}")
+    reply = replies[-1]
+    assert isinstance(reply, protocol.HeartbeatResponse) and reply.error == "NONE", reply
+    return reply
+
+
+def test_rolling_upgrade_keeps_simple_until_the_last_old_member_leaves() -> None:
+    async def scenario() -> None:
+        async with cluster_with(0, partitions=4, assignors="lag,simple") as cluster:
+            admin = cluster.admin()
+            with capture_logs() as logs:
+                await heartbeat(cluster, "old-1", 0)
+                await heartbeat(cluster, "old-2", 0)
+                new = ["simple", "lag", "rack"]
+                await heartbeat(cluster, "new-1", 0, assignors=new, rack_id="r1")
+                (described,) = await admin.describe_groups(["g"])
+                assert described.assignor == "simple"
+                members = {m.member_id: m for m in described.members}
+                assert members["old-1"].assignors == ()
+                assert (members["new-1"].assignors, members["new-1"].rack_id) == (tuple(new), "r1")
+                await heartbeat(cluster, "old-1", -1)
+                assert cluster.coordinator.groups["g"].assignor == "simple"
+                await heartbeat(cluster, "new-2", 0, assignors=new)
+                await heartbeat(cluster, "old-2", -1)  # the last old member
+                (described,) = await admin.describe_groups(["g"])
+                assert described.assignor == "lag"
+                # A new old member (a rollback) brings simple back.
+                await heartbeat(cluster, "old-3", 0)
+                assert cluster.coordinator.groups["g"].assignor == "simple"
+            selected = events(logs, "assignor_selected")
+            assert [e["assignor"] for e in selected] == ["simple", "lag", "simple"]
+            assert "'lag' not supported by 1 member(s): old-3" in selected[2]["reason"]
+            assert selected[1]["reason"].startswith("most preferred")
+
+    run(scenario())
+
+
+def test_members_advertise_their_settings() -> None:
+    async def scenario() -> None:
+        async with cluster_with(0, partitions=2, assignors="rack") as cluster:
+
+            def member(**overrides: Any) -> ShareConsumer:
+                ctx = MemberContext(
+                    cluster.namespace,
+                    settings(**overrides),
+                    _MemberIO(cluster),
+                    clock=cluster.clock,
+                    metrics=cluster.metrics,
+                )
+                return ShareConsumer("g", app_id=cluster.namespace, context=ctx)
+
+            new = member(member_assignors="rack", client_rack="eu-1a")
+            old = member(member_assignors="")  # advertises nothing, like an older queueflow
+            await new.subscribe([TOPIC])
+            group = cluster.coordinator.groups["g"]
+            assert group.assignor == "rack"
+            (joined,) = group.members.values()
+            assert (joined.assignors, joined.rack_id) == (("rack",), "eu-1a")
+            await old.subscribe([TOPIC])
+            assert group.assignor == "simple"
+            await old.close()
+            assert group.assignor == "rack"
+            await new.close()
+
+    run(scenario())
+
+
+def test_lag_reported_by_the_leaders_weights_the_assignment() -> None:
+    async def scenario() -> None:
+        clock = FakeClock()
+        cluster = InProcessCluster(
+            {TOPIC: 2},
+            clock=clock,
+            settings=settings(assignors="lag", leader_listener="127.0.0.1:0"),
+            direct=True,
+        )
+        for i in range(40):
+            cluster.produce(TOPIC, f"r{i}".encode(), partition=0 if i < 4 else 1)  # 4 and 36
+        async with cluster:
+            await heartbeat(cluster, "m0", 0, assignors=["lag"])
+            leader = cluster.leaders[TOPIC]
+            for p in (0, 1):  # load the share-partitions, as a first ShareFetch does
+                await leader._share_partition("g", p)
+            assert leader.lag_report([0, 1]) == [("g", 0, 4), ("g", 1, 36)]
+            assert leader.lag_report([1]) == [("g", 1, 36)]
+            clock.advance(10_000)  # the next announcement is due
+            await cluster.endpoint.announce()  # type: ignore[union-attr]
+            await cluster.bus.drain()
+            assert cluster.coordinator.lag["g"] == {
+                (TOPIC, 0): (4, clock.now_ms()),
+                (TOPIC, 1): (36, clock.now_ms()),
+            }
+            for i in range(1, 5):
+                await heartbeat(cluster, f"m{i}", 0, assignors=["lag"])
+            group = cluster.coordinator.groups["g"]
+            counts = Counter(tp.partition for m in group.members.values() for tp in m.assignment)
+            assert counts == {0: 1, 1: 4}  # SimpleAssignor would give 3 and 2
+            assert group.lag == {TopicPartition(TOPIC, 0): 4, TopicPartition(TOPIC, 1): 36}
+            clock.advance(60_000)  # reports this old no longer count
+            cluster.coordinator._feed(group, clock.now_ms())
+            assert group.lag == {}
+
+    run(scenario())
+
+
+def test_unknown_assignor_in_the_coordinator_settings_is_refused() -> None:
+    cluster = cluster_with(0)
+    with pytest.raises(ConfigurationError, match="group.share.assignors: unknown.*'fastest'"):
+        ShareGroupCoordinator(
+            type(cluster.server)(**{**_fields(cluster.server), "settings": settings(assignors="lag,fastest")}),
+            {},
+        )
+
+
+def _fields(ctx: Any) -> dict[str, Any]:
+    return {name: getattr(ctx, name) for name in ctx.__dataclass_fields__}
