@@ -49,10 +49,14 @@ def specs(draw: st.DrawFn) -> AssignmentSpec:
     for i in range(n):
         subs = draw(st.lists(st.sampled_from(TOPICS), unique=True, max_size=3))
         previous = draw(st.lists(st.sampled_from(all_tps), unique=True, max_size=4))
-        members[f"m{i}"] = MemberSpec(tuple(sorted(subs)), draw(st.sampled_from(RACKS)), tuple(previous))
+        members[f"m{i}"] = MemberSpec(
+            tuple(sorted(subs)), draw(st.sampled_from(RACKS)), tuple(previous)
+        )
     known = [TP(t, p) for t, count in partitions.items() for p in range(count)]
     lag = draw(st.dictionaries(st.sampled_from(known), st.integers(0, 10_000))) if known else {}
-    racks = draw(st.dictionaries(st.sampled_from(known), st.sampled_from(RACKS[1:]))) if known else {}
+    racks = (
+        draw(st.dictionaries(st.sampled_from(known), st.sampled_from(RACKS[1:]))) if known else {}
+    )
     return AssignmentSpec(members, partitions, lag, racks)
 
 
@@ -159,7 +163,10 @@ def test_lag_puts_the_extra_members_where_the_lag_is() -> None:
 def test_lag_quotas_follow_lag_per_member_and_sum_to_the_members() -> None:
     tps = [TP("t", p) for p in range(4)]
     assert lag_quotas(tps, 10, {tps[0]: 900, tps[3]: 300}) == {
-        tps[0]: 6, tps[1]: 1, tps[2]: 1, tps[3]: 2,
+        tps[0]: 6,
+        tps[1]: 1,
+        tps[2]: 1,
+        tps[3]: 2,
     }  # fmt: skip (900:300 is 3:1, and the two share-partitions without lag keep one each)
     assert lag_quotas(tps, 6, {}) == {tps[0]: 2, tps[1]: 2, tps[2]: 1, tps[3]: 1}
     assert lag_quotas(tps, 4, {tps[0]: 10**9}) == dict.fromkeys(tps, 1)
@@ -257,7 +264,7 @@ def custom() -> object:
 def test_builtins_are_registered() -> None:
     assert {"simple", "lag", "rack"} <= set(registered_assignors())
     assert isinstance(get_assignor("lag"), LagAwareAssignor)
-    with pytest.raises(ConfigurationError, match="unknown share-group assignor 'nope'.*lag"):
+    with pytest.raises(ConfigurationError, match=r"unknown share-group assignor 'nope'.*lag"):
         get_assignor("nope")
 
 
@@ -307,7 +314,7 @@ def test_parse_names_and_check_known() -> None:
         parse_names("lag,lag", "s")
     with pytest.raises(ConfigurationError, match="'' is not an assignor name"):
         parse_names("lag,,simple", "s")
-    with pytest.raises(ConfigurationError, match="group.share.assignors: unknown.*'fast'"):
+    with pytest.raises(ConfigurationError, match=r"group\.share\.assignors: unknown.*'fast'"):
         check_known(["lag", "fast"], "group.share.assignors")
 
 

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from inprocess_helpers import TOPIC, cluster_with, eventually, events, run, settings
+from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, settings
 from structlog.testing import capture_logs
 
 from queueflow.errors import ConfigurationError
@@ -146,13 +146,7 @@ def test_lag_reported_by_the_leaders_weights_the_assignment() -> None:
 
 
 def test_unknown_assignor_in_the_coordinator_settings_is_refused() -> None:
-    cluster = cluster_with(0)
-    with pytest.raises(ConfigurationError, match="group.share.assignors: unknown.*'fastest'"):
-        ShareGroupCoordinator(
-            type(cluster.server)(**{**_fields(cluster.server), "settings": settings(assignors="lag,fastest")}),
-            {},
-        )
-
-
-def _fields(ctx: Any) -> dict[str, Any]:
-    return {name: getattr(ctx, name) for name in ctx.__dataclass_fields__}
+    server = cluster_with(0).server
+    server.settings = settings(assignors="lag,fastest")
+    with pytest.raises(ConfigurationError, match=r"group\.share\.assignors: unknown.*'fastest'"):
+        ShareGroupCoordinator(server, {})

@@ -54,7 +54,9 @@ def even_quotas(tps: Sequence[TopicPartition], n_members: int) -> dict[TopicPart
     """With more members than partitions: members per share-partition, ``floor`` or ``ceil``
     of M/P (the first M mod P partitions get one more)."""
     n_parts = len(tps)
-    return {tp: n_members // n_parts + (1 if i < n_members % n_parts else 0) for i, tp in enumerate(tps)}
+    return {
+        tp: n_members // n_parts + (1 if i < n_members % n_parts else 0) for i, tp in enumerate(tps)
+    }
 
 
 def fill(

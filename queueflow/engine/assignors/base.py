@@ -65,7 +65,7 @@ class AssignmentSpec:
         members: member id → :class:`MemberSpec`.
         partitions: topic → partition count (topics unknown to the cluster are absent).
         lag: share-partition → records not yet delivered to completion (KIP-1226 lag: log end
-            offset − SPSO − Acknowledged/Archived in flight), as last reported by its leader;
+            offset - SPSO - Acknowledged/Archived in flight), as last reported by its leader;
             absent when unknown. Only lag-aware assignors read it.
         partition_racks: Kafka partition → rack of its leader broker; absent when unknown.
             Only rack-aware assignors read it.
@@ -105,7 +105,7 @@ def register_assignor(assignor: Assignor, *, replace: bool = False) -> None:
     ``queueflow.member.assignors``). Register on every leader worker before it starts.
 
     Raises:
-        ConfigurationError: the name is not 1–64 letters, digits, ``.``, ``_`` or ``-``
+        ConfigurationError: the name is not 1-64 letters, digits, ``.``, ``_`` or ``-``
             (starting with a letter or digit), or is taken and ``replace`` is false.
     """
     name = getattr(assignor, "name", None)
@@ -184,7 +184,9 @@ def select_assignor(
             if not members:
                 why = "no members"
             return AssignorSelection(name, f"{why} (group.share.assignors={','.join(preference)})")
-        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        shown = ", ".join(missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
         passed_over.append(f"{name!r} not supported by {len(missing)} member(s): {shown}")
     why = "; ".join(passed_over) or "no preference"
     return AssignorSelection(DEFAULT_ASSIGNOR, f"fallback: {why}")

@@ -1,11 +1,11 @@
 """``lag``: more members on the share-partitions with more lag.
 
 The lag of a share-partition is KIP-1226's: records not yet delivered to completion (log end
-offset − SPSO − Acknowledged/Archived in flight), as its leader last reported it (see
+offset - SPSO - Acknowledged/Archived in flight), as its leader last reported it (see
 :attr:`AssignmentSpec.lag`; unknown counts as 0).
 
 * With more members than partitions, every share-partition gets one member, and each of the
-  M − P others goes to the share-partition with the most lag per member so far (the D'Hondt
+  M - P others goes to the share-partition with the most lag per member so far (the D'Hondt
   method: lags 300/100/0 and 5 members give 3/1/1). Without lag it is SimpleAssignor's even
   split. Every member gets exactly one share-partition; members keep theirs where the new
   split allows (stickiness).
