@@ -246,6 +246,7 @@ class ShareGroupCoordinator:
         try:
             counts = await self.ctx.topic_metadata.partition_counts(list(message.subscribed_topics))
             self._feed(group, now)
+            await self._feed_racks(group, message)
             result = group.heartbeat(
                 message.member_id,
                 message.member_epoch,
@@ -286,6 +287,20 @@ class ShareGroupCoordinator:
                 state=group.state.value,
             )
         await self._reply(message, response)
+
+    async def _feed_racks(self, group: ShareGroup, message: protocol.HeartbeatRequest) -> None:
+        """Give the group the racks of its partitions' leader brokers (the ``rack`` assignor's
+        input), when a member has a rack and the host can tell (``partition_racks``; cached).
+        A failure leaves the racks unknown: the assignor then only spreads racks."""
+        lookup = getattr(self.ctx.topic_metadata, "partition_racks", None)
+        has_rack = bool(message.rack_id) or any(m.rack_id for m in group.members.values())
+        if lookup is None or not has_rack:
+            return
+        names = sorted(group.subscribed_topics() | set(message.subscribed_topics))
+        try:
+            group.partition_racks = await lookup(names)
+        except Exception as exc:  # metadata is a refinement: never fail a heartbeat on it
+            log.warning("partition_racks_unavailable", group=group.group_id, error=repr(exc))
 
     def _on_announcement(self, message: protocol.LeaderAnnouncement, now: int) -> None:
         """Remember a leader's direct endpoint; a higher leader epoch (a later Faust generation)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -15,6 +17,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 
 from queueflow.admin import ShareGroupAdmin
+from queueflow.kafka.admin import TopicMetadata
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.testing import WorkerProcess, event_time, faust_worker_argv
 
@@ -121,6 +124,14 @@ def test_rolling_upgrade_adds_an_assignor_and_loses_nothing(
                 # An old member is still there: the coordinator must keep simple.
                 assert describe() == "simple"
         until(lambda: describe() == "lag", "lag once the last old member left")
+        for view in ("--state", "--members"):  # the CLI shows it too (docs/operations.md)
+            argv = [sys.executable, "-m", "queueflow", "share-groups", "--bootstrap-server"]
+            argv += [kafka_bootstrap, "--app", app_id, "--describe", "--group", GROUP, view]
+            shown = subprocess.run(
+                [*argv, "--verbose"], capture_output=True, text=True, timeout=60, check=True
+            ).stdout
+            print(f"$ queueflow share-groups ... {view} --verbose\n{shown}")
+            assert "ASSIGNOR" in shown and "lag" in shown, shown
         produced = producer.finish()
         assert produced > 0
 
@@ -137,8 +148,28 @@ def test_rolling_upgrade_adds_an_assignor_and_loses_nothing(
         assert event_time(selected[1]) >= last_stop_at - 1.0
         assert "most preferred" in selected[1]["reason"]
         assert not any(w.events("share_agent_crashed") for w in started)
+        print(f"produced and ACCEPTed: {produced}; assignor_selected events:")
+        for event in selected:
+            print(json.dumps(event))
     finally:
         if producer.is_alive():
             producer.finish()
         for w in reversed(started):
             w.stop(timeout_s=60)
+
+
+def test_partition_racks_on_a_broker_without_rack(
+    kafka_bootstrap: str, topic_factory: Callable[..., str]
+) -> None:
+    """The session broker has no ``broker.rack``: no partition has a leader rack, so the
+    ``rack`` assignor can only spread members' racks (docs/operations.md, Assignors)."""
+    topic = topic_factory(2)
+
+    async def racks() -> dict[object, str]:
+        metadata = TopicMetadata(KafkaClientConfig(kafka_bootstrap))
+        try:
+            return dict(await metadata.partition_racks([topic, "qf-no-such-topic"]))
+        finally:
+            await metadata.close()
+
+    assert asyncio.run(racks()) == {}

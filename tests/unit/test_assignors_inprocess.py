@@ -11,6 +11,7 @@ from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, sett
 from structlog.testing import capture_logs
 
 from queueflow.errors import ConfigurationError
+from queueflow.kafka.admin import leader_racks
 from queueflow.member.consumer import ShareConsumer
 from queueflow.member.context import MemberContext
 from queueflow.protocol import messages as protocol
@@ -150,3 +151,41 @@ def test_unknown_assignor_in_the_coordinator_settings_is_refused() -> None:
     server.settings = settings(assignors="lag,fastest")
     with pytest.raises(ConfigurationError, match=r"group\.share\.assignors: unknown.*'fastest'"):
         ShareGroupCoordinator(server, {})
+
+
+def test_rack_members_get_the_partitions_led_in_their_rack() -> None:
+    async def scenario() -> None:
+        async with cluster_with(0, partitions=4, assignors="rack") as cluster:
+            asked: list[list[str]] = []
+
+            async def partition_racks(names: list[str]) -> dict[TopicPartition, str]:
+                asked.append(names)
+                return {TopicPartition(TOPIC, p): ("r1" if p % 2 else "r2") for p in range(4)}
+
+            # The in-process cluster is its own topic metadata; give it broker racks.
+            cluster.partition_racks = partition_racks  # type: ignore[attr-defined]
+            await heartbeat(cluster, "a", 0, assignors=["rack"], rack_id="r1")
+            await heartbeat(cluster, "b", 0, assignors=["rack"], rack_id="r2")
+            group = cluster.coordinator.groups["g"]
+            assert group.assignor == "rack" and asked == [[TOPIC], [TOPIC]]
+            assignment = {m: [tp.partition for tp in group.members[m].assignment] for m in "ab"}
+            assert assignment == {"a": [1, 3], "b": [0, 2]}
+
+    run(scenario())
+
+
+def test_leader_racks_from_cluster_metadata() -> None:
+    brokers = [{"node_id": 1, "rack": "eu-1a"}, {"node_id": 2, "rack": None}]
+    described = [
+        {
+            "topic": "t",
+            "error_code": 0,
+            "partitions": [
+                {"partition": 0, "leader": 1},
+                {"partition": 1, "leader": 2},  # no broker.rack
+                {"partition": 2, "leader": -1},  # no leader
+            ],
+        },
+        {"topic": "gone", "error_code": 3, "partitions": []},
+    ]
+    assert leader_racks(brokers, described) == {TopicPartition("t", 0): "eu-1a"}
