@@ -40,6 +40,8 @@ from queueflow.structs import TopicPartition
 
 #: Member and group epochs are Kafka int32s; a heartbeat claiming more is not believed.
 MAX_EPOCH = 2**31 - 1
+#: At most this many assignor names in a heartbeat (they are stored with the group).
+MAX_ADVERTISED = 32
 
 
 class GroupState(enum.Enum):
@@ -157,13 +159,30 @@ class ShareGroup:
             rack_id: the member's rack (``client.rack``), ``""`` if unset.
 
         Raises:
-            ShareGroupError: ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a member
-                the group doesn't know (it must rejoin with epoch 0); ``GROUP_MAX_SIZE_REACHED``;
-                ``GROUP_ID_NOT_FOUND`` if the group was deleted.
+            ShareGroupError: ``INVALID_REQUEST`` for more than :data:`MAX_ADVERTISED` assignor
+                names, a name of 0 or more than 64 characters, or a rack id of more than 255
+                (nothing changes); ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a
+                member the group doesn't know (it must rejoin with epoch 0);
+                ``GROUP_MAX_SIZE_REACHED``; ``GROUP_ID_NOT_FOUND`` if the group was deleted.
         """
         if self.dead:
             raise ShareGroupError(
                 ErrorCode.GROUP_ID_NOT_FOUND, f"share group {self.group_id!r} was deleted"
+            )
+        if assignors is not None and (
+            len(assignors) > MAX_ADVERTISED or any(not 0 < len(n) <= 64 for n in assignors)
+        ):
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"member {member_id} advertises {len(assignors)} assignor names; at most "
+                f"{MAX_ADVERTISED} names of 1-64 characters are allowed "
+                "(queueflow.member.assignors)",
+            )
+        if len(rack_id) > 255:
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"member {member_id} sent a rack id of {len(rack_id)} characters; at most 255 "
+                "(client.rack)",
             )
         if member_epoch == -1:
             released = self.leave(member_id)

@@ -26,7 +26,7 @@ from queueflow.engine.assignors import (
 from queueflow.engine.assignors.base import _REGISTRY, check_known
 from queueflow.engine.assignors.lag import lag_quotas
 from queueflow.engine.group import ShareGroup
-from queueflow.errors import ConfigurationError
+from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.protocol.group_codec import decode_group, encode_group
 from queueflow.structs import TopicPartition as TP
 
@@ -375,3 +375,24 @@ def test_groups_stored_before_assignors_decode_as_simple() -> None:
     assert group.assignor == "simple"
     assert group.members["m1"].assignors == ()
     assert encode_group(group) == stored  # unchanged layout while nothing new is set
+
+
+@pytest.mark.parametrize(
+    ("assignors", "rack"),
+    [(["x"] * 33, ""), ([""], ""), (["a" * 65], ""), (["simple"], "r" * 256)],
+    ids=["too-many", "empty-name", "long-name", "long-rack"],
+)
+def test_absurd_advertisements_are_refused_and_change_nothing(
+    assignors: list[str], rack: str
+) -> None:
+    group = ShareGroup("G", 45_000, 10, assignors=("lag", "simple"))
+    group.heartbeat("a", 0, ["t"], 0, {"t": 2}, assignors=["lag"])
+    before = group.to_dict()
+    with pytest.raises(ShareGroupError, match="at most") as caught:
+        group.heartbeat(
+            "a", group.group_epoch, ["t"], 1, {"t": 2}, assignors=assignors, rack_id=rack
+        )
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    with pytest.raises(ShareGroupError):
+        group.heartbeat("b", 0, ["t"], 1, {"t": 2}, assignors=assignors, rack_id=rack)
+    assert group.to_dict() == before
