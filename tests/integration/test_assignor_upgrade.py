@@ -27,7 +27,9 @@ WAIT_S = 90.0
 #: The coordinator prefers ``lag``; old members advertise nothing or only ``simple``.
 LEADER_ENV = {"QUEUEFLOW_GROUP_SHARE_ASSIGNORS": "lag,simple"}
 OLD = [{"QUEUEFLOW_MEMBER_ASSIGNORS": ""}, {"QUEUEFLOW_MEMBER_ASSIGNORS": "simple"}]
-NEW = {"QUEUEFLOW_MEMBER_ASSIGNORS": "simple,lag"}
+#: New members also name their rack: the coordinator then reads the partition leaders' racks
+#: from the cluster (none on this broker).
+NEW = {"QUEUEFLOW_MEMBER_ASSIGNORS": "simple,lag", "QUEUEFLOW_CLIENT_RACK": "rack-a"}
 
 
 class Producer(threading.Thread):
@@ -132,6 +134,7 @@ def test_rolling_upgrade_adds_an_assignor_and_loses_nothing(
             ).stdout
             print(f"$ queueflow share-groups ... {view} --verbose\n{shown}")
             assert "ASSIGNOR" in shown and "lag" in shown, shown
+            assert view == "--state" or shown.count("rack-a") == 2, shown
         produced = producer.finish()
         assert produced > 0
 
@@ -148,6 +151,7 @@ def test_rolling_upgrade_adds_an_assignor_and_loses_nothing(
         assert event_time(selected[1]) >= last_stop_at - 1.0
         assert "most preferred" in selected[1]["reason"]
         assert not any(w.events("share_agent_crashed") for w in started)
+        assert not leader.events("partition_racks_unavailable")
         print(f"produced and ACCEPTed: {produced}; assignor_selected events:")
         for event in selected:
             print(json.dumps(event))
