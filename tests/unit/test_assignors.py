@@ -305,6 +305,8 @@ def test_select_takes_the_first_preference_every_member_supports() -> None:
     assert select_assignor(["rack"], {"a": ["lag"]}).name == "simple"
     assert select_assignor([], {"a": new}).name == "simple"
     assert select_assignor(["lag"], {}).name == "lag"
+    unregistered = select_assignor(["gone", "lag"], {"a": ["gone", "lag"]})
+    assert unregistered.name == "lag" and "'gone' is not registered" in unregistered.reason
 
 
 def test_parse_names_and_check_known() -> None:

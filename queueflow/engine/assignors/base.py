@@ -174,10 +174,13 @@ def select_assignor(
 
     Returns:
         The selection; ``simple`` when no listed assignor is supported by all (every member
-        supports it), or when ``preference`` is empty.
+        supports it), or when ``preference`` is empty. Names not registered are passed over.
     """
     passed_over: list[str] = []
     for name in preference:
+        if name not in _REGISTRY:  # the coordinator checks its list at start; never fail here
+            passed_over.append(f"{name!r} is not registered")
+            continue
         missing = sorted(m for m, names in members.items() if name not in supported_by(names))
         if not missing:
             why = "most preferred" if not passed_over else "; ".join(passed_over)
