@@ -217,6 +217,17 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="coordinator",
     ),
     Setting(
+        "assignor_refresh_interval_ms",
+        "queueflow.assignor.refresh.interval.ms",
+        30000,
+        0,
+        3600000,
+        doc="How often (ms) the coordinator recomputes a stable group's assignment with fresh "
+        "inputs (lag for `lag`, racks for `rack`) and rebalances if it changed; 0: only when "
+        "membership changes.",
+        read_by="coordinator",
+    ),
+    Setting(
         "member_assignors",
         "queueflow.member.assignors",
         "simple,lag,rack",
@@ -475,6 +486,7 @@ class ShareGroupSettings:
     heartbeat_interval_ms: int = int_default("heartbeat_interval_ms")
     max_size: int = int_default("max_size")
     assignors: str = str_default("assignors")
+    assignor_refresh_interval_ms: int = int_default("assignor_refresh_interval_ms")
     member_assignors: str = str_default("member_assignors")
     client_rack: str = str_default("client_rack")
     auto_offset_reset: str = str_default("auto_offset_reset")

@@ -271,10 +271,8 @@ class ShareGroup:
         self.assignor = self.selection.name
         return self.selection
 
-    def _rebalance(self) -> list[tuple[str, list[TopicPartition]]]:
-        self.group_epoch += 1
-        self.select_assignor()
-        spec = AssignmentSpec(
+    def _spec(self) -> AssignmentSpec:
+        return AssignmentSpec(
             members={
                 m.member_id: MemberSpec(m.subscribed_topics, m.rack_id, tuple(m.assignment))
                 for m in self.members.values()
@@ -283,7 +281,34 @@ class ShareGroup:
             lag=self.lag,
             partition_racks=self.partition_racks,
         )
-        target = get_assignor(self.assignor).assign(spec)
+
+    def refresh(self) -> bool:
+        """Recompute the assignment with the current inputs (:attr:`lag`,
+        :attr:`partition_racks`) and rebalance, bumping the group epoch, only if it changed
+        (a stable group's ``lag`` assignment follows its lag this way; ``simple`` never
+        changes without a membership change).
+
+        Returns:
+            Whether it rebalanced.
+        """
+        if self.dead or not self.members:
+            return False
+        selection = select_assignor(
+            self.assignor_preference, {m.member_id: m.assignors for m in self.members.values()}
+        )
+        target = get_assignor(selection.name).assign(self._spec())
+        same = selection.name == self.assignor and all(
+            target[m.member_id] == sorted(m.assignment) for m in self.members.values()
+        )
+        if same:
+            return False
+        self._rebalance()
+        return True
+
+    def _rebalance(self) -> list[tuple[str, list[TopicPartition]]]:
+        self.group_epoch += 1
+        self.select_assignor()
+        target = get_assignor(self.assignor).assign(self._spec())
         self.assignment_epoch = max(self.assignment_epoch, self.group_epoch)
         for m in self.members.values():
             m.assignment = target[m.member_id]

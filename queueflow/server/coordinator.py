@@ -92,6 +92,8 @@ class ShareGroupCoordinator:
         #: input): ``group -> (topic, partition) -> (lag, received wall ms)``.
         self.lag: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
         self._logged_assignor: dict[str, str] = {}
+        #: When each group's assignment was last recomputed with fresh inputs (wall ms).
+        self._refreshed_at: dict[str, int] = {}
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget groups whose coordinator partition moved away."""
@@ -123,8 +125,28 @@ class ShareGroupCoordinator:
                 )
                 self._logged_assignor[group_id] = group.assignor
             group.assignor_preference = self.assignors
+            self._refreshed_at[group_id] = self.ctx.clock.now_ms()
             self.groups[group_id] = group
         return group
+
+    def _refresh(self, group: ShareGroup, now: int) -> None:
+        """Every ``queueflow.assignor.refresh.interval.ms``, recompute a group's assignment with
+        the lag and racks known now; rebalance if it changed (ShareGroup.refresh)."""
+        interval = self.ctx.settings.assignor_refresh_interval_ms
+        last = self._refreshed_at.setdefault(group.group_id, now)
+        if interval <= 0 or now - last < interval:
+            return
+        self._refreshed_at[group.group_id] = now
+        if group.refresh():
+            self._persist(group)
+            log.info(
+                "share_group_epoch",
+                group=group.group_id,
+                group_epoch=group.group_epoch,
+                members=len(group.members),
+                state=group.state.value,
+                reason=f"{group.assignor} assignment inputs changed",
+            )
 
     def _feed(self, group: ShareGroup, now: int) -> None:
         """Give the group the lag its leaders reported lately (older reports, or none: the
@@ -198,6 +220,7 @@ class ShareGroupCoordinator:
                         )
                     self._persist(group)
                     await self._release(group, released, "session timeout")
+                self._refresh(group, now)
             return
         if isinstance(message, protocol.LeaderAnnouncement):
             self._on_announcement(message, now)

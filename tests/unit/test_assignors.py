@@ -398,3 +398,23 @@ def test_absurd_advertisements_are_refused_and_change_nothing(
     with pytest.raises(ShareGroupError):
         group.heartbeat("b", 0, ["t"], 1, {"t": 2}, assignors=assignors, rack_id=rack)
     assert group.to_dict() == before
+
+
+def test_refresh_follows_lag_and_leaves_a_stable_simple_group_alone() -> None:
+    group = ShareGroup("G", 45_000, 10, assignors=("lag",))
+    for i in range(4):
+        group.heartbeat(f"m{i}", 0, ["t"], 0, {"t": 2}, assignors=["lag"])
+    epoch = group.group_epoch
+    assert not group.refresh()  # nothing changed: no rebalance
+    group.lag = {TP("t", 0): 900, TP("t", 1): 10}
+    assert group.refresh() and group.group_epoch == epoch + 1
+    counts = Counter(tp.partition for m in group.members.values() for tp in m.assignment)
+    assert counts == {0: 3, 1: 1}
+    assert all(m.member_epoch == group.group_epoch for m in group.members.values())
+    assert not group.refresh()  # same lag: stays
+    simple = ShareGroup("S", 45_000, 10)
+    for i in range(3):
+        simple.heartbeat(f"m{i}", 0, ["t"], 0, {"t": 2})
+    simple.lag = {TP("t", 0): 900}
+    assert not simple.refresh()
+    assert not ShareGroup("E", 45_000, 10).refresh()  # no members

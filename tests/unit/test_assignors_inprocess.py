@@ -139,6 +139,23 @@ def test_lag_reported_by_the_leaders_weights_the_assignment() -> None:
             counts = Counter(tp.partition for m in group.members.values() for tp in m.assignment)
             assert counts == {0: 1, 1: 4}  # SimpleAssignor would give 3 and 2
             assert group.lag == {TopicPartition(TOPIC, 0): 4, TopicPartition(TOPIC, 1): 36}
+            # The lag moves to partition 0: the next refresh (every
+            # queueflow.assignor.refresh.interval.ms, on a coordinator tick) follows it.
+            epoch = group.group_epoch
+            clock.advance(30_000)
+            moved = protocol.LeaderAnnouncement(
+                topic=TOPIC,
+                partitions=[0, 1],
+                leader_epoch=1,
+                address=cluster.endpoint.address,  # type: ignore[union-attr]
+                lag=[("g", 0, 50), ("g", 1, 2)],
+            )
+            coordinator_topic = topics.coordinator_topic(cluster.namespace)
+            for message in (moved, protocol.Tick(sent_ms=clock.now_ms())):
+                await cluster.bus.send(coordinator_topic, 0, protocol.encode(message), b"k")
+            await cluster.bus.drain()
+            counts = Counter(tp.partition for m in group.members.values() for tp in m.assignment)
+            assert counts == {0: 4, 1: 1} and group.group_epoch == epoch + 1
             clock.advance(60_000)  # reports this old no longer count
             cluster.coordinator._feed(group, clock.now_ms())
             assert group.lag == {}
