@@ -418,3 +418,12 @@ def test_refresh_follows_lag_and_leaves_a_stable_simple_group_alone() -> None:
     simple.lag = {TP("t", 0): 900}
     assert not simple.refresh()
     assert not ShareGroup("E", 45_000, 10).refresh()  # no members
+
+
+def test_refresh_applies_a_changed_preference() -> None:
+    group = ShareGroup("G", 45_000, 10)
+    group.heartbeat("a", 0, ["t"], 0, {"t": 2}, assignors=["simple", "lag"])
+    assert group.assignor == "simple"
+    group.assignor_preference = ("lag", "simple")  # a coordinator restarted with a new list
+    assert group.refresh() and group.assignor == "lag"
+    assert not group.refresh()
