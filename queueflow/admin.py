@@ -108,6 +108,8 @@ class MemberDescription:
         member_epoch: its member epoch.
         subscribed_topics: the topics it subscribes to.
         assignment: its share-partitions, ordered.
+        assignors: the assignors it advertises (``()``: an older member; ``simple`` only).
+        rack_id: its rack (``client.rack``), ``""`` if unset.
     """
 
     member_id: str
@@ -116,6 +118,8 @@ class MemberDescription:
     member_epoch: int
     subscribed_topics: tuple[str, ...]
     assignment: tuple[TopicPartition, ...]
+    assignors: tuple[str, ...] = ()
+    rack_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +132,8 @@ class ShareGroupDescription:
         group_epoch / assignment_epoch: KIP-932 epochs.
         partitions: partition count per subscribed topic, as the coordinator saw it.
         members: the members, ordered by member id.
+        assignor: the assignor of the current assignment (``group.share.assignors``: the
+            first every member supports; ``simple`` by default).
     """
 
     group_id: str
@@ -136,6 +142,7 @@ class ShareGroupDescription:
     assignment_epoch: int
     partitions: Mapping[str, int]
     members: tuple[MemberDescription, ...]
+    assignor: str = "simple"
 
 
 @dataclass(frozen=True, slots=True)
@@ -771,6 +778,8 @@ def _describe(group: ShareGroup) -> ShareGroupDescription:
             m.member_epoch,
             tuple(m.subscribed_topics),
             tuple(sorted(m.assignment)),
+            m.assignors,
+            m.rack_id,
         )
         for m in sorted(group.members.values(), key=lambda m: m.member_id)
     )
@@ -781,6 +790,7 @@ def _describe(group: ShareGroup) -> ShareGroupDescription:
         group.assignment_epoch,
         dict(group.partitions),
         members,
+        group.assignor,
     )
 
 

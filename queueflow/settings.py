@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -205,6 +206,42 @@ SETTINGS: tuple[Setting, ...] = (
         1000,
         doc="Members per share group.",
         read_by="coordinator",
+    ),
+    Setting(
+        "assignors",
+        "group.share.assignors",
+        "simple",
+        doc="Share-group assignors, comma-separated, most preferred first (`simple`, `lag`, "
+        "`rack` or registered ones): a group uses the first that every member supports "
+        "(docs/operations.md, Assignors).",
+        read_by="coordinator",
+    ),
+    Setting(
+        "assignor_refresh_interval_ms",
+        "queueflow.assignor.refresh.interval.ms",
+        30000,
+        0,
+        3600000,
+        doc="How often (ms) the coordinator recomputes a stable group's assignment with fresh "
+        "inputs (lag for `lag`, racks for `rack`) and rebalances if it changed; 0: only when "
+        "membership changes.",
+        read_by="coordinator",
+    ),
+    Setting(
+        "member_assignors",
+        "queueflow.member.assignors",
+        "simple,lag,rack",
+        doc="The assignors this member advertises in its heartbeats (comma-separated); empty: "
+        "advertise none, like a member of an older queueflow (supports `simple` only).",
+        read_by="member",
+    ),
+    Setting(
+        "client_rack",
+        "client.rack",
+        "",
+        doc="The member's rack, sent in its heartbeats for the `rack` assignor (Kafka's "
+        "consumer config of the same name); empty: none.",
+        read_by="member",
     ),
     Setting(
         "auto_offset_reset",
@@ -449,6 +486,10 @@ class ShareGroupSettings:
     session_timeout_ms: int = int_default("session_timeout_ms")
     heartbeat_interval_ms: int = int_default("heartbeat_interval_ms")
     max_size: int = int_default("max_size")
+    assignors: str = str_default("assignors")
+    assignor_refresh_interval_ms: int = int_default("assignor_refresh_interval_ms")
+    member_assignors: str = str_default("member_assignors")
+    client_rack: str = str_default("client_rack")
     auto_offset_reset: str = str_default("auto_offset_reset")
     snapshot_update_records_per_snapshot: int = int_default("snapshot_update_records_per_snapshot")
     max_poll_records: int = int_default("max_poll_records")
@@ -578,11 +619,34 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
             f"{_BY_ATTR['auth_mode'].name}=hmac needs {_BY_ATTR['auth_secret'].name} (or "
             f"${_BY_ATTR['auth_secret'].env}): set the same secret on every worker of the app"
         )
+    for attr in ("assignors", "member_assignors"):
+        problem = _name_list_problem(values[attr])
+        if problem:
+            raise ConfigurationError(
+                f"{show(attr)}: {problem}; give a comma-separated list of assignor names, "
+                "e.g. 'lag,simple'"
+            )
     if values["leader_listener"]:
         try:
             listener_address(values["leader_listener"])
         except ValueError as exc:
             raise ConfigurationError(f"{show('leader_listener')}: {exc}") from None
+
+
+_ASSIGNOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _name_list_problem(text: str) -> str:
+    """What is wrong with a comma-separated list of assignor names (``""`` if nothing)."""
+    if not text.strip():
+        return ""
+    names = [n.strip() for n in text.split(",")]
+    bad = [n for n in names if not _ASSIGNOR_NAME.fullmatch(n)]
+    if bad:
+        return f"{bad[0]!r} is not an assignor name (letters, digits, '.', '_', '-')"
+    if len(set(names)) != len(names):
+        return "an assignor is named twice"
+    return ""
 
 
 def listener_address(text: str) -> tuple[str, int]:

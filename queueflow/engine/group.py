@@ -7,9 +7,11 @@ persists :meth:`ShareGroup.to_dict` in a Faust table. Time is passed in (``now_m
 Rules implemented here:
 
 * member epoch 0 joins, -1 leaves; the member id is chosen by the member (a UUID);
-* any change of membership, subscriptions or partition counts bumps the group epoch, and the
-  assignment is recomputed by the SimpleAssignor (:mod:`queueflow.engine.assignor`); the
-  assignment epoch follows it and never moves backwards;
+* any change of membership, subscriptions, advertised assignors, racks or partition counts
+  bumps the group epoch, and the assignment is recomputed by the group's assignor
+  (:mod:`queueflow.engine.assignors`): the first of ``group.share.assignors`` that every member
+  supports, picked again on every such change (``simple``, KIP-932's SimpleAssignor, unless
+  configured otherwise); the assignment epoch follows it and never moves backwards;
 * a member silent for longer than ``group.share.session.timeout.ms`` is removed, and the leaders
   release its records;
 * epochs never go back: a heartbeat of a known member at an epoch above the group epoch (the
@@ -25,12 +27,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueflow.engine.assignor import assign
+from queueflow.engine.assignors import (
+    DEFAULT_ASSIGNOR,
+    AssignmentSpec,
+    AssignorSelection,
+    MemberSpec,
+    get_assignor,
+    select_assignor,
+)
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.structs import TopicPartition
 
 #: Member and group epochs are Kafka int32s; a heartbeat claiming more is not believed.
 MAX_EPOCH = 2**31 - 1
+#: At most this many assignor names in a heartbeat (they are stored with the group).
+MAX_ADVERTISED = 32
 
 
 class GroupState(enum.Enum):
@@ -52,6 +63,10 @@ class Member:
     last_heartbeat_ms: int = 0
     client_id: str = ""
     host: str = ""
+    #: The assignor names it advertises (``()``: an older member, which supports ``simple``).
+    assignors: tuple[str, ...] = ()
+    #: Its rack (``client.rack``), ``""`` if unset.
+    rack_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +91,31 @@ class ShareGroup:
         group_id: the share group id.
         session_timeout_ms: ``group.share.session.timeout.ms``.
         max_size: ``group.share.max.size``.
+        assignors: ``group.share.assignors``, most preferred first (registered names).
+
+    Attributes:
+        assignor: the assignor of the current assignment (persisted).
+        selection: the last choice made and why (``None`` before the first rebalance).
+        lag: share-partition → lag as its leader last reported it, set by the coordinator
+            before each call (input of lag-aware assignors; absent: unknown).
+        partition_racks: Kafka partition → rack of its leader broker, set likewise.
     """
 
-    def __init__(self, group_id: str, session_timeout_ms: int, max_size: int) -> None:
+    def __init__(
+        self,
+        group_id: str,
+        session_timeout_ms: int,
+        max_size: int,
+        assignors: Sequence[str] = (DEFAULT_ASSIGNOR,),
+    ) -> None:
         self.group_id = group_id
         self.session_timeout_ms = session_timeout_ms
         self.max_size = max_size
+        self.assignor_preference: tuple[str, ...] = tuple(assignors)
+        self.assignor = DEFAULT_ASSIGNOR
+        self.selection: AssignorSelection | None = None
+        self.lag: Mapping[TopicPartition, int] = {}
+        self.partition_racks: Mapping[TopicPartition, str] = {}
         self.members: dict[str, Member] = {}
         self.group_epoch = 0
         self.assignment_epoch = 0
@@ -108,6 +142,8 @@ class ShareGroup:
         partitions: Mapping[str, int],
         client_id: str = "",
         host: str = "",
+        assignors: Sequence[str] | None = None,
+        rack_id: str = "",
     ) -> HeartbeatResult:
         """Handle a ShareGroupHeartbeat.
 
@@ -117,15 +153,36 @@ class ShareGroup:
             subscribed_topics: topic names the member subscribes to.
             now_ms: current time in ms.
             partitions: topic → partition count for (at least) the subscribed topics.
+            client_id / host: shown by admin tooling.
+            assignors: the assignor names the member supports (``[]``: an older member, which
+                supports ``simple`` only); ``None`` keeps what it advertised before.
+            rack_id: the member's rack (``client.rack``), ``""`` if unset.
 
         Raises:
-            ShareGroupError: ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a member
-                the group doesn't know (it must rejoin with epoch 0); ``GROUP_MAX_SIZE_REACHED``;
-                ``GROUP_ID_NOT_FOUND`` if the group was deleted.
+            ShareGroupError: ``INVALID_REQUEST`` for more than :data:`MAX_ADVERTISED` assignor
+                names, a name of 0 or more than 64 characters, or a rack id of more than 255
+                (nothing changes); ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a
+                member the group doesn't know (it must rejoin with epoch 0);
+                ``GROUP_MAX_SIZE_REACHED``; ``GROUP_ID_NOT_FOUND`` if the group was deleted.
         """
         if self.dead:
             raise ShareGroupError(
                 ErrorCode.GROUP_ID_NOT_FOUND, f"share group {self.group_id!r} was deleted"
+            )
+        if assignors is not None and (
+            len(assignors) > MAX_ADVERTISED or any(not 0 < len(n) <= 64 for n in assignors)
+        ):
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"member {member_id} advertises {len(assignors)} assignor names; at most "
+                f"{MAX_ADVERTISED} names of 1-64 characters are allowed "
+                "(queueflow.member.assignors)",
+            )
+        if len(rack_id) > 255:
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"member {member_id} sent a rack id of {len(rack_id)} characters; at most 255 "
+                "(client.rack)",
             )
         if member_epoch == -1:
             released = self.leave(member_id)
@@ -158,6 +215,10 @@ class ShareGroup:
                 # epochs), so move past it.
                 self.group_epoch = member_epoch
                 changed = True
+        advertised = member.assignors if assignors is None else tuple(assignors)
+        if (advertised, rack_id) != (member.assignors, member.rack_id):
+            member.assignors, member.rack_id = advertised, rack_id
+            changed = True  # the choice of assignor, or its input, may change
         member.last_heartbeat_ms = now_ms
         member.client_id = client_id or member.client_id
         member.host = host or member.host
@@ -201,13 +262,53 @@ class ShareGroup:
         for m in self.members.values():
             m.last_heartbeat_ms = now_ms
 
+    def select_assignor(self) -> AssignorSelection:
+        """Choose the group's assignor now: the first of ``group.share.assignors`` that every
+        current member supports (:func:`~queueflow.engine.assignors.select_assignor`)."""
+        self.selection = select_assignor(
+            self.assignor_preference, {m.member_id: m.assignors for m in self.members.values()}
+        )
+        self.assignor = self.selection.name
+        return self.selection
+
+    def _spec(self) -> AssignmentSpec:
+        return AssignmentSpec(
+            members={
+                m.member_id: MemberSpec(m.subscribed_topics, m.rack_id, tuple(m.assignment))
+                for m in self.members.values()
+            },
+            partitions=self.partitions,
+            lag=self.lag,
+            partition_racks=self.partition_racks,
+        )
+
+    def refresh(self) -> bool:
+        """Recompute the assignment with the current inputs (:attr:`lag`,
+        :attr:`partition_racks`) and rebalance, bumping the group epoch, only if it changed
+        (a stable group's ``lag`` assignment follows its lag this way; ``simple`` never
+        changes without a membership change).
+
+        Returns:
+            Whether it rebalanced.
+        """
+        if self.dead or not self.members:
+            return False
+        selection = select_assignor(
+            self.assignor_preference, {m.member_id: m.assignors for m in self.members.values()}
+        )
+        target = get_assignor(selection.name).assign(self._spec())
+        same = selection.name == self.assignor and all(
+            target[m.member_id] == sorted(m.assignment) for m in self.members.values()
+        )
+        if same:
+            return False
+        self._rebalance()
+        return True
+
     def _rebalance(self) -> list[tuple[str, list[TopicPartition]]]:
         self.group_epoch += 1
-        target = assign(
-            {m.member_id: m.subscribed_topics for m in self.members.values()},
-            self.partitions,
-            {m.member_id: m.assignment for m in self.members.values()},
-        )
+        self.select_assignor()
+        target = get_assignor(self.assignor).assign(self._spec())
         self.assignment_epoch = max(self.assignment_epoch, self.group_epoch)
         for m in self.members.values():
             m.assignment = target[m.member_id]
@@ -218,7 +319,7 @@ class ShareGroup:
 
     def to_dict(self) -> dict[str, Any]:
         """The durable form (stored in the coordinator's Faust table)."""
-        return {
+        data: dict[str, Any] = {
             "v": 1,
             "group_epoch": self.group_epoch,
             "assignment_epoch": self.assignment_epoch,
@@ -236,6 +337,17 @@ class ShareGroup:
                 for m in self.members.values()
             ],
         }
+        # Added later, written only when not the default (so older layouts stay byte-equal).
+        if self.assignor != DEFAULT_ASSIGNOR:
+            data["assignor"] = self.assignor
+        meta = {
+            m.member_id: [list(m.assignors), m.rack_id]
+            for m in self.members.values()
+            if m.assignors or m.rack_id
+        }
+        if meta:
+            data["member_meta"] = meta
+        return data
 
     @classmethod
     def from_dict(
@@ -269,6 +381,11 @@ class ShareGroup:
                     client_id,
                     host,
                 )
+            group.assignor = str(data.get("assignor", DEFAULT_ASSIGNOR))
+            for mid, (names, rack) in dict(data.get("member_meta", {})).items():
+                if mid in group.members:
+                    group.members[mid].assignors = tuple(str(n) for n in names)
+                    group.members[mid].rack_id = str(rack)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ShareGroupError(
                 ErrorCode.CORRUPT_STATE,

@@ -15,12 +15,14 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.structs import TopicPartition
 
 __all__ = [
     "TopicMetadata",
     "create_topic_hint",
     "ensure_topic",
     "existing_partition_counts",
+    "leader_racks",
     "partition_counts",
     "topic_partition_counts",
     "unknown_topic_error",
@@ -117,6 +119,31 @@ async def _check_authorized(admin: AIOKafkaAdminClient, names: list[str]) -> Non
         )
 
 
+def leader_racks(
+    brokers: Iterable[Mapping[str, Any]], described: Iterable[Mapping[str, Any]]
+) -> dict[TopicPartition, str]:
+    """The rack (``broker.rack``) of each partition's leader broker.
+
+    Args:
+        brokers: ``describe_cluster()["brokers"]`` (``node_id``, ``rack``, ...).
+        described: ``describe_topics(...)`` (``topic``, ``error_code``, ``partitions`` with
+            ``partition`` and ``leader``).
+
+    Returns:
+        partition → rack; partitions whose leader has no rack (or is unknown) are absent.
+    """
+    rack_of = {b.get("node_id"): b.get("rack") for b in brokers}
+    out: dict[TopicPartition, str] = {}
+    for d in described:
+        if d.get("error_code"):
+            continue
+        for p in d.get("partitions") or ():
+            rack = rack_of.get(p.get("leader"))
+            if rack:
+                out[TopicPartition(str(d["topic"]), int(p["partition"]))] = str(rack)
+    return out
+
+
 async def topic_partition_counts(config: KafkaClientConfig, names: Iterable[str]) -> dict[str, int]:
     """Partition counts of the topics among ``names`` that exist (missing ones are absent);
     never creates a topic."""
@@ -164,6 +191,11 @@ async def partition_counts(config: KafkaClientConfig, names: Iterable[str]) -> d
     return counts
 
 
+#: How long (s) :meth:`TopicMetadata.partition_racks` reuses what it read (leaders move only
+#: when brokers fail or a reassignment runs).
+RACKS_TTL_S = 30.0
+
+
 class TopicMetadata:
     """Partition counts of topics, cached for ``ttl_s`` seconds, from one admin client.
 
@@ -177,6 +209,7 @@ class TopicMetadata:
         self.ttl_s = ttl_s
         self._admin: AIOKafkaAdminClient | None = None
         self._counts: dict[str, tuple[float, int]] = {}
+        self._racks: dict[tuple[str, ...], tuple[float, dict[TopicPartition, str]]] = {}
 
     async def partition_counts(self, names: list[str]) -> dict[str, int]:
         """Partition counts of the existing topics among ``names``."""
@@ -189,6 +222,23 @@ class TopicMetadata:
             for name, count in (await existing_partition_counts(self._admin, stale)).items():
                 self._counts[name] = (now, count)
         return {n: self._counts[n][1] for n in names if n in self._counts}
+
+    async def partition_racks(self, names: list[str]) -> dict[TopicPartition, str]:
+        """The rack of the leader broker of each partition of the existing topics among
+        ``names`` (for the ``rack`` assignor), cached for :data:`RACKS_TTL_S`; partitions whose
+        leader has no ``broker.rack`` are absent (all of them on a cluster without racks)."""
+        now = time.monotonic()
+        key = tuple(sorted(names))
+        cached = self._racks.get(key)
+        if cached is None or now - cached[0] > RACKS_TTL_S:
+            if self._admin is None:
+                self._admin = admin_client(self.config)
+                await self._admin.start()
+            existing = sorted(set(names) & set(await self._admin.list_topics()))
+            described = await self._admin.describe_topics(existing) if existing else []
+            cluster = await self._admin.describe_cluster()
+            cached = self._racks[key] = (now, leader_racks(cluster["brokers"], described))
+        return dict(cached[1])
 
     async def close(self) -> None:
         """Close the admin client."""

@@ -69,6 +69,10 @@ class Membership:
         self.settings = settings
         self.client_id = client_id
         self.member_id = member_id or str(uuid.uuid4())
+        #: What it advertises (``queueflow.member.assignors``, ``client.rack``): the coordinator
+        #: picks an assignor every member supports (queueflow.engine.assignors).
+        self.assignors = [n.strip() for n in settings.member_assignors.split(",") if n.strip()]
+        self.rack_id = settings.client_rack
         self.member_epoch = 0
         self.assignment: set[TopicPartition] = set()
         #: Set whenever :attr:`assignment` changes.
@@ -172,6 +176,8 @@ class Membership:
             request_id=rid,
             client_id=self.client_id,
             host=socket.gethostname(),
+            assignors=[] if leave else self.assignors,
+            rack_id="" if leave else self.rack_id,
         )
         response = await self.requester.call(
             internal.coordinator_topic(self.namespace),

@@ -6,7 +6,13 @@ takes the group over after a failover. The encoding is compact JSON, format vers
 written with msgspec:
 
 ``{"v":1,"group_epoch":G,"assignment_epoch":A,"dead":false,"partitions":{"topic":N,...},
-"members":[[member_id,member_epoch,[topic,...],[[topic,partition],...],client_id,host],...]}``
+"members":[[member_id,member_epoch,[topic,...],[[topic,partition],...],client_id,host],...],
+"assignor":"simple","member_meta":{member_id:[[assignor,...],rack_id],...}}``
+
+``assignor`` (the assignor of the current assignment) and ``member_meta`` (the assignors each
+member advertises and its rack, for members that advertise any) were added later without a
+version bump: groups stored before them decode with ``simple`` and no advertised assignors,
+and a queueflow that predates them ignores them (unknown fields are skipped).
 
 This is the layout of :meth:`ShareGroup.to_dict`, so groups the coordinator stored as
 ``json.dumps(group.to_dict())`` decode unchanged (whitespace and field order do not matter).
@@ -19,6 +25,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
+from queueflow.engine.assignors import DEFAULT_ASSIGNOR
 from queueflow.engine.group import Member, ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.structs import TopicPartition
@@ -34,7 +41,7 @@ _NonNegative = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 _MemberRow = tuple[str, _NonNegative, tuple[str, ...], Sequence[tuple[str, _NonNegative]], str, str]
 
 
-class _GroupRecord(msgspec.Struct, kw_only=True):
+class _GroupRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The stored form; field order is the layout. ``v`` is read untyped so that an unknown
     version gets its own message."""
 
@@ -44,6 +51,8 @@ class _GroupRecord(msgspec.Struct, kw_only=True):
     dead: bool
     partitions: dict[str, _NonNegative]
     members: list[_MemberRow]
+    assignor: str = DEFAULT_ASSIGNOR
+    member_meta: dict[str, tuple[tuple[str, ...], str]] = msgspec.field(default_factory=dict)
 
 
 _encoder: Final = msgspec.json.Encoder()
@@ -76,6 +85,12 @@ def encode_group(group: ShareGroup) -> bytes:
                 )
                 for m in group.members.values()
             ],
+            assignor=group.assignor,
+            member_meta={
+                m.member_id: (m.assignors, m.rack_id)
+                for m in group.members.values()
+                if m.assignors or m.rack_id
+            },
         )
     )
 
@@ -137,6 +152,11 @@ def decode_group(
     for member_id, epoch, topics, assignment, client_id, host in record.members:
         tps = [TopicPartition(topic, partition) for topic, partition in assignment]
         group.members[member_id] = Member(member_id, epoch, topics, tps, now_ms, client_id, host)
+    group.assignor = record.assignor
+    for member_id, (names, rack) in record.member_meta.items():
+        member = group.members.get(member_id)
+        if member is not None:
+            member.assignors, member.rack_id = tuple(names), rack
     return group
 
 

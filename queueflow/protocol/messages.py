@@ -240,7 +240,10 @@ class HeartbeatRequest(_Message, tag="heartbeat"):
     ``member_epoch`` 0 joins, -1 leaves, otherwise the current epoch. ``protocol_version`` is
     the member's :data:`PROTOCOL_VERSION`; the coordinator answers ``UNSUPPORTED_VERSION`` when
     it is not in its :data:`SUPPORTED_PROTOCOL_VERSIONS`. It is decoded unchecked so that the
-    coordinator can answer rather than drop the request.
+    coordinator can answer rather than drop the request. ``assignors`` are the share-group
+    assignors the member supports (``queueflow.member.assignors``; absent: an older member,
+    which supports ``simple`` only) and ``rack_id`` its rack (``client.rack``; KIP-848's
+    RackId); see :mod:`queueflow.engine.assignors`.
     """
 
     kind: ClassVar[str] = "heartbeat"
@@ -254,6 +257,8 @@ class HeartbeatRequest(_Message, tag="heartbeat"):
     client_id: str = ""
     host: str = ""
     protocol_version: _Int64 = PROTOCOL_VERSION
+    assignors: list[str] = msgspec.field(default_factory=list)
+    rack_id: str = ""
 
 
 class HeartbeatResponse(_Message, tag="heartbeat_response"):
@@ -304,7 +309,10 @@ class LeaderAnnouncement(_Message, tag="leader_announcement"):
     ``partitions`` are the source partitions it is live on, ``leader_epoch`` the Faust consumer
     generation it leads them in (a higher epoch replaces a lower one), ``address`` the
     ``host:port`` of its direct endpoint. Sent when the leader goes live and every few seconds
-    (the coordinator keeps them in memory only).
+    (the coordinator keeps them in memory only). ``lag`` reports, for the share-partitions of
+    those partitions it has loaded, ``(group, partition, lag)`` with KIP-1226's lag (records
+    not yet delivered to completion), the input of the ``lag`` assignor; an older coordinator
+    ignores it.
     """
 
     kind: ClassVar[str] = "leader_announcement"
@@ -314,6 +322,7 @@ class LeaderAnnouncement(_Message, tag="leader_announcement"):
     leader_epoch: _Int64
     address: str
     sent_ms: _Int64 = 0
+    lag: list[tuple[str, _Int64, _Int64]] = msgspec.field(default_factory=list)
 
 
 class AlterShareGroupOffsetsRequest(_Message, tag="alter_offsets"):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from queueflow.engine.assignors import check_known, parse_names
 from queueflow.engine.group import ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec, topics
@@ -50,6 +51,8 @@ log = structlog.get_logger("queueflow.server.coordinator")
 #: A leader address not announced again within this many ms is no longer handed out (leaders
 #: announce every 2 s; see :mod:`queueflow.server.endpoint`).
 LEADER_ADDRESS_TTL_MS = 6000
+#: A share-partition's lag not reported again within this many ms counts as unknown.
+LAG_TTL_MS = 10_000
 
 
 class ShareGroupCoordinator:
@@ -81,6 +84,16 @@ class ShareGroupCoordinator:
         self._last_event_ms = ctx.clock.now_ms()
         #: Admin requests forwarded to leaders and not yet answered, by group.
         self.pending: dict[str, _PendingAdmin] = {}
+        #: ``group.share.assignors``, most preferred first (checked against the registry now,
+        #: so a typo stops the worker at start-up rather than at the first rebalance).
+        self.assignors = parse_names(s.assignors, "group.share.assignors")
+        check_known(self.assignors, "group.share.assignors")
+        #: Lag of share-partitions from the leaders' announcements (the ``lag`` assignor's
+        #: input): ``group -> (topic, partition) -> (lag, received wall ms)``.
+        self.lag: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
+        self._logged_assignor: dict[str, str] = {}
+        #: When each group's assignment was last recomputed with fresh inputs (wall ms).
+        self._refreshed_at: dict[str, int] = {}
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget groups whose coordinator partition moved away."""
@@ -110,13 +123,56 @@ class ShareGroupCoordinator:
                 group = group_codec.decode_group(
                     group_id, raw, s.session_timeout_ms, s.max_size, self.ctx.clock.now_ms()
                 )
+                self._logged_assignor[group_id] = group.assignor
+            group.assignor_preference = self.assignors
+            self._refreshed_at[group_id] = self.ctx.clock.now_ms()
             self.groups[group_id] = group
         return group
+
+    def _refresh(self, group: ShareGroup, now: int) -> None:
+        """Every ``queueflow.assignor.refresh.interval.ms``, recompute a group's assignment with
+        the lag and racks known now; rebalance if it changed (ShareGroup.refresh)."""
+        interval = self.ctx.settings.assignor_refresh_interval_ms
+        last = self._refreshed_at.setdefault(group.group_id, now)
+        if interval <= 0 or now - last < interval:
+            return
+        self._refreshed_at[group.group_id] = now
+        if group.refresh():
+            self._persist(group)
+            log.info(
+                "share_group_epoch",
+                group=group.group_id,
+                group_epoch=group.group_epoch,
+                members=len(group.members),
+                state=group.state.value,
+                reason=f"{group.assignor} assignment inputs changed",
+            )
+
+    def _feed(self, group: ShareGroup, now: int) -> None:
+        """Give the group the lag its leaders reported lately (older reports, or none: the
+        share-partition's lag is unknown to the assignors)."""
+        reports = self.lag.get(group.group_id, {})
+        group.lag = {
+            TopicPartition(t, p): lag
+            for (t, p), (lag, at) in reports.items()
+            if now - at <= LAG_TTL_MS
+        }
 
     def _persist(self, group: ShareGroup) -> None:
         self.table[group.group_id.encode()] = group_codec.encode_group(group)
         self.ctx.metrics.group_members.labels(group.group_id).set(len(group.members))
         self.ctx.metrics.group_epoch.labels(group.group_id).set(group.group_epoch)
+        if self._logged_assignor.get(group.group_id) != group.assignor:
+            self._logged_assignor[group.group_id] = group.assignor
+            selection = group.selection
+            log.info(
+                "assignor_selected",
+                group=group.group_id,
+                assignor=group.assignor,
+                reason=selection.reason if selection is not None else "stored",
+                members=len(group.members),
+                group_epoch=group.group_epoch,
+            )
 
     async def _handle(self, value: bytes) -> None:
         try:
@@ -152,6 +208,7 @@ class ShareGroupCoordinator:
             return
         if isinstance(message, protocol.Tick):
             for group in list(self.groups.values()):
+                self._feed(group, now)
                 released = group.expire(now)
                 if released:
                     for member_id, _ in released:
@@ -163,6 +220,7 @@ class ShareGroupCoordinator:
                         )
                     self._persist(group)
                     await self._release(group, released, "session timeout")
+                self._refresh(group, now)
             return
         if isinstance(message, protocol.LeaderAnnouncement):
             self._on_announcement(message, now)
@@ -210,6 +268,8 @@ class ShareGroupCoordinator:
             return
         try:
             counts = await self.ctx.topic_metadata.partition_counts(list(message.subscribed_topics))
+            self._feed(group, now)
+            await self._feed_racks(group, message)
             result = group.heartbeat(
                 message.member_id,
                 message.member_epoch,
@@ -218,6 +278,8 @@ class ShareGroupCoordinator:
                 counts,
                 message.client_id,
                 message.host,
+                message.assignors,
+                message.rack_id,
             )
             response.member_epoch = result.member_epoch
             response.assignment = {}
@@ -249,9 +311,25 @@ class ShareGroupCoordinator:
             )
         await self._reply(message, response)
 
+    async def _feed_racks(self, group: ShareGroup, message: protocol.HeartbeatRequest) -> None:
+        """Give the group the racks of its partitions' leader brokers (the ``rack`` assignor's
+        input), when a member has a rack and the host can tell (``partition_racks``; cached).
+        A failure leaves the racks unknown: the assignor then only spreads racks."""
+        lookup = getattr(self.ctx.topic_metadata, "partition_racks", None)
+        has_rack = bool(message.rack_id) or any(m.rack_id for m in group.members.values())
+        if lookup is None or not has_rack:
+            return
+        names = sorted(group.subscribed_topics() | set(message.subscribed_topics))
+        try:
+            group.partition_racks = await lookup(names)
+        except Exception as exc:  # metadata is a refinement: never fail a heartbeat on it
+            log.warning("partition_racks_unavailable", group=group.group_id, error=repr(exc))
+
     def _on_announcement(self, message: protocol.LeaderAnnouncement, now: int) -> None:
         """Remember a leader's direct endpoint; a higher leader epoch (a later Faust generation)
-        replaces a lower one, and an equal one refreshes it."""
+        replaces a lower one, and an equal one refreshes it. Its lag reports are kept."""
+        for group_id, partition, lag in message.lag:
+            self.lag.setdefault(group_id, {})[(message.topic, partition)] = (lag, now)
         for partition in message.partitions:
             key = (message.topic, partition)
             known = self.leader_addresses.get(key)
@@ -412,6 +490,7 @@ class ShareGroupCoordinator:
                 ErrorCode.GROUP_ID_NOT_FOUND, f"share group {group_id!r} does not exist"
             )
         group = self._group(group_id)
+        self._feed(group, now)
         released = group.expire(now) if group.members else []
         if released:
             self._persist(group)
@@ -493,6 +572,7 @@ class ShareGroupCoordinator:
             )
         elif isinstance(request, protocol.DeleteShareGroupRequest):
             self.groups.pop(request.group, None)
+            self.lag.pop(request.group, None)
             if self.table.get(request.group.encode()) is not None:
                 del self.table[request.group.encode()]
             self.ctx.metrics.group_members.labels(request.group).set(0)

@@ -134,6 +134,7 @@ class LeaderEndpoint:
                 leader_epoch=epoch,
                 address=self.address,
                 sent_ms=self.ctx.clock.now_ms(),
+                lag=leader.lag_report(live),
             )
             payload = protocol.encode(message)
             for partition in range(topics.COORDINATOR_PARTITIONS):  # every group's coordinator

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -177,6 +177,23 @@ class ShareLeader:
             payload = self.auth.seal(protocol.encode(fence))
             await self.ctx.sender.send(self.request_topic, p, payload)
             self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
+
+    def lag_report(self, partitions: Iterable[int]) -> list[tuple[str, int, int]]:
+        """``(group, partition, lag)`` of the loaded share-partitions of ``partitions``, sorted:
+        KIP-1226's lag (records not yet delivered to completion: those past the SPEO up to the
+        last known log end, plus the Available and Acquired in flight). Share-partitions whose
+        log end this worker doesn't know yet are left out. For the ``lag`` assignor, sent with
+        the leader's announcements (:mod:`queueflow.server.endpoint`)."""
+        wanted = set(partitions)
+        out = []
+        for (group, p), durable in self.partitions.items():
+            end = self.ctx.log_offsets.known_end(TopicPartition(self.topic, p))
+            if p not in wanted or end is None:
+                continue
+            engine = durable.engine
+            lag = max(end - engine.end_offset, 0) + engine.available_count + engine.acquired_count
+            out.append((group, p, lag))
+        return sorted(out)
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget the share-partitions of revoked partitions; their new leader restores them.

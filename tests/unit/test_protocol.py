@@ -164,6 +164,8 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "client_id",
         "host",
         "protocol_version",
+        "assignors",
+        "rack_id",
     ),
     HeartbeatResponse: (
         "member_id",
@@ -176,7 +178,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "leaders",
         "ticket",
     ),
-    LeaderAnnouncement: ("topic", "partitions", "leader_epoch", "address", "sent_ms"),
+    LeaderAnnouncement: ("topic", "partitions", "leader_epoch", "address", "sent_ms", "lag"),
     ShareFetchCancel: ("member_id", "request_id", "topic", "partition"),
 }
 

@@ -119,11 +119,13 @@ async def _run(
         elif mode == "members":
             out.append(describe_json(d))
             header = ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"]
-            rows: list[list[Any]] = [header + (["MEMBER-EPOCH"] if verbose else [])]
+            verbose_header = ["MEMBER-EPOCH", "ASSIGNORS", "RACK"]
+            rows: list[list[Any]] = [header + (verbose_header if verbose else [])]
             for i, m in enumerate(d.members):
                 row: list[Any] = [d.group_id, m.member_id, m.host or "-", m.client_id or "-"]
                 row += [len(m.assignment), _assignment(d, i)]
-                rows.append(row + ([m.member_epoch] if verbose else []))
+                more = [m.member_epoch, ",".join(m.assignors) or "-", m.rack_id or "-"]
+                rows.append(row + (more if verbose else []))
             if not d.members:
                 texts.append(f"Share group '{d.group_id}' has no active members.")
             else:
@@ -131,9 +133,9 @@ async def _run(
         else:
             out.append({k: v for k, v in describe_json(d).items() if k != "members"})
             header = ["GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"]
-            extra = ["GROUP-EPOCH", "ASSIGNMENT-EPOCH"] if verbose else []
+            extra = ["GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR"] if verbose else []
             row = [d.group_id, "-", d.state, len(d.members)]
-            row += [d.group_epoch, d.assignment_epoch] if verbose else []
+            row += [d.group_epoch, d.assignment_epoch, d.assignor] if verbose else []
             texts.append(_table([header + extra, row]))
     return json.dumps(out) if as_json else "\n\n".join(texts)
 
