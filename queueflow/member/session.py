@@ -165,7 +165,14 @@ class ShareFetchSession:
             auth,
         )
         self._membership = Membership(
-            self._requester, ctx.namespace, group, topics, ctx.settings, client_id, self.member_id
+            self._requester,
+            ctx.namespace,
+            group,
+            topics,
+            ctx.settings,
+            client_id,
+            self.member_id,
+            metrics=ctx.metrics,
         )
         self._direct = DirectClient(auth.for_sender(self.member_id))
         # Long polls under way on the direct path: tp -> {request_id: leader address}.

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 import structlog
@@ -105,6 +106,7 @@ class Requester:
         self.timeout_ms = timeout_ms
         self._next = 0
         self._pending: dict[int, asyncio.Future[protocol.Message]] = {}
+        self._accept: dict[int, Callable[[protocol.Message], bool]] = {}
         self._log = log.bind(namespace=namespace)
 
     @property
@@ -128,14 +130,23 @@ class Requester:
         except ShareGroupError as exc:
             self._log.error("undecodable_reply", error=str(exc))
             return
-        fut = self._pending.get(getattr(reply, "request_id", -1))
+        request_id = getattr(reply, "request_id", -1)
+        fut = self._pending.get(request_id)
         if fut is not None and not fut.done():
-            fut.set_result(reply)
+            accept = self._accept.get(request_id)
+            if accept is None or accept(reply):
+                fut.set_result(reply)
 
     async def call(
-        self, topic: str, partition: int, request_id: int, payload: bytes
+        self,
+        topic: str,
+        partition: int,
+        request_id: int,
+        payload: bytes,
+        accept: Callable[[protocol.Message], bool] | None = None,
     ) -> protocol.Message:
-        """Send a request and wait for its answer.
+        """Send a request and wait for its answer (the first one ``accept``, if given, returns
+        True for: others are dropped, e.g. a superseded coordinator's).
 
         Raises:
             ShareGroupError: ``REQUEST_TIMED_OUT`` when no answer comes within ``timeout_ms``.
@@ -143,6 +154,8 @@ class Requester:
         """
         fut: asyncio.Future[protocol.Message] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
+        if accept is not None:
+            self._accept[request_id] = accept
         try:
             await self.transport.send(topic, partition, self.auth.seal(payload))
             return await asyncio.wait_for(fut, self.timeout_ms / 1000)
@@ -154,6 +167,7 @@ class Requester:
             ) from None
         finally:
             self._pending.pop(request_id, None)
+            self._accept.pop(request_id, None)
 
     async def close(self) -> None:
         """Close the transport and cancel the requests still waiting."""

@@ -135,6 +135,7 @@ class ShareLeader:
         self.tickets = TicketGate(
             ticket_key(s.auth_mode, s.auth_secret, ctx.namespace),
             required=s.auth_tickets == "required",
+            coordinator_forget_ms=s.session_timeout_ms,
         )
         self.refusals = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
@@ -354,6 +355,10 @@ class ShareLeader:
                 if p == partition and durable.engine.expire_locks(now):
                     durable.persist()
                     changed = True
+        elif isinstance(
+            message, protocol.ReleaseMember | protocol.ResetSharePartition
+        ) and self._stale_coordinator(message, partition, now):
+            return False
         elif isinstance(message, protocol.ReleaseMember):
             # Its tickets issued so far are refused from now on: nothing is acquired for it
             # after this release (the records of a removed member are released once).
@@ -394,6 +399,33 @@ class ShareLeader:
                 )
             changed = bool(message.acks)
         return changed
+
+    def _stale_coordinator(
+        self,
+        message: protocol.ReleaseMember | protocol.ResetSharePartition,
+        partition: int,
+        now: int,
+    ) -> bool:
+        """True (logged rate-limited as ``stale_coordinator_refused``, counted) when
+        ``message`` comes from a coordinator older than the newest seen for its group: a
+        coordinator that lost its partition (frozen, cut off) must not release members' records
+        or reset state (:class:`~queueflow.engine.fencing.CoordinatorEpochs`)."""
+        epochs = self.tickets.coordinator_epochs
+        if epochs.admit(message.group, message.coordinator_epoch, now):
+            return False
+        self.ctx.metrics.stale_coordinator_refusals.labels("leader", message.kind).inc()
+        suppressed = self.refusals.admit()
+        if suppressed is not None:
+            self._log.warning(
+                "stale_coordinator_refused",
+                group=message.group,
+                partition=partition,
+                kind=message.kind,
+                coordinator_epoch=message.coordinator_epoch,
+                newest_coordinator_epoch=epochs.newest(message.group),
+                suppressed=suppressed,
+            )
+        return True
 
     async def _reset(
         self, message: protocol.ResetSharePartition, partition: int, offset: int, now: int

@@ -360,9 +360,13 @@ class InProcessCluster:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Make every leader live: assign it all partitions and let it read its own fence."""
+        """Make every leader and the coordinator live: assign them all partitions and let them
+        read their own fences."""
+        generation = self.server.runtime.generation
+        self.coordinator.assign(set(range(internal.COORDINATOR_PARTITIONS)), generation)
+        await self.coordinator.send_fences()
         for name, leader in self.leaders.items():
-            leader.assign(set(range(self.topics[name])), self.server.runtime.generation)
+            leader.assign(set(range(self.topics[name])), generation)
             await leader.send_fences()
         await self.bus.drain()
         for leader in self.leaders.values():
@@ -436,6 +440,7 @@ class InProcessCluster:
             partitions=partitions,
             ttl_ms=self.settings.session_timeout_ms if ttl_ms is None else ttl_ms,
             now_ms=self.clock.now_ms(),
+            coordinator_epoch=self.coordinator.epoch(group),
         )
 
     def share_partition(self, group: str, topic: str, partition: int) -> Any:
