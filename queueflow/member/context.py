@@ -50,7 +50,9 @@ class MemberIO(Protocol):
         ...
 
     def transport(self, member_id: str, client_id: str) -> MemberTransport:
-        """A new (not started) request/reply transport for one member."""
+        """A new (not started) request/reply transport for one member, whose requests and
+        replies are keyed by ``member_id`` (with ``queueflow.auth.mode=hmac``, the pseudonym
+        :func:`~queueflow.protocol.sealed_replies.reply_route` of its reply key instead)."""
         ...
 
     def record_source(self) -> RecordSource:

@@ -179,6 +179,7 @@ class Membership:
             request_id=rid,
             client_id=self.client_id,
             host=socket.gethostname(),
+            reply_key=self.requester.reply_key.public if self.requester.reply_key else b"",
         )
         response = await self.requester.call(
             internal.coordinator_topic(self.namespace),

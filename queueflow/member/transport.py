@@ -23,6 +23,7 @@ from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.sealed_replies import ReplyKey
 
 __all__ = ["KafkaMemberTransport", "MemberTransport", "ReplyHandler", "Requester"]
 
@@ -91,6 +92,9 @@ class Requester:
         namespace: the app id, for error messages.
         timeout_ms: how long to wait for an answer (``queueflow.request.timeout.ms``).
         auth: signs requests and verifies replies (``queueflow.auth.mode``); ``None``: neither.
+        reply_key: this member's reply key pair (``hmac`` mode): its public key goes into the
+            heartbeats, and replies sealed to it are opened with it
+            (:mod:`queueflow.protocol.sealed_replies`); ``None``: replies are not sealed.
     """
 
     def __init__(
@@ -99,8 +103,10 @@ class Requester:
         namespace: str,
         timeout_ms: int,
         auth: ControlAuth | None = None,
+        reply_key: ReplyKey | None = None,
     ) -> None:
         self.transport = transport
+        self.reply_key = reply_key
         self.auth = auth or ControlAuth("none", "", namespace, "")
         self.namespace = namespace
         self.timeout_ms = timeout_ms
@@ -126,6 +132,8 @@ class Requester:
     def on_reply(self, data: bytes) -> None:
         """Resolve the pending request a reply answers; undecodable replies are logged."""
         try:
+            if self.reply_key is not None:
+                data = self.reply_key.open(data)
             reply = protocol.decode(self.auth.open(data))
         except ShareGroupError as exc:
             self._log.error("undecodable_reply", error=str(exc))

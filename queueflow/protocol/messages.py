@@ -242,7 +242,11 @@ class Fence(_Message, tag="fence"):
 class HeartbeatRequest(_Message, tag="heartbeat"):
     """ShareGroupHeartbeat (KIP-932 "ShareGroupHeartbeat API").
 
-    ``member_epoch`` 0 joins, -1 leaves, otherwise the current epoch. ``protocol_version`` is
+    ``member_epoch`` 0 joins, -1 leaves, otherwise the current epoch. ``reply_key`` is the
+    member's X25519 public key (32 bytes; empty: none), sent with ``queueflow.auth.mode=hmac``:
+    the coordinator seals its answer to it and binds it into the ticket, so the leaders seal the
+    member's ShareFetch answers to it too (:mod:`queueflow.protocol.sealed_replies`).
+    ``protocol_version`` is
     the member's :data:`PROTOCOL_VERSION`; the coordinator answers ``UNSUPPORTED_VERSION`` when
     it is not in its :data:`SUPPORTED_PROTOCOL_VERSIONS`. It is decoded unchecked so that the
     coordinator can answer rather than drop the request.
@@ -259,6 +263,7 @@ class HeartbeatRequest(_Message, tag="heartbeat"):
     client_id: str = ""
     host: str = ""
     protocol_version: _Int64 = PROTOCOL_VERSION
+    reply_key: bytes = b""
 
 
 class HeartbeatResponse(_Message, tag="heartbeat_response"):

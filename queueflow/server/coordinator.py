@@ -40,6 +40,7 @@ from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.auth import SkipLogLimiter, issue_ticket, ticket_key
+from queueflow.protocol.sealed_replies import PUBLIC_KEY_BYTES
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
 from queueflow.server.leader import FENCE_RESEND_MS, control_auth, monotonic_ms, send_reply
@@ -313,6 +314,19 @@ class ShareGroupCoordinator:
             )
             await self._reply(message, response)
             return
+        if len(message.reply_key) not in (0, PUBLIC_KEY_BYTES):
+            response.error = ErrorCode.INVALID_REQUEST.value
+            response.error_message = (
+                f"reply_key must be a {PUBLIC_KEY_BYTES}-byte X25519 public key, got "
+                f"{len(message.reply_key)} bytes"
+            )
+            await send_reply(  # unsealed: there is no key to seal it to
+                self.ctx,
+                message.member_id,
+                message.reply_partition,
+                self.auth.seal(protocol.encode(response)),
+            )
+            return
         try:
             group = self._group(message.group)
         except ShareGroupError as exc:  # corrupt group metadata: answer, don't go silent
@@ -356,6 +370,7 @@ class ShareGroupCoordinator:
                     ttl_ms=group.session_timeout_ms,
                     now_ms=now,
                     coordinator_epoch=response.coordinator_epoch,
+                    reply_key=message.reply_key,
                 )
             if result.released:
                 await self._release(group, result.released, "member left")
@@ -413,6 +428,7 @@ class ShareGroupCoordinator:
             request.member_id,
             request.reply_partition,
             self.auth.seal(protocol.encode(response)),
+            request.reply_key,
         )
 
     async def _release(

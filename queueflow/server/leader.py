@@ -30,6 +30,7 @@ from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.auth import ControlAuth, SkipLogLimiter, ticket_key
+from queueflow.protocol.sealed_replies import reply_route
 from queueflow.protocol.state_codec import (
     decode_request_position,
     encode_request_position,
@@ -69,12 +70,28 @@ def control_auth(ctx: ServerContext, role: str) -> ControlAuth:
 
 
 async def send_reply(
-    ctx: ServerContext, member_id: str, reply_partition: int, value: bytes
+    ctx: ServerContext,
+    member_id: str,
+    reply_partition: int,
+    value: bytes,
+    reply_key: bytes = b"",
 ) -> None:
-    """Answer a member on the reply topic partition it reads, keyed by its member id."""
-    await ctx.sender.send(
-        topics.reply_topic(ctx.namespace), reply_partition, value, member_id.encode()
-    )
+    """Answer a member on the reply topic partition it reads, keyed by its member id.
+
+    With ``queueflow.auth.mode=hmac`` and the member's ``reply_key`` (its X25519 public key, from
+    its heartbeat or its ticket), the answer is sealed so that only that member can read it and
+    keyed by :func:`~queueflow.protocol.sealed_replies.reply_route` instead of the member id
+    (:mod:`queueflow.protocol.sealed_replies`); an answer to an invalid key is dropped (logged).
+    """
+    key = member_id
+    if reply_key and ctx.settings.auth_mode == "hmac":
+        try:
+            value = ctx.reply_sealer.seal(reply_key, value)
+        except ValueError as exc:
+            log.warning("reply_unsealable", member_id=member_id, error=str(exc))
+            return
+        key = reply_route(reply_key)
+    await ctx.sender.send(topics.reply_topic(ctx.namespace), reply_partition, value, key.encode())
 
 
 def not_leader(request: protocol.ShareFetchRequest, why: str) -> protocol.ShareFetchResponse:
@@ -396,6 +413,7 @@ class ShareLeader:
                     message.member_id,
                     message.reply_partition,
                     self.auth.seal(protocol.encode(response)),
+                    self.tickets.reply_key(message.ticket),
                 )
             changed = bool(message.acks)
         return changed

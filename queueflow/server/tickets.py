@@ -236,6 +236,21 @@ class TicketGate:
             self._sweep_at = max(_FIRST_SWEEP, 2 * len(cache))
         cache[raw] = ticket
 
+    def reply_key(self, ticket: bytes) -> bytes:
+        """The reply key bound into ``ticket`` (empty: none, or the ticket is not valid), for
+        sealing the answer to its request (:mod:`queueflow.protocol.sealed_replies`)."""
+        if not ticket:
+            return b""
+        verified = self._verified.get(ticket)
+        if verified is None:
+            try:
+                if len(ticket) > MAX_TICKET_BYTES:
+                    return b""
+                verified = verify_ticket(self._key, ticket, now_ms=-(2**63))
+            except AuthenticationError:
+                return b""
+        return verified.reply_key
+
     @property
     def cached(self) -> int:
         """How many verified tickets are cached (for tests)."""

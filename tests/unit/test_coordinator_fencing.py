@@ -278,6 +278,7 @@ class _Requester:
     """Hands a membership the answers a test chooses, as the member's reply reader would."""
 
     reply_partition = 0
+    reply_key = None
 
     def __init__(self, answers: list[protocol.HeartbeatResponse]) -> None:
         self.answers = answers

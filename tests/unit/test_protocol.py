@@ -172,6 +172,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "client_id",
         "host",
         "protocol_version",
+        "reply_key",
     ),
     HeartbeatResponse: (
         "member_id",
