@@ -144,7 +144,7 @@ async def read_replies(bootstrap: str, app_id: str) -> list[tuple[bytes, bytes]]
         ends = await consumer.end_offsets(tps)
         out: list[tuple[bytes, bytes]] = []
         deadline = time.monotonic() + 30
-        while any(await consumer.position(tp) < ends[tp] for tp in tps):
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
             assert time.monotonic() < deadline, "the reply topic was not read within 30 s"
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 out += [(r.key or b"", r.value or b"") for r in records]

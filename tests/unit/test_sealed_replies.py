@@ -160,8 +160,10 @@ def test_the_ticket_binds_the_members_reply_key_and_leaders_seal_to_it() -> None
     t = verify_ticket(cluster.coordinator.ticket_key, ticket, now_ms=0)
     assert t.reply_key == key.public
     route = reply_route(key.public).encode()
-    fetch_answers = [v for k, v in replies if k == route and b"fetch_response" in key.open(v)]
-    assert fetch_answers  # sealed by the leader, to the ticket's key
+    to_a = [v for k, v in replies if k == route]
+    assert to_a and all(v[0] == SEALED_FORMAT for v in to_a)
+    # the leader's answers among them, sealed to the ticket's key
+    assert [v for v in to_a if b"fetch_response" in key.open(v)]
 
 
 def test_without_hmac_replies_stay_readable_as_before() -> None:
