@@ -164,7 +164,9 @@ class ShareFetchSession:
         reply_key = ReplyKey() if s.auth_mode == "hmac" else None
         self._requester = Requester(
             ctx.io.transport(
-                self.member_id if reply_key is None else reply_route(reply_key.public), client_id
+                self.member_id,
+                client_id,
+                None if reply_key is None else reply_route(reply_key.public),
             ),
             ctx.namespace,
             ctx.settings.request_timeout_ms,

@@ -64,10 +64,17 @@ class KafkaMemberTransport(KafkaReplyChannel):
         namespace: the app id (names the reply topic).
         member_id: the key of this member's requests and replies.
         client_id: the Kafka client id.
+        reply_route: another key of its replies (those sealed to its reply key).
     """
 
     def __init__(
-        self, kafka: KafkaClientConfig, namespace: str, member_id: str, client_id: str
+        self,
+        kafka: KafkaClientConfig,
+        namespace: str,
+        member_id: str,
+        client_id: str,
+        *,
+        reply_route: str | None = None,
     ) -> None:
         # Replies arrive within a long poll anyway; a long wait only makes an idle member's
         # reply fetches rare.
@@ -79,6 +86,7 @@ class KafkaMemberTransport(KafkaReplyChannel):
             what="member",
             acks=1,
             reply_fetch_wait_ms=REPLY_FETCH_WAIT_MS,
+            also_key=reply_route,
         )
         self.namespace = namespace
         self.member_id = member_id

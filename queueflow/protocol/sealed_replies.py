@@ -18,11 +18,12 @@ where ``key`` is HKDF-SHA256 of the X25519 shared secret of the sender's and the
 (info names queueflow and this format), and the associated data is the member's public key
 (a reply sealed for one member is not accepted as another's). Each server process has one key
 pair (:class:`ReplySealer`), and both ends cache the derived AES key per peer key, so a reply
-costs one AES-GCM operation, not a key exchange; the envelope adds 60 bytes.
+costs one AES-GCM operation, not a key exchange; the envelope adds 61 bytes.
 
 The record key of a sealed reply is not the member id but :func:`reply_route` of the member's
 reply key (a pseudonym: a reader of the reply topic can tell replies of one member from
-another's, not whose they are); the member keys its requests the same way.
+another's, not whose they are); the member reads replies keyed by its member id too (answers
+that could not be sealed: a refusal of a request without a valid ticket).
 
 What the sealed reply carries inside is the signed envelope of ``hmac`` mode (sign, then
 encrypt); a member accepts unsealed replies too (from servers of an earlier release, during a

@@ -137,18 +137,21 @@ class _Transport:
 
     reply_partition = 0
 
-    def __init__(self, bus: _Bus, member_id: str) -> None:
+    def __init__(self, bus: _Bus, member_id: str, reply_route: str | None = None) -> None:
         self.bus = bus
         self.key = member_id.encode()
+        self.reply_keys = [self.key] + ([reply_route.encode()] if reply_route else [])
 
     async def start(self, on_reply: ReplyHandler) -> None:
-        self.bus.members[self.key] = on_reply
+        for key in self.reply_keys:
+            self.bus.members[key] = on_reply
 
     async def send(self, topic: str, partition: int, payload: bytes) -> None:
         await self.bus.send(topic, partition, payload, self.key)
 
     async def close(self) -> None:
-        self.bus.members.pop(self.key, None)
+        for key in self.reply_keys:
+            self.bus.members.pop(key, None)
 
 
 class _RecordSource:
@@ -212,8 +215,10 @@ class _MemberIO:
     async def prepare(self, settings: ShareGroupSettings, topics: list[str]) -> dict[str, int]:
         return await self.partition_counts(topics)
 
-    def transport(self, member_id: str, client_id: str) -> _Transport:
-        return _Transport(self.cluster.bus, member_id)
+    def transport(
+        self, member_id: str, client_id: str, reply_route: str | None = None
+    ) -> _Transport:
+        return _Transport(self.cluster.bus, member_id, reply_route)
 
     def record_source(self) -> _RecordSource:
         return _RecordSource(self.cluster)

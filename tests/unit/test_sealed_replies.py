@@ -208,3 +208,26 @@ def test_a_heartbeat_with_a_malformed_reply_key_is_refused_unsealed() -> None:
     assert isinstance(answer, protocol.HeartbeatResponse)
     assert answer.error == "INVALID_REQUEST" and "32-byte X25519" in answer.error_message
     assert not cluster.tables["groups"]  # no member was added
+
+
+def test_a_refusal_that_cannot_be_sealed_still_reaches_its_member() -> None:
+    """A request whose ticket the leader can't verify has no reply key to seal to: the refusal
+    goes unsealed, keyed by the member id, which the member reads too; it heartbeats and
+    resends with a good ticket (rather than waiting out the request timeout)."""
+
+    async def scenario() -> Any:
+        async with cluster_with(2, **HMAC) as cluster:
+            replies = tap_replies(cluster)
+            a = ShareFetchSession(cluster.member_context, "g", [TOPIC], "a")
+            await a.start()
+            a._membership.ticket = b"\x00not a ticket"
+            got = await a.fetch(TP0, 2)
+            await a.close()
+            return cluster, replies, a.member_id, got
+
+    cluster, replies, a_id, got = run(scenario())
+    assert got.error is None and got.acquired == 2
+    [value] = [v for k, v in replies if k == a_id.encode()]
+    refusal = protocol.decode(ControlAuth("hmac", SECRET, cluster.namespace, "x").open(value))
+    assert isinstance(refusal, protocol.ShareFetchResponse)
+    assert refusal.error == "UNKNOWN_MEMBER_ID" and refusal.acquired == []
