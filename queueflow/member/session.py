@@ -183,7 +183,7 @@ class ShareFetchSession:
             self.member_id,
             metrics=ctx.metrics,
         )
-        self._direct = DirectClient(auth.for_sender(self.member_id))
+        self._direct = DirectClient(auth.for_sender(self.member_id), reply_key)
         # Long polls under way on the direct path: tp -> {request_id: leader address}.
         self._long_polls: dict[TopicPartition, dict[int, str]] = {}
         self._started = False

@@ -48,6 +48,7 @@ __all__ = [
     "engine_config",
     "monotonic_ms",
     "not_leader",
+    "seal_reply",
     "send_reply",
 ]
 
@@ -86,12 +87,24 @@ async def send_reply(
     key = member_id
     if reply_key and ctx.settings.auth_mode == "hmac":
         try:
-            value = ctx.reply_sealer.seal(reply_key, value)
+            value = seal_reply(ctx, reply_key, value)
         except ValueError as exc:
             log.warning("reply_unsealable", member_id=member_id, error=str(exc))
             return
         key = reply_route(reply_key)
     await ctx.sender.send(topics.reply_topic(ctx.namespace), reply_partition, value, key.encode())
+
+
+def seal_reply(ctx: ServerContext, reply_key: bytes, value: bytes) -> bytes:
+    """``value`` sealed to the member's ``reply_key`` with ``queueflow.auth.mode=hmac``
+    (:mod:`queueflow.protocol.sealed_replies`); unchanged without a key or in ``none`` mode.
+
+    Raises:
+        ValueError: ``reply_key`` is not a valid X25519 public key.
+    """
+    if not reply_key or ctx.settings.auth_mode != "hmac":
+        return value
+    return ctx.reply_sealer.seal(reply_key, value)
 
 
 def not_leader(request: protocol.ShareFetchRequest, why: str) -> protocol.ShareFetchResponse:

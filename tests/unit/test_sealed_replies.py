@@ -231,3 +231,44 @@ def test_a_refusal_that_cannot_be_sealed_still_reaches_its_member() -> None:
     refusal = protocol.decode(ControlAuth("hmac", SECRET, cluster.namespace, "x").open(value))
     assert isinstance(refusal, protocol.ShareFetchResponse)
     assert refusal.error == "UNKNOWN_MEMBER_ID" and refusal.acquired == []
+
+
+def test_direct_path_answers_are_sealed_to_the_member_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The direct path is point-to-point plaintext TCP: under ``hmac`` its answers are sealed
+    like the reply topic's, so a reader of the connection learns nothing either."""
+    from test_direct_path import direct_cluster
+
+    from queueflow.protocol import framing
+    from queueflow.server import endpoint
+
+    frames: list[bytes] = []
+    write = framing.write_frame
+
+    def tapped(writer: Any, frame: bytes) -> None:  # both ends' frames
+        frames.append(frame)
+        write(writer, frame)
+
+    monkeypatch.setattr(endpoint.framing, "write_frame", tapped)
+
+    async def scenario() -> Any:
+        async with direct_cluster(records=4, **HMAC) as cluster:
+            consumer = cluster.consumer("g")
+            await consumer.subscribe([TOPIC])
+            records = await consumer.poll(timeout_ms=3_000)
+            await consumer.close()
+            return cluster, [r.offset for r in records]
+
+    cluster, offsets = run(scenario())
+    assert offsets == [0, 1, 2, 3]
+    # Frames both ways went through the tap: the member's requests are signed, not sealed;
+    # every answer is sealed.
+    worker = ControlAuth("hmac", SECRET, cluster.namespace, "worker")
+    answers = [f for f in frames if f[0] == SEALED_FORMAT]
+    requests = [protocol.decode_binary(worker.open(f)) for f in frames if f[0] != SEALED_FORMAT]
+    assert answers and requests
+    assert all(isinstance(r, protocol.ShareFetchRequest) for r in requests)
+    for frame in answers:
+        with pytest.raises(AuthenticationError):
+            ReplyKey().open(frame)
