@@ -626,11 +626,16 @@ class ShareGroups:
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()
             leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
+        if self.coordinator is not None:  # the coordinator epoch: see engine.fencing
+            name = self._coordinator_topic.get_topic_name()
+            self.coordinator.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
 
     async def _watch_stalls(self) -> None:
         now = monotonic_ms(self.server_context.clock)
         for leader in self.leaders.values():
             await leader.watch_stalls(now)
+        if self.coordinator is not None:
+            await self.coordinator.watch_stalls(now)
         if self.endpoint is not None:
             await self.endpoint.announce()
         await self._watch_recovery(now)

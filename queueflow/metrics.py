@@ -164,6 +164,26 @@ class Metrics:
             ("topic", "reason"),
             registry=reg,
         )
+        self.coordinator_step_downs = Counter(
+            "queueflow_coordinator_step_downs",
+            "Coordinator partitions a fenced or stalled share-group coordinator stepped down from",
+            registry=reg,
+        )
+        self.coordinator_unserved = Counter(
+            "queueflow_coordinator_unserved",
+            "Coordinator requests skipped because this worker no longer owns the coordinator "
+            "partition (reason: not_owner) or its Faust membership lease lapsed (lease)",
+            ("reason",),
+            registry=reg,
+        )
+        self.stale_coordinator_refusals = Counter(
+            "queueflow_stale_coordinator_refusals",
+            "Messages of a share-group coordinator older than the newest one seen for the group, "
+            "refused (receiver: leader, member; kind: ticket, release_member, "
+            "reset_share_partition, heartbeat_response)",
+            ("receiver", "kind"),
+            registry=reg,
+        )
         self.group_members = Gauge(
             "queueflow_share_group_members", "Members per share group", ("group",), registry=reg
         )

@@ -1,4 +1,6 @@
-"""Leader fencing: a leader that lost its partition neither writes state nor hands out records.
+"""Fencing of the roles a worker holds by owning a partition: share-partition leaders (a request
+partition) and the share-group coordinator (a coordinator partition). A worker that lost its
+partition neither writes state nor answers for it.
 
 KIP-932 fences a stale share-partition leader at the share coordinator: its
 ``WriteShareGroupState`` carries an old state epoch and is refused with ``FENCED_STATE_EPOCH``.
@@ -39,6 +41,16 @@ A superseded leader's writes from before the fence carry its old state epoch, an
 include the state epoch (:func:`~queueflow.protocol.state_codec.delta_key`), so replay never
 mixes two leaders' writes.
 
+The coordinator is fenced by the same rules (:class:`PartitionFencing` with
+``role="coordinator"``): its *coordinator epoch* is the Faust generation in which it was assigned
+the coordinator partition, it appends ``Fence(epoch)`` to that partition of the coordinator topic
+and steps down when it reads a newer one, the stall guard applies, and it serves only within its
+:class:`MembershipLease` (a coordinator's answers, tickets and releases are all outputs of the
+stream path, so the lease gates them too). Its tickets, ReleaseMember and ResetSharePartition
+messages and heartbeat answers carry the coordinator epoch; leaders and members keep the newest
+coordinator epoch they have seen per share group in :class:`CoordinatorEpochs` and refuse what an
+older coordinator sends.
+
 This module is pure: callers pass monotonic times in ms.
 """
 
@@ -49,11 +61,19 @@ from dataclasses import dataclass
 
 from queueflow.errors import FencedStateEpochError
 
-__all__ = ["FenceOutcome", "LeaderFencing", "Leadership", "MembershipLease", "RecoveryWatch"]
+__all__ = [
+    "CoordinatorEpochs",
+    "FenceOutcome",
+    "LeaderFencing",
+    "Leadership",
+    "MembershipLease",
+    "PartitionFencing",
+    "RecoveryWatch",
+]
 
 
 class FenceOutcome(enum.Enum):
-    """What reading a fence means for the leader that read it."""
+    """What reading a fence means for the leader (or coordinator) that read it."""
 
     #: Our own fence: every later request in the partition is ours to serve.
     LIVE = "live"
@@ -65,10 +85,11 @@ class FenceOutcome(enum.Enum):
 
 @dataclass(slots=True)
 class Leadership:
-    """This worker's leadership of one request partition.
+    """This worker's ownership of one request (or coordinator) partition.
 
     Attributes:
-        epoch: the leader epoch (Faust consumer generation) it was assigned under.
+        epoch: the leader or coordinator epoch (Faust consumer generation) it was assigned
+            under.
         live: its own fence has been read back, so requests after it are its to serve.
         fenced: why it stepped down, or ``None``.
         stalled_at_ms: when the stall guard fenced it (monotonic ms), or ``None``.
@@ -82,28 +103,35 @@ class Leadership:
     fence_sent_ms: int | None = None
 
 
-class LeaderFencing:
-    """Fencing state of the request partitions of one leader worker.
+class PartitionFencing:
+    """Fencing state of the partitions one worker owns in one role (see the module docstring).
 
     Args:
         stall_limit_ms: a pause longer than this (ms) means the worker may have lost every
             partition: the Faust session timeout plus one heartbeat interval.
+        role: ``"leader"`` (request partitions; the epoch is the leader epoch) or
+            ``"coordinator"`` (coordinator partitions; the coordinator epoch). It only names
+            the role in the reasons given for stepping down.
+
+    Raises:
+        ValueError: ``stall_limit_ms`` is not positive.
     """
 
-    def __init__(self, stall_limit_ms: int) -> None:
+    def __init__(self, stall_limit_ms: int, role: str = "leader") -> None:
         if stall_limit_ms <= 0:
             raise ValueError(f"stall_limit_ms must be > 0, got {stall_limit_ms}")
         self.stall_limit_ms = stall_limit_ms
+        self.role = role
         self.partitions: dict[int, Leadership] = {}
         self._alive_ms: int | None = None
 
     def assign(self, partitions: set[int], epoch: int) -> None:
-        """Lead ``partitions`` under leader epoch ``epoch``; not live until the own fence."""
+        """Own ``partitions`` under epoch ``epoch``; not live until the own fence."""
         for p in partitions:
             self.partitions[p] = Leadership(epoch)
 
     def revoke(self, partitions: set[int]) -> None:
-        """Stop leading ``partitions`` (a Faust rebalance took them)."""
+        """Stop owning ``partitions`` (a Faust rebalance took them)."""
         for p in partitions:
             self.partitions.pop(p, None)
 
@@ -117,9 +145,10 @@ class LeaderFencing:
                 return FenceOutcome.IGNORED  # a resent copy
             lead.live = True
             return FenceOutcome.LIVE
+        verb = "led" if self.role == "leader" else "owned"
         lead.fenced = (
-            f"partition {partition} was taken over by leader epoch {epoch}; "
-            f"this worker led it under epoch {lead.epoch}"
+            f"partition {partition} was taken over by {self.role} epoch {epoch}; "
+            f"this worker {verb} it under epoch {lead.epoch}"
         )
         lead.live = False
         return FenceOutcome.SUPERSEDED
@@ -154,7 +183,8 @@ class LeaderFencing:
         """
         lead = self.partitions.get(partition)
         if lead is None:
-            raise FencedStateEpochError(f"this worker does not lead partition {partition}")
+            verb = "lead" if self.role == "leader" else "own the coordinator"
+            raise FencedStateEpochError(f"this worker does not {verb} partition {partition}")
         if lead.fenced is not None:
             raise FencedStateEpochError(lead.fenced)
 
@@ -176,7 +206,7 @@ class LeaderFencing:
             lead.fenced = (
                 f"this worker was stalled for {now_ms - previous} ms, longer than the "
                 f"{self.stall_limit_ms} ms after which Faust's group coordinator gives its "
-                f"partitions to another worker (leader epoch {lead.epoch})"
+                f"partitions to another worker ({self.role} epoch {lead.epoch})"
             )
         return stalled
 
@@ -204,6 +234,56 @@ class LeaderFencing:
                 lead.fenced = lead.stalled_at_ms = lead.fence_sent_ms = None
                 resumed.append(p)
         return resumed
+
+
+#: The leader role's name for :class:`PartitionFencing` (its first user).
+LeaderFencing = PartitionFencing
+
+
+class CoordinatorEpochs:
+    """The newest coordinator epoch a leader or member has seen, per share group: what an
+    older coordinator sends (a zombie: frozen, or cut off from the broker, after losing the
+    coordinator partition) is refused.
+
+    Args:
+        forget_after_ms: a newest epoch not seen again for this long (ms; about a session
+            timeout) no longer refuses older ones. A superseded coordinator serves only within
+            its membership lease, so an older epoch that comes back that much later is not a
+            zombie: the leaders' Faust group was recreated (its generations start again).
+
+    Epochs below 0 (unknown: a coordinator of a queueflow release before coordinator
+    fencing) are admitted and change nothing. ``now_ms`` is monotonic ms. Pure; not
+    thread-safe.
+    """
+
+    def __init__(self, forget_after_ms: int) -> None:
+        if forget_after_ms <= 0:
+            raise ValueError(f"forget_after_ms must be > 0, got {forget_after_ms}")
+        self.forget_after_ms = forget_after_ms
+        self._newest: dict[str, tuple[int, int]] = {}  # group -> (epoch, last seen ms)
+
+    def admit(self, group: str, epoch: int, now_ms: int) -> bool:
+        """True if a message of coordinator epoch ``epoch`` for ``group`` may be acted on (it
+        is not older than the newest seen); a newer or equal epoch becomes the newest, seen
+        at ``now_ms``."""
+        if epoch < 0:
+            return True
+        known = self._newest.get(group)
+        if known is not None and epoch < known[0] and now_ms - known[1] <= self.forget_after_ms:
+            return False
+        if len(self._newest) >= _MAX_GROUPS and group not in self._newest:
+            self._newest.clear()  # forgetting only makes the fence laxer, never stuck
+        self._newest[group] = (epoch, now_ms)
+        return True
+
+    def newest(self, group: str) -> int:
+        """The newest coordinator epoch seen for ``group`` (-1: none)."""
+        known = self._newest.get(group)
+        return -1 if known is None else known[0]
+
+
+#: Share groups whose coordinator epochs :class:`CoordinatorEpochs` remembers at most.
+_MAX_GROUPS = 100_000
 
 
 class MembershipLease:

@@ -36,6 +36,8 @@ class KafkaReplyChannel:
             the record is queued; a lost one is a missing answer, which the caller times out).
         reply_fetch_wait_ms: how long (ms) the broker may hold a fetch of the empty reply
             partition.
+        also_key: replies keyed by this are handed over too (a member's sealed replies are
+            keyed by a pseudonym, :func:`~queueflow.protocol.sealed_replies.reply_route`).
     """
 
     def __init__(
@@ -49,12 +51,14 @@ class KafkaReplyChannel:
         acks: int | str = 1,
         wait_for_ack: bool = False,
         reply_fetch_wait_ms: int = 500,
+        also_key: str | None = None,
     ) -> None:
         self.kafka = kafka
         self.reply_topic = reply_topic
         self.client_id = client_id
         self.reply_partition = random.randrange(internal.REPLY_PARTITIONS)
         self._key = key.encode()
+        self._reply_keys = {self._key} | ({also_key.encode()} if also_key else set())
         self._what = what
         self._acks = acks
         self._wait_for_ack = wait_for_ack
@@ -91,12 +95,12 @@ class KafkaReplyChannel:
 
     async def _read(self, on_reply: ReplyHandler) -> None:
         assert self._replies is not None
-        key = self._key
+        keys = self._reply_keys
         while True:
             batches = await self._replies.getmany(timeout_ms=1000)
             for messages in batches.values():
                 for message in messages:
-                    if message.key == key and message.value is not None:
+                    if message.key in keys and message.value is not None:
                         on_reply(message.value)
 
     async def send(self, topic: str, partition: int, payload: bytes) -> None:

@@ -49,8 +49,13 @@ class MemberIO(Protocol):
         """
         ...
 
-    def transport(self, member_id: str, client_id: str) -> MemberTransport:
-        """A new (not started) request/reply transport for one member."""
+    def transport(
+        self, member_id: str, client_id: str, reply_route: str | None = None
+    ) -> MemberTransport:
+        """A new (not started) request/reply transport for one member, whose requests are keyed
+        by ``member_id`` and whose replies are those keyed by ``member_id`` or ``reply_route``
+        (the pseudonym of its reply key that sealed replies are keyed by, with
+        ``queueflow.auth.mode=hmac``; :func:`~queueflow.protocol.sealed_replies.reply_route`)."""
         ...
 
     def record_source(self) -> RecordSource:
@@ -82,9 +87,13 @@ class KafkaMemberIO:
         await wait_for_topics(self.kafka, names, settings.join_timeout_ms, self.namespace)
         return counts
 
-    def transport(self, member_id: str, client_id: str) -> MemberTransport:
+    def transport(
+        self, member_id: str, client_id: str, reply_route: str | None = None
+    ) -> MemberTransport:
         """See :meth:`MemberIO.transport`."""
-        return KafkaMemberTransport(self.kafka, self.namespace, member_id, client_id)
+        return KafkaMemberTransport(
+            self.kafka, self.namespace, member_id, client_id, reply_route=reply_route
+        )
 
     def record_source(self) -> RecordSource:
         """See :meth:`MemberIO.record_source`."""

@@ -18,6 +18,7 @@ from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.sealed_replies import ReplyKey
 from queueflow.settings import listener_address
 
 __all__ = ["CONNECT_TIMEOUT_S", "DirectClient", "DirectPathError"]
@@ -37,9 +38,10 @@ class DirectPathError(Exception):
 
 
 class _Connection:
-    def __init__(self, address: str, auth: ControlAuth) -> None:
+    def __init__(self, address: str, auth: ControlAuth, reply_key: ReplyKey | None) -> None:
         self.address = address
         self.auth = auth
+        self.reply_key = reply_key
         self.pending: dict[int, asyncio.Future[protocol.ShareFetchResponse]] = {}
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
@@ -58,6 +60,8 @@ class _Connection:
         try:
             while (frame := await framing.read_frame(reader)) is not None:
                 try:
+                    if self.reply_key is not None:
+                        frame = self.reply_key.open(frame)
                     message = protocol.decode_binary(self.auth.open(frame))
                 except ShareGroupError as exc:
                     log.error("undecodable_direct_reply", address=self.address, error=str(exc))
@@ -123,10 +127,13 @@ class DirectClient:
 
     Args:
         auth: signs frames and verifies answers (``queueflow.auth.mode``); ``None``: neither.
+        reply_key: opens answers sealed to the member's reply key (``hmac``;
+            :mod:`queueflow.protocol.sealed_replies`); ``None``: answers are not sealed.
     """
 
-    def __init__(self, auth: ControlAuth | None = None) -> None:
+    def __init__(self, auth: ControlAuth | None = None, reply_key: ReplyKey | None = None) -> None:
         self.auth = auth or ControlAuth("none", "", "", "")
+        self.reply_key = reply_key
         self._connections: dict[str, _Connection] = {}
         self._opening: dict[str, asyncio.Future[_Connection]] = {}
 
@@ -163,7 +170,7 @@ class DirectClient:
                 self._opening.pop(address, None)
 
     async def _open(self, address: str) -> _Connection:
-        connection = _Connection(address, self.auth)
+        connection = _Connection(address, self.auth, self.reply_key)
         try:
             await connection.open()
         except (OSError, TimeoutError, ValueError) as exc:

@@ -17,8 +17,10 @@ import stamina
 import structlog
 from aiokafka.errors import KafkaError
 
+from queueflow.engine.fencing import CoordinatorEpochs
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.member.transport import Requester
+from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.settings import ShareGroupSettings
@@ -50,6 +52,7 @@ class Membership:
         settings: share-group settings (heartbeat interval).
         client_id: shown by admin tooling.
         member_id: the member id (a new UUID when not given).
+        metrics: where refused answers of a superseded coordinator are counted.
     """
 
     def __init__(
@@ -61,8 +64,12 @@ class Membership:
         settings: ShareGroupSettings,
         client_id: str,
         member_id: str | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.requester = requester
+        self.metrics = metrics
+        #: The newest coordinator epoch heard from: answers of older coordinators are dropped.
+        self.coordinators = CoordinatorEpochs(settings.session_timeout_ms)
         self.namespace = namespace
         self.group = group
         self.topics = sorted(set(topics))
@@ -178,12 +185,14 @@ class Membership:
             host=socket.gethostname(),
             assignors=[] if leave else self.assignors,
             rack_id="" if leave else self.rack_id,
+            reply_key=self.requester.reply_key.public if self.requester.reply_key else b"",
         )
         response = await self.requester.call(
             internal.coordinator_topic(self.namespace),
             internal.coordinator_partition(self.group),
             rid,
             protocol.encode(request),
+            accept=self._from_current_coordinator,
         )
         if not isinstance(response, protocol.HeartbeatResponse):
             raise ShareGroupError(
@@ -212,6 +221,23 @@ class Membership:
             self.assignment = new
             self.assignment_changed.set()
         return None
+
+    def _from_current_coordinator(self, reply: protocol.Message) -> bool:
+        """Drop (log, count) a heartbeat answer of a coordinator older than the newest this
+        member heard from (a superseded coordinator still running); the current one answers
+        the same request too."""
+        epoch = getattr(reply, "coordinator_epoch", -1)
+        now_ms = int(asyncio.get_running_loop().time() * 1000)
+        if self.coordinators.admit(self.group, epoch, now_ms):
+            return True
+        if self.metrics is not None:
+            self.metrics.stale_coordinator_refusals.labels("member", "heartbeat_response").inc()
+        self._log.warning(
+            "stale_coordinator_answer_refused",
+            coordinator_epoch=epoch,
+            newest_coordinator_epoch=self.coordinators.newest(self.group),
+        )
+        return False
 
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_interval_ms / 1000

@@ -34,6 +34,7 @@ from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.sealed_replies import ReplyKey, reply_route
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 __all__ = [
@@ -158,16 +159,31 @@ class ShareFetchSession:
         self.member_id = str(uuid.uuid4())
         s = ctx.settings
         auth = ControlAuth(s.control_auth_mode, s.auth_secret, ctx.namespace, self.member_id)
+        # hmac: replies sealed to this member's own key, keyed by a pseudonym of it rather
+        # than the member id (queueflow.protocol.sealed_replies)
+        reply_key = ReplyKey() if s.control_auth_mode == "hmac" else None
         self._requester = Requester(
-            ctx.io.transport(self.member_id, client_id),
+            ctx.io.transport(
+                self.member_id,
+                client_id,
+                None if reply_key is None else reply_route(reply_key.public),
+            ),
             ctx.namespace,
             ctx.settings.request_timeout_ms,
             auth,
+            reply_key,
         )
         self._membership = Membership(
-            self._requester, ctx.namespace, group, topics, ctx.settings, client_id, self.member_id
+            self._requester,
+            ctx.namespace,
+            group,
+            topics,
+            ctx.settings,
+            client_id,
+            self.member_id,
+            metrics=ctx.metrics,
         )
-        self._direct = DirectClient(auth.for_sender(self.member_id))
+        self._direct = DirectClient(auth.for_sender(self.member_id), reply_key)
         # Long polls under way on the direct path: tp -> {request_id: leader address}.
         self._long_polls: dict[TopicPartition, dict[int, str]] = {}
         self._started = False

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Protocol
 
 import structlog
@@ -22,6 +23,7 @@ from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.sealed_replies import ReplyKey
 
 __all__ = ["KafkaMemberTransport", "MemberTransport", "ReplyHandler", "Requester"]
 
@@ -62,10 +64,17 @@ class KafkaMemberTransport(KafkaReplyChannel):
         namespace: the app id (names the reply topic).
         member_id: the key of this member's requests and replies.
         client_id: the Kafka client id.
+        reply_route: another key of its replies (those sealed to its reply key).
     """
 
     def __init__(
-        self, kafka: KafkaClientConfig, namespace: str, member_id: str, client_id: str
+        self,
+        kafka: KafkaClientConfig,
+        namespace: str,
+        member_id: str,
+        client_id: str,
+        *,
+        reply_route: str | None = None,
     ) -> None:
         # Replies arrive within a long poll anyway; a long wait only makes an idle member's
         # reply fetches rare.
@@ -77,6 +86,7 @@ class KafkaMemberTransport(KafkaReplyChannel):
             what="member",
             acks=1,
             reply_fetch_wait_ms=REPLY_FETCH_WAIT_MS,
+            also_key=reply_route,
         )
         self.namespace = namespace
         self.member_id = member_id
@@ -90,6 +100,9 @@ class Requester:
         namespace: the app id, for error messages.
         timeout_ms: how long to wait for an answer (``queueflow.request.timeout.ms``).
         auth: signs requests and verifies replies (``queueflow.auth.mode``); ``None``: neither.
+        reply_key: this member's reply key pair (``hmac`` mode): its public key goes into the
+            heartbeats, and replies sealed to it are opened with it
+            (:mod:`queueflow.protocol.sealed_replies`); ``None``: replies are not sealed.
     """
 
     def __init__(
@@ -98,13 +111,16 @@ class Requester:
         namespace: str,
         timeout_ms: int,
         auth: ControlAuth | None = None,
+        reply_key: ReplyKey | None = None,
     ) -> None:
         self.transport = transport
+        self.reply_key = reply_key
         self.auth = auth or ControlAuth("none", "", namespace, "")
         self.namespace = namespace
         self.timeout_ms = timeout_ms
         self._next = 0
         self._pending: dict[int, asyncio.Future[protocol.Message]] = {}
+        self._accept: dict[int, Callable[[protocol.Message], bool]] = {}
         self._log = log.bind(namespace=namespace)
 
     @property
@@ -124,18 +140,29 @@ class Requester:
     def on_reply(self, data: bytes) -> None:
         """Resolve the pending request a reply answers; undecodable replies are logged."""
         try:
+            if self.reply_key is not None:
+                data = self.reply_key.open(data)
             reply = protocol.decode(self.auth.open(data))
         except ShareGroupError as exc:
             self._log.error("undecodable_reply", error=str(exc))
             return
-        fut = self._pending.get(getattr(reply, "request_id", -1))
+        request_id = getattr(reply, "request_id", -1)
+        fut = self._pending.get(request_id)
         if fut is not None and not fut.done():
-            fut.set_result(reply)
+            accept = self._accept.get(request_id)
+            if accept is None or accept(reply):
+                fut.set_result(reply)
 
     async def call(
-        self, topic: str, partition: int, request_id: int, payload: bytes
+        self,
+        topic: str,
+        partition: int,
+        request_id: int,
+        payload: bytes,
+        accept: Callable[[protocol.Message], bool] | None = None,
     ) -> protocol.Message:
-        """Send a request and wait for its answer.
+        """Send a request and wait for its answer (the first one ``accept``, if given, returns
+        True for: others are dropped, e.g. a superseded coordinator's).
 
         Raises:
             ShareGroupError: ``REQUEST_TIMED_OUT`` when no answer comes within ``timeout_ms``.
@@ -143,6 +170,8 @@ class Requester:
         """
         fut: asyncio.Future[protocol.Message] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
+        if accept is not None:
+            self._accept[request_id] = accept
         try:
             await self.transport.send(topic, partition, self.auth.seal(payload))
             return await asyncio.wait_for(fut, self.timeout_ms / 1000)
@@ -154,6 +183,7 @@ class Requester:
             ) from None
         finally:
             self._pending.pop(request_id, None)
+            self._accept.pop(request_id, None)
 
     async def close(self) -> None:
         """Close the transport and cancel the requests still waiting."""

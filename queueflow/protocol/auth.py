@@ -235,7 +235,11 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     """A coordinator's proof of membership (KIP-932 ShareGroupHeartbeat's assignment).
 
     Fields: ``group``, ``member_id``, ``member_epoch``, ``partitions`` (sorted
-    ``(topic, partition)`` pairs assigned to the member), ``expires_ms`` (ms since the epoch).
+    ``(topic, partition)`` pairs assigned to the member), ``expires_ms`` (ms since the epoch),
+    ``coordinator_epoch`` (the issuing coordinator's epoch, -1: unknown; leaders refuse
+    acquisitions with a ticket of a coordinator older than one they have seen for the group),
+    ``reply_key`` (the member's X25519 reply key from its heartbeat, empty: none; leaders seal
+    the member's answers to it, :mod:`queueflow.protocol.sealed_replies`).
     """
 
     group: str
@@ -243,6 +247,8 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     member_epoch: int
     partitions: tuple[tuple[str, int], ...]
     expires_ms: int
+    coordinator_epoch: int = -1
+    reply_key: bytes = b""
 
     def covers(self, topic: str, partition: int) -> bool:
         """Whether the ticket assigns ``topic``-``partition`` to its member."""
@@ -261,15 +267,27 @@ def issue_ticket(
     partitions: Iterable[tuple[str, int]],
     ttl_ms: int,
     now_ms: int | None = None,
+    coordinator_epoch: int = -1,
+    reply_key: bytes = b"",
 ) -> bytes:
     """Sign an :class:`AssignmentTicket` valid for ``ttl_ms`` (about the session timeout).
 
     Args:
         key: :func:`derive_key` with ``purpose="tickets"``.
+        coordinator_epoch: the issuing coordinator's epoch (-1: unknown).
+        reply_key: the member's reply key (32 bytes, or empty), bound into the ticket.
     """
     now = _now_ms() if now_ms is None else now_ms
     body = _encoder.encode(
-        AssignmentTicket(group, member_id, member_epoch, tuple(sorted(partitions)), now + ttl_ms)
+        AssignmentTicket(
+            group,
+            member_id,
+            member_epoch,
+            tuple(sorted(partitions)),
+            now + ttl_ms,
+            coordinator_epoch,
+            reply_key,
+        )
     )
     return hmac.new(key, body, hashlib.sha256).digest() + body
 

@@ -199,6 +199,8 @@ class ReleaseMember(_Message, tag="release_member"):
     member can't acquire or acknowledge again before it rejoins (a rejoin gets a higher epoch).
     -1 (unknown, a coordinator of an earlier release): the records are released, no ticket is
     fenced.
+    ``coordinator_epoch`` is the sender's coordinator epoch (-1: unknown); a leader refuses a
+    release from a coordinator older than one it has seen for the group.
     """
 
     kind: ClassVar[str] = "release_member"
@@ -209,6 +211,7 @@ class ReleaseMember(_Message, tag="release_member"):
     member_id: str
     reason: str = ""
     member_epoch: _Int64 = -1
+    coordinator_epoch: _Int64 = -1
 
 
 class Tick(_Message, tag="tick"):
@@ -222,10 +225,12 @@ class Tick(_Message, tag="tick"):
 
 
 class Fence(_Message, tag="fence"):
-    """A new leader → its request partition: requests after this one are mine.
+    """A new leader → its request partition (or a new coordinator → its coordinator
+    partition): requests after this one are mine.
 
     ``leader_epoch`` is the Faust consumer generation the sender was assigned the partition in
-    (see :mod:`queueflow.engine.fencing`); ``sent_ms`` is wall-clock ms.
+    (the coordinator epoch on the coordinator topic; see :mod:`queueflow.engine.fencing`);
+    ``sent_ms`` is wall-clock ms.
     """
 
     kind: ClassVar[str] = "fence"
@@ -237,7 +242,11 @@ class Fence(_Message, tag="fence"):
 class HeartbeatRequest(_Message, tag="heartbeat"):
     """ShareGroupHeartbeat (KIP-932 "ShareGroupHeartbeat API").
 
-    ``member_epoch`` 0 joins, -1 leaves, otherwise the current epoch. ``protocol_version`` is
+    ``member_epoch`` 0 joins, -1 leaves, otherwise the current epoch. ``reply_key`` is the
+    member's X25519 public key (32 bytes; empty: none), sent with ``queueflow.auth.mode=hmac``:
+    the coordinator seals its answer to it and binds it into the ticket, so the leaders seal the
+    member's ShareFetch answers to it too (:mod:`queueflow.protocol.sealed_replies`).
+    ``protocol_version`` is
     the member's :data:`PROTOCOL_VERSION`; the coordinator answers ``UNSUPPORTED_VERSION`` when
     it is not in its :data:`SUPPORTED_PROTOCOL_VERSIONS`. It is decoded unchecked so that the
     coordinator can answer rather than drop the request. ``assignors`` are the share-group
@@ -259,6 +268,7 @@ class HeartbeatRequest(_Message, tag="heartbeat"):
     protocol_version: _Int64 = PROTOCOL_VERSION
     assignors: list[str] = msgspec.field(default_factory=list)
     rack_id: str = ""
+    reply_key: bytes = b""
 
 
 class HeartbeatResponse(_Message, tag="heartbeat_response"):
@@ -271,7 +281,9 @@ class HeartbeatResponse(_Message, tag="heartbeat_response"):
     ``ticket`` (successful answers only) is the coordinator's signed assignment ticket
     (:func:`queueflow.protocol.auth.issue_ticket`: group, member id, member epoch, assigned
     share-partitions, expiry one session timeout away), opaque to the member, which attaches
-    the latest one to every :class:`ShareFetchRequest`.
+    the latest one to every :class:`ShareFetchRequest`. ``coordinator_epoch`` is the answering
+    coordinator's epoch (-1: unknown); a member ignores answers of a coordinator older than
+    one it has heard from.
     """
 
     kind: ClassVar[str] = "heartbeat_response"
@@ -285,6 +297,7 @@ class HeartbeatResponse(_Message, tag="heartbeat_response"):
     error_message: str = ""
     leaders: list[tuple[str, _Int64, str]] = msgspec.field(default_factory=list)
     ticket: bytes = b""
+    coordinator_epoch: _Int64 = -1
 
 
 class ShareFetchCancel(_Message, tag="fetch_cancel"):
@@ -404,7 +417,8 @@ class ResetSharePartition(_Message, tag="reset_share_partition"):
     (``start_offset`` ``None``) the state of ``group``'s share-partition ``topic[partition]``,
     on behalf of the admin request ``(admin_id, request_id)``. The leader refuses while a record
     is Acquired (``NON_EMPTY_GROUP``) and after ``deadline_ms`` (``REQUEST_TIMED_OUT``), and
-    answers the coordinator with :class:`ResetSharePartitionResult`."""
+    answers the coordinator with :class:`ResetSharePartitionResult`. ``coordinator_epoch``:
+    as in :class:`ReleaseMember` (a reset from an older coordinator is refused unapplied)."""
 
     kind: ClassVar[str] = "reset_share_partition"
 
@@ -415,6 +429,7 @@ class ResetSharePartition(_Message, tag="reset_share_partition"):
     request_id: _Int64
     start_offset: _Int64 | None = None
     deadline_ms: _Int64 = 0
+    coordinator_epoch: _Int64 = -1
 
 
 class ResetSharePartitionResult(_Message, tag="reset_share_partition_result"):

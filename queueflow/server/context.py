@@ -16,6 +16,7 @@ from typing import Protocol
 
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.metrics import Metrics
+from queueflow.protocol.sealed_replies import ReplySealer
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
 
@@ -166,6 +167,8 @@ class ServerContext:
             direct path's ``queueflow.leader.state.durability=acked``).
         request_log: reads request topics back (``None``: the host re-delivers every request
             a leader did not apply).
+        reply_sealer: seals replies to members' reply keys (``queueflow.auth.mode=hmac``): this
+            process's X25519 key pair.
     """
 
     namespace: str
@@ -180,3 +183,4 @@ class ServerContext:
     state_scope: StateScope = no_state_scope
     flush_state: Callable[[], Awaitable[None]] = no_flush
     request_log: RequestLog | None = None
+    reply_sealer: ReplySealer = field(default_factory=ReplySealer)

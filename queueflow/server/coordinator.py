@@ -28,20 +28,23 @@ lost with the old coordinator, times out naming the request.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import structlog
 
 from queueflow.engine.assignors import check_known, parse_names
+from queueflow.engine.fencing import FenceOutcome, PartitionFencing
 from queueflow.engine.group import ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.auth import SkipLogLimiter, issue_ticket, ticket_key
+from queueflow.protocol.sealed_replies import PUBLIC_KEY_BYTES
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
-from queueflow.server.leader import control_auth, monotonic_ms, send_reply
+from queueflow.server.leader import FENCE_RESEND_MS, control_auth, monotonic_ms, send_reply
 from queueflow.structs import TopicPartition
 
 __all__ = ["ShareGroupCoordinator"]
@@ -53,6 +56,10 @@ log = structlog.get_logger("queueflow.server.coordinator")
 LEADER_ADDRESS_TTL_MS = 6000
 #: A share-partition's lag not reported again within this many ms counts as unknown.
 LAG_TTL_MS = 10_000
+#: How long (ms) a request waits for this worker's membership lease before it is skipped: after
+#: a rebalance the new generation's first heartbeat comes one Faust heartbeat interval later.
+LEASE_WAIT_MS = 3000
+_LEASE_POLL_S = 0.05
 
 
 class ShareGroupCoordinator:
@@ -94,13 +101,123 @@ class ShareGroupCoordinator:
         self._logged_assignor: dict[str, str] = {}
         #: When each group's assignment was last recomputed with fresh inputs (wall ms).
         self._refreshed_at: dict[str, int] = {}
+        #: Which coordinator partitions this worker owns, under which coordinator epoch, and
+        #: whether it stepped down (see the module docstring).
+        self.fencing = PartitionFencing(ctx.stall_limit_ms, role="coordinator")
+        #: How long (ms) a request waits for the membership lease before it is skipped.
+        self.lease_wait_ms = LEASE_WAIT_MS
+        self.unserved = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
+
+    def assign(self, partitions: set[int], epoch: int) -> None:
+        """Own coordinator ``partitions`` under coordinator epoch ``epoch`` (the Faust consumer
+        generation); the stall guard sends its fence once Faust has finished rebalancing."""
+        self.fencing.assign(partitions, epoch)
+        log.info("coordinator_assigned", partitions=sorted(partitions), coordinator_epoch=epoch)
 
     def revoke(self, partitions: set[int]) -> None:
         """Forget groups whose coordinator partition moved away."""
+        self.fencing.revoke(partitions)
+        self._forget(partitions)
+
+    def _forget(self, partitions: set[int] | list[int]) -> None:
         for group_id in [g for g in self.groups if topics.coordinator_partition(g) in partitions]:
             del self.groups[group_id]
         for group_id in [g for g in self.pending if topics.coordinator_partition(g) in partitions]:
             del self.pending[group_id]  # its leaders' answers now go to the new coordinator
+
+    def epoch(self, group_id: str) -> int:
+        """The coordinator epoch this worker serves ``group_id`` under (-1: not its own)."""
+        own = self.fencing.partitions.get(topics.coordinator_partition(group_id))
+        return -1 if own is None else own.epoch
+
+    async def send_fences(self) -> None:
+        """Append this worker's fence to the coordinator partitions it owns but isn't live on
+        yet, once Faust has finished rebalancing (see :mod:`queueflow.engine.fencing`)."""
+        if not self.ctx.runtime.streams_active:
+            return  # what the stream fetches now would be dropped, the fence with it
+        clock = self.ctx.clock
+        for p in self.fencing.fences_due(monotonic_ms(clock), FENCE_RESEND_MS):
+            epoch = self.fencing.partitions[p].epoch
+            fence = protocol.Fence(leader_epoch=epoch, sent_ms=clock.now_ms())
+            payload = self.auth.seal(protocol.encode(fence))
+            await self.ctx.sender.send(self.request_topic, p, payload)
+            log.info("coordinator_fence_sent", partition=p, coordinator_epoch=epoch)
+
+    def step_down(self, partitions: list[int], reason: str) -> None:
+        """Stop serving coordinator ``partitions``: forget their groups and pending admin
+        requests (the new coordinator reloads them from the table) and log why."""
+        if not partitions:
+            return
+        self._forget(partitions)
+        self.ctx.metrics.coordinator_step_downs.inc(len(partitions))
+        log.warning(
+            "coordinator_stepped_down",
+            partitions=sorted(partitions),
+            reason=reason,
+            code=ErrorCode.FENCED_STATE_EPOCH.value,
+        )
+
+    async def watch_stalls(self, now_monotonic_ms: int) -> None:
+        """The stall guard (called every 100 ms, as the leaders'): step down after a stall
+        longer than the Faust session timeout, take the partitions back if the membership
+        survived it, send own fences that are due."""
+        stalled = self.fencing.alive(now_monotonic_ms)
+        if stalled:
+            self.step_down(stalled, self.fencing.partitions[stalled[0]].fenced or "stalled")
+        runtime = self.ctx.runtime
+        for p in self.fencing.resume_after_stall(
+            now_monotonic_ms, runtime.generation, runtime.rebalancing
+        ):
+            log.info(
+                "coordinator_resumed_after_stall",
+                partition=p,
+                coordinator_epoch=self.fencing.partitions[p].epoch,
+            )
+        await self.send_fences()
+
+    def _on_fence(self, partition: int, epoch: int) -> None:
+        outcome = self.fencing.on_fence(partition, epoch)
+        if outcome is FenceOutcome.LIVE:
+            log.info("coordinator_live", partition=partition, coordinator_epoch=epoch)
+        elif outcome is FenceOutcome.SUPERSEDED:
+            self.step_down([partition], self.fencing.partitions[partition].fenced or "fenced")
+
+    async def _may_serve(self, partition: int, message: protocol.Message) -> bool:
+        """Whether this worker may handle ``message`` of coordinator ``partition``: it owns the
+        partition, has not stepped down, and its membership lease holds (waiting up to
+        :attr:`lease_wait_ms` for the first heartbeat of a new generation). Otherwise the
+        request is skipped (``coordinator_request_unserved``, rate-limited; counted)."""
+        reason = None
+        deadline = self.ctx.clock.monotonic() + self.lease_wait_ms / 1000
+        while True:
+            try:
+                self.fencing.check(partition)
+            except ShareGroupError as exc:
+                reason, detail = "not_owner", exc.message
+                break
+            remaining = self.ctx.runtime.lease_remaining_ms()
+            if remaining is None or remaining > 0:
+                return True
+            if self.ctx.clock.monotonic() >= deadline:
+                reason = "lease"
+                detail = (
+                    "this worker's Faust group membership is not proven by a recent heartbeat "
+                    "(it was frozen or cut off from the broker, and has probably been replaced)"
+                )
+                break
+            await asyncio.sleep(_LEASE_POLL_S)
+        self.ctx.metrics.coordinator_unserved.labels(reason).inc()
+        suppressed = self.unserved.admit()
+        if suppressed is not None:
+            log.warning(
+                "coordinator_request_unserved",
+                partition=partition,
+                kind=getattr(message, "kind", "?"),
+                reason=reason,
+                detail=detail,
+                suppressed=suppressed,
+            )
+        return False
 
     async def handle(self, partition: int, offset: int, value: bytes) -> None:
         """Handle one record of the coordinator topic (``partition``, ``offset``: its position).
@@ -108,7 +225,7 @@ class ShareGroupCoordinator:
         Never raises: a bad or failed request is logged and skipped.
         """
         try:
-            await self._handle(value)
+            await self._handle(partition, value)
         except Exception:
             log.exception("coordinator_request_failed", partition=partition, offset=offset)
 
@@ -174,7 +291,7 @@ class ShareGroupCoordinator:
                 group_epoch=group.group_epoch,
             )
 
-    async def _handle(self, value: bytes) -> None:
+    async def _handle(self, partition: int, value: bytes) -> None:
         try:
             message = protocol.decode(self.auth.open(value))
             self.auth.check_sender(message)
@@ -182,6 +299,11 @@ class ShareGroupCoordinator:
             suppressed = self.skipped.admit()
             if suppressed is not None:
                 log.error("undecodable_coordinator_request", error=str(exc), suppressed=suppressed)
+            return
+        if isinstance(message, protocol.Fence):
+            self._on_fence(partition, message.leader_epoch)
+            return
+        if not await self._may_serve(partition, message):
             return
         now = self.ctx.clock.now_ms()
         gap = now - self._last_event_ms
@@ -232,6 +354,7 @@ class ShareGroupCoordinator:
             member_id=message.member_id,
             request_id=message.request_id,
             heartbeat_interval_ms=self.ctx.settings.heartbeat_interval_ms,
+            coordinator_epoch=self.epoch(message.group),
         )
         if message.protocol_version not in protocol.SUPPORTED_PROTOCOL_VERSIONS:
             supported = protocol.SUPPORTED_PROTOCOL_VERSIONS
@@ -248,6 +371,19 @@ class ShareGroupCoordinator:
                 protocol_version=message.protocol_version,
             )
             await self._reply(message, response)
+            return
+        if len(message.reply_key) not in (0, PUBLIC_KEY_BYTES):
+            response.error = ErrorCode.INVALID_REQUEST.value
+            response.error_message = (
+                f"reply_key must be a {PUBLIC_KEY_BYTES}-byte X25519 public key, got "
+                f"{len(message.reply_key)} bytes"
+            )
+            await send_reply(  # unsealed: there is no key to seal it to
+                self.ctx,
+                message.member_id,
+                message.reply_partition,
+                self.auth.seal(protocol.encode(response)),
+            )
             return
         try:
             group = self._group(message.group)
@@ -295,6 +431,8 @@ class ShareGroupCoordinator:
                     partitions=((t, p) for t, p in result.assignment),
                     ttl_ms=group.session_timeout_ms,
                     now_ms=now,
+                    coordinator_epoch=response.coordinator_epoch,
+                    reply_key=message.reply_key,
                 )
             if result.released:
                 await self._release(group, result.released, "member left")
@@ -368,6 +506,7 @@ class ShareGroupCoordinator:
             request.member_id,
             request.reply_partition,
             self.auth.seal(protocol.encode(response)),
+            request.reply_key,
         )
 
     async def _release(
@@ -388,6 +527,7 @@ class ShareGroupCoordinator:
                         member_id,
                         reason,
                         member_epoch=group.group_epoch,
+                        coordinator_epoch=self.epoch(group.group_id),
                     )
                     await self.ctx.sender.send(
                         topics.fetch_topic(self.ctx.namespace, name),
@@ -470,6 +610,7 @@ class ShareGroupCoordinator:
                 request_id=message.request_id,
                 start_offset=start,
                 deadline_ms=pending.deadline_ms,
+                coordinator_epoch=self.epoch(group.group_id),
             )
             await self.ctx.sender.send(
                 topics.fetch_topic(self.ctx.namespace, topic),

@@ -13,6 +13,9 @@ Faust's consumer thread (docs/architecture.md, "The direct path"). Frames are
 * It announces itself: every :data:`ANNOUNCE_INTERVAL_S`, and whenever the partitions it is live
   on change, it sends a :class:`~queueflow.protocol.messages.LeaderAnnouncement` per led topic to
   the coordinator, which hands the addresses to members in heartbeat answers.
+* With ``queueflow.auth.mode=hmac`` frames are signed both ways and answers are sealed to the
+  member's reply key from its ticket (:mod:`queueflow.protocol.sealed_replies`), as on the
+  reply topic; requests travel signed but in plaintext (no TLS).
 
 Requests that came through the request topics are still served (by the stream path), so members
 that don't know the address, or lost their connection, are never stuck.
@@ -32,7 +35,7 @@ from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
-from queueflow.server.leader import ShareLeader, control_auth, not_leader
+from queueflow.server.leader import ShareLeader, control_auth, not_leader, seal_reply
 from queueflow.settings import listener_address
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
@@ -209,7 +212,14 @@ class LeaderEndpoint:
             if lease_ms is not None and request.max_wait_ms > lease_ms:
                 request = msgspec.structs.replace(request, max_wait_ms=lease_ms)
             response = await leader.serve(request)
+        frame = self.auth.seal(protocol.encode_binary(response))
+        if leader is not None:  # hmac: sealed to the member's reply key, as on the reply topic
+            try:
+                frame = seal_reply(self.ctx, leader.tickets.reply_key(request.ticket), frame)
+            except ValueError as exc:
+                log.warning("reply_unsealable", member_id=request.member_id, error=str(exc))
+                return
         async with write_lock:
-            framing.write_frame(writer, self.auth.seal(protocol.encode_binary(response)))
+            framing.write_frame(writer, frame)
             with contextlib.suppress(ConnectionError):
                 await writer.drain()

@@ -30,6 +30,7 @@ from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.auth import ControlAuth, SkipLogLimiter, ticket_key
+from queueflow.protocol.sealed_replies import reply_route
 from queueflow.protocol.state_codec import (
     decode_request_position,
     encode_request_position,
@@ -47,6 +48,7 @@ __all__ = [
     "engine_config",
     "monotonic_ms",
     "not_leader",
+    "seal_reply",
     "send_reply",
 ]
 
@@ -69,12 +71,40 @@ def control_auth(ctx: ServerContext, role: str) -> ControlAuth:
 
 
 async def send_reply(
-    ctx: ServerContext, member_id: str, reply_partition: int, value: bytes
+    ctx: ServerContext,
+    member_id: str,
+    reply_partition: int,
+    value: bytes,
+    reply_key: bytes = b"",
 ) -> None:
-    """Answer a member on the reply topic partition it reads, keyed by its member id."""
-    await ctx.sender.send(
-        topics.reply_topic(ctx.namespace), reply_partition, value, member_id.encode()
-    )
+    """Answer a member on the reply topic partition it reads, keyed by its member id.
+
+    With ``queueflow.auth.mode=hmac`` and the member's ``reply_key`` (its X25519 public key, from
+    its heartbeat or its ticket), the answer is sealed so that only that member can read it and
+    keyed by :func:`~queueflow.protocol.sealed_replies.reply_route` instead of the member id
+    (:mod:`queueflow.protocol.sealed_replies`); an answer to an invalid key is dropped (logged).
+    """
+    key = member_id
+    if reply_key and ctx.settings.control_auth_mode == "hmac":
+        try:
+            value = seal_reply(ctx, reply_key, value)
+        except ValueError as exc:
+            log.warning("reply_unsealable", member_id=member_id, error=str(exc))
+            return
+        key = reply_route(reply_key)
+    await ctx.sender.send(topics.reply_topic(ctx.namespace), reply_partition, value, key.encode())
+
+
+def seal_reply(ctx: ServerContext, reply_key: bytes, value: bytes) -> bytes:
+    """``value`` sealed to the member's ``reply_key`` with ``queueflow.auth.mode=hmac``
+    (:mod:`queueflow.protocol.sealed_replies`); unchanged without a key or in ``none`` mode.
+
+    Raises:
+        ValueError: ``reply_key`` is not a valid X25519 public key.
+    """
+    if not reply_key or ctx.settings.control_auth_mode != "hmac":
+        return value
+    return ctx.reply_sealer.seal(reply_key, value)
 
 
 def not_leader(request: protocol.ShareFetchRequest, why: str) -> protocol.ShareFetchResponse:
@@ -135,6 +165,7 @@ class ShareLeader:
         self.tickets = TicketGate(
             ticket_key(s.control_auth_mode, s.auth_secret, ctx.namespace),
             required=s.auth_tickets == "required",
+            coordinator_forget_ms=s.session_timeout_ms,
         )
         self.refusals = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         self.partitions: dict[tuple[str, int], DurableSharePartition] = {}
@@ -371,6 +402,10 @@ class ShareLeader:
                 if p == partition and durable.engine.expire_locks(now):
                     durable.persist()
                     changed = True
+        elif isinstance(
+            message, protocol.ReleaseMember | protocol.ResetSharePartition
+        ) and self._stale_coordinator(message, partition, now):
+            return False
         elif isinstance(message, protocol.ReleaseMember):
             # Its tickets issued so far are refused from now on: nothing is acquired for it
             # after this release (the records of a removed member are released once).
@@ -408,9 +443,37 @@ class ShareLeader:
                     message.member_id,
                     message.reply_partition,
                     self.auth.seal(protocol.encode(response)),
+                    self.tickets.reply_key(message.ticket),
                 )
             changed = bool(message.acks)
         return changed
+
+    def _stale_coordinator(
+        self,
+        message: protocol.ReleaseMember | protocol.ResetSharePartition,
+        partition: int,
+        now: int,
+    ) -> bool:
+        """True (logged rate-limited as ``stale_coordinator_refused``, counted) when
+        ``message`` comes from a coordinator older than the newest seen for its group: a
+        coordinator that lost its partition (frozen, cut off) must not release members' records
+        or reset state (:class:`~queueflow.engine.fencing.CoordinatorEpochs`)."""
+        epochs = self.tickets.coordinator_epochs
+        if epochs.admit(message.group, message.coordinator_epoch, now):
+            return False
+        self.ctx.metrics.stale_coordinator_refusals.labels("leader", message.kind).inc()
+        suppressed = self.refusals.admit()
+        if suppressed is not None:
+            self._log.warning(
+                "stale_coordinator_refused",
+                group=message.group,
+                partition=partition,
+                kind=message.kind,
+                coordinator_epoch=message.coordinator_epoch,
+                newest_coordinator_epoch=epochs.newest(message.group),
+                suppressed=suppressed,
+            )
+        return True
 
     async def _reset(
         self, message: protocol.ResetSharePartition, partition: int, offset: int, now: int

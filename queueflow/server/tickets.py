@@ -13,8 +13,10 @@ the member attaches its latest ticket to every request, and :class:`TicketGate` 
   share-partition (its ReleaseMember);
 * for a request that acquires (``max_records > 0``), also ``UNKNOWN_MEMBER_ID`` when the ticket
   expired (no heartbeat answer for a session timeout), ``FENCED_MEMBER_EPOCH`` when its epoch is
-  older than one already seen from the member, and ``UNKNOWN_TOPIC_OR_PARTITION`` when it does
-  not assign the share-partition.
+  older than one already seen from the member, or when a coordinator older than one already
+  seen for the group issued it (a zombie coordinator; :class:`~queueflow.engine.fencing.
+  CoordinatorEpochs`, shared with the leader's check of ReleaseMember and ResetSharePartition),
+  and ``UNKNOWN_TOPIC_OR_PARTITION`` when it does not assign the share-partition.
 
 Acknowledgements need only the first point: KIP-932 lets a member acknowledge the records it
 acquired until their locks end, even after its share-partition moved to another member (a
@@ -33,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from queueflow.engine.fencing import CoordinatorEpochs
 from queueflow.errors import ErrorCode
 from queueflow.protocol.auth import AssignmentTicket, AuthenticationError, verify_ticket
 
@@ -52,7 +55,8 @@ _MAX_MEMBERS: Final = 100_000
 class TicketRefusal:
     """Why a request was refused: its ``code`` (what the member gets), a ``reason`` for the
     refusal metric and log (``missing``, ``bad_ticket``, ``expired``, ``wrong_member``,
-    ``wrong_group``, ``removed``, ``fenced_epoch``, ``not_assigned``) and a ``message`` saying
+    ``wrong_group``, ``removed``, ``fenced_epoch``, ``stale_coordinator``, ``not_assigned``) and
+    a ``message`` saying
     what is wrong and what to do."""
 
     code: ErrorCode
@@ -67,13 +71,21 @@ class TicketGate:
         key: the ticket key (:func:`~queueflow.protocol.auth.ticket_key`), the coordinator's.
         required: refuse requests without a ticket (``queueflow.auth.tickets=required``);
             otherwise they pass unchecked (a rolling upgrade from members without tickets).
+        coordinator_forget_ms: how long (ms) the newest coordinator epoch of a group fences
+            older ones without being seen again (:class:`CoordinatorEpochs`; the share-group
+            session timeout).
 
     Not thread-safe; one per leader (all on one event loop).
     """
 
-    def __init__(self, key: bytes, *, required: bool = True) -> None:
+    def __init__(
+        self, key: bytes, *, required: bool = True, coordinator_forget_ms: int = 45_000
+    ) -> None:
         self._key = key
         self.required = required
+        #: The newest coordinator epoch seen per group (tickets, releases, resets), in
+        #: wall-clock ms.
+        self.coordinator_epochs = CoordinatorEpochs(coordinator_forget_ms)
         self._verified: dict[bytes, AssignmentTicket] = {}
         self._sweep_at = _FIRST_SWEEP
         # (group, member id) -> the highest member epoch seen in a valid ticket.
@@ -156,6 +168,18 @@ class TicketGate:
                 f"the request is for share group {group!r} but carries a ticket of share group "
                 f"{verified.group!r}",
             )
+        if (
+            not self.coordinator_epochs.admit(group, verified.coordinator_epoch, now_ms)
+            and acquiring
+        ):
+            return TicketRefusal(
+                ErrorCode.FENCED_MEMBER_EPOCH,
+                "stale_coordinator",
+                f"member {member_id!r} sent a ticket of coordinator epoch "
+                f"{verified.coordinator_epoch}, but share group {group!r} has a newer "
+                f"coordinator (epoch {self.coordinator_epochs.newest(group)}): acquire with the "
+                "ticket of the latest heartbeat answer",
+            )
         key = (group, member_id)
         removed = self._removed.get((group, member_id, partition))
         if removed is not None and verified.member_epoch <= removed:
@@ -211,6 +235,21 @@ class TicketGate:
                 cache.clear()
             self._sweep_at = max(_FIRST_SWEEP, 2 * len(cache))
         cache[raw] = ticket
+
+    def reply_key(self, ticket: bytes) -> bytes:
+        """The reply key bound into ``ticket`` (empty: none, or the ticket is not valid), for
+        sealing the answer to its request (:mod:`queueflow.protocol.sealed_replies`)."""
+        if not ticket:
+            return b""
+        verified = self._verified.get(ticket)
+        if verified is None:
+            try:
+                if len(ticket) > MAX_TICKET_BYTES:
+                    return b""
+                verified = verify_ticket(self._key, ticket, now_ms=-(2**63))
+            except AuthenticationError:
+                return b""
+        return verified.reply_key
 
     @property
     def cached(self) -> int:

@@ -137,18 +137,21 @@ class _Transport:
 
     reply_partition = 0
 
-    def __init__(self, bus: _Bus, member_id: str) -> None:
+    def __init__(self, bus: _Bus, member_id: str, reply_route: str | None = None) -> None:
         self.bus = bus
         self.key = member_id.encode()
+        self.reply_keys = [self.key] + ([reply_route.encode()] if reply_route else [])
 
     async def start(self, on_reply: ReplyHandler) -> None:
-        self.bus.members[self.key] = on_reply
+        for key in self.reply_keys:
+            self.bus.members[key] = on_reply
 
     async def send(self, topic: str, partition: int, payload: bytes) -> None:
         await self.bus.send(topic, partition, payload, self.key)
 
     async def close(self) -> None:
-        self.bus.members.pop(self.key, None)
+        for key in self.reply_keys:
+            self.bus.members.pop(key, None)
 
 
 class _RecordSource:
@@ -212,8 +215,10 @@ class _MemberIO:
     async def prepare(self, settings: ShareGroupSettings, topics: list[str]) -> dict[str, int]:
         return await self.partition_counts(topics)
 
-    def transport(self, member_id: str, client_id: str) -> _Transport:
-        return _Transport(self.cluster.bus, member_id)
+    def transport(
+        self, member_id: str, client_id: str, reply_route: str | None = None
+    ) -> _Transport:
+        return _Transport(self.cluster.bus, member_id, reply_route)
 
     def record_source(self) -> _RecordSource:
         return _RecordSource(self.cluster)
@@ -360,9 +365,13 @@ class InProcessCluster:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Make every leader live: assign it all partitions and let it read its own fence."""
+        """Make every leader and the coordinator live: assign them all partitions and let them
+        read their own fences."""
+        generation = self.server.runtime.generation
+        self.coordinator.assign(set(range(internal.COORDINATOR_PARTITIONS)), generation)
+        await self.coordinator.send_fences()
         for name, leader in self.leaders.items():
-            leader.assign(set(range(self.topics[name])), self.server.runtime.generation)
+            leader.assign(set(range(self.topics[name])), generation)
             await leader.send_fences()
         await self.bus.drain()
         for leader in self.leaders.values():
@@ -436,6 +445,7 @@ class InProcessCluster:
             partitions=partitions,
             ttl_ms=self.settings.session_timeout_ms if ttl_ms is None else ttl_ms,
             now_ms=self.clock.now_ms(),
+            coordinator_epoch=self.coordinator.epoch(group),
         )
 
     def share_partition(self, group: str, topic: str, partition: int) -> Any:

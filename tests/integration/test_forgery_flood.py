@@ -2,7 +2,9 @@
 outsider floods the leader's request topic with garbage, unsigned ShareFetches under a made-up
 member id, forged ``Fence(leader_epoch=999999)`` and messages signed with a guessed secret. The
 member still gets every record exactly once with delivery count 1 (nothing was acquired by a
-forgery, the leader never stepped down) and ACCEPTs them all."""
+forgery, the leader never stepped down) and ACCEPTs them all. Meanwhile the replies the member
+got were unreadable to any other reader of the reply topic (sealed to the member's own key,
+keyed by a pseudonym, not its member id)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import time
 import uuid
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow import ShareConsumer, ShareRecord
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.auth import AuthenticationError, ControlAuth
+from queueflow.protocol.sealed_replies import SEALED_FORMAT, ReplyKey
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
 
@@ -71,7 +76,7 @@ def test_a_flood_of_garbage_and_forgeries_loses_nothing(
     values = [f"f-{i}".encode() for i in range(RECORDS)]
     asyncio.run(produce_records(kafka_bootstrap, topic, [v.decode() for v in values], partitions=2))
 
-    async def scenario() -> tuple[list[ShareRecord], int]:
+    async def scenario() -> tuple[list[ShareRecord], int, str, list[tuple[bytes, bytes]]]:
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
         request_topic = topics.fetch_topic(app_id, topic)
@@ -95,6 +100,7 @@ def test_a_flood_of_garbage_and_forgeries_loses_nothing(
         )
         await member.subscribe([topic])
         got: list[ShareRecord] = []
+        member_id = member.member_id or ""
         deadline = time.monotonic() + WAIT_S
         try:
             while {r.value for r in got} != set(values):
@@ -106,10 +112,42 @@ def test_a_flood_of_garbage_and_forgeries_loses_nothing(
             await flooding
             await member.close()
             await producer.stop()
-        return got, sent
+        return got, sent, member_id, await read_replies(kafka_bootstrap, app_id)
 
     with LeaderWorker(app_id, [topic], kafka_bootstrap, tmp_path, LEADER_SETTINGS).start():
-        got, sent = asyncio.run(scenario())
+        got, sent, member_id, replies = asyncio.run(scenario())
+    # What any reader of the reply topic saw (attack matrix row 10): every reply sealed, none
+    # keyed by the member id, none readable with another member's key or as a plain message.
+    assert replies and member_id
+    eavesdropper = ReplyKey()
+    for key, value in replies:
+        assert key != member_id.encode() and value[0] == SEALED_FORMAT
+        assert member_id.encode() not in value
+        with pytest.raises(AuthenticationError):
+            eavesdropper.open(value)
     assert sent > 0
     assert sorted(r.value for r in got) == sorted(values)  # each exactly once
     assert {r.delivery_count for r in got} == {1}  # no forgery acquired (and let expire) any
+
+
+async def read_replies(bootstrap: str, app_id: str) -> list[tuple[bytes, bytes]]:
+    """Every record of the app's reply topic, as any principal with READ on it sees them."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [
+            KafkaTopicPartition(topics.reply_topic(app_id), p)
+            for p in range(topics.REPLY_PARTITIONS)
+        ]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[tuple[bytes, bytes]] = []
+        deadline = time.monotonic() + 30
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            assert time.monotonic() < deadline, "the reply topic was not read within 30 s"
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                out += [(r.key or b"", r.value or b"") for r in records]
+        return out
+    finally:
+        await consumer.stop()

@@ -353,6 +353,7 @@ def test_group_metadata_is_persisted_and_a_new_coordinator_restores_it() -> None
             before = await a.heartbeat(2)
             assert set(cluster.tables["groups"]) == {b"g"}
             fresh = ShareGroupCoordinator(cluster.server, cluster.tables["groups"])
+            fresh.assign({0}, cluster.server.runtime.generation)
             assert fresh.groups == {}
             # Straight to the new coordinator (the bus still feeds the old one).
             after = await a.heartbeat(2, handler=fresh.handle, offset=100)

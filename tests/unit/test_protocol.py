@@ -151,7 +151,15 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "ack_stale",
         "lock_timeout_ms",
     ),
-    ReleaseMember: ("group", "topic", "partition", "member_id", "reason", "member_epoch"),
+    ReleaseMember: (
+        "group",
+        "topic",
+        "partition",
+        "member_id",
+        "reason",
+        "member_epoch",
+        "coordinator_epoch",
+    ),
     Tick: ("sent_ms",),
     Fence: ("leader_epoch", "sent_ms"),
     HeartbeatRequest: (
@@ -166,6 +174,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "protocol_version",
         "assignors",
         "rack_id",
+        "reply_key",
     ),
     HeartbeatResponse: (
         "member_id",
@@ -177,6 +186,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "error_message",
         "leaders",
         "ticket",
+        "coordinator_epoch",
     ),
     LeaderAnnouncement: ("topic", "partitions", "leader_epoch", "address", "sent_ms", "lag"),
     ShareFetchCancel: ("member_id", "request_id", "topic", "partition"),

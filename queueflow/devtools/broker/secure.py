@@ -14,7 +14,7 @@ cluster metadata):
   ``allow.everyone.if.no.acl.found=false``.
 
 Certificates (a CA, the broker's, and one per client common name) are generated with the
-``cryptography`` package (part of queueflow's ``test`` extra) as PEM files, which Kafka reads
+``cryptography`` package (a queueflow dependency) as PEM files, which Kafka reads
 directly (``ssl.keystore.type=PEM``).
 """
 
