@@ -61,6 +61,7 @@ from queueflow.structs import TopicPartition
 
 __all__ = [
     "AdminTransport",
+    "InFlightBatch",
     "MemberDescription",
     "OffsetLookup",
     "OffsetSpec",
@@ -139,6 +140,24 @@ class ShareGroupDescription:
 
 
 @dataclass(frozen=True, slots=True)
+class InFlightBatch:
+    """A run of in-flight records ``first_offset..last_offset`` (inclusive) in one state with
+    one delivery count (KIP-932 "In-flight records"; the shape of ``StateBatches``).
+
+    Attributes:
+        state: ``AVAILABLE``, ``ACQUIRED``, ``ACKNOWLEDGED`` or ``ARCHIVED``.
+        delivery_count: delivery attempts so far (0: never delivered).
+        member_id: the member holding the acquisition lock (``ACQUIRED`` only, else None).
+    """
+
+    first_offset: int
+    last_offset: int
+    state: str
+    delivery_count: int
+    member_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SharePartitionOffsets:
     """One share-partition's offsets (``listShareGroupOffsets``, KIP-1226).
 
@@ -154,6 +173,10 @@ class SharePartitionOffsets:
             ``ACKNOWLEDGED``, ``ARCHIVED``); records between the SPSO and the SPEO that were
             never delivered count as ``AVAILABLE``.
         error: why the state could not be read (corrupt state), else ``None``.
+        batches: the in-flight records from the SPSO, in offset order, covering
+            ``start_offset..`` without gaps (never-delivered records are ``AVAILABLE`` with
+            delivery count 0), cut after ``records_limit`` records of
+            :meth:`ShareGroupAdmin.list_offsets` (empty by default).
     """
 
     topic: str
@@ -164,6 +187,7 @@ class SharePartitionOffsets:
     lag: int | None
     in_flight: Mapping[str, int] = field(default_factory=dict)
     error: str | None = None
+    batches: tuple[InFlightBatch, ...] = ()
 
 
 class AdminTransport(Protocol):
@@ -616,17 +640,32 @@ class ShareGroupAdmin:
         return [_describe(_known(groups, g)) for g in group_ids]
 
     async def list_offsets(
-        self, group_id: str, topics_: Iterable[str] | None = None
+        self, group_id: str, topics_: Iterable[str] | None = None, *, records_limit: int = 0
     ) -> list[SharePartitionOffsets]:
         """The SPSO, SPEO, lag and in-flight counts of every share-partition of ``group_id``
         (of the topics its members subscribe to, or ``topics_``), ordered by topic and
         partition.
 
+        Args:
+            group_id: the share group.
+            topics_: the topics (default: those the group's members subscribe to).
+            records_limit: also return the in-flight records themselves
+                (:attr:`SharePartitionOffsets.batches`), up to this many per share-partition
+                from the SPSO (0: none; bounds the answer, e.g. 2,000 for a dashboard).
+
         Raises:
             ShareGroupError: ``GROUP_ID_NOT_FOUND``.
+            ValueError: ``records_limit`` is negative.
         """
+        if records_limit < 0:
+            raise ValueError(f"records_limit={records_limit}; must be >= 0 (0: no batches)")
         groups = await self._groups()
-        group = _known(groups, group_id)
+        return await self._offsets_of(_known(groups, group_id), topics_, records_limit)
+
+    async def _offsets_of(
+        self, group: ShareGroup, topics_: Iterable[str] | None, records_limit: int
+    ) -> list[SharePartitionOffsets]:
+        group_id = group.group_id
         counts = dict(group.partitions)
         names = sorted(topics_) if topics_ is not None else sorted(counts)
         unknown = [t for t in names if t not in counts]
@@ -639,7 +678,9 @@ class ShareGroupAdmin:
             by_partition = _state_by_partition(table, group_id)
             for p in range(counts[topic]):
                 tp = TopicPartition(topic, p)
-                out.append(_offsets(group_id, topic, p, by_partition.get(p), ends[tp]))
+                out.append(
+                    _offsets(group_id, topic, p, by_partition.get(p), ends[tp], records_limit)
+                )
         return out
 
     # -- reading -----------------------------------------------------------------------------
@@ -808,7 +849,12 @@ def _state_by_partition(table: Mapping[bytes, bytes], group_id: str) -> dict[int
 
 
 def _offsets(
-    group_id: str, topic: str, partition: int, entries: _Entries | None, log_end: int
+    group_id: str,
+    topic: str,
+    partition: int,
+    entries: _Entries | None,
+    log_end: int,
+    records_limit: int = 0,
 ) -> SharePartitionOffsets:
     """Replay one share-partition's state as a new leader would, and count it (KIP-1226)."""
     if entries is None or entries.snapshot is None:
@@ -833,7 +879,34 @@ def _offsets(
     complete = counts[RecordState.ACKNOWLEDGED.name] + counts[RecordState.ARCHIVED.name]
     lag = max(log_end - spso - complete, 0)
     in_flight = {s.name: counts[s.name] for s in RecordState}
-    return SharePartitionOffsets(topic, partition, spso, speo, log_end, lag, in_flight)
+    shown = _batches(spso, speo, batches, records_limit) if records_limit else ()
+    return SharePartitionOffsets(topic, partition, spso, speo, log_end, lag, in_flight, None, shown)
+
+
+def _batches(spso: int, speo: int, batches: Iterable[Any], limit: int) -> tuple[InFlightBatch, ...]:
+    """``batches`` (replayed StateBatches) as :class:`InFlightBatch`, gaps filled with
+    never-delivered Available records, cut after ``limit`` records from the SPSO."""
+    stop = min(speo, spso + limit)
+    out: list[InFlightBatch] = []
+    at = spso
+    available = RecordState.AVAILABLE.name
+    for b in batches:
+        if at >= stop:
+            break
+        if b.first_offset > at:
+            out.append(InFlightBatch(at, min(b.first_offset, stop) - 1, available, 0))
+            at = b.first_offset
+        if at >= stop:
+            break
+        first, last = max(b.first_offset, at), min(b.last_offset, stop - 1)
+        if first <= last:
+            out.append(
+                InFlightBatch(first, last, RecordState(b.state).name, b.delivery_count, b.member_id)
+            )
+            at = last + 1
+    if at < stop:
+        out.append(InFlightBatch(at, stop - 1, available, 0))
+    return tuple(out)
 
 
 def describe_json(value: Any) -> Any:

@@ -406,15 +406,15 @@ class ShareGroups:
                 f"queueflow role={role!r} (from role= or $QUEUEFLOW_ROLE) is not one of "
                 f"{', '.join(ROLES)}"
             )
-        qf_logging.configure()
-        self.app = app
-        self.role = role
-        self.namespace: str = app.conf.id
         self.settings = (
             settings
             if isinstance(settings, ShareGroupSettings)
             else ShareGroupSettings.load(settings)
         )
+        qf_logging.configure(self.settings.log_format)
+        self.app = app
+        self.role = role
+        self.namespace: str = app.conf.id
         self.metrics = Metrics()
         self.kafka = KafkaClientConfig.from_broker(
             app.conf.broker,
@@ -497,8 +497,19 @@ class ShareGroups:
 
         @app.page("/metrics")
         async def metrics_page(web: Any, request: Any) -> Any:
+            await self.refresh_log_ends()
             body = render_all(prometheus_client.REGISTRY, registry)
             return app.web.bytes(body, content_type=CONTENT_TYPE.split(";")[0])
+
+    async def refresh_log_ends(self, timeout_s: float = 1.0) -> None:
+        """Refresh the log end offsets of the share-partitions this worker leads (for the lag
+        gauges, before a scrape), waiting at most ``timeout_s``; on failure (broker down) the
+        last known values stay, and the page is served anyway."""
+        for leader in list(self.leaders.values()):
+            try:
+                await asyncio.wait_for(leader.refresh_log_ends(), timeout_s)
+            except Exception as exc:  # a slow or absent broker must not fail the scrape
+                log.debug("log_end_refresh_failed", topic=leader.topic, error=repr(exc))
 
     def share_agent(
         self,

@@ -28,6 +28,8 @@ lost with the old coordinator, times out naming the request.
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -81,11 +83,19 @@ class ShareGroupCoordinator:
         self._last_event_ms = ctx.clock.now_ms()
         #: Admin requests forwarded to leaders and not yet answered, by group.
         self.pending: dict[str, _PendingAdmin] = {}
+        # Group epoch up to which queueflow_share_group_rebalances_total has counted, by group.
+        self._epochs_counted: dict[str, int] = {}
 
     def revoke(self, partitions: set[int]) -> None:
-        """Forget groups whose coordinator partition moved away."""
+        """Forget groups whose coordinator partition moved away (and their gauges: the new
+        coordinator reports them)."""
+        m = self.ctx.metrics
         for group_id in [g for g in self.groups if topics.coordinator_partition(g) in partitions]:
             del self.groups[group_id]
+            self._epochs_counted.pop(group_id, None)
+            for gauge in (m.group_members, m.group_epoch):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(group_id)
         for group_id in [g for g in self.pending if topics.coordinator_partition(g) in partitions]:
             del self.pending[group_id]  # its leaders' answers now go to the new coordinator
 
@@ -111,12 +121,18 @@ class ShareGroupCoordinator:
                     group_id, raw, s.session_timeout_ms, s.max_size, self.ctx.clock.now_ms()
                 )
             self.groups[group_id] = group
+            self._epochs_counted[group_id] = group.group_epoch
         return group
 
     def _persist(self, group: ShareGroup) -> None:
         self.table[group.group_id.encode()] = group_codec.encode_group(group)
-        self.ctx.metrics.group_members.labels(group.group_id).set(len(group.members))
-        self.ctx.metrics.group_epoch.labels(group.group_id).set(group.group_epoch)
+        m, group_id = self.ctx.metrics, group.group_id
+        m.group_members.labels(group_id).set(len(group.members))
+        m.group_epoch.labels(group_id).set(group.group_epoch)
+        bumps = group.group_epoch - self._epochs_counted.get(group_id, group.group_epoch)
+        if bumps > 0:
+            m.group_rebalances.labels(group_id).inc(bumps)
+        self._epochs_counted[group_id] = group.group_epoch
 
     async def _handle(self, value: bytes) -> None:
         try:
