@@ -662,9 +662,39 @@ class ShareGroupAdmin:
         groups = await self._groups()
         return await self._offsets_of(_known(groups, group_id), topics_, records_limit)
 
+    async def overview(
+        self, records_limit: int = 0
+    ) -> list[tuple[ShareGroupDescription, list[SharePartitionOffsets]]]:
+        """Every share group of the app, described, with the offsets of its share-partitions
+        (:meth:`describe_groups` plus :meth:`list_offsets` for each group, from one read of each
+        changelog): what the dashboard shows.
+
+        Args:
+            records_limit: in-flight records per share-partition to return as batches (see
+                :meth:`list_offsets`).
+
+        Raises:
+            ConfigurationError: no group table (see the class). ValueError: a negative
+                ``records_limit``.
+        """
+        if records_limit < 0:
+            raise ValueError(f"records_limit={records_limit}; must be >= 0 (0: no batches)")
+        groups = await self._groups()
+        tables: dict[str, dict[bytes, bytes]] = {}
+        return [
+            (_describe(group), await self._offsets_of(group, None, records_limit, tables))
+            for group in sorted(groups.values(), key=lambda g: g.group_id)
+        ]
+
     async def _offsets_of(
-        self, group: ShareGroup, topics_: Iterable[str] | None, records_limit: int
+        self,
+        group: ShareGroup,
+        topics_: Iterable[str] | None,
+        records_limit: int,
+        tables: dict[str, dict[bytes, bytes]] | None = None,
     ) -> list[SharePartitionOffsets]:
+        """``list_offsets`` of ``group``; ``tables`` caches changelogs read (topic -> table)."""
+        tables = {} if tables is None else tables
         group_id = group.group_id
         counts = dict(group.partitions)
         names = sorted(topics_) if topics_ is not None else sorted(counts)
@@ -674,7 +704,10 @@ class ShareGroupAdmin:
         ends = await self._log_ends([TopicPartition(t, p) for t in names for p in range(counts[t])])
         out: list[SharePartitionOffsets] = []
         for topic in names:
-            table = await self._read(state_changelog(self.app_id, topic), required=False)
+            name = state_changelog(self.app_id, topic)
+            if name not in tables:
+                tables[name] = await self._read(name, required=False)
+            table = tables[name]
             by_partition = _state_by_partition(table, group_id)
             for p in range(counts[topic]):
                 tp = TopicPartition(topic, p)

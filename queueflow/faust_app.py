@@ -45,6 +45,8 @@ from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
 from queueflow.member.agent import Decoder, Handler, ShareAgent
 from queueflow.member.context import MemberContext
+from queueflow import dashboard
+from queueflow.admin import ShareGroupAdmin
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
 from queueflow.server.context import RequestHandler, ServerContext
@@ -434,6 +436,7 @@ class ShareGroups:
         self.endpoint: LeaderEndpoint | None = None
         self._changelog: ChangelogWriter | None = None  # needs the running loop: see lead()
         self._expose_metrics()
+        self._expose_dashboard()
         if role == "member":
             app.producer_only = True
             return
@@ -500,6 +503,25 @@ class ShareGroups:
             await self.refresh_log_ends()
             body = render_all(prometheus_client.REGISTRY, registry)
             return app.web.bytes(body, content_type=CONTENT_TYPE.split(";")[0])
+
+    def _expose_dashboard(self) -> None:
+        """Serve the share-group dashboard at ``/queueflow/`` and its JSON at
+        ``/queueflow/api/groups`` (:mod:`queueflow.dashboard`), unless the app has such pages."""
+        app = self.app
+        if dashboard.PAGE_PATH in app.web.views or dashboard.API_PATH in app.web.views:
+            return
+        admin = ShareGroupAdmin(self.namespace, self.kafka, settings=self.settings)
+        #: The dashboard's data (read from the changelogs at most once a second).
+        self.dashboard = dashboard.DashboardData(admin)
+        data = self.dashboard
+
+        @app.page(dashboard.PAGE_PATH)
+        async def dashboard_page(web: Any, request: Any) -> Any:
+            return web.html(dashboard.page_html())
+
+        @app.page(dashboard.API_PATH)
+        async def dashboard_api(web: Any, request: Any) -> Any:
+            return web.json(await data.get())
 
     async def refresh_log_ends(self, timeout_s: float = 1.0) -> None:
         """Refresh the log end offsets of the share-partitions this worker leads (for the lag

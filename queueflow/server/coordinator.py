@@ -29,7 +29,6 @@ lost with the old coordinator, times out naming the request.
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 

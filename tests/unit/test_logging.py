@@ -226,7 +226,7 @@ def test_bad_format_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) ->
         ConfigurationError, match=r"queueflow.log.format='xml' \(from \$QUEUEFLOW_LOG_FORMAT\)"
     ):
         qlogging.configure(stream=io.StringIO())
-    with pytest.raises(ConfigurationError, match="choose one of auto | json | console"):
+    with pytest.raises(ConfigurationError, match=r"choose one of auto \| json \| console"):
         qlogging.configure("yaml", stream=io.StringIO())
 
 
