@@ -35,7 +35,9 @@ import mode
 import prometheus_client
 import structlog
 
+from queueflow import dashboard
 from queueflow import logging as qf_logging
+from queueflow.admin import ShareGroupAdmin
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
@@ -45,8 +47,6 @@ from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
 from queueflow.member.agent import Decoder, Handler, ShareAgent
 from queueflow.member.context import MemberContext
-from queueflow import dashboard
-from queueflow.admin import ShareGroupAdmin
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
 from queueflow.server.context import RequestHandler, ServerContext
