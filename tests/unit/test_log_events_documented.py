@@ -29,10 +29,10 @@ def logged_events() -> dict[str, list[str]]:
             first = node.args[0]
             choices = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
             for c in choices:
-                if isinstance(c, ast.Constant) and isinstance(c.value, str):
-                    if EVENT.fullmatch(c.value):
-                        where = f"{path.relative_to(ROOT)}:{node.lineno}"
-                        found.setdefault(c.value, []).append(where)
+                value = c.value if isinstance(c, ast.Constant) else None
+                if isinstance(value, str) and EVENT.fullmatch(value):
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    found.setdefault(value, []).append(where)
     return found
 
 
