@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inprocess_helpers import TOPIC, cluster_with, run
+from inprocess_helpers import TOPIC, cluster_with, run, until
 
 from queueflow import ACCEPT, REJECT
 from queueflow.testing import FakeClock
@@ -98,5 +98,31 @@ def test_gauges_follow_lock_expiry_ticks_and_released_members() -> None:
             assert members == 0
             # join, leave, join, leave: each bumps the group epoch once
             assert epoch is not None and rebalances == epoch == 4
+
+    run(scenario())
+
+
+def test_share_agents_observe_the_acknowledgement_latency() -> None:
+    """From the ShareFetch answer to the outcome: the handler's time (fake clock) and the
+    queueing; one observation per record outcome."""
+    clock = FakeClock()
+
+    async def handler(record: Any) -> Any:
+        clock.advance(2000)  # the handler "takes" 2 s of the fake monotonic clock
+        return ACCEPT
+
+    async def scenario() -> None:
+        async with cluster_with(3, clock=clock) as cluster:
+            agent = await cluster.agent(handler, TOPIC, "g", concurrency=1)
+            await until(lambda: gauge(cluster, "start_offset") == 3, "every record done", clock)
+            await agent.stop()
+            labels = {"group": "g", "topic": TOPIC}
+            registry = cluster.metrics.registry
+            name = "queueflow_acknowledgement_latency_seconds"
+            assert registry.get_sample_value(f"{name}_count", labels) == 3
+            # each took its handler's 2 s at least (plus the wait for the handlers before it
+            # when the records came in one ShareFetch)
+            assert registry.get_sample_value(f"{name}_sum", labels) >= 6
+            assert registry.get_sample_value(f"{name}_bucket", {**labels, "le": "1.0"}) == 0
 
     run(scenario())
