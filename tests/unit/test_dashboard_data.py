@@ -91,8 +91,12 @@ def test_answers_are_cached_for_max_age_and_errors_are_reported() -> None:
         app_id = "app"
         calls = 0
 
+        slow = False
+
         async def overview(self, records_limit: int) -> list[Any]:
             Admin.calls += 1
+            if Admin.slow:
+                now[0] += 2.0
             if Admin.calls == 2:
                 raise TimeoutError("could not read the changelog")
             return []
@@ -106,6 +110,18 @@ def test_answers_are_cached_for_max_age_and_errors_are_reported() -> None:
         now[0] = 1.5
         failed = await data.get()
         assert failed["error"] == "TimeoutError: could not read the changelog"
+        # A slow read (2 s) spaces the next ones: at most a fifth of the time reading.
+        now[0] = 3.0
+        Admin.slow = True
+        assert (await data.get())["error"] is None and now[0] == 5.0 and Admin.calls == 3
+        assert await data.get() is not failed and Admin.calls == 3  # cached until 5 + 10 s
+        now[0] = 14.9
+        await data.get()
+        assert Admin.calls == 3
+        now[0] = 15.1
+        Admin.slow = False
+        await data.get()
+        assert Admin.calls == 4
         with pytest.raises(ValueError, match="records_limit=-1"):
             DashboardData(Admin(), records_limit=-1)  # type: ignore[arg-type]
 
