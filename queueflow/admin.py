@@ -61,6 +61,7 @@ from queueflow.structs import TopicPartition
 
 __all__ = [
     "AdminTransport",
+    "InFlightBatch",
     "MemberDescription",
     "OffsetLookup",
     "OffsetSpec",
@@ -146,6 +147,24 @@ class ShareGroupDescription:
 
 
 @dataclass(frozen=True, slots=True)
+class InFlightBatch:
+    """A run of in-flight records ``first_offset..last_offset`` (inclusive) in one state with
+    one delivery count (KIP-932 "In-flight records"; the shape of ``StateBatches``).
+
+    Attributes:
+        state: ``AVAILABLE``, ``ACQUIRED``, ``ACKNOWLEDGED`` or ``ARCHIVED``.
+        delivery_count: delivery attempts so far (0: never delivered).
+        member_id: the member holding the acquisition lock (``ACQUIRED`` only, else None).
+    """
+
+    first_offset: int
+    last_offset: int
+    state: str
+    delivery_count: int
+    member_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SharePartitionOffsets:
     """One share-partition's offsets (``listShareGroupOffsets``, KIP-1226).
 
@@ -161,6 +180,10 @@ class SharePartitionOffsets:
             ``ACKNOWLEDGED``, ``ARCHIVED``); records between the SPSO and the SPEO that were
             never delivered count as ``AVAILABLE``.
         error: why the state could not be read (corrupt state), else ``None``.
+        batches: the in-flight records from the SPSO, in offset order, covering
+            ``start_offset..`` without gaps (never-delivered records are ``AVAILABLE`` with
+            delivery count 0), cut after ``records_limit`` records of
+            :meth:`ShareGroupAdmin.list_offsets` (empty by default).
     """
 
     topic: str
@@ -171,6 +194,7 @@ class SharePartitionOffsets:
     lag: int | None
     in_flight: Mapping[str, int] = field(default_factory=dict)
     error: str | None = None
+    batches: tuple[InFlightBatch, ...] = ()
 
 
 class AdminTransport(Protocol):
@@ -624,17 +648,62 @@ class ShareGroupAdmin:
         return [_describe(_known(groups, g)) for g in group_ids]
 
     async def list_offsets(
-        self, group_id: str, topics_: Iterable[str] | None = None
+        self, group_id: str, topics_: Iterable[str] | None = None, *, records_limit: int = 0
     ) -> list[SharePartitionOffsets]:
         """The SPSO, SPEO, lag and in-flight counts of every share-partition of ``group_id``
         (of the topics its members subscribe to, or ``topics_``), ordered by topic and
         partition.
 
+        Args:
+            group_id: the share group.
+            topics_: the topics (default: those the group's members subscribe to).
+            records_limit: also return the in-flight records themselves
+                (:attr:`SharePartitionOffsets.batches`), up to this many per share-partition
+                from the SPSO (0: none; bounds the answer, e.g. 2,000 for a dashboard).
+
         Raises:
             ShareGroupError: ``GROUP_ID_NOT_FOUND``.
+            ValueError: ``records_limit`` is negative.
         """
+        if records_limit < 0:
+            raise ValueError(f"records_limit={records_limit}; must be >= 0 (0: no batches)")
         groups = await self._groups()
-        group = _known(groups, group_id)
+        return await self._offsets_of(_known(groups, group_id), topics_, records_limit)
+
+    async def overview(
+        self, records_limit: int = 0
+    ) -> list[tuple[ShareGroupDescription, list[SharePartitionOffsets]]]:
+        """Every share group of the app, described, with the offsets of its share-partitions
+        (:meth:`describe_groups` plus :meth:`list_offsets` for each group, from one read of each
+        changelog): what the dashboard shows.
+
+        Args:
+            records_limit: in-flight records per share-partition to return as batches (see
+                :meth:`list_offsets`).
+
+        Raises:
+            ConfigurationError: no group table (see the class). ValueError: a negative
+                ``records_limit``.
+        """
+        if records_limit < 0:
+            raise ValueError(f"records_limit={records_limit}; must be >= 0 (0: no batches)")
+        groups = await self._groups()
+        tables: dict[str, dict[bytes, bytes]] = {}
+        return [
+            (_describe(group), await self._offsets_of(group, None, records_limit, tables))
+            for group in sorted(groups.values(), key=lambda g: g.group_id)
+        ]
+
+    async def _offsets_of(
+        self,
+        group: ShareGroup,
+        topics_: Iterable[str] | None,
+        records_limit: int,
+        tables: dict[str, dict[bytes, bytes]] | None = None,
+    ) -> list[SharePartitionOffsets]:
+        """``list_offsets`` of ``group``; ``tables`` caches changelogs read (topic -> table)."""
+        tables = {} if tables is None else tables
+        group_id = group.group_id
         counts = dict(group.partitions)
         names = sorted(topics_) if topics_ is not None else sorted(counts)
         unknown = [t for t in names if t not in counts]
@@ -643,11 +712,16 @@ class ShareGroupAdmin:
         ends = await self._log_ends([TopicPartition(t, p) for t in names for p in range(counts[t])])
         out: list[SharePartitionOffsets] = []
         for topic in names:
-            table = await self._read(state_changelog(self.app_id, topic), required=False)
+            name = state_changelog(self.app_id, topic)
+            if name not in tables:
+                tables[name] = await self._read(name, required=False)
+            table = tables[name]
             by_partition = _state_by_partition(table, group_id)
             for p in range(counts[topic]):
                 tp = TopicPartition(topic, p)
-                out.append(_offsets(group_id, topic, p, by_partition.get(p), ends[tp]))
+                out.append(
+                    _offsets(group_id, topic, p, by_partition.get(p), ends[tp], records_limit)
+                )
         return out
 
     # -- reading -----------------------------------------------------------------------------
@@ -819,7 +893,12 @@ def _state_by_partition(table: Mapping[bytes, bytes], group_id: str) -> dict[int
 
 
 def _offsets(
-    group_id: str, topic: str, partition: int, entries: _Entries | None, log_end: int
+    group_id: str,
+    topic: str,
+    partition: int,
+    entries: _Entries | None,
+    log_end: int,
+    records_limit: int = 0,
 ) -> SharePartitionOffsets:
     """Replay one share-partition's state as a new leader would, and count it (KIP-1226)."""
     if entries is None or entries.snapshot is None:
@@ -844,7 +923,34 @@ def _offsets(
     complete = counts[RecordState.ACKNOWLEDGED.name] + counts[RecordState.ARCHIVED.name]
     lag = max(log_end - spso - complete, 0)
     in_flight = {s.name: counts[s.name] for s in RecordState}
-    return SharePartitionOffsets(topic, partition, spso, speo, log_end, lag, in_flight)
+    shown = _batches(spso, speo, batches, records_limit) if records_limit else ()
+    return SharePartitionOffsets(topic, partition, spso, speo, log_end, lag, in_flight, None, shown)
+
+
+def _batches(spso: int, speo: int, batches: Iterable[Any], limit: int) -> tuple[InFlightBatch, ...]:
+    """``batches`` (replayed StateBatches) as :class:`InFlightBatch`, gaps filled with
+    never-delivered Available records, cut after ``limit`` records from the SPSO."""
+    stop = min(speo, spso + limit)
+    out: list[InFlightBatch] = []
+    at = spso
+    available = RecordState.AVAILABLE.name
+    for b in batches:
+        if at >= stop:
+            break
+        if b.first_offset > at:
+            out.append(InFlightBatch(at, min(b.first_offset, stop) - 1, available, 0))
+            at = b.first_offset
+        if at >= stop:
+            break
+        first, last = max(b.first_offset, at), min(b.last_offset, stop - 1)
+        if first <= last:
+            out.append(
+                InFlightBatch(first, last, RecordState(b.state).name, b.delivery_count, b.member_id)
+            )
+            at = last + 1
+    if at < stop:
+        out.append(InFlightBatch(at, stop - 1, available, 0))
+    return tuple(out)
 
 
 def describe_json(value: Any) -> Any:

@@ -35,7 +35,9 @@ import mode
 import prometheus_client
 import structlog
 
+from queueflow import dashboard
 from queueflow import logging as qf_logging
+from queueflow.admin import ShareGroupAdmin
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
@@ -406,15 +408,15 @@ class ShareGroups:
                 f"queueflow role={role!r} (from role= or $QUEUEFLOW_ROLE) is not one of "
                 f"{', '.join(ROLES)}"
             )
-        qf_logging.configure()
-        self.app = app
-        self.role = role
-        self.namespace: str = app.conf.id
         self.settings = (
             settings
             if isinstance(settings, ShareGroupSettings)
             else ShareGroupSettings.load(settings)
         )
+        qf_logging.configure(self.settings.log_format)
+        self.app = app
+        self.role = role
+        self.namespace: str = app.conf.id
         self.metrics = Metrics()
         self.kafka = KafkaClientConfig.from_broker(
             app.conf.broker,
@@ -441,6 +443,7 @@ class ShareGroups:
         self.endpoint: LeaderEndpoint | None = None
         self._changelog: ChangelogWriter | None = None  # needs the running loop: see lead()
         self._expose_metrics()
+        self._expose_dashboard()
         if role == "member":
             app.producer_only = True
             return
@@ -504,8 +507,38 @@ class ShareGroups:
 
         @app.page("/metrics")
         async def metrics_page(web: Any, request: Any) -> Any:
+            await self.refresh_log_ends()
             body = render_all(prometheus_client.REGISTRY, registry)
             return app.web.bytes(body, content_type=CONTENT_TYPE.split(";")[0])
+
+    def _expose_dashboard(self) -> None:
+        """Serve the share-group dashboard at ``/queueflow/`` and its JSON at
+        ``/queueflow/api/groups`` (:mod:`queueflow.dashboard`), unless the app has such pages."""
+        app = self.app
+        if dashboard.PAGE_PATH in app.web.views or dashboard.API_PATH in app.web.views:
+            return
+        admin = ShareGroupAdmin(self.namespace, self.kafka, settings=self.settings)
+        #: The dashboard's data (read from the changelogs at most once a second).
+        self.dashboard = dashboard.DashboardData(admin)
+        data = self.dashboard
+
+        @app.page(dashboard.PAGE_PATH)
+        async def dashboard_page(web: Any, request: Any) -> Any:
+            return web.html(dashboard.page_html())
+
+        @app.page(dashboard.API_PATH)
+        async def dashboard_api(web: Any, request: Any) -> Any:
+            return web.json(await data.get())
+
+    async def refresh_log_ends(self, timeout_s: float = 1.0) -> None:
+        """Refresh the log end offsets of the share-partitions this worker leads (for the lag
+        gauges, before a scrape), waiting at most ``timeout_s``; on failure (broker down) the
+        last known values stay, and the page is served anyway."""
+        for leader in list(self.leaders.values()):
+            try:
+                await asyncio.wait_for(leader.refresh_log_ends(), timeout_s)
+            except Exception as exc:  # a slow or absent broker must not fail the scrape
+                log.debug("log_end_refresh_failed", topic=leader.topic, error=repr(exc))
 
     def share_agent(
         self,

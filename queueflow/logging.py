@@ -10,6 +10,9 @@ on the root logger (``-l``) filters queueflow events like any other log line.
 Output of the ``queueflow`` logger hierarchy goes to the process's real stderr
 (``sys.__stderr__``, which Faust does not redirect), in one of two formats:
 
+The format is the setting ``queueflow.log.format`` (:mod:`queueflow.settings`; environment
+variable ``QUEUEFLOW_LOG_FORMAT``), one of:
+
 ``json`` (``QUEUEFLOW_LOG_FORMAT=json``)
     One JSON object per line with the keys ``event``, ``level`` (``debug``, ``info``,
     ``warning``, ``error``, ``critical``), ``logger`` (e.g. ``queueflow.server.leader``),
@@ -21,8 +24,9 @@ Output of the ``queueflow`` logger hierarchy goes to the process's real stderr
 ``console`` (``QUEUEFLOW_LOG_FORMAT=console``)
     structlog's human-readable rendering (coloured when stderr is a terminal).
 
-Unset, ``QUEUEFLOW_LOG_FORMAT`` means ``console`` when stderr is a terminal and ``json``
-otherwise (containers, CI, log shippers).
+``auto`` (the default)
+    ``console`` when stderr is a terminal and ``json`` otherwise (containers, CI, log
+    shippers).
 
 structlog events of loggers outside ``queueflow.*`` (an application's own) are rendered to a text
 message (``event key=value ...``) and go to whatever handlers the root logger has (Faust's).
@@ -40,15 +44,15 @@ from typing import Any, TextIO
 import structlog
 
 from queueflow.errors import ConfigurationError
+from queueflow.settings import lookup
 
 __all__ = ["FORMAT_ENV", "ROOT_LOGGER", "RepeatLimiter", "configure", "limit_client_logs"]
 
-#: The environment variable choosing the output format: ``json`` or ``console``.
-FORMAT_ENV = "QUEUEFLOW_LOG_FORMAT"
+#: The environment variable of ``queueflow.log.format``: ``auto``, ``json`` or ``console``.
+FORMAT_ENV = lookup("log_format").env
 #: The stdlib logger whose hierarchy :func:`configure` sends to stderr.
 ROOT_LOGGER = "queueflow"
 
-_FORMATS = ("json", "console")
 # Marks the handler configure() installed, so that a second call replaces it (no double lines).
 _MARK = "_queueflow_logging_handler"
 
@@ -56,7 +60,7 @@ EventDict = MutableMapping[str, Any]
 
 
 def configure(
-    json: bool | None = None,
+    json: bool | str | None = None,
     level: int | str | None = None,
     *,
     stream: TextIO | None = None,
@@ -70,9 +74,10 @@ def configure(
     :func:`structlog.testing.capture_logs` keep working (loggers are not cached on first use).
 
     Args:
-        json: True for one JSON object per line, False for console rendering, None to read
-            ``$QUEUEFLOW_LOG_FORMAT`` (``json`` or ``console``; unset: ``console`` if the stream
-            is a terminal, else ``json``).
+        json: True for one JSON object per line, False for console rendering, a value of
+            ``queueflow.log.format`` (``"auto"``, ``"json"``, ``"console"``), or None to read
+            ``$QUEUEFLOW_LOG_FORMAT`` (unset: ``auto``: ``console`` if the stream is a
+            terminal, else ``json``).
         level: level of the ``queueflow`` logger (``logging.INFO``, ``"info"``, ``"WARNING"``).
             None follows the root logger's output: the higher of the root logger's level and the
             lowest level of its console/file handlers, read at each record, so the level a Faust
@@ -80,11 +85,11 @@ def configure(
         stream: where to write (tests); default ``sys.__stderr__``, the real stderr.
 
     Raises:
-        ConfigurationError: ``$QUEUEFLOW_LOG_FORMAT`` is neither ``json`` nor ``console``, or
-            ``level`` is not a level.
+        ConfigurationError: the format (``json`` or ``$QUEUEFLOW_LOG_FORMAT``) is not one of
+            ``auto``, ``json``, ``console``, or ``level`` is not a level.
     """
     out = stream or sys.__stderr__ or sys.stderr
-    as_json = _want_json(out) if json is None else json
+    as_json = json if isinstance(json, bool) else _want_json(out, json)
     levelno = logging.NOTSET if level is None else _level_number(level)
 
     shared: list[structlog.typing.Processor] = [
@@ -259,16 +264,17 @@ def _to_stdlib(logger: Any, method_name: str, event_dict: EventDict) -> Any:
     return (text,), ({"exc_info": exc_info} if exc_info else {})
 
 
-def _want_json(out: TextIO) -> bool:
-    raw = os.environ.get(FORMAT_ENV, "").strip().lower()
-    if not raw:
+def _want_json(out: TextIO, chosen: str | None = None) -> bool:
+    """JSON or not, from ``chosen`` (a ``queueflow.log.format`` value) or the environment."""
+    setting = lookup("log_format")
+    if chosen is None:
+        raw = os.environ.get(FORMAT_ENV, "").strip().lower() or "auto"
+        value = setting.parse(raw, f"${FORMAT_ENV}")
+    else:
+        value = setting.parse(chosen.strip().lower(), "arguments")
+    if value == "auto":
         return not _isatty(out)
-    if raw not in _FORMATS:
-        raise ConfigurationError(
-            f"{FORMAT_ENV}={raw!r} is not allowed; choose one of {' | '.join(_FORMATS)} "
-            "(unset: console on a terminal, else json)"
-        )
-    return raw == "json"
+    return value == "json"
 
 
 def _level_number(level: int | str) -> int:

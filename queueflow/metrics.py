@@ -16,22 +16,43 @@ Members (share agents):
 * ``queueflow_records_lock_expired_unhandled_total{group,topic}``: records released without
   calling the handler because their lock expired while they waited;
 * ``queueflow_share_fetch_seconds{group,topic}``: ShareFetch round trips;
-* ``queueflow_drain_seconds{group,agent}``: how long the last graceful drain took.
+* ``queueflow_drain_seconds{group,agent}``: how long the last graceful drain took;
 
-Leaders and coordinators:
+* ``queueflow_acknowledgement_latency_seconds{group,topic}``: from the ShareFetch answer that
+  delivered a record to its outcome (ACCEPT, RELEASE, REJECT) being queued for the leader.
+
+Leaders, read from the share-partitions at each scrape (:class:`SharePartitionSample`, so they
+follow every state change: acknowledgements, lock-expiry ticks, released members, admin resets,
+and disappear when the partition moves to another worker):
 
 * ``queueflow_share_partition_in_flight_records{group,topic,partition}``: SPEO - SPSO;
+* ``queueflow_share_partition_records{group,topic,partition,state}``: in-flight records by state
+  (``available``, ``acquired``, ``acknowledged``, ``archived``);
 * ``queueflow_share_partition_acquired_records{group,topic,partition}``;
-* ``queueflow_share_partition_start_offset{group,topic,partition}``: the SPSO;
+* ``queueflow_share_partition_start_offset`` / ``_end_offset{group,topic,partition}``: SPSO, SPEO;
+* ``queueflow_share_partition_log_end_offset{group,topic,partition}``: the high watermark;
+* ``queueflow_share_partition_lag_records{group,topic,partition}``: KIP-1226 lag.
+
+Leaders, counted as they happen:
+
+* ``queueflow_share_partition_acquisitions_total{group,topic,partition}``: records acquired;
+* ``queueflow_share_partition_deliveries_total{group,topic,partition,delivery_count}``: the
+  same acquisitions by the delivery count they gave the record (1: first delivery);
+* ``queueflow_share_partition_archived_records_total{group,topic,partition}``;
+* ``queueflow_share_partition_lock_expiries_total{group,topic,partition}``: records whose
+  acquisition lock elapsed;
 * ``queueflow_state_writes_total{topic}``: deltas and snapshots written;
 * ``queueflow_leader_step_downs_total{topic}``: request partitions a fenced or stalled leader
-  stepped down from (:mod:`queueflow.engine.fencing`);
-* ``queueflow_share_group_members{group}``, ``queueflow_share_group_epoch{group}``.
+  stepped down from (:mod:`queueflow.engine.fencing`).
+
+Coordinators: ``queueflow_share_group_members{group}``, ``queueflow_share_group_epoch{group}``,
+``queueflow_share_group_rebalances_total{group}`` (group epoch bumps).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -41,10 +62,10 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "Metrics", "render_all"]
+__all__ = ["CONTENT_TYPE", "RECORD_STATES", "Metrics", "SharePartitionSample", "render_all"]
 
 #: Content type of :meth:`Metrics.render` and :func:`render_all`: prometheus_client's text format,
 #: with its ``version`` and ``charset`` parameters (aiohttp's ``content_type=`` wants only the part
@@ -54,6 +75,37 @@ CONTENT_TYPE: str = CONTENT_TYPE_LATEST
 _MEMBER = ("group", "topic")
 _PARTITION = ("group", "topic", "partition")
 _FETCH_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+_ACK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+#: The in-flight record states, as the ``state`` label of ``queueflow_share_partition_records``.
+RECORD_STATES = ("available", "acquired", "acknowledged", "archived")
+
+
+@dataclass(frozen=True, slots=True)
+class SharePartitionSample:
+    """One share-partition's state at scrape time, as a leader reports it.
+
+    Attributes:
+        group / topic / partition: the share-partition.
+        start_offset / end_offset: the SPSO and the SPEO (exclusive).
+        records: in-flight records by state name (:data:`RECORD_STATES`); missing names are 0.
+        log_end_offset: the partition's high watermark as last known, None if unknown (then no
+            log-end and lag samples).
+        lag: KIP-1226 lag (``log_end_offset - SPSO`` minus the Acknowledged and Archived
+            in-flight records), None with an unknown log end.
+    """
+
+    group: str
+    topic: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    records: Mapping[str, int]
+    log_end_offset: int | None = None
+    lag: int | None = None
+
+
+SampleSource = Callable[[], Iterable[SharePartitionSample]]
 
 
 class Metrics:
@@ -62,9 +114,13 @@ class Metrics:
     Attributes are the metrics listed in the module docstring, named in lower case: counters
     ``delivered``, ``redelivered``, ``acknowledgements``, ``handler_errors``,
     ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``state_writes``,
-    ``leader_step_downs``; histogram ``share_fetch_seconds`` (seconds); gauges ``drain_seconds``
-    (seconds), ``in_flight``, ``acquired``, ``start_offset``, ``group_members``, ``group_epoch``.
-    KIP-932 has no metric names for these; they follow the KIP's terms (SPSO, SPEO, in-flight).
+    ``leader_step_downs``, ``acquisitions``, ``deliveries``, ``archived``, ``lock_expiries``,
+    ``group_rebalances``; histograms ``share_fetch_seconds`` and ``ack_latency_seconds``
+    (seconds); gauges ``drain_seconds`` (seconds), ``group_members``, ``group_epoch``. The
+    share-partition gauges have no attribute: they are read at each scrape from the sources
+    given to :meth:`add_partition_source`. KIP-932 has no metric names; they follow the KIP's
+    terms (SPSO, SPEO, in-flight) and, where Kafka has an equivalent (KIP-1103, KIP-1226), its
+    meaning (docs/operations.md, "Monitoring: metrics", maps them).
 
     Args:
         registry: where to register the metrics. None (the default) creates a private
@@ -132,18 +188,41 @@ class Metrics:
             ("group", "agent"),
             registry=reg,
         )
-        self.in_flight = Gauge(
-            "queueflow_share_partition_in_flight_records", "SPEO - SPSO", _PARTITION, registry=reg
+        self.ack_latency_seconds = Histogram(
+            "queueflow_acknowledgement_latency_seconds",
+            "From the ShareFetch answer that delivered a record to its outcome (share agents)",
+            _MEMBER,
+            buckets=_ACK_BUCKETS,
+            registry=reg,
         )
-        self.acquired = Gauge(
-            "queueflow_share_partition_acquired_records",
-            "Acquired records",
+        self.acquisitions = Counter(
+            "queueflow_share_partition_acquisitions",
+            "Records acquired (Available -> Acquired)",
             _PARTITION,
             registry=reg,
         )
-        self.start_offset = Gauge(
-            "queueflow_share_partition_start_offset", "The SPSO", _PARTITION, registry=reg
+        self.deliveries = Counter(
+            "queueflow_share_partition_deliveries",
+            "Records acquired, by the delivery count of that acquisition (1: first delivery)",
+            (*_PARTITION, "delivery_count"),
+            registry=reg,
         )
+        self.archived = Counter(
+            "queueflow_share_partition_archived_records",
+            "Records moved to Archived (REJECT, GAP, or the delivery count limit)",
+            _PARTITION,
+            registry=reg,
+        )
+        self.lock_expiries = Counter(
+            "queueflow_share_partition_lock_expiries",
+            "Acquired records whose acquisition lock elapsed",
+            _PARTITION,
+            registry=reg,
+        )
+        #: Callables the share-partition gauges are read from at each scrape (leaders add
+        #: theirs with :meth:`add_partition_source`).
+        self.partition_sources: list[SampleSource] = []
+        reg.register(_SharePartitionCollector(self.partition_sources))
         self.state_writes = Counter(
             "queueflow_state_writes",
             "Durable state writes (deltas and snapshots)",
@@ -190,6 +269,23 @@ class Metrics:
         self.group_epoch = Gauge(
             "queueflow_share_group_epoch", "Group epoch", ("group",), registry=reg
         )
+        self.group_rebalances = Counter(
+            "queueflow_share_group_rebalances",
+            "Group epoch bumps: membership or subscriptions changed and assignments were "
+            "recomputed (Kafka: share-group-rebalance-count)",
+            ("group",),
+            registry=reg,
+        )
+
+    def add_partition_source(self, source: SampleSource) -> None:
+        """Read share-partition gauges from ``source`` at each scrape.
+
+        Args:
+            source: returns the :class:`SharePartitionSample` of every share-partition it
+                serves now; called on the scraping thread (usually the event loop's, from the
+                ``/metrics`` page), so it must not block.
+        """
+        self.partition_sources.append(source)
 
     def render(self) -> tuple[bytes, str]:
         """This app's metrics for a ``/metrics`` page.
@@ -199,6 +295,62 @@ class Metrics:
             :data:`CONTENT_TYPE`.
         """
         return generate_latest(self.registry), CONTENT_TYPE
+
+
+_PARTITION_GAUGES = (
+    ("in_flight_records", "In-flight records: SPEO - SPSO (Kafka: InFlightMessageCount)"),
+    ("acquired_records", "Acquired records"),
+    ("start_offset", "The SPSO (share-partition start offset)"),
+    ("end_offset", "The SPEO (share-partition end offset, exclusive)"),
+    ("log_end_offset", "The partition's log end offset (high watermark), as last known"),
+    (
+        "lag_records",
+        "Records not yet delivered to completion: log end - SPSO - Acknowledged - Archived "
+        "(KIP-1226 lag)",
+    ),
+)
+
+
+class _SharePartitionCollector(Collector):
+    """The share-partition gauges, read from the leaders' state at each scrape."""
+
+    def __init__(self, sources: list[SampleSource]) -> None:
+        self._sources = sources
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families([])  # names only: the registry checks them for duplicates
+
+    def collect(self) -> Iterable[Metric]:
+        samples: list[SharePartitionSample] = []
+        for source in list(self._sources):
+            samples.extend(source())
+        return self._families(samples)
+
+    @staticmethod
+    def _families(samples: list[SharePartitionSample]) -> list[Metric]:
+        labels = list(_PARTITION)
+        fams = {
+            key: GaugeMetricFamily(f"queueflow_share_partition_{key}", doc, labels=labels)
+            for key, doc in _PARTITION_GAUGES
+        }
+        by_state = GaugeMetricFamily(
+            "queueflow_share_partition_records",
+            "In-flight records by state (available, acquired, acknowledged, archived)",
+            labels=[*labels, "state"],
+        )
+        for s in samples:
+            values = [s.group, s.topic, str(s.partition)]
+            fams["in_flight_records"].add_metric(values, s.end_offset - s.start_offset)
+            fams["acquired_records"].add_metric(values, s.records.get("acquired", 0))
+            fams["start_offset"].add_metric(values, s.start_offset)
+            fams["end_offset"].add_metric(values, s.end_offset)
+            if s.log_end_offset is not None:
+                fams["log_end_offset"].add_metric(values, s.log_end_offset)
+            if s.lag is not None:
+                fams["lag_records"].add_metric(values, s.lag)
+            for state in RECORD_STATES:
+                by_state.add_metric([*values, state], s.records.get(state, 0))
+        return [*fams.values(), by_state]
 
 
 class _Merged(Collector):

@@ -412,6 +412,15 @@ SETTINGS: tuple[Setting, ...] = (
         "unchecked (only during a rolling upgrade from a queueflow without tickets).",
         read_by="leader",
     ),
+    Setting(
+        "log_format",
+        "queueflow.log.format",
+        "auto",
+        choices=("auto", "json", "console"),
+        doc="How queueflow's structlog events are written to stderr: json (one object per "
+        "line), console (human-readable), auto (console when stderr is a terminal, else json).",
+        read_by="every worker and member (each process its own)",
+    ),
 )
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}
@@ -508,6 +517,7 @@ class ShareGroupSettings:
     auth_mode: str = str_default("auth_mode")
     auth_secret: str = dataclasses.field(default=str_default("auth_secret"), repr=False)
     auth_tickets: str = str_default("auth_tickets")
+    log_format: str = str_default("log_format")
 
     @classmethod
     def load(

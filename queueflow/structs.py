@@ -57,6 +57,8 @@ class ShareRecord:
             it: the ShareFetch's send time plus the acquisition lock duration, so at or before
             the leader's own deadline (``inf`` when unknown).
         timestamp_type: Kafka's timestamp type of ``timestamp``: 0 CreateTime, 1 LogAppendTime.
+        delivered_at: ``time.monotonic()`` seconds when the member read it after the ShareFetch
+            answer that acquired it (0.0 when unknown); the start of the acknowledgement latency.
     """
 
     topic: str
@@ -71,3 +73,4 @@ class ShareRecord:
     raw_key: bytes | None = field(default=None, repr=False)
     lock_deadline: float = field(default=math.inf, repr=False)
     timestamp_type: int = field(default=0, repr=False)
+    delivered_at: float = field(default=0.0, repr=False, compare=False)

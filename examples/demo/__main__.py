@@ -6,7 +6,10 @@
 3. start 4 Faust worker processes (more workers than partitions): 2 with role ``all``
    (coordinator, share-partition leaders and the share agent) and 2 consumer-only (role
    ``member``); each parses files with ``ast`` and REJECTs those that don't parse;
-4. print progress, then a summary whose last line is one JSON object;
+4. print how to watch it (``queueflow share-groups --describe`` and the dashboard at
+   ``http://127.0.0.1:<port>/queueflow/`` of each worker), progress, then a summary whose last
+   line is one JSON object (``DEMO_SCREENSHOT=path`` also saves a screenshot of the dashboard
+   mid-drain, with headless Chromium: see :mod:`queueflow.devtools.browser`);
 5. check itself against a direct ``ast.parse`` of every file, and exit non-zero on a mismatch;
 6. stop the workers and the broker it started.
 """
@@ -16,9 +19,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 import uuid
 from collections import Counter
@@ -84,6 +89,17 @@ async def enqueue(bootstrap: str, topic: str, files: list[Path]) -> dict[str, bo
     return expected
 
 
+def screenshot(url: str, path: Path) -> None:
+    """Save a screenshot of the dashboard at ``url`` to ``path`` (headless Chromium)."""
+    from queueflow.devtools.browser import screenshot as take
+
+    try:
+        take(url, path, width=1280, height=1000, budget_ms=3000)
+        print(f"  dashboard screenshot: {path}", flush=True)
+    except Exception as exc:  # the demo's own check matters more than the picture
+        print(f"  no dashboard screenshot: {exc}", flush=True)
+
+
 def read_ledger(paths: list[Path]) -> list[dict[str, object]]:
     entries = []
     for path in paths:
@@ -120,7 +136,9 @@ def main() -> int:
         )
         expected = asyncio.run(enqueue(bootstrap, topic, files))
         ledgers = []
-        for role, i in WORKERS:
+        app_id = f"queueflow-demo-{run_id}"
+        web_ports = find_free_ports(len(WORKERS))
+        for (role, i), web_port in zip(WORKERS, web_ports, strict=True):
             ledger = run_dir / f"worker-{i}.jsonl"
             ledgers.append(ledger)
             env = dict(
@@ -128,15 +146,29 @@ def main() -> int:
                 DEMO_TOPIC=topic,
                 DEMO_RESULTS=str(ledger),
                 DEMO_BROKER=f"kafka://{bootstrap}",
-                DEMO_APP_ID=f"queueflow-demo-{run_id}",
+                DEMO_APP_ID=app_id,
             )
-            argv = faust_worker_argv("examples.demo.app", run_dir / f"worker-{i}")
+            argv = faust_worker_argv(
+                "examples.demo.app", run_dir / f"worker-{i}", web_port=web_port
+            )
             worker = WorkerProcess(argv, run_dir / f"worker-{i}.log", env, cwd=ROOT)
             workers.append(worker.start())
         print(
             f"started {len(workers)} workers: " + ", ".join(f"#{i} {role}" for role, i in WORKERS),
             flush=True,
         )
+        dashboard = f"http://127.0.0.1:{web_ports[0]}/queueflow/"
+        print(
+            "watch the queue drain:\n"
+            f"  dashboard:  {dashboard}  (any worker's port: "
+            + ", ".join(str(p) for p in web_ports)
+            + f"; metrics at /metrics)\n"
+            f"  CLI:        .venv/bin/queueflow share-groups --bootstrap-server {bootstrap} "
+            f"--app {app_id} --describe --all-groups [--members]",
+            flush=True,
+        )
+        shot = os.environ.get("DEMO_SCREENSHOT")
+        shooter: threading.Thread | None = None
         deadline = time.monotonic() + TIMEOUT_S
         done: dict[str, str] = {}
         while time.monotonic() < deadline:
@@ -154,8 +186,13 @@ def main() -> int:
             if dead:
                 print(f"a worker exited early (code {dead[0].returncode}); see {run_dir}")
                 return 1
+            if shot and shooter is None and len(done) >= len(expected) // 10:
+                shooter = threading.Thread(target=screenshot, args=(dashboard, Path(shot)))
+                shooter.start()  # mid-drain: records in flight, members busy
             if len(done) >= len(expected):
                 break
+        if shooter is not None:
+            shooter.join()
         seconds = round(time.monotonic() - started, 1)
         entries = read_ledger(ledgers)
         outcomes = Counter(done.values())

@@ -254,6 +254,7 @@ class SharePartition:
     """
 
     __slots__ = (
+        "_archived_total",
         "_config",
         "_dirty",
         "_end",
@@ -287,6 +288,8 @@ class SharePartition:
         self._dirty: list[tuple[int, int]] = []
         self._taken_start = start_offset
         self._reset_pending = False
+        # Records moved to Archived by this object (REJECT, GAP, the delivery count limit).
+        self._archived_total = 0
 
     # ----------------------------------------------------------------------------------------
     # Views
@@ -321,6 +324,13 @@ class SharePartition:
     def in_flight_count(self) -> int:
         """Number of in-flight records: SPEO - SPSO."""
         return self._end - self._start
+
+    @property
+    def archived_total(self) -> int:
+        """Records this object moved to ``ARCHIVED`` since it was created or restored (REJECT,
+        GAP, or a release or lock expiry at ``delivery_count_limit``): a monotonic count for
+        metrics; records restored as Archived are not counted."""
+        return self._archived_total
 
     @property
     def run_count(self) -> int:
@@ -996,6 +1006,8 @@ class SharePartition:
                 del self._locks[r.deadline]
         elif r.state is _AVAILABLE:
             self._n_available -= n
+        if state is _ARCHIVED and r.state is not _ARCHIVED:
+            self._archived_total += n
         r.state = state
         r.count = count
         r.member = member

@@ -307,11 +307,12 @@ class ShareAgent:
         self._idle = asyncio.Event()  # set when _busy drops to 0 while stopping
         self._stopping = False
         self._stopped = False
-        self._log = log.bind(group=group, agent=self.name)
+        self._log = log.bind(group=group, topic=topic, agent=self.name)
         m, labels = ctx.metrics, (group, topic)
         self._delivered = m.delivered.labels(*labels)
         self._redelivered = m.redelivered.labels(*labels)
         self._fetch_seconds = m.share_fetch_seconds.labels(*labels)
+        self._ack_latency = m.ack_latency_seconds.labels(*labels)
         self._lock_expired = m.lock_expired_unhandled.labels(*labels)
         self._last_expired_deadline = 0.0  # one log line per expired batch, not per record
         self._acknowledged = {
@@ -365,7 +366,6 @@ class ShareAgent:
                 if retry:  # said first: closing the clients may be slow with the broker gone
                     self._log.error(
                         "share_agent_join_failed",
-                        topic=self.topic_name,
                         error=str(exc),
                         note="trying again; a worker of the app with role 'all' or 'leader' "
                         "must be running",
@@ -373,6 +373,7 @@ class ShareAgent:
                 await self.session.close(leave=False)
                 if not retry:
                     raise
+        self._log = self._log.bind(member_id=self.session.member_id)  # known once joined
         worker = self._batch_worker if self.batch else self._worker
         self._workers = [self._spawn(worker(i)) for i in range(self.concurrency)]
         self._spawn(self._supervise())
@@ -380,8 +381,6 @@ class ShareAgent:
         self._spawn(self._watch_handlers())
         self._log.info(
             "share_agent_started",
-            topic=self.topic_name,
-            member_id=self.session.member_id,
             concurrency=self.concurrency,
             batch=self.batch,
             batch_size=self.batch_size,
@@ -428,6 +427,8 @@ class ShareAgent:
         self._log.info("share_agent_drained", drain_ms=int(drain_s * 1000), **self.stats.as_dict())
 
     def _acknowledge(self, record: ShareRecord, kind: AcknowledgeType) -> None:
+        if record.delivered_at and kind is not AcknowledgeType.RENEW:
+            self._ack_latency.observe(self.ctx.clock.monotonic() - record.delivered_at)
         if self.session is not None:
             self.session.acknowledge(
                 TopicPartition(record.topic, record.partition), record.offset, kind

@@ -335,6 +335,7 @@ class ShareConsumer:
             log.error(
                 "share_fetch_error",
                 group=self.group,
+                member_id=self.member_id,
                 topic=tp[0],
                 partition=tp[1],
                 error=error.code.value,

@@ -488,8 +488,10 @@ class ShareFetchSession:
             raise
         for offset in gaps:
             self.acks.add(tp, offset, AcknowledgeType.GAP)
-        if lock_deadline != math.inf:
-            for record in records:
+        now = self.ctx.clock.monotonic()
+        for record in records:
+            record.delivered_at = now
+            if lock_deadline != math.inf:
                 record.lock_deadline = lock_deadline
         return records
 

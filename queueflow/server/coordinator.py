@@ -29,6 +29,7 @@ lost with the old coordinator, times out naming the request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -107,6 +108,8 @@ class ShareGroupCoordinator:
         #: How long (ms) a request waits for the membership lease before it is skipped.
         self.lease_wait_ms = LEASE_WAIT_MS
         self.unserved = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
+        # Group epoch up to which queueflow_share_group_rebalances_total has counted, by group.
+        self._epochs_counted: dict[str, int] = {}
 
     def assign(self, partitions: set[int], epoch: int) -> None:
         """Own coordinator ``partitions`` under coordinator epoch ``epoch`` (the Faust consumer
@@ -115,15 +118,23 @@ class ShareGroupCoordinator:
         log.info("coordinator_assigned", partitions=sorted(partitions), coordinator_epoch=epoch)
 
     def revoke(self, partitions: set[int]) -> None:
-        """Forget groups whose coordinator partition moved away."""
+        """Forget groups whose coordinator partition moved away (and their gauges: the new
+        coordinator reports them)."""
         self.fencing.revoke(partitions)
         self._forget(partitions)
 
     def _forget(self, partitions: set[int] | list[int]) -> None:
+        m = self.ctx.metrics
         for group_id in [g for g in self.groups if topics.coordinator_partition(g) in partitions]:
             del self.groups[group_id]
+            self._epochs_counted.pop(group_id, None)
+            for gauge in (m.group_members, m.group_epoch):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(group_id)
         for group_id in [g for g in self.pending if topics.coordinator_partition(g) in partitions]:
             del self.pending[group_id]  # its leaders' answers now go to the new coordinator
+        for group_id in [g for g in self.lag if topics.coordinator_partition(g) in partitions]:
+            del self.lag[group_id]
 
     def epoch(self, group_id: str) -> int:
         """The coordinator epoch this worker serves ``group_id`` under (-1: not its own)."""
@@ -244,6 +255,7 @@ class ShareGroupCoordinator:
             group.assignor_preference = self.assignors
             self._refreshed_at[group_id] = self.ctx.clock.now_ms()
             self.groups[group_id] = group
+            self._epochs_counted[group_id] = group.group_epoch
         return group
 
     def _refresh(self, group: ShareGroup, now: int) -> None:
@@ -277,14 +289,19 @@ class ShareGroupCoordinator:
 
     def _persist(self, group: ShareGroup) -> None:
         self.table[group.group_id.encode()] = group_codec.encode_group(group)
-        self.ctx.metrics.group_members.labels(group.group_id).set(len(group.members))
-        self.ctx.metrics.group_epoch.labels(group.group_id).set(group.group_epoch)
-        if self._logged_assignor.get(group.group_id) != group.assignor:
-            self._logged_assignor[group.group_id] = group.assignor
+        m, group_id = self.ctx.metrics, group.group_id
+        m.group_members.labels(group_id).set(len(group.members))
+        m.group_epoch.labels(group_id).set(group.group_epoch)
+        bumps = group.group_epoch - self._epochs_counted.get(group_id, group.group_epoch)
+        if bumps > 0:
+            m.group_rebalances.labels(group_id).inc(bumps)
+        self._epochs_counted[group_id] = group.group_epoch
+        if self._logged_assignor.get(group_id) != group.assignor:
+            self._logged_assignor[group_id] = group.assignor
             selection = group.selection
             log.info(
                 "assignor_selected",
-                group=group.group_id,
+                group=group_id,
                 assignor=group.assignor,
                 reason=selection.reason if selection is not None else "stored",
                 members=len(group.members),

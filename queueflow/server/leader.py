@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
-from prometheus_client import Gauge
 
 from queueflow.clock import Clock
 from queueflow.engine.fencing import FenceOutcome, LeaderFencing
 from queueflow.engine.partition import AcknowledgementBatch, SharePartitionConfig
 from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
+from queueflow.metrics import SharePartitionSample
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.auth import ControlAuth, SkipLogLimiter, ticket_key
@@ -179,7 +179,9 @@ class ShareLeader:
         # release a record acquired since. The offset is persisted with the state
         # (request_position_key), so a new leader skips what its predecessor applied.
         self._applied: dict[int, int] = {}
-        self._gauge_cache: dict[tuple[str, int], tuple[Gauge, Gauge, Gauge]] = {}
+        # (group, partition) -> (engine, its archived_total already counted): the archived
+        # counter's progress (a restored or resumed share-partition has a new engine).
+        self._archived_seen: dict[tuple[str, int], tuple[object, int]] = {}
         self.fencing = LeaderFencing(ctx.stall_limit_ms)
         # The direct path (serve()): one lock per request partition shared with the stream
         # path, and one queue of waiting and parked requests per partition.
@@ -187,6 +189,7 @@ class ShareLeader:
         self._direct: dict[int, _DirectQueue] = {}
         self._log = log.bind(topic=topic)
         self._state_writes = ctx.metrics.state_writes.labels(topic)
+        ctx.metrics.add_partition_source(self.samples)
 
     def assign(self, partitions: set[int], epoch: int) -> None:
         """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation);
@@ -398,9 +401,10 @@ class ShareLeader:
             return False  # stepped down: the partition's new leader answers
         changed = False
         if isinstance(message, protocol.Tick):
-            for (_group, p), durable in self.partitions.items():
-                if p == partition and durable.engine.expire_locks(now):
+            for (group, p), durable in list(self.partitions.items()):
+                if p == partition and self._expire(group, durable, now):
                     durable.persist()
+                    self._count_archived(group, durable)
                     changed = True
         elif isinstance(
             message, protocol.ReleaseMember | protocol.ResetSharePartition
@@ -414,6 +418,7 @@ class ShareLeader:
             released = durable.engine.release_member(message.member_id, now)
             if released:
                 durable.persist()
+                self._count_archived(message.group, durable)
                 self._write_position(partition, offset)
                 changed = True
                 self._log.info(
@@ -708,7 +713,7 @@ class ShareLeader:
             response.error, response.error_message = exc.code.value, exc.message
             return response, None
         engine = durable.engine
-        engine.expire_locks(now)
+        self._expire(request.group, durable, now)
         if request.acks:
             try:
                 engine.acknowledge(
@@ -760,6 +765,12 @@ class ShareLeader:
             response.error, response.error_message = exc.code.value, exc.message
             acquired = []
         response.acquired = [(a.first_offset, a.last_offset, a.delivery_count) for a in acquired]
+        if acquired:
+            m, labels = self.ctx.metrics, (request.group, self.topic, str(durable.partition))
+            for a in acquired:
+                n = a.last_offset - a.first_offset + 1
+                m.acquisitions.labels(*labels).inc(n)
+                m.deliveries.labels(*labels, str(a.delivery_count)).inc(n)
         response.lock_timeout_ms = request.lock_duration_ms or self.config.record_lock_duration_ms
 
     def _refused(
@@ -804,14 +815,68 @@ class ShareLeader:
         return True
 
     def _persist(self, group: str, durable: DurableSharePartition) -> None:
-        """Write what changed (one delta) and refresh the share-partition's gauges."""
+        """Write what changed (one delta) and count the records it Archived."""
         if durable.persist():
             self._state_writes.inc()
+        self._count_archived(group, durable)
+
+    def _expire(self, group: str, durable: DurableSharePartition, now: int) -> int:
+        """Expire the share-partition's elapsed acquisition locks; count and return them."""
+        expired = durable.engine.expire_locks(now)
+        if expired:
+            labels = (group, self.topic, str(durable.partition))
+            self.ctx.metrics.lock_expiries.labels(*labels).inc(expired)
+        return expired
+
+    def _count_archived(self, group: str, durable: DurableSharePartition) -> None:
         engine = durable.engine
-        in_flight, acquired_gauge, start = self._gauges(group, durable.partition)
-        in_flight.set(engine.in_flight_count)
-        acquired_gauge.set(engine.acquired_count)
-        start.set(engine.start_offset)
+        key = (group, durable.partition)
+        seen_engine, seen = self._archived_seen.get(key, (None, 0))
+        if seen_engine is not engine:
+            seen = 0
+        if engine.archived_total > seen:
+            labels = (group, self.topic, str(durable.partition))
+            self.ctx.metrics.archived.labels(*labels).inc(engine.archived_total - seen)
+        self._archived_seen[key] = (engine, engine.archived_total)
+
+    def samples(self) -> list[SharePartitionSample]:
+        """The state of every share-partition this worker serves now, for the share-partition
+        gauges (:meth:`queueflow.metrics.Metrics.add_partition_source`); the log end is the
+        last known high watermark (:meth:`refresh_log_ends` refreshes it). O(runs)."""
+        out = []
+        for (group, partition), durable in list(self.partitions.items()):
+            engine = durable.engine
+            counts = dict.fromkeys(("available", "acquired", "acknowledged", "archived"), 0)
+            for run in engine.in_flight():
+                counts[run.state.name.lower()] += run.last_offset - run.first_offset + 1
+            end = self.ctx.log_offsets.known_end(TopicPartition(self.topic, partition))
+            lag = None
+            if end is not None:
+                end = max(end, engine.end_offset)
+                complete = counts["acknowledged"] + counts["archived"]
+                lag = max(end - engine.start_offset - complete, 0)
+            out.append(
+                SharePartitionSample(
+                    group,
+                    self.topic,
+                    partition,
+                    engine.start_offset,
+                    engine.end_offset,
+                    counts,
+                    end,
+                    lag,
+                )
+            )
+        return out
+
+    async def refresh_log_ends(self) -> None:
+        """Ask the broker for the high watermark of every partition this worker serves a
+        share-partition of (before a scrape: records produced while nobody fetches move the
+        lag too). Raises what the broker call raises."""
+        partitions = sorted({p for _group, p in self.partitions})
+        await asyncio.gather(
+            *(self.ctx.log_offsets.log_end(TopicPartition(self.topic, p)) for p in partitions)
+        )
 
     # -- the direct path -------------------------------------------------------------------
     async def serve(self, request: protocol.ShareFetchRequest) -> protocol.ShareFetchResponse:
@@ -1009,18 +1074,6 @@ class ShareLeader:
             if new_end > end:
                 self._notify(partition)
                 return
-
-    def _gauges(self, group: str, partition: int) -> tuple[Gauge, Gauge, Gauge]:
-        key = (group, partition)
-        gauges = self._gauge_cache.get(key)
-        if gauges is None:
-            labels = (group, self.topic, str(partition))
-            gauges = self._gauge_cache[key] = (
-                self.ctx.metrics.in_flight.labels(*labels),
-                self.ctx.metrics.acquired.labels(*labels),
-                self.ctx.metrics.start_offset.labels(*labels),
-            )
-        return gauges
 
 
 @dataclass(slots=True, eq=False)

@@ -278,6 +278,8 @@ class LeaderWorker:
         """Start the worker process without waiting for it (see :meth:`start`)."""
         self.datadir.parent.mkdir(parents=True, exist_ok=True)
         (web_port,) = find_free_ports(1)  # a fresh web port per start
+        #: The web port of the latest start (``/metrics``, the dashboard at ``/queueflow/``).
+        self.web_port = web_port
         argv = [sys.executable, "-m", "queueflow", "leader", "--app", self.app_id]
         argv += ["--broker", f"kafka://{self.bootstrap}", "--datadir", str(self.datadir)]
         argv += ["--web-port", str(web_port), "-l", "info"]

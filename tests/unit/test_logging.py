@@ -222,8 +222,42 @@ def test_unset_format_is_json_when_not_a_terminal() -> None:
 
 def test_bad_format_is_a_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QUEUEFLOW_LOG_FORMAT", "xml")
-    with pytest.raises(ConfigurationError, match="QUEUEFLOW_LOG_FORMAT='xml'"):
+    with pytest.raises(
+        ConfigurationError, match=r"queueflow.log.format='xml' \(from \$QUEUEFLOW_LOG_FORMAT\)"
+    ):
         qlogging.configure(stream=io.StringIO())
+    with pytest.raises(ConfigurationError, match=r"choose one of auto \| json \| console"):
+        qlogging.configure("yaml", stream=io.StringIO())
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("setting", "terminal", "json_lines"),
+    [
+        ("auto", True, False),
+        ("auto", False, True),
+        ("json", True, True),
+        ("console", False, False),
+    ],
+)
+def test_the_log_format_setting_chooses_json_or_console(
+    setting: str, terminal: bool, json_lines: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from queueflow.settings import ShareGroupSettings
+
+    monkeypatch.setenv("QUEUEFLOW_LOG_FORMAT", setting)
+    settings = ShareGroupSettings.load()  # one setting, read from its env var
+    assert settings.log_format == setting
+    buf = Terminal() if terminal else io.StringIO()
+    qlogging.configure(settings.log_format, stream=buf)
+    structlog.get_logger("queueflow.x").warning("hello", group="g", partition=1)
+    out = buf.getvalue()
+    assert out.startswith("{") is json_lines, out
+    assert "hello" in out and "partition" in out
 
 
 def test_other_structlog_loggers_reach_the_root_handlers_as_text() -> None:

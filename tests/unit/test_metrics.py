@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
+from queueflow.metrics import CONTENT_TYPE, Metrics, SharePartitionSample, render_all
 
 # attribute -> (family name as parsed, type, label names)
 EXPECTED = {
@@ -27,21 +27,32 @@ EXPECTED = {
     ),
     "share_fetch_seconds": ("queueflow_share_fetch_seconds", "histogram", ("group", "topic")),
     "drain_seconds": ("queueflow_drain_seconds", "gauge", ("group", "agent")),
-    "in_flight": (
-        "queueflow_share_partition_in_flight_records",
-        "gauge",
+    "ack_latency_seconds": (
+        "queueflow_acknowledgement_latency_seconds",
+        "histogram",
+        ("group", "topic"),
+    ),
+    "acquisitions": (
+        "queueflow_share_partition_acquisitions",
+        "counter",
         ("group", "topic", "partition"),
     ),
-    "acquired": (
-        "queueflow_share_partition_acquired_records",
-        "gauge",
+    "deliveries": (
+        "queueflow_share_partition_deliveries",
+        "counter",
+        ("group", "topic", "partition", "delivery_count"),
+    ),
+    "archived": (
+        "queueflow_share_partition_archived_records",
+        "counter",
         ("group", "topic", "partition"),
     ),
-    "start_offset": (
-        "queueflow_share_partition_start_offset",
-        "gauge",
+    "lock_expiries": (
+        "queueflow_share_partition_lock_expiries",
+        "counter",
         ("group", "topic", "partition"),
     ),
+    "group_rebalances": ("queueflow_share_group_rebalances", "counter", ("group",)),
     "state_writes": ("queueflow_state_writes", "counter", ("topic",)),
     "leader_step_downs": ("queueflow_leader_step_downs", "counter", ("topic",)),
     "group_members": ("queueflow_share_group_members", "gauge", ("group",)),
@@ -161,3 +172,39 @@ def test_render_all_merges_registries_into_one_valid_body() -> None:
 
 def test_render_all_of_nothing_is_empty() -> None:
     assert render_all() == b""
+
+
+def test_every_name_has_the_queueflow_prefix_and_a_unit_or_total() -> None:
+    m = Metrics()
+    touch_all(m, "g")
+    m.add_partition_source(lambda: [SharePartitionSample("g", "t", 0, 5, 9, {"acquired": 4})])
+    for family in families(m.render()[0]).values():
+        assert family.name.startswith("queueflow_"), family.name
+        if family.type == "counter" or family.name.endswith("_created"):
+            continue  # the parser strips _total; the exposition has it (checked above)
+        units = ("_seconds", "_records", "_offset", "_members", "_epoch", "_handlers")
+        assert family.name.endswith(units), family.name
+
+
+def test_share_partition_gauges_are_read_from_the_sources_at_each_scrape() -> None:
+    m = Metrics()
+    state = {"acquired": 3, "available": 1, "acknowledged": 2, "archived": 1}
+    served = [SharePartitionSample("g", "t", 1, 10, 17, state, log_end_offset=30, lag=17)]
+    m.add_partition_source(lambda: list(served))
+    labels = {"group": "g", "topic": "t", "partition": "1"}
+
+    def value(name: str, **extra: str) -> float | None:
+        return m.registry.get_sample_value(f"queueflow_share_partition_{name}", labels | extra)
+
+    assert value("in_flight_records") == 7
+    assert value("acquired_records") == 3
+    assert (value("start_offset"), value("end_offset"), value("log_end_offset")) == (10, 17, 30)
+    assert value("lag_records") == 17
+    assert {s: value("records", state=s) for s in state} == state
+    # The state changes (e.g. a lock-expiry tick released the records): the next scrape shows it.
+    served[0] = SharePartitionSample("g", "t", 1, 10, 17, {"available": 4, "acknowledged": 3})
+    assert value("acquired_records") == 0 and value("records", state="available") == 4
+    assert value("log_end_offset") is None and value("lag_records") is None  # unknown end
+    # The partition moved to another worker: its series disappear.
+    served.clear()
+    assert value("in_flight_records") is None
