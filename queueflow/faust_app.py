@@ -37,6 +37,7 @@ import structlog
 
 from queueflow import logging as qf_logging
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
+from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
 from queueflow.kafka.config import KafkaClientConfig
@@ -381,6 +382,24 @@ class ShareAgentService(mode.Service):
         await self.agent.stop()
 
 
+def app_group_configs(
+    group_configs: Mapping[str, Mapping[str, Any]] | None, settings: ShareGroupSettings
+) -> dict[str, dict[str, str]]:
+    """Validate an app's per-group configs (``App(group_configs=...)``).
+
+    Raises:
+        ConfigurationError: an unknown config or a value out of the broker-level bounds; the
+            message names the group, the config, the value and the allowed range.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for group, values in (group_configs or {}).items():
+        try:
+            out[str(group)] = validate_group_configs(values, settings)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"group_configs of share group {group!r}: {exc}") from None
+    return out
+
+
 class ShareGroups:
     """The share-group machinery attached to one Faust app.
 
@@ -389,6 +408,9 @@ class ShareGroups:
         role: ``all``, ``leader`` or ``member`` (default ``$QUEUEFLOW_ROLE`` or ``all``).
         settings: a :class:`ShareGroupSettings`, or a mapping of overrides (KIP-932 names or
             attribute names); the rest comes from env vars and defaults.
+        group_configs: per-group defaults of group configs, ``{"group": {"share.*": value}}``
+            (:mod:`queueflow.engine.group_config`); values set with the admin
+            (``queueflow configs --alter``) win over them.
 
     Raises:
         ConfigurationError: an unknown role or an invalid setting.
@@ -399,6 +421,7 @@ class ShareGroups:
         app: faust.App,
         role: str | None = None,
         settings: ShareGroupSettings | Mapping[str, Any] | None = None,
+        group_configs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         role = role or os.environ.get("QUEUEFLOW_ROLE", "all")
         if role not in ROLES:
@@ -415,6 +438,7 @@ class ShareGroups:
             if isinstance(settings, ShareGroupSettings)
             else ShareGroupSettings.load(settings)
         )
+        self.group_configs = app_group_configs(group_configs, self.settings)
         self.metrics = Metrics()
         self.kafka = KafkaClientConfig.from_broker(
             app.conf.broker,
@@ -457,6 +481,7 @@ class ShareGroups:
             state_scope=partition_scope,
             flush_state=self._flush_state,
             request_log=LogRangeReader(self.kafka),
+            group_configs=self.group_configs,
         )
         self.endpoint = (
             LeaderEndpoint(self.server_context, self.leaders)
@@ -683,6 +708,11 @@ class App(faust.App):
             topic.
         role: ``all`` | ``leader`` | ``member`` (default ``$QUEUEFLOW_ROLE`` or ``all``).
         share_settings: share-group settings overrides, by KIP-932 name or attribute name.
+        group_configs: per-group configs, ``{"group": {"share.delivery.count.limit": 3}}``
+            (``share.auto.offset.reset``, ``share.record.lock.duration.ms``,
+            ``share.delivery.count.limit``, ``share.partition.max.record.locks``,
+            ``share.session.timeout.ms``, ``share.heartbeat.interval.ms``), checked against the
+            broker-level bounds; values set with ``queueflow configs --alter`` win over them.
         **kwargs: passed to :class:`faust.App` (``broker``, ``datadir``, ...). ``store``
             defaults to ``rocksdb://`` (rocksdict).
 
@@ -703,6 +733,7 @@ class App(faust.App):
         *,
         role: str | None = None,
         share_settings: ShareGroupSettings | Mapping[str, Any] | None = None,
+        group_configs: Mapping[str, Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("store", "rocksdb://")
@@ -710,7 +741,9 @@ class App(faust.App):
             if name.upper() not in os.environ:
                 kwargs.setdefault(name, value)
         super().__init__(id, **kwargs)
-        self.share_groups = ShareGroups(self, role=role, settings=share_settings)
+        self.share_groups = ShareGroups(
+            self, role=role, settings=share_settings, group_configs=group_configs
+        )
 
     def share_agent(
         self,
@@ -778,6 +811,7 @@ def attach(
     app: faust.App,
     role: str | None = None,
     settings: ShareGroupSettings | Mapping[str, Any] | None = None,
+    group_configs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ShareGroups:
     """Add share groups to an existing :class:`faust.App`.
 
@@ -790,7 +824,7 @@ def attach(
     Raises:
         ConfigurationError: an unknown role or an invalid setting.
     """
-    groups = ShareGroups(app, role=role, settings=settings)
+    groups = ShareGroups(app, role=role, settings=settings, group_configs=group_configs)
     original = app.on_first_start
 
     async def on_first_start() -> None:  # before Faust declares and subscribes topics

@@ -87,6 +87,11 @@ class ShareGroup:
         self.assignment_epoch = 0
         self.partitions: dict[str, int] = {}
         self.dead = False
+        #: Group configs set with the admin (``share.*`` name -> validated value), durable with
+        #: the group; see :mod:`queueflow.engine.group_config`.
+        self.configs: dict[str, str] = {}
+        #: Bumped on every change of :attr:`configs` (leaders apply the highest they see).
+        self.config_version = 0
 
     @property
     def state(self) -> GroupState:

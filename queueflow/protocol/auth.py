@@ -235,7 +235,11 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     """A coordinator's proof of membership (KIP-932 ShareGroupHeartbeat's assignment).
 
     Fields: ``group``, ``member_id``, ``member_epoch``, ``partitions`` (sorted
-    ``(topic, partition)`` pairs assigned to the member), ``expires_ms`` (ms since the epoch).
+    ``(topic, partition)`` pairs assigned to the member), ``expires_ms`` (ms since the epoch),
+    ``config_version`` and ``configs``: the group's configs that leaders apply (sorted
+    ``(name, value)`` pairs that differ from the broker-level settings; issue #14) and their
+    version, so that a leader learns them from the same unforgeable proof. The last two are
+    optional trailing fields: tickets without them decode with none.
     """
 
     group: str
@@ -243,6 +247,8 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     member_epoch: int
     partitions: tuple[tuple[str, int], ...]
     expires_ms: int
+    config_version: int = 0
+    configs: tuple[tuple[str, str], ...] = ()
 
     def covers(self, topic: str, partition: int) -> bool:
         """Whether the ticket assigns ``topic``-``partition`` to its member."""
@@ -261,15 +267,26 @@ def issue_ticket(
     partitions: Iterable[tuple[str, int]],
     ttl_ms: int,
     now_ms: int | None = None,
+    config_version: int = 0,
+    configs: Iterable[tuple[str, str]] = (),
 ) -> bytes:
     """Sign an :class:`AssignmentTicket` valid for ``ttl_ms`` (about the session timeout).
 
     Args:
         key: :func:`derive_key` with ``purpose="tickets"``.
+        config_version / configs: the group's configs for its leaders (see the ticket).
     """
     now = _now_ms() if now_ms is None else now_ms
     body = _encoder.encode(
-        AssignmentTicket(group, member_id, member_epoch, tuple(sorted(partitions)), now + ttl_ms)
+        AssignmentTicket(
+            group,
+            member_id,
+            member_epoch,
+            tuple(sorted(partitions)),
+            now + ttl_ms,
+            config_version,
+            tuple(sorted(configs)),
+        )
     )
     return hmac.new(key, body, hashlib.sha256).digest() + body
 

@@ -6,7 +6,12 @@ takes the group over after a failover. The encoding is compact JSON, format vers
 written with msgspec:
 
 ``{"v":1,"group_epoch":G,"assignment_epoch":A,"dead":false,"partitions":{"topic":N,...},
-"members":[[member_id,member_epoch,[topic,...],[[topic,partition],...],client_id,host],...]}``
+"members":[[member_id,member_epoch,[topic,...],[[topic,partition],...],client_id,host],...],
+"configs":{"share.delivery.count.limit":"3",...},"config_version":N}``
+
+``configs`` (the group configs set with the admin, issue #14) and ``config_version`` are
+written only when set, so a group without them encodes as before, and groups stored before them
+decode with none.
 
 This is the layout of :meth:`ShareGroup.to_dict`, so groups the coordinator stored as
 ``json.dumps(group.to_dict())`` decode unchanged (whitespace and field order do not matter).
@@ -34,7 +39,7 @@ _NonNegative = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 _MemberRow = tuple[str, _NonNegative, tuple[str, ...], Sequence[tuple[str, _NonNegative]], str, str]
 
 
-class _GroupRecord(msgspec.Struct, kw_only=True):
+class _GroupRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The stored form; field order is the layout. ``v`` is read untyped so that an unknown
     version gets its own message."""
 
@@ -44,6 +49,8 @@ class _GroupRecord(msgspec.Struct, kw_only=True):
     dead: bool
     partitions: dict[str, _NonNegative]
     members: list[_MemberRow]
+    configs: dict[str, str] = msgspec.field(default_factory=dict)
+    config_version: _NonNegative = 0
 
 
 _encoder: Final = msgspec.json.Encoder()
@@ -76,6 +83,8 @@ def encode_group(group: ShareGroup) -> bytes:
                 )
                 for m in group.members.values()
             ],
+            configs=group.configs,
+            config_version=group.config_version,
         )
     )
 
@@ -134,6 +143,8 @@ def decode_group(
     group.assignment_epoch = record.assignment_epoch
     group.dead = record.dead
     group.partitions = record.partitions
+    group.configs = record.configs
+    group.config_version = record.config_version
     for member_id, epoch, topics, assignment, client_id, host in record.members:
         tps = [TopicPartition(topic, partition) for topic, partition in assignment]
         group.members[member_id] = Member(member_id, epoch, topics, tps, now_ms, client_id, host)

@@ -37,6 +37,7 @@ from queueflow.protocol.state_codec import (
 )
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable, snapshot_key
+from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.server.tickets import TicketGate
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
@@ -127,6 +128,9 @@ class ShareLeader:
         self.table = table
         self.request_topic = topics.fetch_topic(ctx.namespace, topic)
         self.config = engine_config(ctx.settings)
+        #: Each group's configs (lock duration, delivery count limit, in-flight limit,
+        #: share.auto.offset.reset), from the tickets of its requests (issue #14).
+        self.group_configs = LeaderGroupConfigs(ctx.settings)
         self.auth = control_auth(ctx, "leader")
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         s = ctx.settings
@@ -453,7 +457,7 @@ class ShareLeader:
                         message.group,
                         self.topic,
                         partition,
-                        self.config,
+                        self.group_configs.engine(message.group),
                         self.ctx.settings.snapshot_update_records_per_snapshot,
                         message.start_offset,
                         leader_epoch=self._epoch(partition),
@@ -533,6 +537,7 @@ class ShareLeader:
             raise self.refused[key]
         retained = self._retained.pop(key, None)
         if retained is not None and retained.resume(self._epoch(partition)):
+            retained.engine.reconfigure(self.group_configs.engine(group))
             self.partitions[key] = retained
             self._log.info(
                 "share_partition_resumed",
@@ -550,7 +555,7 @@ class ShareLeader:
                 group,
                 self.topic,
                 partition,
-                self.config,
+                self.group_configs.engine(group),
                 self.ctx.settings.snapshot_update_records_per_snapshot,
                 leader_epoch=self._epoch(partition),
             )
@@ -561,17 +566,13 @@ class ShareLeader:
             )
             raise
         if durable is None:
-            tp = TopicPartition(self.topic, partition)
-            if self.ctx.settings.auto_offset_reset == "earliest":
-                start = await self.ctx.log_offsets.log_start(tp)
-            else:
-                start = await self.ctx.log_offsets.log_end(tp)
+            start = await self._initial_offset(group, partition)
             durable = DurableSharePartition.create(
                 self.table,
                 group,
                 self.topic,
                 partition,
-                self.config,
+                self.group_configs.engine(group),
                 self.ctx.settings.snapshot_update_records_per_snapshot,
                 start,
                 leader_epoch=self._epoch(partition),
@@ -590,6 +591,40 @@ class ShareLeader:
             )
         self.partitions[key] = durable
         return durable
+
+    async def _initial_offset(self, group: str, partition: int) -> int:
+        """Where a new share-partition of ``group`` starts: the group's
+        ``share.auto.offset.reset`` (``earliest``: the log start; ``latest``: the log end;
+        ``by_duration:D``: the first record at most ``D`` old, else the log end)."""
+        tp = TopicPartition(self.topic, partition)
+        offsets = self.ctx.log_offsets
+        reset = self.group_configs.offset_reset(group)
+        if reset.kind == "earliest":
+            return await offsets.log_start(tp)
+        if reset.kind == "by_duration":
+            found = await offsets.offset_for_time(tp, self.ctx.clock.now_ms() - reset.duration_ms)
+            if found is not None:
+                return max(found, await offsets.log_start(tp))
+        return await offsets.log_end(tp)
+
+    def _adopt_configs(self, request: protocol.ShareFetchRequest) -> None:
+        """Take the group configs of the request's (verified) ticket; when they changed, the
+        group's loaded share-partitions enforce them from now on."""
+        ticket = self.tickets.verified(request.ticket)
+        if ticket is None:
+            return
+        config = self.group_configs.adopt(ticket)
+        if config is None:
+            return
+        for (group, _partition), durable in self.partitions.items():
+            if group == ticket.group:
+                durable.engine.reconfigure(config)
+        self._log.info(
+            "share_group_configs_applied",
+            group=ticket.group,
+            config_version=ticket.config_version,
+            configs=dict(ticket.configs),
+        )
 
     async def _share_fetch(
         self,
@@ -680,7 +715,9 @@ class ShareLeader:
             response.error, response.error_message = exc.code.value, exc.message
             acquired = []
         response.acquired = [(a.first_offset, a.last_offset, a.delivery_count) for a in acquired]
-        response.lock_timeout_ms = request.lock_duration_ms or self.config.record_lock_duration_ms
+        response.lock_timeout_ms = (
+            request.lock_duration_ms or durable.engine.config.record_lock_duration_ms
+        )
 
     def _refused(
         self,
@@ -705,6 +742,7 @@ class ShareLeader:
             acquiring=acquiring,
         )
         if refusal is None:
+            self._adopt_configs(request)
             return False
         response.error, response.error_message = refusal.code.value, refusal.message
         self.ctx.metrics.ticket_refusals.labels(self.topic, refusal.reason).inc()

@@ -33,6 +33,7 @@ from typing import Any
 
 from queueflow.admin import ShareGroupAdmin, groups_changelog, state_changelog
 from queueflow.clock import SYSTEM_CLOCK, Clock
+from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import Handler, ShareAgent
@@ -254,6 +255,7 @@ class InProcessCluster:
             heartbeat interval and request timeout for tests).
         clock: the clock (a :class:`~queueflow.testing.FakeClock` makes locks and sessions
             expire only when the test says).
+        group_configs: the app's per-group configs (as ``App(group_configs=...)``).
     """
 
     def __init__(
@@ -264,6 +266,7 @@ class InProcessCluster:
         settings: ShareGroupSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
         direct: bool = False,
+        group_configs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.topics = dict(topics)
         self.direct = direct
@@ -290,6 +293,10 @@ class InProcessCluster:
             stall_limit_ms=60_000,
             clock=clock,
             metrics=self.metrics,
+            group_configs={
+                g: validate_group_configs(v, self.settings)
+                for g, v in (group_configs or {}).items()
+            },
         )
         #: The state tables, by source topic (and ``"groups"`` for the coordinator's).
         self.tables: dict[str, dict[bytes, bytes]] = {"groups": {}}
@@ -353,6 +360,10 @@ class InProcessCluster:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter, remaining)
         return len(log)
+
+    async def offset_for_time(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
+        log = self.records[TopicPartition(*tp)]
+        return next((i for i, r in enumerate(log) if r.timestamp >= timestamp_ms), None)
 
     # PartitionCounts
     async def partition_counts(self, names: list[str]) -> dict[str, int]:
