@@ -362,10 +362,12 @@ class ShareLeader:
             # Its tickets issued so far are refused from now on: nothing is acquired for it
             # after this release (the records of a removed member are released once).
             self.tickets.remove(message.group, message.member_id, partition, message.member_epoch)
-            durable = await self._share_partition(message.group, partition)
-            released = durable.engine.release_member(message.member_id, now)
-            if released:
-                durable.persist()
+            # A share-partition without state has nothing to release: don't initialise it here
+            # (its group's configs, share.auto.offset.reset included, come with a ticket).
+            holder = await self._existing_share_partition(message.group, partition)
+            released = 0 if holder is None else holder.engine.release_member(message.member_id, now)
+            if released and holder is not None:
+                holder.persist()
                 self._write_position(partition, offset)
                 changed = True
                 self._log.info(
