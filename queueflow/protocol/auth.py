@@ -238,7 +238,9 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     ``(topic, partition)`` pairs assigned to the member), ``expires_ms`` (ms since the epoch),
     ``config_version`` and ``configs``: the group's configs that leaders apply (sorted
     ``(name, value)`` pairs that differ from the broker-level settings; issue #14) and their
-    version, so that a leader learns them from the same unforgeable proof. The last two are
+    version, so that a leader learns them from the same unforgeable proof;
+    ``added_partitions``: ``(topic, first partition added at runtime)`` pairs of the group's
+    topics that grew (those share-partitions start at the log start). The last three are
     optional trailing fields: tickets without them decode with none.
     """
 
@@ -249,6 +251,7 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     expires_ms: int
     config_version: int = 0
     configs: tuple[tuple[str, str], ...] = ()
+    added_partitions: tuple[tuple[str, int], ...] = ()
 
     def covers(self, topic: str, partition: int) -> bool:
         """Whether the ticket assigns ``topic``-``partition`` to its member."""
@@ -269,12 +272,13 @@ def issue_ticket(
     now_ms: int | None = None,
     config_version: int = 0,
     configs: Iterable[tuple[str, str]] = (),
+    added_partitions: Iterable[tuple[str, int]] = (),
 ) -> bytes:
     """Sign an :class:`AssignmentTicket` valid for ``ttl_ms`` (about the session timeout).
 
     Args:
         key: :func:`derive_key` with ``purpose="tickets"``.
-        config_version / configs: the group's configs for its leaders (see the ticket).
+        config_version / configs / added_partitions: for the group's leaders (see the ticket).
     """
     now = _now_ms() if now_ms is None else now_ms
     body = _encoder.encode(
@@ -286,6 +290,7 @@ def issue_ticket(
             now + ttl_ms,
             config_version,
             tuple(sorted(configs)),
+            tuple(sorted(added_partitions)),
         )
     )
     return hmac.new(key, body, hashlib.sha256).digest() + body

@@ -7,11 +7,11 @@ written with msgspec:
 
 ``{"v":1,"group_epoch":G,"assignment_epoch":A,"dead":false,"partitions":{"topic":N,...},
 "members":[[member_id,member_epoch,[topic,...],[[topic,partition],...],client_id,host],...],
-"configs":{"share.delivery.count.limit":"3",...},"config_version":N}``
+"configs":{"share.delivery.count.limit":"3",...},"config_version":N,"added_partitions":{"topic":N}}``
 
-``configs`` (the group configs set with the admin, issue #14) and ``config_version`` are
-written only when set, so a group without them encodes as before, and groups stored before them
-decode with none.
+``configs`` (the group configs set with the admin, issue #14), ``config_version`` and
+``added_partitions`` (topic -> first partition added at runtime) are written only when set, so
+a group without them encodes as before, and groups stored before them decode with none.
 
 This is the layout of :meth:`ShareGroup.to_dict`, so groups the coordinator stored as
 ``json.dumps(group.to_dict())`` decode unchanged (whitespace and field order do not matter).
@@ -51,6 +51,7 @@ class _GroupRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     members: list[_MemberRow]
     configs: dict[str, str] = msgspec.field(default_factory=dict)
     config_version: _NonNegative = 0
+    added_partitions: dict[str, _NonNegative] = msgspec.field(default_factory=dict)
 
 
 _encoder: Final = msgspec.json.Encoder()
@@ -85,6 +86,7 @@ def encode_group(group: ShareGroup) -> bytes:
             ],
             configs=group.configs,
             config_version=group.config_version,
+            added_partitions=group.added_partitions,
         )
     )
 
@@ -145,6 +147,7 @@ def decode_group(
     group.partitions = record.partitions
     group.configs = record.configs
     group.config_version = record.config_version
+    group.added_partitions = record.added_partitions
     for member_id, epoch, topics, assignment, client_id, host in record.members:
         tps = [TopicPartition(topic, partition) for topic, partition in assignment]
         group.members[member_id] = Member(member_id, epoch, topics, tps, now_ms, client_id, host)

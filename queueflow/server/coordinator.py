@@ -245,6 +245,7 @@ class ShareGroupCoordinator:
                     now_ms=now,
                     config_version=group.config_version,
                     configs=group_configs.ticket_configs(self.ctx, group),
+                    added_partitions=sorted(group.added_partitions.items()),
                 )
             if result.released:
                 await self._release(group, result.released, "member left")
@@ -580,6 +581,7 @@ class ShareGroupCoordinator:
             group = self._group(request.group)
             for topic in request.topics:
                 group.partitions.pop(topic, None)
+                group.added_partitions.pop(topic, None)
             self._persist(group)
         log.info(
             "share_group_admin_done",

@@ -113,6 +113,8 @@ class LeaderGroupConfigs:
             parse_auto_offset_reset(settings.auto_offset_reset),
         )
         self._groups: dict[str, _Known] = {}
+        # (group, topic) -> the first partition added to the topic at runtime.
+        self._added: dict[tuple[str, str], int] = {}
 
     def adopt(self, ticket: AssignmentTicket) -> SharePartitionConfig | None:
         """Take the configs of a verified ticket if its version is at least the one known for
@@ -122,6 +124,8 @@ class LeaderGroupConfigs:
         A ticket whose configs are invalid here (this leader's bounds differ from the
         coordinator's) is ignored: the group keeps what it had.
         """
+        for topic, first in ticket.added_partitions:
+            self._added[(ticket.group, topic)] = first
         known = self._groups.get(ticket.group, self._default)
         if ticket.config_version < known.version or (
             ticket.config_version == known.version and ticket.configs == known.configs
@@ -144,6 +148,11 @@ class LeaderGroupConfigs:
         """The engine limits of ``group``'s share-partitions."""
         return self._groups.get(group, self._default).engine
 
-    def offset_reset(self, group: str) -> OffsetReset:
-        """Where ``group``'s new share-partitions start."""
+    def offset_reset(self, group: str, topic: str = "", partition: int = -1) -> OffsetReset:
+        """Where ``group``'s new share-partition ``topic[partition]`` starts: ``earliest`` if
+        the partition was added to the topic while the group knew it (as Kafka: nothing
+        produced to it since is skipped), else the group's ``share.auto.offset.reset``."""
+        first = self._added.get((group, topic))
+        if first is not None and partition >= first:
+            return OffsetReset("earliest")
         return self._groups.get(group, self._default).offset_reset

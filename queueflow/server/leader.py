@@ -597,10 +597,11 @@ class ShareLeader:
     async def _initial_offset(self, group: str, partition: int) -> int:
         """Where a new share-partition of ``group`` starts: the group's
         ``share.auto.offset.reset`` (``earliest``: the log start; ``latest``: the log end;
-        ``by_duration:D``: the first record at most ``D`` old, else the log end)."""
+        ``by_duration:D``: the first record at most ``D`` old, else the log end), or the log
+        start for a partition added to the topic at runtime (issue #14 item 4)."""
         tp = TopicPartition(self.topic, partition)
         offsets = self.ctx.log_offsets
-        reset = self.group_configs.offset_reset(group)
+        reset = self.group_configs.offset_reset(group, self.topic, partition)
         if reset.kind == "earliest":
             return await offsets.log_start(tp)
         if reset.kind == "by_duration":

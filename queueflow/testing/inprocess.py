@@ -386,6 +386,26 @@ class InProcessCluster:
             await self.endpoint.announce()
             await self.bus.drain()
 
+    async def add_partitions(self, topic: str, count: int) -> None:
+        """Grow source topic ``topic`` to ``count`` partitions at runtime (as
+        ``kafka-topics.sh --alter --partitions``), with its request topic: the topic's leader
+        leads the new partitions and goes live on them (what a Faust rebalance over the grown
+        internal topics does). Members notice on their next heartbeat.
+
+        Raises:
+            ValueError: ``count`` is not above the current partition count.
+        """
+        old = self.topics[topic]
+        if count <= old:
+            raise ValueError(f"topic {topic!r} has {old} partitions; {count} would not grow it")
+        for p in range(old, count):
+            self.records[TopicPartition(topic, p)] = []
+        self.topics[topic] = count
+        leader = self.leaders[topic]
+        leader.assign(set(range(old, count)), self.server.runtime.generation)
+        await leader.send_fences()
+        await self.bus.drain()
+
     async def tick(self) -> None:
         """One tick of the ticker (expire locks and sessions at the clock's time), handled."""
         await self.ticker.tick()

@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 import queueflow
 from queueflow.engine.state import RecordState
 from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.protocol import group_codec
 from queueflow.server import group_configs
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.testing import FakeClock
@@ -269,5 +270,40 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(
                 with pytest.raises(ShareGroupError) as info:
                     await admin.describe_group_configs("nope")
                 assert info.value.code is ErrorCode.GROUP_ID_NOT_FOUND
+
+    run(scenario())
+
+
+def test_a_partition_added_at_runtime_is_assigned_and_starts_at_offset_0() -> None:
+    """Issue #14 item 4: the group notices the new partition on a heartbeat (a change of the
+    topic's partition count bumps the group epoch), and its share-partition starts at the log
+    start although the group's share.auto.offset.reset is latest (as Kafka)."""
+
+    async def scenario() -> None:
+        async with cluster_with(0, auto_offset_reset="latest") as cluster:
+            produce(cluster, 2)  # partition 0: offsets 0-1, before the group starts
+            consumer = cluster.consumer("g")
+            await consumer.subscribe([TOPIC])
+            assert await consumer.poll(timeout_ms=0) == []  # latest: starts at 2
+            epoch = cluster.coordinator.groups["g"].group_epoch
+            await cluster.add_partitions(TOPIC, 2)
+            for i in range(3):  # produced before the group notices partition 1
+                cluster.produce(TOPIC, f"new{i}".encode(), partition=1)
+            await consumer._session._membership.refresh()  # type: ignore[union-attr]
+            group = cluster.coordinator.groups["g"]
+            assert group.group_epoch > epoch and group.partitions == {TOPIC: 2}
+            assert group.added_partitions == {TOPIC: 1}
+            assert consumer.assignment() == {(TOPIC, 0), (TOPIC, 1)}
+            records = await consumer.poll(timeout_ms=2000)
+            assert [(r.partition, r.offset, r.value) for r in records] == [
+                (1, 0, b"new0"),
+                (1, 1, b"new1"),
+                (1, 2, b"new2"),
+            ]
+            assert cluster.share_partition("g", TOPIC, 0).start_offset == 2
+            await consumer.close()
+            # Durable: a new coordinator still knows partition 1 was added.
+            again = group_codec.decode_group("g", cluster.tables["groups"][b"g"], 10_000, 200, 0)
+            assert again.added_partitions == {TOPIC: 1}
 
     run(scenario())
