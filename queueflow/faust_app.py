@@ -39,7 +39,12 @@ from queueflow import logging as qf_logging
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
 from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError
-from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
+from queueflow.kafka.admin import (
+    TopicMetadata,
+    ensure_partitions,
+    ensure_topic,
+    partition_counts,
+)
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
@@ -68,6 +73,8 @@ STALL_CHECK_INTERVAL_S = 0.1
 #: SIGKILLed leader's share-partitions move after the session timeout, so Faust's 60 s default
 #: would stall them for a minute.
 LEADER_GROUP_DEFAULTS = {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 1.0}
+#: How often (s) leader workers check their source topics' partition counts (issue #14 item 4).
+PARTITION_CHECK_INTERVAL_S = 5.0
 
 
 class FaustRuntime:
@@ -150,7 +157,14 @@ class FaustSender:
         self, topic: str, partition: int, value: bytes, key: bytes | None = None
     ) -> None:
         """Produce ``value`` to ``topic[partition]``."""
-        await self.app.producer.send(topic, key, value, partition, None, None)
+        try:
+            await self.app.producer.send(topic, key, value, partition, None, None)
+        except AssertionError:
+            # aiokafka's "Unrecognized partition": a partition added at runtime (issue #14)
+            # that the producer's metadata doesn't know yet; refresh it and try once more.
+            producer: Any = self.app.producer
+            await producer._ensure_producer().client.force_metadata_update()
+            await self.app.producer.send(topic, key, value, partition, None, None)
 
 
 def raw_table(app: faust.App, name: str, partitions: int | None = None) -> Any:
@@ -501,6 +515,9 @@ class ShareGroups:
             self._ticker.tick
         )
         app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)
+        app.timer(PARTITION_CHECK_INTERVAL_S, name="queueflow-partition-watch")(
+            self._watch_partitions
+        )
         # Faust's signal type wants a ``signal=`` keyword; the receivers take **kwargs.
         app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
         app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
@@ -644,6 +661,46 @@ class ShareGroups:
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()
             leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
+
+    async def _watch_partitions(self) -> None:
+        """Partitions added to a source topic at runtime (``kafka-topics.sh --alter
+        --partitions``): grow its changelog and request topic to match (co-partitioned), and
+        make Faust's consumer see it now rather than at its next metadata refresh (5 min), so
+        that Faust rebalances and a worker leads the new partitions. Share groups notice on
+        their members' next heartbeats; the new share-partitions start at the log start."""
+        if not self.leaders:
+            return
+        try:
+            counts = await self._metadata.partition_counts(list(self.leaders))
+            grown = {
+                name: count
+                for name, count in counts.items()
+                if count > (self._request_topics[name].partitions or 0)
+            }
+            for name, count in grown.items():
+                request_topic, table = self._request_topics[name], self._tables[name]
+                # The changelog first: a rebalance in between leaves a changelog partition
+                # without a request partition for a moment, never the other way round.
+                await ensure_partitions(self.kafka, table.changelog_topic.get_topic_name(), count)
+                await ensure_partitions(self.kafka, request_topic.get_topic_name(), count)
+                old = request_topic.partitions
+                request_topic.partitions = table.partitions = count
+                table.changelog_topic.partitions = count
+                log.info("source_partitions_added", topic=name, partitions=count, before=old)
+            if grown:
+                await self._refresh_consumer_metadata()
+        except Exception as exc:  # the broker may be restarting: try again next time
+            log.warning("partition_watch_failed", error=repr(exc))
+
+    async def _refresh_consumer_metadata(self) -> None:
+        """Make Faust's consumer fetch metadata now: a change of its topics' partition counts
+        makes it rejoin the group (aiokafka), so Faust rebalances over the new partitions."""
+        consumer: Any = self.app.consumer
+        thread = getattr(consumer, "_thread", None)
+        if thread is None:
+            return
+        client = thread._ensure_consumer()._client
+        await thread.call_thread(client.force_metadata_update)
 
     async def _watch_stalls(self) -> None:
         now = monotonic_ms(self.server_context.clock)

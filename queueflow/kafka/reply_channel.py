@@ -108,6 +108,16 @@ class KafkaReplyChannel:
         """
         if self._producer is None:
             raise RuntimeError(f"the {self._what} transport's start() was not called")
+        try:
+            await self._send(topic, partition, payload)
+        except AssertionError:
+            # aiokafka's "Unrecognized partition": one added at runtime (issue #14) that this
+            # producer's metadata doesn't know yet; refresh it and try once more.
+            await self._producer.client.force_metadata_update()
+            await self._send(topic, partition, payload)
+
+    async def _send(self, topic: str, partition: int, payload: bytes) -> None:
+        assert self._producer is not None
         if self._wait_for_ack:
             await self._producer.send_and_wait(topic, payload, key=self._key, partition=partition)
         else:
