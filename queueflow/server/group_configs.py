@@ -16,6 +16,7 @@ request. :class:`LeaderGroupConfigs` keeps the highest version seen per group.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from queueflow.engine.group import ShareGroup
@@ -29,7 +30,6 @@ from queueflow.engine.group_config import (
     GroupConfig,
     OffsetReset,
     describe_group_configs,
-    parse_auto_offset_reset,
 )
 from queueflow.engine.partition import SharePartitionConfig
 from queueflow.errors import ConfigurationError
@@ -102,17 +102,20 @@ class LeaderGroupConfigs:
 
     Args:
         settings: the broker-level settings (the configs a group has not changed).
+        app_configs: the app's per-group defaults (``App(group_configs=...)``), used for a
+            group until a ticket of it arrives (after a restart, before its members' requests).
     """
 
-    def __init__(self, settings: ShareGroupSettings) -> None:
+    def __init__(
+        self,
+        settings: ShareGroupSettings,
+        app_configs: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
         self.settings = settings
-        self._default = _Known(
-            -1,
-            (),
-            engine_config(settings, GroupConfig.resolve(settings)),
-            parse_auto_offset_reset(settings.auto_offset_reset),
-        )
-        self._groups: dict[str, _Known] = {}
+        self._default = self._known(-1, (), {})
+        self._groups: dict[str, _Known] = {
+            group: self._known(-1, (), values) for group, values in (app_configs or {}).items()
+        }
         # (group, topic) -> the first partition added to the topic at runtime.
         self._added: dict[tuple[str, str], int] = {}
 
@@ -132,17 +135,17 @@ class LeaderGroupConfigs:
         ):
             return None
         try:
-            config = GroupConfig.resolve(self.settings, dict(ticket.configs))
-            fresh = _Known(
-                ticket.config_version,
-                ticket.configs,
-                engine_config(self.settings, config),
-                config.offset_reset,
-            )
+            fresh = self._known(ticket.config_version, ticket.configs, dict(ticket.configs))
         except (ConfigurationError, ValueError):
             return None
         self._groups[ticket.group] = fresh
         return fresh.engine if fresh.engine != known.engine else None
+
+    def _known(
+        self, version: int, configs: tuple[tuple[str, str], ...], values: Mapping[str, str]
+    ) -> _Known:
+        config = GroupConfig.resolve(self.settings, values)
+        return _Known(version, configs, engine_config(self.settings, config), config.offset_reset)
 
     def engine(self, group: str) -> SharePartitionConfig:
         """The engine limits of ``group``'s share-partitions."""

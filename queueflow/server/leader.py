@@ -130,7 +130,7 @@ class ShareLeader:
         self.config = engine_config(ctx.settings)
         #: Each group's configs (lock duration, delivery count limit, in-flight limit,
         #: share.auto.offset.reset), from the tickets of its requests (issue #14).
-        self.group_configs = LeaderGroupConfigs(ctx.settings)
+        self.group_configs = LeaderGroupConfigs(ctx.settings, ctx.group_configs)
         self.auth = control_auth(ctx, "leader")
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         s = ctx.settings
