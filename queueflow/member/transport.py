@@ -15,6 +15,7 @@ import asyncio
 from typing import Protocol
 
 import structlog
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
@@ -138,13 +139,23 @@ class Requester:
         """Send a request and wait for its answer.
 
         Raises:
-            ShareGroupError: ``REQUEST_TIMED_OUT`` when no answer comes within ``timeout_ms``.
+            ShareGroupError: ``REQUEST_TIMED_OUT`` when no answer comes within ``timeout_ms``;
+                ``NOT_LEADER_OR_FOLLOWER`` (retriable) for a request partition that does not
+                exist yet (a partition added at runtime).
             aiokafka.errors.KafkaError: the request could not be sent.
         """
         fut: asyncio.Future[protocol.Message] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = fut
         try:
-            await self.transport.send(topic, partition, self.auth.seal(payload))
+            try:
+                await self.transport.send(topic, partition, self.auth.seal(payload))
+            except UnknownTopicOrPartitionError:
+                raise ShareGroupError(
+                    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    f"{topic} has no partition {partition} yet: it was added to the source "
+                    "topic at runtime and the leader workers have not grown the request topic; "
+                    "retried",
+                ) from None
             return await asyncio.wait_for(fut, self.timeout_ms / 1000)
         except asyncio.TimeoutError:
             raise ShareGroupError(
