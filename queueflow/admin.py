@@ -21,6 +21,12 @@ through the engine and persist it like any other change. How the race with a mem
 meanwhile is closed: see :mod:`queueflow.server.coordinator`. A running worker of the app (role
 ``all`` or ``leader``) is needed.
 
+Group configs (issue #14 item 3): :meth:`ShareGroupAdmin.describe_group_configs` and
+:meth:`ShareGroupAdmin.alter_group_configs` (Kafka's ``describeConfigs`` and
+``incrementalAlterConfigs`` of a ``GROUP`` resource) are answered by the coordinator too: it
+validates the values against the broker-level bounds and stores them with the group
+(``queueflow configs``, :mod:`queueflow.devtools.cli.configs`).
+
 queueflow keeps share-group state in Faust tables, so the admin reads what the coordinator and
 the leaders wrote there, from the tables' compacted changelogs: ``<app>-share-groups-changelog``
 (each group's epochs, members and assignments) and ``<app>-share-state-<topic>-changelog`` (each

@@ -194,8 +194,9 @@ SETTINGS: tuple[Setting, ...] = (
         5000,
         100,
         None,
-        doc="How often (ms) members heartbeat to the share-group coordinator.",
-        read_by="member",
+        doc="How often (ms) members heartbeat to the share-group coordinator; the coordinator "
+        "tells each member its group's value in every heartbeat answer.",
+        read_by="coordinator (members follow its answer)",
     ),
     Setting(
         "min_delivery_count_limit",
