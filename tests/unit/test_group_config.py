@@ -4,6 +4,7 @@ value of each config, and their storage with the group (queueflow.engine.group_c
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -23,6 +24,7 @@ from queueflow.engine.group_config import (
 from queueflow.errors import ConfigurationError
 from queueflow.protocol import group_codec
 from queueflow.protocol.auth import AssignmentTicket, issue_ticket, verify_ticket
+from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.settings import ShareGroupSettings
 
 SETTINGS = ShareGroupSettings()
@@ -263,3 +265,26 @@ def test_tickets_carry_the_configs_and_old_tickets_decode_without() -> None:
     assert ticket.configs == (("share.delivery.count.limit", "2"),)
     old = AssignmentTicket("g", "m", 1, (("t", 0),), 1000)
     assert (old.config_version, old.configs) == (0, ())
+
+
+def test_a_leader_keeps_the_highest_config_version_it_sees() -> None:
+    configs = LeaderGroupConfigs(SETTINGS, {"app-group": {"share.delivery.count.limit": "4"}})
+    assert configs.engine("app-group").delivery_count_limit == 4  # before any ticket
+    assert configs.engine("g").delivery_count_limit == SETTINGS.delivery_count_limit
+
+    def ticket(version: int, limit: str, added: tuple[tuple[str, int], ...] = ()) -> Any:
+        return AssignmentTicket(
+            "g", "m", 1, (), 0, version, (("share.delivery.count.limit", limit),), added
+        )
+
+    changed = configs.adopt(ticket(2, "3"))
+    assert changed is not None and changed.delivery_count_limit == 3
+    assert configs.adopt(ticket(1, "7")) is None  # an older ticket of another member
+    assert configs.engine("g").delivery_count_limit == 3
+    assert configs.adopt(ticket(2, "3")) is None  # the same again
+    assert configs.adopt(ticket(3, "not a number")) is None  # not valid here: ignored
+    assert configs.engine("g").delivery_count_limit == 3
+    assert configs.offset_reset("g", "t", 1) == OffsetReset(SETTINGS.auto_offset_reset)
+    configs.adopt(ticket(3, "3", (("t", 1),)))
+    assert configs.offset_reset("g", "t", 0) == OffsetReset(SETTINGS.auto_offset_reset)
+    assert configs.offset_reset("g", "t", 1) == OffsetReset("earliest")  # added at runtime
