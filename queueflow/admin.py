@@ -21,6 +21,12 @@ through the engine and persist it like any other change. How the race with a mem
 meanwhile is closed: see :mod:`queueflow.server.coordinator`. A running worker of the app (role
 ``all`` or ``leader``) is needed.
 
+Group configs (issue #14 item 3): :meth:`ShareGroupAdmin.describe_group_configs` and
+:meth:`ShareGroupAdmin.alter_group_configs` (Kafka's ``describeConfigs`` and
+``incrementalAlterConfigs`` of a ``GROUP`` resource) are answered by the coordinator too: it
+validates the values against the broker-level bounds and stores them with the group
+(``queueflow configs``, :mod:`queueflow.devtools.cli.configs`).
+
 queueflow keeps share-group state in Faust tables, so the admin reads what the coordinator and
 the leaders wrote there, from the tables' compacted changelogs: ``<app>-share-groups-changelog``
 (each group's epochs, members and assignments) and ``<app>-share-state-<topic>-changelog`` (each
@@ -47,6 +53,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.engine.group import ShareGroup
+from queueflow.engine.group_config import ConfigEntry, parse_duration
 from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts
@@ -61,6 +68,7 @@ from queueflow.structs import TopicPartition
 
 __all__ = [
     "AdminTransport",
+    "ConfigEntry",
     "InFlightBatch",
     "MemberDescription",
     "OffsetLookup",
@@ -353,46 +361,6 @@ def parse_datetime(text: str) -> int:
     raise ConfigurationError(f"cannot parse datetime {text!r}: {problem}")
 
 
-_DURATION = re.compile(
-    r"([-+]?)P(?:([-+]?\d+)D)?"
-    r"(T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
-    re.IGNORECASE,
-)
-
-
-def parse_duration(text: str) -> int:
-    """Parse an ISO-8601 duration as Java's ``Duration.parse`` (which ``--by-duration`` uses):
-    ``PnDTnHnMn.nS``, e.g. ``PT1H``, ``P1DT2H30M``, ``PT0.5S``, ``-PT10M``; returns ms
-    (rounded towards zero below a millisecond).
-
-    Days are 24 hours; there are no years or months. Signs may precede the whole and each
-    number; at least one part must be given, and a ``T`` must be followed by one.
-
-    Raises:
-        ConfigurationError: anything else.
-    """
-    m = _DURATION.fullmatch(text.strip())
-    if m is None or not any(m.group(i) is not None for i in (2, 4, 5, 6)) or m.group(3) == "T":
-        raise ConfigurationError(
-            f"cannot parse duration {text!r}: expected an ISO-8601 duration PnDTnHnMn.nS "
-            "(e.g. PT1H, P1DT12H, PT30M, PT0.5S)"
-        )
-    sign, days, _, hours, minutes, seconds, fraction = m.groups()
-    total_ns = (
-        int(days or 0) * 86_400_000_000_000
-        + int(hours or 0) * 3_600_000_000_000
-        + int(minutes or 0) * 60_000_000_000
-        + int(seconds or 0) * 1_000_000_000
-    )
-    if fraction:
-        nanos = int((fraction + "000000000")[:9])
-        total_ns += -nanos if (seconds or "").startswith("-") else nanos
-    if sign == "-":
-        total_ns = -total_ns
-    ms = abs(total_ns) // 1_000_000
-    return -ms if total_ns < 0 else ms
-
-
 class ShareGroupAdmin:
     """Share-group administration of one queueflow app.
 
@@ -520,6 +488,62 @@ class ShareGroupAdmin:
                 out[group_id] = exc
         return out
 
+    # -- group configs (describeConfigs / incrementalAlterConfigs of a GROUP resource) --------
+    async def describe_group_configs(self, group_id: str) -> list[ConfigEntry]:
+        """Every group config of ``group_id`` with its effective value and source (Kafka's
+        ``Admin.describeConfigs`` of a ``GROUP`` resource; issue #14): ``DYNAMIC_GROUP_CONFIG``
+        (set with :meth:`alter_group_configs`), ``APP_GROUP_CONFIG`` (the app's
+        ``group_configs``) or ``DEFAULT_CONFIG`` (the broker-level ``group.share.*`` setting).
+        Asked of the group's coordinator, so a worker of the app must be running.
+
+        Raises:
+            ShareGroupError: ``GROUP_ID_NOT_FOUND``; ``REQUEST_TIMED_OUT`` (no answer within
+                ``timeout_ms``).
+        """
+        request = protocol.DescribeGroupConfigsRequest(
+            group=group_id, admin_id=self.admin_id, request_id=0, reply_partition=0
+        )
+        response = await self._call(request, f"describe the configs of share group {group_id!r}")
+        return [ConfigEntry(*entry) for entry in response.configs]
+
+    async def alter_group_configs(
+        self,
+        group_id: str,
+        set_configs: Mapping[str, object] | None = None,
+        delete_configs: Iterable[str] = (),
+    ) -> list[ConfigEntry]:
+        """Set and delete group configs of ``group_id`` (Kafka's
+        ``Admin.incrementalAlterConfigs`` of a ``GROUP`` resource with SET and DELETE; issue
+        #14). The coordinator validates them against the broker-level bounds and stores them
+        durably with the group; they override the app's ``group_configs`` for this group only.
+        Deleted ones return to the app's default for the group, else the broker-level setting.
+
+        Args:
+            group_id: an existing share group.
+            set_configs: config name -> value (``int`` or text), e.g.
+                ``{"share.delivery.count.limit": 3, "share.auto.offset.reset": "earliest"}``.
+            delete_configs: config names to delete.
+
+        Returns:
+            Every group config after the change (as :meth:`describe_group_configs`).
+
+        Raises:
+            ShareGroupError: ``GROUP_ID_NOT_FOUND``; ``INVALID_CONFIG`` (an unknown config
+                name, a value not of its type or out of its range, a heartbeat interval not
+                below the session timeout; the message names the config, the value and the
+                allowed range); ``REQUEST_TIMED_OUT``. Nothing changes on an error.
+        """
+        request = protocol.AlterGroupConfigsRequest(
+            group=group_id,
+            admin_id=self.admin_id,
+            request_id=0,
+            reply_partition=0,
+            set_configs={k: str(v) for k, v in (set_configs or {}).items()},
+            delete_configs=list(delete_configs),
+        )
+        response = await self._call(request, f"alter the configs of share group {group_id!r}")
+        return [ConfigEntry(*entry) for entry in response.configs]
+
     async def resolve_offsets(
         self, partitions: Iterable[TopicPartition], spec: OffsetSpec
     ) -> dict[TopicPartition, int]:
@@ -570,7 +594,9 @@ class ShareGroupAdmin:
         self,
         request: protocol.AlterShareGroupOffsetsRequest
         | protocol.DeleteShareGroupOffsetsRequest
-        | protocol.DeleteShareGroupRequest,
+        | protocol.DeleteShareGroupRequest
+        | protocol.DescribeGroupConfigsRequest
+        | protocol.AlterGroupConfigsRequest,
         what: str,
     ) -> protocol.AdminResponse:
         """Send ``request`` to the group's coordinator and wait for its answer."""

@@ -18,6 +18,9 @@ class ErrorCode(enum.Enum):
     INVALID_RECORD_STATE = "INVALID_RECORD_STATE"
     #: A malformed request: overlapping or unordered ranges, bad acknowledge type, bad limits.
     INVALID_REQUEST = "INVALID_REQUEST"
+    #: A group config name is unknown or its value is invalid or out of range (Kafka's
+    #: ``INVALID_CONFIG``, as ``incrementalAlterConfigs`` answers).
+    INVALID_CONFIG = "INVALID_CONFIG"
     #: A state write or fetch from a leader whose state epoch is older than the durable one.
     FENCED_STATE_EPOCH = "FENCED_STATE_EPOCH"
     #: The member is not (or no longer) in the share group.

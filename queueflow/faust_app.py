@@ -39,8 +39,14 @@ from queueflow import dashboard
 from queueflow import logging as qf_logging
 from queueflow.admin import ShareGroupAdmin
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
+from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError
-from queueflow.kafka.admin import TopicMetadata, ensure_topic, partition_counts
+from queueflow.kafka.admin import (
+    TopicMetadata,
+    ensure_partitions,
+    ensure_topic,
+    partition_counts,
+)
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
@@ -69,6 +75,8 @@ STALL_CHECK_INTERVAL_S = 0.1
 #: SIGKILLed leader's share-partitions move after the session timeout, so Faust's 60 s default
 #: would stall them for a minute.
 LEADER_GROUP_DEFAULTS = {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 1.0}
+#: How often (s) leader workers check their source topics' partition counts (issue #14 item 4).
+PARTITION_CHECK_INTERVAL_S = 5.0
 
 
 class FaustRuntime:
@@ -151,7 +159,14 @@ class FaustSender:
         self, topic: str, partition: int, value: bytes, key: bytes | None = None
     ) -> None:
         """Produce ``value`` to ``topic[partition]``."""
-        await self.app.producer.send(topic, key, value, partition, None, None)
+        try:
+            await self.app.producer.send(topic, key, value, partition, None, None)
+        except AssertionError:
+            # aiokafka's "Unrecognized partition": a partition added at runtime (issue #14)
+            # that the producer's metadata doesn't know yet; refresh it and try once more.
+            producer: Any = self.app.producer
+            await producer._ensure_producer().client.force_metadata_update()
+            await self.app.producer.send(topic, key, value, partition, None, None)
 
 
 def raw_table(app: faust.App, name: str, partitions: int | None = None) -> Any:
@@ -383,6 +398,24 @@ class ShareAgentService(mode.Service):
         await self.agent.stop()
 
 
+def app_group_configs(
+    group_configs: Mapping[str, Mapping[str, Any]] | None, settings: ShareGroupSettings
+) -> dict[str, dict[str, str]]:
+    """Validate an app's per-group configs (``App(group_configs=...)``).
+
+    Raises:
+        ConfigurationError: an unknown config or a value out of the broker-level bounds; the
+            message names the group, the config, the value and the allowed range.
+    """
+    out: dict[str, dict[str, str]] = {}
+    for group, values in (group_configs or {}).items():
+        try:
+            out[str(group)] = validate_group_configs(values, settings)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"group_configs of share group {group!r}: {exc}") from None
+    return out
+
+
 class ShareGroups:
     """The share-group machinery attached to one Faust app.
 
@@ -391,6 +424,9 @@ class ShareGroups:
         role: ``all``, ``leader`` or ``member`` (default ``$QUEUEFLOW_ROLE`` or ``all``).
         settings: a :class:`ShareGroupSettings`, or a mapping of overrides (KIP-932 names or
             attribute names); the rest comes from env vars and defaults.
+        group_configs: per-group defaults of group configs, ``{"group": {"share.*": value}}``
+            (:mod:`queueflow.engine.group_config`); values set with the admin
+            (``queueflow configs --alter``) win over them.
 
     Raises:
         ConfigurationError: an unknown role or an invalid setting.
@@ -401,6 +437,7 @@ class ShareGroups:
         app: faust.App,
         role: str | None = None,
         settings: ShareGroupSettings | Mapping[str, Any] | None = None,
+        group_configs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         role = role or os.environ.get("QUEUEFLOW_ROLE", "all")
         if role not in ROLES:
@@ -417,6 +454,7 @@ class ShareGroups:
         self.app = app
         self.role = role
         self.namespace: str = app.conf.id
+        self.group_configs = app_group_configs(group_configs, self.settings)
         self.metrics = Metrics()
         self.kafka = KafkaClientConfig.from_broker(
             app.conf.broker,
@@ -467,6 +505,7 @@ class ShareGroups:
             state_scope=partition_scope,
             flush_state=self._flush_state,
             request_log=LogRangeReader(self.kafka),
+            group_configs=self.group_configs,
         )
         self.endpoint = (
             LeaderEndpoint(self.server_context, self.leaders)
@@ -486,6 +525,9 @@ class ShareGroups:
             self._ticker.tick
         )
         app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)
+        app.timer(PARTITION_CHECK_INTERVAL_S, name="queueflow-partition-watch")(
+            self._watch_partitions
+        )
         # Faust's signal type wants a ``signal=`` keyword; the receivers take **kwargs.
         app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
         app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
@@ -663,6 +705,46 @@ class ShareGroups:
             name = self._coordinator_topic.get_topic_name()
             self.coordinator.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
 
+    async def _watch_partitions(self) -> None:
+        """Partitions added to a source topic at runtime (``kafka-topics.sh --alter
+        --partitions``): grow its changelog and request topic to match (co-partitioned), and
+        make Faust's consumer see it now rather than at its next metadata refresh (5 min), so
+        that Faust rebalances and a worker leads the new partitions. Share groups notice on
+        their members' next heartbeats; the new share-partitions start at the log start."""
+        if not self.leaders:
+            return
+        try:
+            counts = await self._metadata.partition_counts(list(self.leaders))
+            grown = {
+                name: count
+                for name, count in counts.items()
+                if count > (self._request_topics[name].partitions or 0)
+            }
+            for name, count in grown.items():
+                request_topic, table = self._request_topics[name], self._tables[name]
+                # The changelog first: a rebalance in between leaves a changelog partition
+                # without a request partition for a moment, never the other way round.
+                await ensure_partitions(self.kafka, table.changelog_topic.get_topic_name(), count)
+                await ensure_partitions(self.kafka, request_topic.get_topic_name(), count)
+                old = request_topic.partitions
+                request_topic.partitions = table.partitions = count
+                table.changelog_topic.partitions = count
+                log.info("source_partitions_added", topic=name, partitions=count, before=old)
+            if grown:
+                await self._refresh_consumer_metadata()
+        except Exception as exc:  # the broker may be restarting: try again next time
+            log.warning("partition_watch_failed", error=repr(exc))
+
+    async def _refresh_consumer_metadata(self) -> None:
+        """Make Faust's consumer fetch metadata now: a change of its topics' partition counts
+        makes it rejoin the group (aiokafka), so Faust rebalances over the new partitions."""
+        consumer: Any = self.app.consumer
+        thread = getattr(consumer, "_thread", None)
+        if thread is None:
+            return
+        client = thread._ensure_consumer()._client
+        await thread.call_thread(client.force_metadata_update)
+
     async def _watch_stalls(self) -> None:
         now = monotonic_ms(self.server_context.clock)
         for leader in self.leaders.values():
@@ -728,6 +810,11 @@ class App(faust.App):
             topic.
         role: ``all`` | ``leader`` | ``member`` (default ``$QUEUEFLOW_ROLE`` or ``all``).
         share_settings: share-group settings overrides, by KIP-932 name or attribute name.
+        group_configs: per-group configs, ``{"group": {"share.delivery.count.limit": 3}}``
+            (``share.auto.offset.reset``, ``share.record.lock.duration.ms``,
+            ``share.delivery.count.limit``, ``share.partition.max.record.locks``,
+            ``share.session.timeout.ms``, ``share.heartbeat.interval.ms``), checked against the
+            broker-level bounds; values set with ``queueflow configs --alter`` win over them.
         **kwargs: passed to :class:`faust.App` (``broker``, ``datadir``, ...). ``store``
             defaults to ``rocksdb://`` (rocksdict).
 
@@ -748,6 +835,7 @@ class App(faust.App):
         *,
         role: str | None = None,
         share_settings: ShareGroupSettings | Mapping[str, Any] | None = None,
+        group_configs: Mapping[str, Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("store", "rocksdb://")
@@ -755,7 +843,9 @@ class App(faust.App):
             if name.upper() not in os.environ:
                 kwargs.setdefault(name, value)
         super().__init__(id, **kwargs)
-        self.share_groups = ShareGroups(self, role=role, settings=share_settings)
+        self.share_groups = ShareGroups(
+            self, role=role, settings=share_settings, group_configs=group_configs
+        )
 
     def share_agent(
         self,
@@ -823,6 +913,7 @@ def attach(
     app: faust.App,
     role: str | None = None,
     settings: ShareGroupSettings | Mapping[str, Any] | None = None,
+    group_configs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> ShareGroups:
     """Add share groups to an existing :class:`faust.App`.
 
@@ -835,7 +926,7 @@ def attach(
     Raises:
         ConfigurationError: an unknown role or an invalid setting.
     """
-    groups = ShareGroups(app, role=role, settings=settings)
+    groups = ShareGroups(app, role=role, settings=settings, group_configs=group_configs)
     original = app.on_first_start
 
     async def on_first_start() -> None:  # before Faust declares and subscribes topics

@@ -195,8 +195,83 @@ SETTINGS: tuple[Setting, ...] = (
         5000,
         100,
         None,
-        doc="How often (ms) members heartbeat to the share-group coordinator.",
-        read_by="member",
+        doc="How often (ms) members heartbeat to the share-group coordinator; the coordinator "
+        "tells each member its group's value in every heartbeat answer.",
+        read_by="coordinator (members follow its answer)",
+    ),
+    Setting(
+        "min_delivery_count_limit",
+        "group.share.min.delivery.count.limit",
+        2,
+        2,
+        5,
+        doc="Lower bound for a group's `share.delivery.count.limit` (KIP-1240).",
+        read_by="coordinator",
+    ),
+    Setting(
+        "max_delivery_count_limit",
+        "group.share.max.delivery.count.limit",
+        10,
+        5,
+        25,
+        doc="Upper bound for a group's `share.delivery.count.limit` (KIP-1240).",
+        read_by="coordinator",
+    ),
+    Setting(
+        "min_partition_max_record_locks",
+        "group.share.min.partition.max.record.locks",
+        100,
+        100,
+        2000,
+        doc="Lower bound for a group's `share.partition.max.record.locks` (KIP-1240).",
+        read_by="coordinator",
+    ),
+    Setting(
+        "max_partition_max_record_locks",
+        "group.share.max.partition.max.record.locks",
+        4000,
+        2000,
+        10000,
+        doc="Upper bound for a group's `share.partition.max.record.locks` (KIP-1240).",
+        read_by="coordinator",
+    ),
+    Setting(
+        "min_session_timeout_ms",
+        "group.share.min.session.timeout.ms",
+        1000,
+        1000,
+        None,
+        doc="Lower bound (ms) for a group's `share.session.timeout.ms`. Kafka's default is "
+        "45000; queueflow keeps 1000 (the lowest `group.share.session.timeout.ms`).",
+        read_by="coordinator",
+    ),
+    Setting(
+        "max_session_timeout_ms",
+        "group.share.max.session.timeout.ms",
+        60000,
+        1000,
+        None,
+        doc="Upper bound (ms) for a group's `share.session.timeout.ms`.",
+        read_by="coordinator",
+    ),
+    Setting(
+        "min_heartbeat_interval_ms",
+        "group.share.min.heartbeat.interval.ms",
+        100,
+        100,
+        None,
+        doc="Lower bound (ms) for a group's `share.heartbeat.interval.ms`. Kafka's default is "
+        "5000; queueflow keeps 100 (the lowest `group.share.heartbeat.interval.ms`).",
+        read_by="coordinator",
+    ),
+    Setting(
+        "max_heartbeat_interval_ms",
+        "group.share.max.heartbeat.interval.ms",
+        15000,
+        100,
+        None,
+        doc="Upper bound (ms) for a group's `share.heartbeat.interval.ms`.",
+        read_by="coordinator",
     ),
     Setting(
         "max_size",
@@ -494,6 +569,14 @@ class ShareGroupSettings:
     partition_max_record_locks: int = int_default("partition_max_record_locks")
     session_timeout_ms: int = int_default("session_timeout_ms")
     heartbeat_interval_ms: int = int_default("heartbeat_interval_ms")
+    min_delivery_count_limit: int = int_default("min_delivery_count_limit")
+    max_delivery_count_limit: int = int_default("max_delivery_count_limit")
+    min_partition_max_record_locks: int = int_default("min_partition_max_record_locks")
+    max_partition_max_record_locks: int = int_default("max_partition_max_record_locks")
+    min_session_timeout_ms: int = int_default("min_session_timeout_ms")
+    max_session_timeout_ms: int = int_default("max_session_timeout_ms")
+    min_heartbeat_interval_ms: int = int_default("min_heartbeat_interval_ms")
+    max_heartbeat_interval_ms: int = int_default("max_heartbeat_interval_ms")
     max_size: int = int_default("max_size")
     assignors: str = str_default("assignors")
     assignor_refresh_interval_ms: int = int_default("assignor_refresh_interval_ms")
@@ -593,6 +676,15 @@ class ShareGroupSettings:
         }
 
 
+#: The min/max pairs that bound the group configs (KIP-1240; queueflow.engine.group_config).
+_GROUP_BOUNDS = (
+    ("min_delivery_count_limit", "max_delivery_count_limit"),
+    ("min_partition_max_record_locks", "max_partition_max_record_locks"),
+    ("min_session_timeout_ms", "max_session_timeout_ms"),
+    ("min_heartbeat_interval_ms", "max_heartbeat_interval_ms"),
+)
+
+
 def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     """Checks between settings; ``sources`` (attr -> where from) only enriches the messages."""
 
@@ -620,6 +712,12 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
             f"{show('record_lock_duration_ms')} is below {show('min_record_lock_duration_ms')}; "
             f"allowed range [{low}..{high}]: lower the minimum or raise the lock duration"
         )
+    for low_attr, high_attr in _GROUP_BOUNDS:
+        if values[low_attr] > values[high_attr]:
+            raise ConfigurationError(
+                f"{show(low_attr)} exceeds {show(high_attr)}; the minimum must not exceed the "
+                "maximum"
+            )
     if values["heartbeat_interval_ms"] >= values["session_timeout_ms"]:
         raise ConfigurationError(
             f"{show('heartbeat_interval_ms')} must be below {show('session_timeout_ms')}"

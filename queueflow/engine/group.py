@@ -17,7 +17,10 @@ Rules implemented here:
 * epochs never go back: a heartbeat of a known member at an epoch above the group epoch (the
   durable metadata lost its last writes in a coordinator failover) moves the group epoch past it;
 * the group is EMPTY with no members, STABLE with members, DEAD once deleted;
-* ``group.share.max.size`` bounds the number of members (``GROUP_MAX_SIZE_REACHED``).
+* ``group.share.max.size`` bounds the number of members (``GROUP_MAX_SIZE_REACHED``);
+* partitions added to a subscribed topic at runtime are noticed on the next heartbeat (a change
+  of partition counts) and remembered (:attr:`ShareGroup.added_partitions`): their
+  share-partitions start at the log start.
 """
 
 from __future__ import annotations
@@ -121,6 +124,15 @@ class ShareGroup:
         self.assignment_epoch = 0
         self.partitions: dict[str, int] = {}
         self.dead = False
+        #: Group configs set with the admin (``share.*`` name -> validated value), durable with
+        #: the group; see :mod:`queueflow.engine.group_config`.
+        self.configs: dict[str, str] = {}
+        #: Bumped on every change of :attr:`configs` (leaders apply the highest they see).
+        self.config_version = 0
+        #: Topics that gained partitions while the group knew them: topic -> the first added
+        #: partition (its count before). Those share-partitions start at the log start, not
+        #: at ``share.auto.offset.reset``, as in Kafka (nothing produced to them is skipped).
+        self.added_partitions: dict[str, int] = {}
 
     @property
     def state(self) -> GroupState:
@@ -225,6 +237,10 @@ class ShareGroup:
         wanted = {t: n for t, n in partitions.items() if t in self.subscribed_topics()}
         if wanted != {t: n for t, n in self.partitions.items() if t in wanted}:
             changed = True
+        for t, n in wanted.items():
+            known = self.partitions.get(t)
+            if known is not None and n > known:  # partitions added to a topic at runtime
+                self.added_partitions.setdefault(t, known)
         self.partitions.update(wanted)
         moved = self._rebalance() if changed else []
         return HeartbeatResult(member.member_epoch, list(member.assignment), moved)

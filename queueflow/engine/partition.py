@@ -182,8 +182,18 @@ class SharePartitionConfig:
         Raises:
             ConfigurationError: naming the KIP-932/Kafka setting, the value and the allowed range.
         """
-        _check_range("group.share.partition.max.record.locks", self.max_in_flight_records)
-        _check_range("group.share.delivery.count.limit", self.delivery_count_limit)
+        # A group's own share.partition.max.record.locks / share.delivery.count.limit (KIP-1240)
+        # may go up to the broker-level maximum of its bound.
+        _check_range(
+            "group.share.partition.max.record.locks",
+            self.max_in_flight_records,
+            high=lookup("group.share.max.partition.max.record.locks").maximum,
+        )
+        _check_range(
+            "group.share.delivery.count.limit",
+            self.delivery_count_limit,
+            high=lookup("group.share.max.delivery.count.limit").maximum,
+        )
         _check_range("group.share.record.lock.duration.ms", self.record_lock_duration_ms)
         _check_range("group.share.max.record.lock.duration.ms", self.max_record_lock_duration_ms)
         _check_range("group.share.min.record.lock.duration.ms", self.min_record_lock_duration_ms)
@@ -299,6 +309,17 @@ class SharePartition:
     def config(self) -> SharePartitionConfig:
         """The limits this share-partition enforces."""
         return self._config
+
+    def reconfigure(self, config: SharePartitionConfig) -> None:
+        """Enforce ``config`` from now on (a share group's configs changed, issue #14).
+
+        Nothing already in flight changes: a new lock duration applies to the next
+        acquisitions, a new delivery count limit when a record is next released or its lock
+        expires (a record Available with a count at or past a lowered limit is delivered once
+        more, then Archived), a lower ``max_in_flight_records`` stops new records from being
+        acquired until the in-flight window shrinks below it.
+        """
+        self._config = config
 
     @property
     def start_offset(self) -> int:

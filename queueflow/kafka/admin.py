@@ -9,8 +9,13 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError, TopicAuthorizationFailedError, for_code
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.errors import (
+    InvalidPartitionsError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
 from aiokafka.protocol.metadata import MetadataRequest
 
 from queueflow.errors import ConfigurationError
@@ -20,6 +25,7 @@ from queueflow.structs import TopicPartition
 __all__ = [
     "TopicMetadata",
     "create_topic_hint",
+    "ensure_partitions",
     "ensure_topic",
     "existing_partition_counts",
     "leader_racks",
@@ -67,6 +73,40 @@ async def ensure_topic(
                 raise ConfigurationError(f"could not create topic {name!r}: {detail}")
     except TopicAlreadyExistsError:
         pass
+    finally:
+        await admin.close()
+
+
+async def ensure_partitions(config: KafkaClientConfig, name: str, partitions: int) -> bool:
+    """Grow topic ``name`` to ``partitions`` partitions if it has fewer; idempotent and safe to
+    race (another worker growing it first is fine). Used for internal topics co-partitioned
+    with a source topic that gained partitions at runtime.
+
+    Returns:
+        True if this call added partitions.
+
+    Raises:
+        ConfigurationError: the topic does not exist, or the broker refused (its error).
+    """
+    admin = admin_client(config)
+    await admin.start()
+    try:
+        counts = await existing_partition_counts(admin, [name])
+        if name not in counts:
+            raise ConfigurationError(f"cannot add partitions to topic {name!r}: it does not exist")
+        if counts[name] >= partitions:
+            return False
+        try:
+            result = await admin.create_partitions({name: NewPartitions(partitions)})
+        except InvalidPartitionsError:
+            return False  # grown meanwhile (by another worker)
+        for _topic, code, message in getattr(result, "topic_errors", []):
+            error = for_code(code)
+            if code and error is not InvalidPartitionsError:
+                raise ConfigurationError(
+                    f"could not add partitions to topic {name!r}: {message or error.__name__}"
+                )
+        return True
     finally:
         await admin.close()
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
@@ -108,10 +109,28 @@ class KafkaReplyChannel:
 
         Raises:
             RuntimeError: :meth:`start` was not called.
+            aiokafka.errors.UnknownTopicOrPartitionError: ``topic`` has no ``partition`` even
+                after a metadata refresh (one added at runtime whose request partition the
+                leader workers have not created yet).
             aiokafka.errors.KafkaError: the record could not be produced.
         """
         if self._producer is None:
             raise RuntimeError(f"the {self._what} transport's start() was not called")
+        try:
+            await self._send(topic, partition, payload)
+        except AssertionError:
+            # aiokafka's "Unrecognized partition": one added at runtime (issue #14) that this
+            # producer's metadata doesn't know yet; refresh it and try once more.
+            await self._producer.client.force_metadata_update()
+            try:
+                await self._send(topic, partition, payload)
+            except AssertionError:
+                raise UnknownTopicOrPartitionError(
+                    f"{topic} has no partition {partition} (yet)"
+                ) from None
+
+    async def _send(self, topic: str, partition: int, payload: bytes) -> None:
+        assert self._producer is not None
         if self._wait_for_ack:
             await self._producer.send_and_wait(topic, payload, key=self._key, partition=partition)
         else:

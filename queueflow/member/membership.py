@@ -92,6 +92,9 @@ class Membership:
         #: leaders that this member is in the group at :attr:`member_epoch` with
         #: :attr:`assignment` (see queueflow.server.tickets).
         self.ticket = b""
+        #: How often (ms) to heartbeat: the coordinator's ``share.heartbeat.interval.ms`` for
+        #: the group from its last answer (KIP-932: the coordinator sets it), until then ours.
+        self.heartbeat_interval_ms = settings.heartbeat_interval_ms
         self._refreshing: asyncio.Future[None] | None = None
         self._heartbeats: asyncio.Task[None] | None = None
         self._closing = False
@@ -214,6 +217,8 @@ class Membership:
             return None
         self.member_epoch = response.member_epoch
         self.ticket = response.ticket
+        if response.heartbeat_interval_ms > 0:
+            self.heartbeat_interval_ms = response.heartbeat_interval_ms
         self.leaders = {TopicPartition(t, p): address for t, p, address in response.leaders}
         new = {TopicPartition(t, p) for t, parts in response.assignment.items() for p in parts}
         if new != self.assignment:
@@ -240,9 +245,8 @@ class Membership:
         return False
 
     async def _heartbeat_loop(self) -> None:
-        interval = self.settings.heartbeat_interval_ms / 1000
         while not self._closing:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.heartbeat_interval_ms / 1000)
             try:
                 await self._heartbeat()
             except (ShareGroupError, KafkaError) as exc:

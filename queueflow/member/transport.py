@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import structlog
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
@@ -165,7 +166,9 @@ class Requester:
         True for: others are dropped, e.g. a superseded coordinator's).
 
         Raises:
-            ShareGroupError: ``REQUEST_TIMED_OUT`` when no answer comes within ``timeout_ms``.
+            ShareGroupError: ``REQUEST_TIMED_OUT`` when no answer comes within ``timeout_ms``;
+                ``NOT_LEADER_OR_FOLLOWER`` (retriable) for a request partition that does not
+                exist yet (a partition added at runtime).
             aiokafka.errors.KafkaError: the request could not be sent.
         """
         fut: asyncio.Future[protocol.Message] = asyncio.get_running_loop().create_future()
@@ -173,7 +176,15 @@ class Requester:
         if accept is not None:
             self._accept[request_id] = accept
         try:
-            await self.transport.send(topic, partition, self.auth.seal(payload))
+            try:
+                await self.transport.send(topic, partition, self.auth.seal(payload))
+            except UnknownTopicOrPartitionError:
+                raise ShareGroupError(
+                    ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                    f"{topic} has no partition {partition} yet: it was added to the source "
+                    "topic at runtime and the leader workers have not grown the request topic; "
+                    "retried",
+                ) from None
             return await asyncio.wait_for(fut, self.timeout_ms / 1000)
         except asyncio.TimeoutError:
             raise ShareGroupError(

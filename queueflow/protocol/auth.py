@@ -240,6 +240,12 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     acquisitions with a ticket of a coordinator older than one they have seen for the group),
     ``reply_key`` (the member's X25519 reply key from its heartbeat, empty: none; leaders seal
     the member's answers to it, :mod:`queueflow.protocol.sealed_replies`).
+    ``config_version`` and ``configs``: the group's configs that leaders apply (sorted
+    ``(name, value)`` pairs that differ from the broker-level settings; issue #14) and their
+    version, so that a leader learns them from the same unforgeable proof;
+    ``added_partitions``: ``(topic, first partition added at runtime)`` pairs of the group's
+    topics that grew (those share-partitions start at the log start). The last three are
+    optional trailing fields: tickets without them decode with none.
     """
 
     group: str
@@ -249,6 +255,9 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     expires_ms: int
     coordinator_epoch: int = -1
     reply_key: bytes = b""
+    config_version: int = 0
+    configs: tuple[tuple[str, str], ...] = ()
+    added_partitions: tuple[tuple[str, int], ...] = ()
 
     def covers(self, topic: str, partition: int) -> bool:
         """Whether the ticket assigns ``topic``-``partition`` to its member."""
@@ -269,6 +278,9 @@ def issue_ticket(
     now_ms: int | None = None,
     coordinator_epoch: int = -1,
     reply_key: bytes = b"",
+    config_version: int = 0,
+    configs: Iterable[tuple[str, str]] = (),
+    added_partitions: Iterable[tuple[str, int]] = (),
 ) -> bytes:
     """Sign an :class:`AssignmentTicket` valid for ``ttl_ms`` (about the session timeout).
 
@@ -276,6 +288,7 @@ def issue_ticket(
         key: :func:`derive_key` with ``purpose="tickets"``.
         coordinator_epoch: the issuing coordinator's epoch (-1: unknown).
         reply_key: the member's reply key (32 bytes, or empty), bound into the ticket.
+        config_version / configs / added_partitions: for the group's leaders (see the ticket).
     """
     now = _now_ms() if now_ms is None else now_ms
     body = _encoder.encode(
@@ -287,6 +300,9 @@ def issue_ticket(
             now + ttl_ms,
             coordinator_epoch,
             reply_key,
+            config_version,
+            tuple(sorted(configs)),
+            tuple(sorted(added_partitions)),
         )
     )
     return hmac.new(key, body, hashlib.sha256).digest() + body

@@ -13,6 +13,11 @@ written with msgspec:
 member advertises and its rack, for members that advertise any) were added later without a
 version bump: groups stored before them decode with ``simple`` and no advertised assignors,
 and a queueflow that predates them ignores them (unknown fields are skipped).
+"configs":{"share.delivery.count.limit":"3",...},"config_version":N,"added_partitions":{"topic":N}}``
+
+``configs`` (the group configs set with the admin, issue #14), ``config_version`` and
+``added_partitions`` (topic -> first partition added at runtime) are written only when set, so
+a group without them encodes as before, and groups stored before them decode with none.
 
 This is the layout of :meth:`ShareGroup.to_dict`, so groups the coordinator stored as
 ``json.dumps(group.to_dict())`` decode unchanged (whitespace and field order do not matter).
@@ -53,6 +58,9 @@ class _GroupRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     members: list[_MemberRow]
     assignor: str = DEFAULT_ASSIGNOR
     member_meta: dict[str, tuple[tuple[str, ...], str]] = msgspec.field(default_factory=dict)
+    configs: dict[str, str] = msgspec.field(default_factory=dict)
+    config_version: _NonNegative = 0
+    added_partitions: dict[str, _NonNegative] = msgspec.field(default_factory=dict)
 
 
 _encoder: Final = msgspec.json.Encoder()
@@ -91,6 +99,9 @@ def encode_group(group: ShareGroup) -> bytes:
                 for m in group.members.values()
                 if m.assignors or m.rack_id
             },
+            configs=group.configs,
+            config_version=group.config_version,
+            added_partitions=group.added_partitions,
         )
     )
 
@@ -149,6 +160,9 @@ def decode_group(
     group.assignment_epoch = record.assignment_epoch
     group.dead = record.dead
     group.partitions = record.partitions
+    group.configs = record.configs
+    group.config_version = record.config_version
+    group.added_partitions = record.added_partitions
     for member_id, epoch, topics, assignment, client_id, host in record.members:
         tps = [TopicPartition(topic, partition) for topic, partition in assignment]
         group.members[member_id] = Member(member_id, epoch, topics, tps, now_ms, client_id, host)

@@ -14,6 +14,8 @@ ShareAcknowledge             :class:`ShareFetchRequest` with ``max_records == 0`
 AlterShareGroupOffsets       :class:`AlterShareGroupOffsetsRequest` / :class:`AdminResponse`
 DeleteShareGroupOffsets      :class:`DeleteShareGroupOffsetsRequest` / :class:`AdminResponse`
 DeleteGroups (share groups)  :class:`DeleteShareGroupRequest` / :class:`AdminResponse`
+DescribeConfigs (group)      :class:`DescribeGroupConfigsRequest` / :class:`AdminResponse`
+IncrementalAlterConfigs      :class:`AlterGroupConfigsRequest` / :class:`AdminResponse`
 (coordinator ↔ leader)       :class:`ResetSharePartition` / :class:`ResetSharePartitionResult`
 ===========================  ===========================================================
 
@@ -27,7 +29,8 @@ Each message is a :class:`msgspec.Struct` of a tagged union: a compact JSON obje
 field names the message (``"fetch"``, ``"fetch_response"``, ``"release_member"``, ``"tick"``,
 ``"fence"``, ``"heartbeat"``, ``"heartbeat_response"``, and the admin messages
 ``"alter_offsets"``, ``"delete_offsets"``, ``"delete_group"``, ``"admin_response"``,
-``"reset_share_partition"``, ``"reset_share_partition_result"``). Versioning follows Kafka's
+``"reset_share_partition"``, ``"reset_share_partition_result"``,
+``"describe_group_configs"``, ``"alter_group_configs"``). Versioning follows Kafka's
 RPC rules (``validVersions`` / tagged fields):
 
 * every message has a schema version ``v`` (1 here), and the heartbeat also carries the member's
@@ -57,9 +60,11 @@ __all__ = [
     "PROTOCOL_VERSION",
     "SUPPORTED_PROTOCOL_VERSIONS",
     "AdminResponse",
+    "AlterGroupConfigsRequest",
     "AlterShareGroupOffsetsRequest",
     "DeleteShareGroupOffsetsRequest",
     "DeleteShareGroupRequest",
+    "DescribeGroupConfigsRequest",
     "Fence",
     "HeartbeatRequest",
     "HeartbeatResponse",
@@ -392,6 +397,44 @@ class DeleteShareGroupRequest(_Message, tag="delete_group"):
     deadline_ms: _Int64 = 0
 
 
+class DescribeGroupConfigsRequest(_Message, tag="describe_group_configs"):
+    """Admin → coordinator: the group configs of a share group, each with its effective value
+    and source (Kafka's ``describeConfigs`` of a ``GROUP`` resource; issue #14). Answered with
+    :attr:`AdminResponse.configs`. Fields as :class:`AlterShareGroupOffsetsRequest`."""
+
+    kind: ClassVar[str] = "describe_group_configs"
+
+    group: str
+    admin_id: str
+    request_id: _Int64
+    reply_partition: _Int64
+    deadline_ms: _Int64 = 0
+
+
+class AlterGroupConfigsRequest(_Message, tag="alter_group_configs"):
+    """Admin → coordinator: set and delete group configs of a share group (Kafka's
+    ``incrementalAlterConfigs`` of a ``GROUP`` resource, SET and DELETE; issue #14). The
+    coordinator validates them against the broker-level bounds (``INVALID_CONFIG``, nothing
+    changed) and stores them with the group; the answer's :attr:`AdminResponse.configs` are the
+    configs after the change.
+
+    Args:
+        set_configs: config name -> value (as text, e.g. ``"3"``, ``"by_duration:PT1H"``).
+        delete_configs: config names to return to their default.
+        (others as :class:`AlterShareGroupOffsetsRequest`)
+    """
+
+    kind: ClassVar[str] = "alter_group_configs"
+
+    group: str
+    admin_id: str
+    request_id: _Int64
+    reply_partition: _Int64
+    set_configs: dict[str, str] = msgspec.field(default_factory=dict)
+    delete_configs: list[str] = msgspec.field(default_factory=list)
+    deadline_ms: _Int64 = 0
+
+
 class AdminResponse(_Message, tag="admin_response"):
     """Coordinator → admin: the outcome of an admin request.
 
@@ -410,6 +453,9 @@ class AdminResponse(_Message, tag="admin_response"):
     error: str = ErrorCode.NONE.value
     error_message: str = ""
     results: list[tuple[str, _Int64, str, str, _Int64]] = msgspec.field(default_factory=list)
+    #: Group config requests: ``(name, effective value, source, broker-level synonym)`` for
+    #: every group config (see :class:`~queueflow.engine.group_config.ConfigEntry`).
+    configs: list[tuple[str, str, str, str]] = msgspec.field(default_factory=list)
 
 
 class ResetSharePartition(_Message, tag="reset_share_partition"):
@@ -461,6 +507,8 @@ Message = (
     | AlterShareGroupOffsetsRequest
     | DeleteShareGroupOffsetsRequest
     | DeleteShareGroupRequest
+    | DescribeGroupConfigsRequest
+    | AlterGroupConfigsRequest
     | AdminResponse
     | ResetSharePartition
     | ResetSharePartitionResult

@@ -9,7 +9,7 @@ them unit-testable without Kafka.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -110,6 +110,12 @@ class LogOffsetsSource(Protocol):
         either way (the long-poll ShareFetch's wake-up)."""
         ...
 
+    async def offset_for_time(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
+        """The first offset of ``tp`` whose record timestamp is at or after ``timestamp_ms``
+        (ListOffsets by timestamp), or ``None`` when there is none
+        (``share.auto.offset.reset=by_duration:...``)."""
+        ...
+
 
 #: ``state_scope(request_topic, partition)``: a context in which the leader may write the state
 #: table of ``partition`` outside a stream event of it (the direct path; see
@@ -169,6 +175,7 @@ class ServerContext:
             a leader did not apply).
         reply_sealer: seals replies to members' reply keys (``queueflow.auth.mode=hmac``): this
             process's X25519 key pair.
+        group_configs: the app's per-group defaults of group configs.
     """
 
     namespace: str
@@ -184,3 +191,7 @@ class ServerContext:
     flush_state: Callable[[], Awaitable[None]] = no_flush
     request_log: RequestLog | None = None
     reply_sealer: ReplySealer = field(default_factory=ReplySealer)
+    #: The app's per-group defaults of group configs (``App(group_configs=...)``): group id ->
+    #: validated ``share.*`` values (:func:`~queueflow.engine.group_config.validate_group_configs`).
+    #: Values set with the admin win over them (:mod:`queueflow.server.group_configs`).
+    group_configs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)

@@ -38,11 +38,13 @@ import structlog
 from queueflow.engine.assignors import check_known, parse_names
 from queueflow.engine.fencing import FenceOutcome, PartitionFencing
 from queueflow.engine.group import ShareGroup
-from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.engine.group_config import validate_group_configs
+from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.auth import SkipLogLimiter, issue_ticket, ticket_key
 from queueflow.protocol.sealed_replies import PUBLIC_KEY_BYTES
+from queueflow.server import group_configs
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
 from queueflow.server.leader import FENCE_RESEND_MS, control_auth, monotonic_ms, send_reply
@@ -254,6 +256,7 @@ class ShareGroupCoordinator:
                 self._logged_assignor[group_id] = group.assignor
             group.assignor_preference = self.assignors
             self._refreshed_at[group_id] = self.ctx.clock.now_ms()
+            group.session_timeout_ms = group_configs.effective(self.ctx, group).session_timeout_ms
             self.groups[group_id] = group
             self._epochs_counted[group_id] = group.group_epoch
         return group
@@ -338,6 +341,11 @@ class ShareGroupCoordinator:
             await self._on_reset_result(message)
             return
         if isinstance(
+            message, protocol.DescribeGroupConfigsRequest | protocol.AlterGroupConfigsRequest
+        ):
+            await self._on_group_configs(message, now)
+            return
+        if isinstance(
             message,
             protocol.AlterShareGroupOffsetsRequest
             | protocol.DeleteShareGroupOffsetsRequest
@@ -409,6 +417,8 @@ class ShareGroupCoordinator:
             response.error, response.error_message = exc.code.value, exc.message
             await self._reply(message, response)
             return
+        config = group_configs.effective(self.ctx, group)
+        response.heartbeat_interval_ms = config.heartbeat_interval_ms
         epoch_before, members_before = group.group_epoch, len(group.members)
         pending = self.pending.get(group.group_id)
         if pending is not None and message.member_id not in group.members:
@@ -450,6 +460,9 @@ class ShareGroupCoordinator:
                     now_ms=now,
                     coordinator_epoch=response.coordinator_epoch,
                     reply_key=message.reply_key,
+                    config_version=group.config_version,
+                    configs=group_configs.ticket_configs(self.ctx, group),
+                    added_partitions=sorted(group.added_partitions.items()),
                 )
             if result.released:
                 await self._release(group, result.released, "member left")
@@ -635,6 +648,74 @@ class ShareGroupCoordinator:
                 self.auth.seal(protocol.encode(reset)),
             )
 
+    async def _on_group_configs(
+        self,
+        message: protocol.DescribeGroupConfigsRequest | protocol.AlterGroupConfigsRequest,
+        now: int,
+    ) -> None:
+        """Describe or alter a group's configs (issue #14): the group must exist; an alter is
+        validated against the broker-level bounds as a whole (``INVALID_CONFIG``: nothing
+        changes), stored with the group under a new config version, and answered with every
+        config after it. The session timeout applies at once, the heartbeat interval at the
+        members' next heartbeat, the leaders' configs with the tickets of their next
+        heartbeat."""
+        response = protocol.AdminResponse(message.admin_id, message.request_id)
+        if message.deadline_ms and now > message.deadline_ms:
+            log.warning(
+                "share_group_admin_expired",
+                group=message.group,
+                kind=message.kind,
+                admin_id=message.admin_id,
+                late_ms=now - message.deadline_ms,
+            )
+            return
+        try:
+            if message.group not in self.groups and self.table.get(message.group.encode()) is None:
+                raise ShareGroupError(
+                    ErrorCode.GROUP_ID_NOT_FOUND, f"share group {message.group!r} does not exist"
+                )
+            group = self._group(message.group)
+            if isinstance(message, protocol.AlterGroupConfigsRequest):
+                try:
+                    dynamic = validate_group_configs(
+                        message.set_configs,
+                        self.ctx.settings,
+                        base=group.configs,
+                        delete=message.delete_configs,
+                        defaults=self.ctx.group_configs.get(group.group_id, {}),
+                    )
+                except ConfigurationError as exc:
+                    raise ShareGroupError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+                if dynamic != group.configs:
+                    group.configs = dynamic
+                    group.config_version += 1
+                    group.session_timeout_ms = group_configs.effective(
+                        self.ctx, group
+                    ).session_timeout_ms
+                    self._persist(group)
+                log.info(
+                    "share_group_configs_altered",
+                    group=group.group_id,
+                    admin_id=message.admin_id,
+                    set=message.set_configs,
+                    deleted=message.delete_configs,
+                    config_version=group.config_version,
+                )
+            response.configs = [
+                (e.name, e.value, e.source, e.synonym)
+                for e in group_configs.describe(self.ctx, group)
+            ]
+        except ShareGroupError as exc:
+            response.error, response.error_message = exc.code.value, exc.message
+            log.warning(
+                "share_group_admin_refused",
+                group=message.group,
+                kind=message.kind,
+                admin_id=message.admin_id,
+                error=str(exc),
+            )
+        await self._answer_admin(message.admin_id, message.reply_partition, response)
+
     async def _admin_group(self, group_id: str, now: int) -> ShareGroup:
         """The group an admin request names, which must exist and be empty (members whose
         session lapsed are expired first, as a tick would)."""
@@ -738,6 +819,7 @@ class ShareGroupCoordinator:
             group = self._group(request.group)
             for topic in request.topics:
                 group.partitions.pop(topic, None)
+                group.added_partitions.pop(topic, None)
             self._persist(group)
         log.info(
             "share_group_admin_done",

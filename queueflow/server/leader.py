@@ -38,6 +38,7 @@ from queueflow.protocol.state_codec import (
 )
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable, snapshot_key
+from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.server.tickets import TicketGate
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
@@ -157,6 +158,9 @@ class ShareLeader:
         self.table = table
         self.request_topic = topics.fetch_topic(ctx.namespace, topic)
         self.config = engine_config(ctx.settings)
+        #: Each group's configs (lock duration, delivery count limit, in-flight limit,
+        #: share.auto.offset.reset), from the tickets of its requests (issue #14).
+        self.group_configs = LeaderGroupConfigs(ctx.settings, ctx.group_configs)
         self.auth = control_auth(ctx, "leader")
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         s = ctx.settings
@@ -414,11 +418,13 @@ class ShareLeader:
             # Its tickets issued so far are refused from now on: nothing is acquired for it
             # after this release (the records of a removed member are released once).
             self.tickets.remove(message.group, message.member_id, partition, message.member_epoch)
-            durable = await self._share_partition(message.group, partition)
-            released = durable.engine.release_member(message.member_id, now)
-            if released:
-                durable.persist()
-                self._count_archived(message.group, durable)
+            # A share-partition without state has nothing to release: don't initialise it here
+            # (its group's configs, share.auto.offset.reset included, come with a ticket).
+            holder = await self._existing_share_partition(message.group, partition)
+            released = 0 if holder is None else holder.engine.release_member(message.member_id, now)
+            if released and holder is not None:
+                holder.persist()
+                self._count_archived(message.group, holder)
                 self._write_position(partition, offset)
                 changed = True
                 self._log.info(
@@ -538,7 +544,7 @@ class ShareLeader:
                         message.group,
                         self.topic,
                         partition,
-                        self.config,
+                        self.group_configs.engine(message.group),
                         self.ctx.settings.snapshot_update_records_per_snapshot,
                         message.start_offset,
                         leader_epoch=self._epoch(partition),
@@ -618,6 +624,7 @@ class ShareLeader:
             raise self.refused[key]
         retained = self._retained.pop(key, None)
         if retained is not None and retained.resume(self._epoch(partition)):
+            retained.engine.reconfigure(self.group_configs.engine(group))
             self.partitions[key] = retained
             self._log.info(
                 "share_partition_resumed",
@@ -635,7 +642,7 @@ class ShareLeader:
                 group,
                 self.topic,
                 partition,
-                self.config,
+                self.group_configs.engine(group),
                 self.ctx.settings.snapshot_update_records_per_snapshot,
                 leader_epoch=self._epoch(partition),
             )
@@ -646,17 +653,13 @@ class ShareLeader:
             )
             raise
         if durable is None:
-            tp = TopicPartition(self.topic, partition)
-            if self.ctx.settings.auto_offset_reset == "earliest":
-                start = await self.ctx.log_offsets.log_start(tp)
-            else:
-                start = await self.ctx.log_offsets.log_end(tp)
+            start = await self._initial_offset(group, partition)
             durable = DurableSharePartition.create(
                 self.table,
                 group,
                 self.topic,
                 partition,
-                self.config,
+                self.group_configs.engine(group),
                 self.ctx.settings.snapshot_update_records_per_snapshot,
                 start,
                 leader_epoch=self._epoch(partition),
@@ -675,6 +678,41 @@ class ShareLeader:
             )
         self.partitions[key] = durable
         return durable
+
+    async def _initial_offset(self, group: str, partition: int) -> int:
+        """Where a new share-partition of ``group`` starts: the group's
+        ``share.auto.offset.reset`` (``earliest``: the log start; ``latest``: the log end;
+        ``by_duration:D``: the first record at most ``D`` old, else the log end), or the log
+        start for a partition added to the topic at runtime (issue #14 item 4)."""
+        tp = TopicPartition(self.topic, partition)
+        offsets = self.ctx.log_offsets
+        reset = self.group_configs.offset_reset(group, self.topic, partition)
+        if reset.kind == "earliest":
+            return await offsets.log_start(tp)
+        if reset.kind == "by_duration":
+            found = await offsets.offset_for_time(tp, self.ctx.clock.now_ms() - reset.duration_ms)
+            if found is not None:
+                return max(found, await offsets.log_start(tp))
+        return await offsets.log_end(tp)
+
+    def _adopt_configs(self, request: protocol.ShareFetchRequest) -> None:
+        """Take the group configs of the request's (verified) ticket; when they changed, the
+        group's loaded share-partitions enforce them from now on."""
+        ticket = self.tickets.verified(request.ticket)
+        if ticket is None:
+            return
+        config = self.group_configs.adopt(ticket)
+        if config is None:
+            return
+        for (group, _partition), durable in self.partitions.items():
+            if group == ticket.group:
+                durable.engine.reconfigure(config)
+        self._log.info(
+            "share_group_configs_applied",
+            group=ticket.group,
+            config_version=ticket.config_version,
+            configs=dict(ticket.configs),
+        )
 
     async def _share_fetch(
         self,
@@ -771,7 +809,9 @@ class ShareLeader:
                 n = a.last_offset - a.first_offset + 1
                 m.acquisitions.labels(*labels).inc(n)
                 m.deliveries.labels(*labels, str(a.delivery_count)).inc(n)
-        response.lock_timeout_ms = request.lock_duration_ms or self.config.record_lock_duration_ms
+        response.lock_timeout_ms = (
+            request.lock_duration_ms or durable.engine.config.record_lock_duration_ms
+        )
 
     def _refused(
         self,
@@ -796,6 +836,7 @@ class ShareLeader:
             acquiring=acquiring,
         )
         if refusal is None:
+            self._adopt_configs(request)
             return False
         response.error, response.error_message = refusal.code.value, refusal.message
         self.ctx.metrics.ticket_refusals.labels(self.topic, refusal.reason).inc()

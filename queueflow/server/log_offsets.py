@@ -101,6 +101,13 @@ class LogOffsets:
         consumer = await self._client()
         return int((await consumer.beginning_offsets([tp]))[tp])
 
+    async def offset_for_time(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
+        """The first offset of ``tp`` with a timestamp at or after ``timestamp_ms``, or
+        ``None`` when there is none (ListOffsets by timestamp)."""
+        consumer = await self._client()
+        found = (await consumer.offsets_for_times({tp: max(timestamp_ms, 0)})).get(tp)
+        return None if found is None else int(found.offset)
+
     async def wait_end_beyond(self, tp: TopicPartition, offset: int, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` seconds for a record at ``offset`` or later in ``tp``.
 

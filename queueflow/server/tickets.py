@@ -251,6 +251,11 @@ class TicketGate:
                 return b""
         return verified.reply_key
 
+    def verified(self, ticket: bytes) -> AssignmentTicket | None:
+        """The ticket ``ticket`` once :meth:`check` verified it (``None``: not verified, or
+        swept since): what the leader reads the group's configs from (issue #14)."""
+        return self._verified.get(ticket) if ticket else None
+
     @property
     def cached(self) -> int:
         """How many verified tickets are cached (for tests)."""

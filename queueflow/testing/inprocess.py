@@ -33,6 +33,7 @@ from typing import Any
 
 from queueflow.admin import ShareGroupAdmin, groups_changelog, state_changelog
 from queueflow.clock import SYSTEM_CLOCK, Clock
+from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import Handler, ShareAgent
@@ -259,6 +260,7 @@ class InProcessCluster:
             heartbeat interval and request timeout for tests).
         clock: the clock (a :class:`~queueflow.testing.FakeClock` makes locks and sessions
             expire only when the test says).
+        group_configs: the app's per-group configs (as ``App(group_configs=...)``).
     """
 
     def __init__(
@@ -269,6 +271,7 @@ class InProcessCluster:
         settings: ShareGroupSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
         direct: bool = False,
+        group_configs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         self.topics = dict(topics)
         self.direct = direct
@@ -295,6 +298,10 @@ class InProcessCluster:
             stall_limit_ms=60_000,
             clock=clock,
             metrics=self.metrics,
+            group_configs={
+                g: validate_group_configs(v, self.settings)
+                for g, v in (group_configs or {}).items()
+            },
         )
         #: The state tables, by source topic (and ``"groups"`` for the coordinator's).
         self.tables: dict[str, dict[bytes, bytes]] = {"groups": {}}
@@ -359,6 +366,10 @@ class InProcessCluster:
                 await asyncio.wait_for(waiter, remaining)
         return len(log)
 
+    async def offset_for_time(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
+        log = self.records[TopicPartition(*tp)]
+        return next((i for i, r in enumerate(log) if r.timestamp >= timestamp_ms), None)
+
     # PartitionCounts
     async def partition_counts(self, names: list[str]) -> dict[str, int]:
         return {n: self.topics[n] for n in names if n in self.topics}
@@ -383,6 +394,26 @@ class InProcessCluster:
             await self.endpoint.start()
             await self.endpoint.announce()
             await self.bus.drain()
+
+    async def add_partitions(self, topic: str, count: int) -> None:
+        """Grow source topic ``topic`` to ``count`` partitions at runtime (as
+        ``kafka-topics.sh --alter --partitions``), with its request topic: the topic's leader
+        leads the new partitions and goes live on them (what a Faust rebalance over the grown
+        internal topics does). Members notice on their next heartbeat.
+
+        Raises:
+            ValueError: ``count`` is not above the current partition count.
+        """
+        old = self.topics[topic]
+        if count <= old:
+            raise ValueError(f"topic {topic!r} has {old} partitions; {count} would not grow it")
+        for p in range(old, count):
+            self.records[TopicPartition(topic, p)] = []
+        self.topics[topic] = count
+        leader = self.leaders[topic]
+        leader.assign(set(range(old, count)), self.server.runtime.generation)
+        await leader.send_fences()
+        await self.bus.drain()
 
     async def tick(self) -> None:
         """One tick of the ticker (expire locks and sessions at the clock's time), handled."""

@@ -80,8 +80,10 @@ def test_config_defaults_are_kafkas() -> None:
             10001,
             "100..10000",
         ),
-        ({"delivery_count_limit": 1}, "group.share.delivery.count.limit", 1, "2..10"),
-        ({"delivery_count_limit": 11}, "group.share.delivery.count.limit", 11, "2..10"),
+        # A group's share.delivery.count.limit may reach group.share.max.delivery.count.limit's
+        # maximum (KIP-1240), so the engine accepts up to 25.
+        ({"delivery_count_limit": 1}, "group.share.delivery.count.limit", 1, "2..25"),
+        ({"delivery_count_limit": 26}, "group.share.delivery.count.limit", 26, "2..25"),
         ({"record_lock_duration_ms": 999}, "group.share.record.lock.duration.ms", 999, "1000.."),
         (
             {"max_record_lock_duration_ms": 29999},

@@ -18,6 +18,6 @@ def cli() -> None:
 
 # Subcommand modules: import each one here so that it registers itself on `cli`, e.g.
 # `from queueflow.devtools.cli import broker, worker, groups`.
-from queueflow.devtools.cli import broker, leader, share_groups  # noqa: E402
+from queueflow.devtools.cli import broker, configs, leader, share_groups  # noqa: E402
 
-__all__ = ["broker", "cli", "leader", "share_groups"]
+__all__ = ["broker", "cli", "configs", "leader", "share_groups"]

@@ -1,0 +1,387 @@
+"""Per-group configs of share groups: names, validation and the effective value (issue #14).
+
+Kafka's group configs (notes §3; ``kafka-configs.sh --entity-type groups``; KIP-932
+"Configuration", KIP-1240 "Additional group configurations for share groups") override the
+broker-wide ``group.share.*`` settings for one share group. queueflow supports:
+
+=====================================  ========================================================
+Group config                           Default (broker-level setting) and bounds
+=====================================  ========================================================
+``share.auto.offset.reset``            ``share.auto.offset.reset``; ``latest``, ``earliest`` or
+                                       ``by_duration:PnDTnHnMn.nS`` (ISO-8601, as Kafka)
+``share.record.lock.duration.ms``      ``group.share.record.lock.duration.ms``, within
+                                       ``group.share.min/max.record.lock.duration.ms``
+``share.delivery.count.limit``         ``group.share.delivery.count.limit``, within
+                                       ``group.share.min/max.delivery.count.limit``
+``share.partition.max.record.locks``   ``group.share.partition.max.record.locks``, within
+                                       ``group.share.min/max.partition.max.record.locks``
+``share.session.timeout.ms``           ``group.share.session.timeout.ms``, within
+                                       ``group.share.min/max.session.timeout.ms``
+``share.heartbeat.interval.ms``        ``group.share.heartbeat.interval.ms``, within
+                                       ``group.share.min/max.heartbeat.interval.ms``
+=====================================  ========================================================
+
+A group's effective value of each config comes from, in order: the value set with the admin
+(``alter_group_configs``, ``queueflow configs --alter``; durable with the group), the app's
+per-group default (``App(group_configs={...})``), then the broker-level setting. Values are kept
+as strings, as Kafka keeps configs; :func:`validate_group_configs` normalises them.
+
+Pure and standard-library only: the coordinator validates with it, the App checks its
+``group_configs`` with it, and it is property-tested.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from queueflow.errors import ConfigurationError
+from queueflow.settings import ShareGroupSettings, lookup
+
+__all__ = [
+    "AUTO_OFFSET_RESET",
+    "DELIVERY_COUNT_LIMIT",
+    "GROUP_CONFIG_NAMES",
+    "HEARTBEAT_INTERVAL_MS",
+    "LEADER_CONFIG_NAMES",
+    "PARTITION_MAX_RECORD_LOCKS",
+    "RECORD_LOCK_DURATION_MS",
+    "SESSION_TIMEOUT_MS",
+    "ConfigEntry",
+    "GroupConfig",
+    "OffsetReset",
+    "describe_group_configs",
+    "parse_auto_offset_reset",
+    "parse_duration",
+    "validate_group_config",
+    "validate_group_configs",
+]
+
+AUTO_OFFSET_RESET: Final = "share.auto.offset.reset"
+RECORD_LOCK_DURATION_MS: Final = "share.record.lock.duration.ms"
+DELIVERY_COUNT_LIMIT: Final = "share.delivery.count.limit"
+PARTITION_MAX_RECORD_LOCKS: Final = "share.partition.max.record.locks"
+SESSION_TIMEOUT_MS: Final = "share.session.timeout.ms"
+HEARTBEAT_INTERVAL_MS: Final = "share.heartbeat.interval.ms"
+
+
+@dataclass(frozen=True, slots=True)
+class _Definition:
+    """A group config: the broker-level setting it defaults to (attribute of
+    :class:`~queueflow.settings.ShareGroupSettings`) and the settings bounding it."""
+
+    name: str
+    default_attr: str
+    min_attr: str | None = None
+    max_attr: str | None = None
+
+
+_DEFINITIONS: Final = {
+    d.name: d
+    for d in (
+        _Definition(AUTO_OFFSET_RESET, "auto_offset_reset"),
+        _Definition(
+            RECORD_LOCK_DURATION_MS,
+            "record_lock_duration_ms",
+            "min_record_lock_duration_ms",
+            "max_record_lock_duration_ms",
+        ),
+        _Definition(
+            DELIVERY_COUNT_LIMIT,
+            "delivery_count_limit",
+            "min_delivery_count_limit",
+            "max_delivery_count_limit",
+        ),
+        _Definition(
+            PARTITION_MAX_RECORD_LOCKS,
+            "partition_max_record_locks",
+            "min_partition_max_record_locks",
+            "max_partition_max_record_locks",
+        ),
+        _Definition(
+            SESSION_TIMEOUT_MS,
+            "session_timeout_ms",
+            "min_session_timeout_ms",
+            "max_session_timeout_ms",
+        ),
+        _Definition(
+            HEARTBEAT_INTERVAL_MS,
+            "heartbeat_interval_ms",
+            "min_heartbeat_interval_ms",
+            "max_heartbeat_interval_ms",
+        ),
+    )
+}
+
+#: Every group config queueflow supports, in the order they are described.
+GROUP_CONFIG_NAMES: Final = tuple(_DEFINITIONS)
+#: The group configs the share-partition leaders apply (carried in assignment tickets).
+LEADER_CONFIG_NAMES: Final = (
+    AUTO_OFFSET_RESET,
+    RECORD_LOCK_DURATION_MS,
+    DELIVERY_COUNT_LIMIT,
+    PARTITION_MAX_RECORD_LOCKS,
+)
+
+_DURATION: Final = re.compile(
+    r"([-+]?)P(?:([-+]?\d+)D)?"
+    r"(T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_duration(text: str) -> int:
+    """Parse an ISO-8601 duration as Java's ``Duration.parse`` (which Kafka uses for
+    ``by_duration:`` and ``--by-duration``): ``PnDTnHnMn.nS``, e.g. ``PT1H``, ``P1DT2H30M``,
+    ``PT0.5S``, ``-PT10M``; returns ms (rounded towards zero below a millisecond).
+
+    Days are 24 hours; there are no years or months. Signs may precede the whole and each
+    number; at least one part must be given, and a ``T`` must be followed by one.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or not any(m.group(i) is not None for i in (2, 4, 5, 6)) or m.group(3) == "T":
+        raise ConfigurationError(
+            f"cannot parse duration {text!r}: expected an ISO-8601 duration PnDTnHnMn.nS "
+            "(e.g. PT1H, P1DT12H, PT30M, PT0.5S)"
+        )
+    sign, days, _, hours, minutes, seconds, fraction = m.groups()
+    total_ns = (
+        int(days or 0) * 86_400_000_000_000
+        + int(hours or 0) * 3_600_000_000_000
+        + int(minutes or 0) * 60_000_000_000
+        + int(seconds or 0) * 1_000_000_000
+    )
+    if fraction:
+        nanos = int((fraction + "000000000")[:9])
+        total_ns += -nanos if (seconds or "").startswith("-") else nanos
+    if sign == "-":
+        total_ns = -total_ns
+    ms = abs(total_ns) // 1_000_000
+    return -ms if total_ns < 0 else ms
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetReset:
+    """A parsed ``share.auto.offset.reset``: ``kind`` is ``latest``, ``earliest`` or
+    ``by_duration`` (then ``duration_ms`` >= 0: start at the first record at most that old)."""
+
+    kind: str
+    duration_ms: int = 0
+
+
+_BY_DURATION: Final = "by_duration:"
+
+
+def parse_auto_offset_reset(value: str) -> OffsetReset:
+    """Parse ``latest``, ``earliest`` or ``by_duration:PnDTnHnMn.nS`` (case as Kafka: exact).
+
+    Raises:
+        ConfigurationError: anything else, or a negative duration; the message names
+            ``share.auto.offset.reset``, the value and what is allowed.
+    """
+    if value in ("latest", "earliest"):
+        return OffsetReset(value)
+    if value.startswith(_BY_DURATION):
+        try:
+            ms = parse_duration(value[len(_BY_DURATION) :])
+        except ConfigurationError as exc:
+            raise ConfigurationError(
+                f"{AUTO_OFFSET_RESET}={value!r} is not allowed: {exc}"
+            ) from None
+        if ms < 0:
+            raise ConfigurationError(
+                f"{AUTO_OFFSET_RESET}={value!r} is not allowed: the duration must not be negative"
+            )
+        return OffsetReset("by_duration", ms)
+    raise ConfigurationError(
+        f"{AUTO_OFFSET_RESET}={value!r} is not allowed: choose latest, earliest or "
+        "by_duration:PnDTnHnMn.nS (an ISO-8601 duration, e.g. by_duration:PT1H)"
+    )
+
+
+def _unknown(name: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"unknown group config {name!r}; the group configs are: {', '.join(GROUP_CONFIG_NAMES)}"
+    )
+
+
+def _bounds(definition: _Definition, settings: ShareGroupSettings) -> tuple[int, int]:
+    assert definition.min_attr is not None and definition.max_attr is not None
+    return getattr(settings, definition.min_attr), getattr(settings, definition.max_attr)
+
+
+def validate_group_config(name: str, value: object, settings: ShareGroupSettings) -> str:
+    """Check one group config against the broker-level bounds of ``settings``.
+
+    Args:
+        name: a name of :data:`GROUP_CONFIG_NAMES`.
+        value: an ``int`` or a string (``"3"``, ``"by_duration:PT1H"``); ``bool`` is refused.
+        settings: the broker-level settings whose ``group.share.min/max.*`` bound the value.
+
+    Returns:
+        The value's normal form as a string (``"3"``, ``"earliest"``).
+
+    Raises:
+        ConfigurationError: an unknown name (the message lists the known ones), a value that is
+            not an integer, or out of range; the message names the config, the value and the
+            allowed range with the settings that set it, e.g.
+            ``share.delivery.count.limit=1 is out of range: allowed [2..10]
+            (group.share.min.delivery.count.limit..group.share.max.delivery.count.limit)``.
+    """
+    definition = _DEFINITIONS.get(name)
+    if definition is None:
+        raise _unknown(name)
+    if definition.min_attr is None:
+        text = str(value).strip() if isinstance(value, str) else repr(value)
+        parse_auto_offset_reset(text)
+        return text
+    low, high = _bounds(definition, settings)
+    assert definition.max_attr is not None
+    where = f"({lookup(definition.min_attr).name}..{lookup(definition.max_attr).name})"
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+        number = int(value)
+    if number is None:
+        raise ConfigurationError(
+            f"{name}={value!r} is not an integer; allowed range [{low}..{high}] {where}"
+        )
+    if not low <= number <= high:
+        raise ConfigurationError(
+            f"{name}={number} is out of range: allowed [{low}..{high}] {where}"
+        )
+    return str(number)
+
+
+def validate_group_configs(
+    values: Mapping[str, object],
+    settings: ShareGroupSettings,
+    *,
+    base: Mapping[str, str] | None = None,
+    delete: Iterable[str] = (),
+    defaults: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Check a set of group configs, alone and together with the group's others.
+
+    Args:
+        values: the configs to set, by name (see :func:`validate_group_config`).
+        settings: the broker-level settings (defaults and bounds).
+        base: the group's configs so far (from lower layers or already set), which ``values``
+            override; they take part in the cross-check.
+        delete: names to remove from ``base`` first (``--delete-config``); each must be a known
+            group config.
+        defaults: validated configs below ``base`` (the app's per-group defaults): not
+            returned, but part of the cross-check.
+
+    Returns:
+        ``base`` minus ``delete``, updated with the normalised ``values``.
+
+    Raises:
+        ConfigurationError: as :func:`validate_group_config`; a name both set and deleted; or
+            an effective ``share.heartbeat.interval.ms`` not below the effective
+            ``share.session.timeout.ms`` (the message names both values).
+    """
+    out = dict(base or {})
+    for name in delete:
+        if name not in _DEFINITIONS:
+            raise _unknown(name)
+        if name in values:
+            raise ConfigurationError(f"group config {name!r} is both set and deleted; pick one")
+        out.pop(name, None)
+    for name, value in values.items():
+        out[name] = validate_group_config(name, value, settings)
+    effective = GroupConfig.resolve(settings, defaults or {}, out)
+    if effective.heartbeat_interval_ms >= effective.session_timeout_ms:
+        raise ConfigurationError(
+            f"{HEARTBEAT_INTERVAL_MS}={effective.heartbeat_interval_ms} must be below "
+            f"{SESSION_TIMEOUT_MS}={effective.session_timeout_ms} (a member heartbeats several "
+            "times per session timeout)"
+        )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """The effective configs of one share group (durations in ms).
+
+    Attributes:
+        auto_offset_reset: ``share.auto.offset.reset`` (see :func:`parse_auto_offset_reset`).
+        record_lock_duration_ms / delivery_count_limit / partition_max_record_locks /
+            session_timeout_ms / heartbeat_interval_ms: the other group configs.
+    """
+
+    auto_offset_reset: str
+    record_lock_duration_ms: int
+    delivery_count_limit: int
+    partition_max_record_locks: int
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+
+    @classmethod
+    def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
+        """The broker-level ``settings`` overridden by each of ``layers`` in turn (later ones
+        win): e.g. ``resolve(settings, app_defaults, dynamic)``. The layers must hold validated
+        values (:func:`validate_group_configs`); an unknown name is ignored."""
+        merged: dict[str, str] = {}
+        for layer in layers:
+            merged.update(layer)
+
+        def value(name: str) -> str:
+            got = merged.get(name)
+            return str(getattr(settings, _DEFINITIONS[name].default_attr)) if got is None else got
+
+        return cls(
+            auto_offset_reset=value(AUTO_OFFSET_RESET),
+            record_lock_duration_ms=int(value(RECORD_LOCK_DURATION_MS)),
+            delivery_count_limit=int(value(DELIVERY_COUNT_LIMIT)),
+            partition_max_record_locks=int(value(PARTITION_MAX_RECORD_LOCKS)),
+            session_timeout_ms=int(value(SESSION_TIMEOUT_MS)),
+            heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
+        )
+
+    @property
+    def offset_reset(self) -> OffsetReset:
+        """``auto_offset_reset`` parsed."""
+        return parse_auto_offset_reset(self.auto_offset_reset)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One group config as described (Kafka's ``ConfigEntry``): its ``name``, effective
+    ``value`` and ``source``: ``DYNAMIC_GROUP_CONFIG`` (set with the admin),
+    ``APP_GROUP_CONFIG`` (the app's ``group_configs``) or ``DEFAULT_CONFIG`` (the broker-level
+    setting, named by ``synonym``)."""
+
+    name: str
+    value: str
+    source: str
+    synonym: str
+
+
+def describe_group_configs(
+    settings: ShareGroupSettings, app: Mapping[str, str], dynamic: Mapping[str, str]
+) -> list[ConfigEntry]:
+    """Every group config of a group with its effective value and where it comes from.
+
+    Args:
+        settings: the broker-level settings.
+        app: the app's defaults for the group (``App(group_configs=...)``).
+        dynamic: the values set with the admin (durable with the group).
+    """
+    out = []
+    for name, definition in _DEFINITIONS.items():
+        synonym = lookup(definition.default_attr).name
+        if name in dynamic:
+            out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
+        elif name in app:
+            out.append(ConfigEntry(name, app[name], "APP_GROUP_CONFIG", synonym))
+        else:
+            default = str(getattr(settings, definition.default_attr))
+            out.append(ConfigEntry(name, default, "DEFAULT_CONFIG", synonym))
+    return out

@@ -1,0 +1,161 @@
+"""Per-group configs on the server side: the coordinator's view and the leaders' (issue #14).
+
+The coordinator owns a group's configs. Those set with the admin are stored with the group
+(:attr:`ShareGroup.configs <queueflow.engine.group.ShareGroup.configs>`, group codec); the
+app's defaults come from ``App(group_configs=...)`` (:attr:`ServerContext.group_configs`); the
+rest from the broker-level settings (:func:`effective`). The coordinator applies the session
+timeout and heartbeat interval itself.
+
+The share-partition leaders need the lock duration, delivery count limit, in-flight limit and
+``share.auto.offset.reset``. They learn them from the assignment ticket every ShareFetch
+carries: the coordinator signs the group's values (those that differ from the broker-level
+settings) and their version into it (:func:`ticket_configs`), so no one but the coordinator can
+set them, and a leader has them before it initialises or loads a share-partition for the
+request. :class:`LeaderGroupConfigs` keeps the highest version seen per group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from queueflow.engine.group import ShareGroup
+from queueflow.engine.group_config import (
+    AUTO_OFFSET_RESET,
+    DELIVERY_COUNT_LIMIT,
+    LEADER_CONFIG_NAMES,
+    PARTITION_MAX_RECORD_LOCKS,
+    RECORD_LOCK_DURATION_MS,
+    ConfigEntry,
+    GroupConfig,
+    OffsetReset,
+    describe_group_configs,
+)
+from queueflow.engine.partition import SharePartitionConfig
+from queueflow.errors import ConfigurationError
+from queueflow.protocol.auth import AssignmentTicket
+from queueflow.server.context import ServerContext
+from queueflow.settings import ShareGroupSettings
+
+__all__ = ["LeaderGroupConfigs", "describe", "effective", "engine_config", "ticket_configs"]
+
+
+def effective(ctx: ServerContext, group: ShareGroup) -> GroupConfig:
+    """The group's effective configs: admin-set values over the app's per-group defaults over
+    the broker-level settings."""
+    return GroupConfig.resolve(
+        ctx.settings, ctx.group_configs.get(group.group_id, {}), group.configs
+    )
+
+
+def describe(ctx: ServerContext, group: ShareGroup) -> list[ConfigEntry]:
+    """Every group config of ``group`` with its value and source."""
+    return describe_group_configs(
+        ctx.settings, ctx.group_configs.get(group.group_id, {}), group.configs
+    )
+
+
+def ticket_configs(ctx: ServerContext, group: ShareGroup) -> list[tuple[str, str]]:
+    """The leader configs of ``group`` that differ from the broker-level settings, as
+    ``(name, value)`` pairs for its assignment tickets (usually none)."""
+    config = effective(ctx, group)
+    defaults = GroupConfig.resolve(ctx.settings)
+    out = []
+    for name, attr in _LEADER_ATTRS.items():
+        value = getattr(config, attr)
+        if value != getattr(defaults, attr):
+            out.append((name, str(value)))
+    return out
+
+
+_LEADER_ATTRS = {
+    AUTO_OFFSET_RESET: "auto_offset_reset",
+    RECORD_LOCK_DURATION_MS: "record_lock_duration_ms",
+    DELIVERY_COUNT_LIMIT: "delivery_count_limit",
+    PARTITION_MAX_RECORD_LOCKS: "partition_max_record_locks",
+}
+assert tuple(_LEADER_ATTRS) == LEADER_CONFIG_NAMES
+
+
+def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePartitionConfig:
+    """The engine limits of a share-partition of a group with configs ``config``."""
+    return SharePartitionConfig(
+        max_in_flight_records=config.partition_max_record_locks,
+        delivery_count_limit=config.delivery_count_limit,
+        record_lock_duration_ms=config.record_lock_duration_ms,
+        max_record_lock_duration_ms=settings.max_record_lock_duration_ms,
+        min_record_lock_duration_ms=settings.min_record_lock_duration_ms,
+        renew_enabled=settings.renew_acknowledge_enable == "true",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    version: int
+    configs: tuple[tuple[str, str], ...]
+    engine: SharePartitionConfig
+    offset_reset: OffsetReset
+
+
+class LeaderGroupConfigs:
+    """A leader's view of each group's configs, from the tickets of its requests.
+
+    Args:
+        settings: the broker-level settings (the configs a group has not changed).
+        app_configs: the app's per-group defaults (``App(group_configs=...)``), used for a
+            group until a ticket of it arrives (after a restart, before its members' requests).
+    """
+
+    def __init__(
+        self,
+        settings: ShareGroupSettings,
+        app_configs: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._default = self._known(-1, (), {})
+        self._groups: dict[str, _Known] = {
+            group: self._known(-1, (), values) for group, values in (app_configs or {}).items()
+        }
+        # (group, topic) -> the first partition added to the topic at runtime.
+        self._added: dict[tuple[str, str], int] = {}
+
+    def adopt(self, ticket: AssignmentTicket) -> SharePartitionConfig | None:
+        """Take the configs of a verified ticket if its version is at least the one known for
+        its group; returns the new engine config when it changed (the caller reconfigures the
+        group's loaded share-partitions), else ``None``.
+
+        A ticket whose configs are invalid here (this leader's bounds differ from the
+        coordinator's) is ignored: the group keeps what it had.
+        """
+        for topic, first in ticket.added_partitions:
+            self._added[(ticket.group, topic)] = first
+        known = self._groups.get(ticket.group, self._default)
+        if ticket.config_version < known.version or (
+            ticket.config_version == known.version and ticket.configs == known.configs
+        ):
+            return None
+        try:
+            fresh = self._known(ticket.config_version, ticket.configs, dict(ticket.configs))
+        except (ConfigurationError, ValueError):
+            return None
+        self._groups[ticket.group] = fresh
+        return fresh.engine if fresh.engine != known.engine else None
+
+    def _known(
+        self, version: int, configs: tuple[tuple[str, str], ...], values: Mapping[str, str]
+    ) -> _Known:
+        config = GroupConfig.resolve(self.settings, values)
+        return _Known(version, configs, engine_config(self.settings, config), config.offset_reset)
+
+    def engine(self, group: str) -> SharePartitionConfig:
+        """The engine limits of ``group``'s share-partitions."""
+        return self._groups.get(group, self._default).engine
+
+    def offset_reset(self, group: str, topic: str = "", partition: int = -1) -> OffsetReset:
+        """Where ``group``'s new share-partition ``topic[partition]`` starts: ``earliest`` if
+        the partition was added to the topic while the group knew it (as Kafka: nothing
+        produced to it since is skipped), else the group's ``share.auto.offset.reset``."""
+        first = self._added.get((group, topic))
+        if first is not None and partition >= first:
+            return OffsetReset("earliest")
+        return self._groups.get(group, self._default).offset_reset
