@@ -274,7 +274,14 @@ def test_a_leader_keeps_the_highest_config_version_it_sees() -> None:
 
     def ticket(version: int, limit: str, added: tuple[tuple[str, int], ...] = ()) -> Any:
         return AssignmentTicket(
-            "g", "m", 1, (), 0, version, (("share.delivery.count.limit", limit),), added
+            "g",
+            "m",
+            1,
+            (),
+            0,
+            config_version=version,
+            configs=(("share.delivery.count.limit", limit),),
+            added_partitions=added,
         )
 
     changed = configs.adopt(ticket(2, "3"))

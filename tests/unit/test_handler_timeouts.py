@@ -91,7 +91,9 @@ def test_a_call_is_cancelled_before_its_lock_expires_without_a_handler_timeout()
         async with cluster_with(1, clock=clock, record_lock_duration_ms=5_000) as cluster:
             await cluster.agent(handler, TOPIC, "g")
             view = cluster.share_partition
-            await eventually(lambda: view("g", TOPIC, 0) is not None, "acquired")
+            # the call must be running before time moves: a record whose lock ends within
+            # the margin when it reaches the agent is released unhandled instead
+            await eventually(lambda: calls == [1], "the handler started")
             clock.advance(4_400)
             await asyncio.sleep(0.3)
             assert cancelled_at == []
@@ -154,7 +156,8 @@ def test_without_renew_a_call_longer_than_its_lock_is_cancelled_before_it() -> N
     handler_timeout_ms, and a RENEW sent anyway is refused by the leader."""
     clock = FakeClock()
     cancelled_at: list[float] = []
-    handler = hangs_on_first_delivery(clock, cancelled_at)
+    calls: list[int] = []
+    handler = hangs_on_first_delivery(clock, cancelled_at, calls)
 
     async def scenario() -> None:
         async with cluster_with(
@@ -162,6 +165,7 @@ def test_without_renew_a_call_longer_than_its_lock_is_cancelled_before_it() -> N
         ) as cluster:
             agent = await cluster.agent(handler, TOPIC, "g", handler_timeout_ms=20_000)
             engine = await wait_for_engine(cluster)
+            await eventually(lambda: calls == [1], "the handler started")  # before time moves
             started = clock.monotonic()
             clock.advance(4_600)
             await eventually(lambda: bool(cancelled_at), "cancelled before the lock expired")
