@@ -59,24 +59,7 @@ def _assign_topic(
     held = {m: [tp for tp in previous.get(m, ()) if tp in valid] for m in members}
     if n_members > n_parts:
         # Each partition gets floor or ceil of M/P members; each member exactly one partition.
-        quota = {
-            tp: n_members // n_parts + (1 if i < n_members % n_parts else 0)
-            for i, tp in enumerate(tps)
-        }
-        out: dict[str, list[TopicPartition]] = {}
-        pending: list[str] = []
-        for m in members:
-            kept = next((tp for tp in held[m] if quota[tp] > 0), None)
-            if kept is None:
-                pending.append(m)
-            else:
-                quota[kept] -= 1
-                out[m] = [kept]
-        for m in pending:
-            tp = max(tps, key=lambda t: quota[t])
-            quota[tp] -= 1
-            out[m] = [tp]
-        return out
+        return one_each(members, tps, held, even_quotas(tps, n_members))
     # Each partition to exactly one member; sizes differ by at most one. The members that get
     # one extra are those with the fewest partitions of earlier topics (balance across topics),
     # then those already holding more of this topic (stickiness).
@@ -89,12 +72,57 @@ def _assign_topic(
             if tp not in owner and capacity[m] > 0:
                 owner[tp] = m
                 capacity[m] -= 1
+    return fill(order, capacity, tps, owner)
+
+
+def even_quotas(tps: Sequence[TopicPartition], n_members: int) -> dict[TopicPartition, int]:
+    """With more members than partitions: members per share-partition, ``floor`` or ``ceil``
+    of M/P (the first M mod P partitions get one more)."""
+    n_parts = len(tps)
+    return {
+        tp: n_members // n_parts + (1 if i < n_members % n_parts else 0) for i, tp in enumerate(tps)
+    }
+
+
+def one_each(
+    members: Sequence[str],
+    tps: Sequence[TopicPartition],
+    held: Mapping[str, Sequence[TopicPartition]],
+    quota: dict[TopicPartition, int],
+) -> dict[str, list[TopicPartition]]:
+    """With more members than partitions, give each member exactly one share-partition: the
+    first it held that still has ``quota`` (members wanted there) left, else the one with the
+    most quota left (the earliest of equals). ``quota`` is consumed."""
+    out: dict[str, list[TopicPartition]] = {}
+    pending: list[str] = []
+    for m in members:
+        kept = next((tp for tp in held[m] if quota[tp] > 0), None)
+        if kept is None:
+            pending.append(m)
+        else:
+            quota[kept] -= 1
+            out[m] = [kept]
+    for m in pending:
+        tp = max(tps, key=lambda t: quota[t])  # max() keeps the earliest of equals
+        quota[tp] -= 1
+        out[m] = [tp]
+    return out
+
+
+def fill(
+    order: Sequence[str],
+    capacity: dict[str, int],
+    tps: Sequence[TopicPartition],
+    owner: dict[TopicPartition, str],
+) -> dict[str, list[TopicPartition]]:
+    """Give the share-partitions without an owner to members in ``order`` up to their
+    ``capacity`` (consumed), and return member → its share-partitions."""
     free = [tp for tp in tps if tp not in owner]
     for m in order:
         while capacity[m] > 0 and free:
             owner[free.pop(0)] = m
             capacity[m] -= 1
-    out = {m: [] for m in members}
+    out: dict[str, list[TopicPartition]] = {m: [] for m in order}
     for tp, m in owner.items():
         out[m].append(tp)
     return out

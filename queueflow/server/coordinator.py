@@ -47,7 +47,7 @@ from queueflow.protocol.sealed_replies import PUBLIC_KEY_BYTES
 from queueflow.server import group_configs
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
-from queueflow.server.leader import FENCE_RESEND_MS, control_auth, monotonic_ms, send_reply
+from queueflow.server.leader import control_auth, monotonic_ms, send_due_fences, send_reply
 from queueflow.structs import TopicPartition
 
 __all__ = ["ShareGroupCoordinator"]
@@ -146,14 +146,8 @@ class ShareGroupCoordinator:
     async def send_fences(self) -> None:
         """Append this worker's fence to the coordinator partitions it owns but isn't live on
         yet, once Faust has finished rebalancing (see :mod:`queueflow.engine.fencing`)."""
-        if not self.ctx.runtime.streams_active:
-            return  # what the stream fetches now would be dropped, the fence with it
-        clock = self.ctx.clock
-        for p in self.fencing.fences_due(monotonic_ms(clock), FENCE_RESEND_MS):
-            epoch = self.fencing.partitions[p].epoch
-            fence = protocol.Fence(leader_epoch=epoch, sent_ms=clock.now_ms())
-            payload = self.auth.seal(protocol.encode(fence))
-            await self.ctx.sender.send(self.request_topic, p, payload)
+        sent = await send_due_fences(self.ctx, self.fencing, self.auth, self.request_topic)
+        for p, epoch in sent:
             log.info("coordinator_fence_sent", partition=p, coordinator_epoch=epoch)
 
     def step_down(self, partitions: list[int], reason: str) -> None:
@@ -576,17 +570,7 @@ class ShareGroupCoordinator:
         """Check an admin request and forward it to the share-partitions' leaders (see the
         module docstring); refusals are answered at once and change nothing."""
         response = protocol.AdminResponse(message.admin_id, message.request_id)
-        if message.deadline_ms and now > message.deadline_ms:
-            # Read again after a restart or rebalance (Faust resumes from its committed offset),
-            # or read late: its admin has given up, and applying it now could discard what
-            # members did since.
-            log.warning(
-                "share_group_admin_expired",
-                group=message.group,
-                kind=message.kind,
-                admin_id=message.admin_id,
-                late_ms=now - message.deadline_ms,
-            )
+        if _admin_expired(message, now):
             return
         try:
             group = await self._admin_group(message.group, now)
@@ -607,14 +591,7 @@ class ShareGroupCoordinator:
                     for p in range(group.partitions[t])
                 }  # fmt: skip
         except ShareGroupError as exc:
-            response.error, response.error_message = exc.code.value, exc.message
-            log.warning(
-                "share_group_admin_refused",
-                group=message.group,
-                kind=message.kind,
-                admin_id=message.admin_id,
-                error=str(exc),
-            )
+            _refuse_admin(message, response, exc)
             await self._answer_admin(message.admin_id, message.reply_partition, response)
             return
         pending = _PendingAdmin(
@@ -660,21 +637,10 @@ class ShareGroupCoordinator:
         members' next heartbeat, the leaders' configs with the tickets of their next
         heartbeat."""
         response = protocol.AdminResponse(message.admin_id, message.request_id)
-        if message.deadline_ms and now > message.deadline_ms:
-            log.warning(
-                "share_group_admin_expired",
-                group=message.group,
-                kind=message.kind,
-                admin_id=message.admin_id,
-                late_ms=now - message.deadline_ms,
-            )
+        if _admin_expired(message, now):
             return
         try:
-            if message.group not in self.groups and self.table.get(message.group.encode()) is None:
-                raise ShareGroupError(
-                    ErrorCode.GROUP_ID_NOT_FOUND, f"share group {message.group!r} does not exist"
-                )
-            group = self._group(message.group)
+            group = self._existing_group(message.group)
             if isinstance(message, protocol.AlterGroupConfigsRequest):
                 try:
                     dynamic = validate_group_configs(
@@ -706,15 +672,16 @@ class ShareGroupCoordinator:
                 for e in group_configs.describe(self.ctx, group)
             ]
         except ShareGroupError as exc:
-            response.error, response.error_message = exc.code.value, exc.message
-            log.warning(
-                "share_group_admin_refused",
-                group=message.group,
-                kind=message.kind,
-                admin_id=message.admin_id,
-                error=str(exc),
-            )
+            _refuse_admin(message, response, exc)
         await self._answer_admin(message.admin_id, message.reply_partition, response)
+
+    def _existing_group(self, group_id: str) -> ShareGroup:
+        """The group an admin request names (``GROUP_ID_NOT_FOUND`` if it was never stored)."""
+        if group_id not in self.groups and self.table.get(group_id.encode()) is None:
+            raise ShareGroupError(
+                ErrorCode.GROUP_ID_NOT_FOUND, f"share group {group_id!r} does not exist"
+            )
+        return self._group(group_id)
 
     async def _admin_group(self, group_id: str, now: int) -> ShareGroup:
         """The group an admin request names, which must exist and be empty (members whose
@@ -724,11 +691,7 @@ class ShareGroupCoordinator:
                 ErrorCode.INVALID_REQUEST,
                 f"another admin request on share group {group_id!r} is in progress; retry",
             )
-        if group_id not in self.groups and self.table.get(group_id.encode()) is None:
-            raise ShareGroupError(
-                ErrorCode.GROUP_ID_NOT_FOUND, f"share group {group_id!r} does not exist"
-            )
-        group = self._group(group_id)
+        group = self._existing_group(group_id)
         self._feed(group, now)
         released = group.expire(now) if group.members else []
         if released:
@@ -895,3 +858,42 @@ class _PendingAdmin:
     waiting: set[tuple[str, int]]
     deadline_ms: int
     results: dict[tuple[str, int], protocol.ResetSharePartitionResult] = field(default_factory=dict)
+
+
+_AdminRequest = (
+    protocol.AlterShareGroupOffsetsRequest
+    | protocol.DeleteShareGroupOffsetsRequest
+    | protocol.DeleteShareGroupRequest
+    | protocol.DescribeGroupConfigsRequest
+    | protocol.AlterGroupConfigsRequest
+)
+
+
+def _admin_expired(message: _AdminRequest, now: int) -> bool:
+    """Whether an admin request was read after its deadline (logged; it is dropped unanswered):
+    read again after a restart or rebalance (Faust resumes from its committed offset), or read
+    late. Its admin has given up, and applying it now could discard what members did since."""
+    if message.deadline_ms and now > message.deadline_ms:
+        log.warning(
+            "share_group_admin_expired",
+            group=message.group,
+            kind=message.kind,
+            admin_id=message.admin_id,
+            late_ms=now - message.deadline_ms,
+        )
+        return True
+    return False
+
+
+def _refuse_admin(
+    message: _AdminRequest, response: protocol.AdminResponse, exc: ShareGroupError
+) -> None:
+    """Put ``exc`` in the admin's answer and log the refusal (nothing was changed)."""
+    response.error, response.error_message = exc.code.value, exc.message
+    log.warning(
+        "share_group_admin_refused",
+        group=message.group,
+        kind=message.kind,
+        admin_id=message.admin_id,
+        error=str(exc),
+    )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from queueflow.clock import Clock
-from queueflow.engine.fencing import FenceOutcome, LeaderFencing
+from queueflow.engine.fencing import FenceOutcome, LeaderFencing, PartitionFencing
 from queueflow.engine.partition import AcknowledgementBatch, SharePartitionConfig
 from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
 from queueflow.metrics import SharePartitionSample
@@ -126,6 +126,28 @@ def monotonic_ms(clock: Clock) -> int:
     return int(clock.monotonic() * 1000)
 
 
+async def send_due_fences(
+    ctx: ServerContext, fencing: PartitionFencing, auth: ControlAuth, topic: str
+) -> list[tuple[int, int]]:
+    """Append this worker's fence to each partition of ``topic`` that ``fencing`` says is due
+    (owned, not live yet, not resent within :data:`FENCE_RESEND_MS`), once Faust has finished
+    rebalancing: what the stream fetches during a rebalance would be dropped, the fence with
+    it. Leaders and the coordinator fence the same way (:mod:`queueflow.engine.fencing`).
+
+    Returns:
+        ``(partition, epoch)`` of every fence sent.
+    """
+    if not ctx.runtime.streams_active:
+        return []
+    sent = []
+    for p in fencing.fences_due(monotonic_ms(ctx.clock), FENCE_RESEND_MS):
+        epoch = fencing.partitions[p].epoch
+        fence = protocol.Fence(leader_epoch=epoch, sent_ms=ctx.clock.now_ms())
+        await ctx.sender.send(topic, p, auth.seal(protocol.encode(fence)))
+        sent.append((p, epoch))
+    return sent
+
+
 def engine_config(settings: ShareGroupSettings) -> SharePartitionConfig:
     """The engine limits from share-group settings."""
     return SharePartitionConfig(
@@ -206,14 +228,8 @@ class ShareLeader:
     async def send_fences(self) -> None:
         """Append this worker's fence to the partitions it leads but isn't live on yet, once
         Faust has finished rebalancing (see :mod:`queueflow.engine.fencing`)."""
-        if not self.ctx.runtime.streams_active:
-            return  # what the stream fetches now would be dropped, the fence with it
-        clock = self.ctx.clock
-        for p in self.fencing.fences_due(monotonic_ms(clock), FENCE_RESEND_MS):
-            epoch = self.fencing.partitions[p].epoch
-            fence = protocol.Fence(leader_epoch=epoch, sent_ms=clock.now_ms())
-            payload = self.auth.seal(protocol.encode(fence))
-            await self.ctx.sender.send(self.request_topic, p, payload)
+        sent = await send_due_fences(self.ctx, self.fencing, self.auth, self.request_topic)
+        for p, epoch in sent:
             self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
 
     def lag_report(self, partitions: Iterable[int]) -> list[tuple[str, int, int]]:

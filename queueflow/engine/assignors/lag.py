@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from fractions import Fraction
 
+from queueflow.engine.assignor import one_each
 from queueflow.engine.assignors._shared import capacities, fill, per_topic
 from queueflow.engine.assignors.base import AssignmentSpec
 from queueflow.structs import TopicPartition
@@ -60,22 +61,7 @@ class LagAwareAssignor:
             totals: Mapping[str, int],
         ) -> dict[str, list[TopicPartition]]:
             if len(members) > len(tps):
-                quota = lag_quotas(tps, len(members), lag)
-                out: dict[str, list[TopicPartition]] = {}
-                pending: list[str] = []
-                for m in members:
-                    kept = next((tp for tp in held[m] if quota[tp] > 0), None)
-                    if kept is None:
-                        pending.append(m)
-                    else:
-                        quota[kept] -= 1
-                        out[m] = [kept]
-                index = {tp: i for i, tp in enumerate(tps)}
-                for m in pending:
-                    tp = max(tps, key=lambda t: (quota[t], -index[t]))
-                    quota[tp] -= 1
-                    out[m] = [tp]
-                return out
+                return one_each(members, tps, held, lag_quotas(tps, len(members), lag))
             order, capacity = capacities(members, len(tps), held, totals)
             holder = {tp: m for m in members for tp in held[m]}
             load = dict.fromkeys(members, 0)
