@@ -24,7 +24,7 @@ import structlog
 
 from queueflow.clock import Clock
 from queueflow.engine.fencing import FenceOutcome, LeaderFencing, PartitionFencing
-from queueflow.engine.partition import AcknowledgementBatch, SharePartitionConfig
+from queueflow.engine.partition import AcknowledgementBatch
 from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
 from queueflow.metrics import SharePartitionSample
 from queueflow.protocol import messages as protocol
@@ -40,13 +40,11 @@ from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable, snapshot_key
 from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.server.tickets import TicketGate
-from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
 
 __all__ = [
     "FENCE_RESEND_MS",
     "ShareLeader",
-    "engine_config",
     "monotonic_ms",
     "not_leader",
     "seal_reply",
@@ -148,18 +146,6 @@ async def send_due_fences(
     return sent
 
 
-def engine_config(settings: ShareGroupSettings) -> SharePartitionConfig:
-    """The engine limits from share-group settings."""
-    return SharePartitionConfig(
-        max_in_flight_records=settings.partition_max_record_locks,
-        delivery_count_limit=settings.delivery_count_limit,
-        record_lock_duration_ms=settings.record_lock_duration_ms,
-        max_record_lock_duration_ms=settings.max_record_lock_duration_ms,
-        min_record_lock_duration_ms=settings.min_record_lock_duration_ms,
-        renew_enabled=settings.renew_acknowledge_enable == "true",
-    )
-
-
 class ShareLeader:
     """The share-partition leaders of one source topic on this worker (KIP-932
     "Share-partition leader"): every share group's share-partitions of the request partitions
@@ -179,7 +165,6 @@ class ShareLeader:
         self.topic = topic
         self.table = table
         self.request_topic = topics.fetch_topic(ctx.namespace, topic)
-        self.config = engine_config(ctx.settings)
         #: Each group's configs (lock duration, delivery count limit, in-flight limit,
         #: share.auto.offset.reset), from the tickets of its requests (issue #14).
         self.group_configs = LeaderGroupConfigs(ctx.settings, ctx.group_configs)

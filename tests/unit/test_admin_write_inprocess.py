@@ -17,12 +17,13 @@ from inprocess_helpers import TOPIC, cluster_with, produce, run, settle
 
 import queueflow
 from queueflow.admin import OffsetSpec, ShareGroupAdmin, parse_datetime, parse_duration
+from queueflow.engine.group_config import GroupConfig
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.server.durable import DurableSharePartition
-from queueflow.server.leader import engine_config
+from queueflow.server.group_configs import engine_config
 from queueflow.structs import TopicPartition
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
@@ -58,8 +59,10 @@ async def first_poll(cluster: InProcessCluster, group: str = "g") -> list[tuple[
 
 def durable_spso(cluster: InProcessCluster, partition: int, group: str = "g") -> int | None:
     """The SPSO a new leader would restore from the table (None: no state)."""
+    settings = cluster.settings
+    config = engine_config(settings, GroupConfig.resolve(settings))
     durable = DurableSharePartition.load(
-        dict(cluster.tables[TOPIC]), group, TOPIC, partition, engine_config(cluster.settings), 10
+        dict(cluster.tables[TOPIC]), group, TOPIC, partition, config, 10
     )
     return None if durable is None else durable.engine.start_offset
 
