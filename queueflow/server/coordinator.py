@@ -264,15 +264,7 @@ class ShareGroupCoordinator:
             return
         self._refreshed_at[group.group_id] = now
         if group.refresh():
-            self._persist(group)
-            log.info(
-                "share_group_epoch",
-                group=group.group_id,
-                group_epoch=group.group_epoch,
-                members=len(group.members),
-                state=group.state.value,
-                reason=f"{group.assignor} assignment inputs changed",
-            )
+            self._persist(group, reason=f"{group.assignor} assignment inputs changed")
 
     def _feed(self, group: ShareGroup, now: int) -> None:
         """Give the group the lag its leaders reported lately (older reports, or none: the
@@ -284,8 +276,19 @@ class ShareGroupCoordinator:
             if now - at <= LAG_TTL_MS
         }
 
-    def _persist(self, group: ShareGroup) -> None:
+    def _persist(self, group: ShareGroup, reason: str | None = None) -> None:
+        """Store ``group`` and update its gauges; with ``reason`` (its epoch or membership
+        changed) also log ``share_group_epoch``."""
         self.table[group.group_id.encode()] = group_codec.encode_group(group)
+        if reason is not None:
+            log.info(
+                "share_group_epoch",
+                group=group.group_id,
+                group_epoch=group.group_epoch,
+                members=len(group.members),
+                state=group.state.value,
+                reason=reason,
+            )
         m, group_id = self.ctx.metrics, group.group_id
         m.group_members.labels(group_id).set(len(group.members))
         m.group_epoch.labels(group_id).set(group.group_epoch)
@@ -463,14 +466,7 @@ class ShareGroupCoordinator:
         except ShareGroupError as exc:
             response.error, response.error_message = exc.code.value, exc.message
         if group.group_epoch != epoch_before or len(group.members) != members_before:
-            self._persist(group)
-            log.info(
-                "share_group_epoch",
-                group=group.group_id,
-                group_epoch=group.group_epoch,
-                members=len(group.members),
-                state=group.state.value,
-            )
+            self._persist(group, reason="membership")
         await self._reply(message, response)
 
     async def _feed_racks(self, group: ShareGroup, message: protocol.HeartbeatRequest) -> None:

@@ -80,3 +80,13 @@ def events(logs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 async def settle(cluster: InProcessCluster) -> None:
     """Wait until every request sent so far, and those their handling sent, is handled."""
     await cluster.bus.drain()
+
+
+async def poll_until(consumer: Any, count: int, clock: FakeClock) -> list[Any]:
+    """Poll ``consumer`` until ``count`` records came, moving ``clock`` 10 ms a poll (``run``
+    bounds the scenario)."""
+    got: list[Any] = []
+    while len(got) < count:
+        got += await consumer.poll(timeout_ms=100)
+        clock.advance(10)
+    return got

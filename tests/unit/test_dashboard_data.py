@@ -7,20 +7,12 @@ import re
 from typing import Any
 
 import pytest
-from inprocess_helpers import TOPIC, cluster_with, run
+from inprocess_helpers import TOPIC, cluster_with, poll_until, run
 
 from queueflow import ACCEPT, REJECT, RELEASE
 from queueflow.admin import describe_json
 from queueflow.dashboard import DashboardData, page_html
 from queueflow.testing import FakeClock
-
-
-async def poll_until(consumer: Any, count: int, clock: FakeClock) -> list[Any]:
-    got: list[Any] = []
-    while len(got) < count:
-        got += await consumer.poll(timeout_ms=100)
-        clock.advance(10)
-    return got
 
 
 def test_the_json_is_the_admin_apis_data_with_the_in_flight_batches() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inprocess_helpers import TOPIC, cluster_with, run, until
+from inprocess_helpers import TOPIC, cluster_with, poll_until, run, until
 
 from queueflow import ACCEPT, REJECT
 from queueflow.testing import FakeClock
@@ -29,15 +29,6 @@ def by_state(cluster: InProcessCluster) -> dict[str, Any]:
         s: gauge(cluster, "records", state=s)
         for s in ("available", "acquired", "acknowledged", "archived")
     }
-
-
-async def poll_until(consumer: Any, count: int, clock: FakeClock) -> list[Any]:
-    """Poll until ``count`` records came (``run`` bounds the scenario at 30 s)."""
-    got: list[Any] = []
-    while len(got) < count:
-        got += await consumer.poll(timeout_ms=100)
-        clock.advance(10)
-    return got
 
 
 def test_gauges_follow_lock_expiry_ticks_and_released_members() -> None:
