@@ -45,9 +45,10 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+import structlog
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
@@ -56,7 +57,7 @@ from queueflow.engine.group import ShareGroup
 from queueflow.engine.group_config import ConfigEntry, parse_duration
 from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
-from queueflow.kafka.admin import admin_client, existing_partition_counts
+from queueflow.kafka.admin import admin_client, existing_partition_counts, group_partition_owners
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import group_codec, topics
@@ -65,6 +66,8 @@ from queueflow.protocol.auth import ControlAuth
 from queueflow.protocol.state_codec import decode_state, parse_state_key
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
+
+log = structlog.get_logger("queueflow.admin")
 
 __all__ = [
     "AdminTransport",
@@ -143,6 +146,9 @@ class ShareGroupDescription:
         members: the members, ordered by member id.
         assignor: the assignor of the current assignment (``group.share.assignors``: the
             first every member supports; ``simple`` by default).
+        coordinator: the worker that is the group's coordinator now (its web URL,
+            ``http://host:port``, or its host), ``None`` when no worker of the app runs or it
+            could not be read (see :func:`queueflow.kafka.admin.group_partition_owners`).
     """
 
     group_id: str
@@ -152,6 +158,7 @@ class ShareGroupDescription:
     partitions: Mapping[str, int]
     members: tuple[MemberDescription, ...]
     assignor: str = "simple"
+    coordinator: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +199,8 @@ class SharePartitionOffsets:
             ``start_offset..`` without gaps (never-delivered records are ``AVAILABLE`` with
             delivery count 0), cut after ``records_limit`` records of
             :meth:`ShareGroupAdmin.list_offsets` (empty by default).
+        leader: the worker leading the share-partition now (web URL or host, as
+            :attr:`ShareGroupDescription.coordinator`), ``None`` when unknown.
     """
 
     topic: str
@@ -203,6 +212,7 @@ class SharePartitionOffsets:
     in_flight: Mapping[str, int] = field(default_factory=dict)
     error: str | None = None
     batches: tuple[InFlightBatch, ...] = ()
+    leader: str | None = None
 
 
 class AdminTransport(Protocol):
@@ -671,7 +681,8 @@ class ShareGroupAdmin:
                 message lists the known groups.
         """
         groups = await self._groups()
-        return [_describe(_known(groups, g)) for g in group_ids]
+        owners = await self._owners()
+        return [self._described(_known(groups, g), owners) for g in group_ids]
 
     async def list_offsets(
         self, group_id: str, topics_: Iterable[str] | None = None, *, records_limit: int = 0
@@ -694,7 +705,8 @@ class ShareGroupAdmin:
         if records_limit < 0:
             raise ValueError(f"records_limit={records_limit}; must be >= 0 (0: no batches)")
         groups = await self._groups()
-        return await self._offsets_of(_known(groups, group_id), topics_, records_limit)
+        owners = await self._owners()
+        return await self._offsets_of(_known(groups, group_id), topics_, records_limit, owners)
 
     async def overview(
         self, records_limit: int = 0
@@ -714,20 +726,35 @@ class ShareGroupAdmin:
         if records_limit < 0:
             raise ValueError(f"records_limit={records_limit}; must be >= 0 (0: no batches)")
         groups = await self._groups()
+        owners = await self._owners()
         tables: dict[str, dict[bytes, bytes]] = {}
         return [
-            (_describe(group), await self._offsets_of(group, None, records_limit, tables))
+            (
+                self._described(group, owners),
+                await self._offsets_of(group, None, records_limit, owners, tables),
+            )
             for group in sorted(groups.values(), key=lambda g: g.group_id)
         ]
+
+    def _described(
+        self, group: ShareGroup, owners: Mapping[tuple[str, int], str]
+    ) -> ShareGroupDescription:
+        where = (
+            topics.coordinator_topic(self.app_id),
+            topics.coordinator_partition(group.group_id),
+        )
+        return replace(_describe(group), coordinator=owners.get(where))
 
     async def _offsets_of(
         self,
         group: ShareGroup,
         topics_: Iterable[str] | None,
         records_limit: int,
+        owners: Mapping[tuple[str, int], str],
         tables: dict[str, dict[bytes, bytes]] | None = None,
     ) -> list[SharePartitionOffsets]:
-        """``list_offsets`` of ``group``; ``tables`` caches changelogs read (topic -> table)."""
+        """``list_offsets`` of ``group``; ``owners`` are the workers by the partitions they
+        hold, ``tables`` caches changelogs read (topic -> table)."""
         tables = {} if tables is None else tables
         group_id = group.group_id
         counts = dict(group.partitions)
@@ -745,9 +772,9 @@ class ShareGroupAdmin:
             by_partition = _state_by_partition(table, group_id)
             for p in range(counts[topic]):
                 tp = TopicPartition(topic, p)
-                out.append(
-                    _offsets(group_id, topic, p, by_partition.get(p), ends[tp], records_limit)
-                )
+                offsets = _offsets(group_id, topic, p, by_partition.get(p), ends[tp], records_limit)
+                leader = owners.get((topics.fetch_topic(self.app_id, topic), p))
+                out.append(replace(offsets, leader=leader))
         return out
 
     # -- reading -----------------------------------------------------------------------------
@@ -825,6 +852,22 @@ class ShareGroupAdmin:
         finally:
             await consumer.stop()
         return {TopicPartition(tp.topic, tp.partition): int(end) for tp, end in ends.items()}
+
+    async def _owners(self) -> dict[tuple[str, int], str]:
+        """The app's workers by the partitions they hold (coordinator and request topics);
+        empty when none runs or the group can't be described (e.g. no DESCRIBE ACL on the
+        app's consumer group): coordinator and leaders then show as unknown."""
+        admin = admin_client(self.config)
+        try:
+            await admin.start()
+            return await asyncio.wait_for(
+                group_partition_owners(admin, self.app_id), self.timeout_ms / 1000
+            )
+        except Exception as exc:  # who leads is extra information: never fail a describe
+            log.debug("partition_owners_unavailable", app=self.app_id, error=repr(exc))
+            return {}
+        finally:
+            await admin.close()
 
     async def _existing(self, names: list[str]) -> dict[str, int]:
         """Partition counts of the topics among ``names`` that exist (creates none)."""

@@ -5,11 +5,16 @@ All go through aiokafka's admin client and its error classes (no literal error c
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.coordinator.protocol import (
+    ConsumerProtocolMemberAssignment,
+    ConsumerProtocolMemberMetadata,
+)
 from aiokafka.errors import (
     InvalidPartitionsError,
     TopicAlreadyExistsError,
@@ -28,6 +33,7 @@ __all__ = [
     "ensure_partitions",
     "ensure_topic",
     "existing_partition_counts",
+    "group_partition_owners",
     "leader_racks",
     "partition_counts",
     "topic_partition_counts",
@@ -285,3 +291,46 @@ class TopicMetadata:
         if self._admin is not None:
             await self._admin.close()
             self._admin = None
+
+
+async def group_partition_owners(
+    admin: AIOKafkaAdminClient, group_id: str
+) -> dict[tuple[str, int], str]:
+    """Which member of the consumer group ``group_id`` (a Faust app's workers) holds each
+    partition: ``(topic, partition) -> owner``. The owner is the worker's web URL from Faust's
+    member metadata (``http://host:port``, where its ``/queueflow/`` dashboard is), or the
+    client host the broker saw when the metadata is not Faust's.
+
+    The share-group coordinator of a group is the owner of its partition of the coordinator
+    topic, and a share-partition's leader the owner of that partition of the request topic:
+    this is how the admin names them (KIP-932 names the broker; queueflow's are workers).
+
+    Args:
+        admin: a started admin client.
+        group_id: the consumer group (the Faust app id).
+
+    Returns:
+        The assigned partitions; empty when the group has no members (no worker running) or is
+        rebalancing.
+
+    Raises:
+        KafkaError: the broker refused (e.g. no DESCRIBE ACL on the group).
+    """
+    owners: dict[tuple[str, int], str] = {}
+    for response in await admin.describe_consumer_groups([group_id]):
+        for group in response.to_object()["groups"]:
+            for member in group["members"]:
+                owner = member["client_host"].lstrip("/")
+                try:
+                    metadata = ConsumerProtocolMemberMetadata.decode(member["member_metadata"])
+                    url = json.loads(metadata.user_data or b"{}").get("url")
+                    owner = url.rstrip("/") if isinstance(url, str) and url else owner
+                except Exception:  # not Faust's metadata: keep the host
+                    pass
+                if not member["member_assignment"]:
+                    continue  # rebalancing
+                assignment = ConsumerProtocolMemberAssignment.decode(member["member_assignment"])
+                for topic, partitions in assignment.assignment:
+                    for partition in partitions:
+                        owners[(topic, partition)] = owner
+    return owners

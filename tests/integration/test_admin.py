@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import subprocess
 import time
 import uuid
@@ -99,6 +100,12 @@ def test_groups_members_and_offsets(kafka_bootstrap: str, app: dict[str, Any]) -
             assert m.member_id == holder.member_id and m.client_id == "g-client"
             assert sorted(m.assignment) == [(topic, 0), (topic, 1)]
             assert described.partitions == {topic: 2} and described.group_epoch >= 2
+            # The one worker of the app is the coordinator and leads both share-partitions
+            # (named by its web URL, from the app's Faust consumer group).
+            worker_url = described.coordinator
+            assert worker_url is not None, described
+            assert worker_url.startswith("http://")
+            assert worker_url.endswith(f":{app['worker'].web_port}"), worker_url
 
             offsets = await admin.list_offsets("g")
             for o in offsets:
@@ -109,6 +116,7 @@ def test_groups_members_and_offsets(kafka_bootstrap: str, app: dict[str, Any]) -
                 assert o.in_flight["AVAILABLE"] == 0
                 assert o.in_flight["ACKNOWLEDGED"] == o.in_flight["ARCHIVED"] == 0
                 assert o.lag == 2  # KIP-1226: 8 - 6 - 0 delivered to completion
+                assert o.leader == worker_url
         finally:
             await holder.close()
 
@@ -142,7 +150,9 @@ def test_cli_describes_like_kafka_share_groups(kafka_bootstrap: str, app: dict[s
     assert lines[1:] == [["g", app["topic"], "0", "6", "2"], ["g", app["topic"], "1", "6", "2"]]
 
     state = run_cli(*base, "--describe", "--group", "g", "--state")
-    assert [line.split() for line in state.output.splitlines()][1] == ["g", "-", "Empty", "0"]
+    group, coordinator, *rest = [line.split() for line in state.output.splitlines()][1]
+    assert (group, rest) == ("g", ["Empty", "0"])
+    assert coordinator == f"http://{socket.gethostname()}:{app['worker'].web_port}", state.output
     members = run_cli(*base, "--describe", "--all-groups", "--members")
     assert members.output.strip() == "Share group 'g' has no active members."
 

@@ -142,6 +142,7 @@ def test_dashboard_shows_what_the_admin_api_reports(
         (card,) = dom.of("article.group")
         assert (card["data-group"], card["data-state"]) == ("g", described.state)
         assert int(card["data-group-epoch"]) == described.group_epoch
+        assert described.coordinator and card["data-coordinator"] == described.coordinator
         assert [m["data-member-id"] for m in dom.of("tr.member")] == [holder.member_id]
         shown = {(s["data-topic"], int(s["data-partition"])): s for s in dom.of("section.sp")}
         assert len(shown) == len(offsets) == 2
@@ -149,6 +150,7 @@ def test_dashboard_shows_what_the_admin_api_reports(
             s = shown[(o.topic, o.partition)]
             assert (int(s["data-spso"]), int(s["data-speo"])) == (o.start_offset, o.end_offset)
             assert (int(s["data-log-end"]), int(s["data-lag"])) == (o.log_end_offset, o.lag)
+            assert o.leader and s["data-leader"] == o.leader
             for state, count in o.in_flight.items():
                 assert int(s[f"data-{state.lower()}"]) == count, (state, s)
         # One box per in-flight record (few records): coloured by state, with its count.

@@ -78,14 +78,14 @@ def _offset_rows(
     header = ["GROUP", "TOPIC", "PARTITION", "START-OFFSET", "LAG"]
     if verbose:
         header += ["END-OFFSET", "LOG-END-OFFSET", "AVAILABLE", "ACQUIRED", "ACKNOWLEDGED"]
-        header += ["ARCHIVED"]
+        header += ["ARCHIVED", "LEADER"]
     rows: list[list[Any]] = [header]
     for o in offsets:
         row: list[Any] = [group, o.topic, o.partition, o.start_offset, o.lag]
         if verbose:
             row += [o.end_offset, o.log_end_offset]
             row += [o.in_flight.get(s) for s in ("AVAILABLE", "ACQUIRED", "ACKNOWLEDGED")]
-            row += [o.in_flight.get("ARCHIVED")]
+            row += [o.in_flight.get("ARCHIVED"), o.leader]
         rows.append(row)
     return rows
 
@@ -134,7 +134,7 @@ async def _run(
             out.append({k: v for k, v in describe_json(d).items() if k != "members"})
             header = ["GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"]
             extra = ["GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR"] if verbose else []
-            row = [d.group_id, "-", d.state, len(d.members)]
+            row = [d.group_id, d.coordinator or "-", d.state, len(d.members)]
             row += [d.group_epoch, d.assignment_epoch, d.assignor] if verbose else []
             texts.append(_table([header + extra, row]))
     return json.dumps(out) if as_json else "\n\n".join(texts)
