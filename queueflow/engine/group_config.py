@@ -345,6 +345,15 @@ class GroupConfig:
             heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
         )
 
+    def value_of(self, name: str) -> str:
+        """The value of group config ``name`` as text (its field is named after the
+        broker-level setting it defaults to).
+
+        Raises:
+            KeyError: ``name`` is not a group config.
+        """
+        return str(getattr(self, _DEFINITIONS[name].default_attr))
+
     @property
     def offset_reset(self) -> OffsetReset:
         """``auto_offset_reset`` parsed."""

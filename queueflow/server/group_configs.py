@@ -21,11 +21,7 @@ from dataclasses import dataclass
 
 from queueflow.engine.group import ShareGroup
 from queueflow.engine.group_config import (
-    AUTO_OFFSET_RESET,
-    DELIVERY_COUNT_LIMIT,
     LEADER_CONFIG_NAMES,
-    PARTITION_MAX_RECORD_LOCKS,
-    RECORD_LOCK_DURATION_MS,
     ConfigEntry,
     GroupConfig,
     OffsetReset,
@@ -58,23 +54,12 @@ def describe(ctx: ServerContext, group: ShareGroup) -> list[ConfigEntry]:
 def ticket_configs(ctx: ServerContext, group: ShareGroup) -> list[tuple[str, str]]:
     """The leader configs of ``group`` that differ from the broker-level settings, as
     ``(name, value)`` pairs for its assignment tickets (usually none)."""
-    config = effective(ctx, group)
-    defaults = GroupConfig.resolve(ctx.settings)
-    out = []
-    for name, attr in _LEADER_ATTRS.items():
-        value = getattr(config, attr)
-        if value != getattr(defaults, attr):
-            out.append((name, str(value)))
-    return out
-
-
-_LEADER_ATTRS = {
-    AUTO_OFFSET_RESET: "auto_offset_reset",
-    RECORD_LOCK_DURATION_MS: "record_lock_duration_ms",
-    DELIVERY_COUNT_LIMIT: "delivery_count_limit",
-    PARTITION_MAX_RECORD_LOCKS: "partition_max_record_locks",
-}
-assert tuple(_LEADER_ATTRS) == LEADER_CONFIG_NAMES
+    config, defaults = effective(ctx, group), GroupConfig.resolve(ctx.settings)
+    return [
+        (name, config.value_of(name))
+        for name in LEADER_CONFIG_NAMES
+        if config.value_of(name) != defaults.value_of(name)
+    ]
 
 
 def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePartitionConfig:

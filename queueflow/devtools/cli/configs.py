@@ -28,19 +28,10 @@ import click
 from queueflow.admin import DEFAULT_TIMEOUT_MS, ConfigEntry, ShareGroupAdmin
 from queueflow.devtools.broker import bootstrap_from_env
 from queueflow.devtools.cli import cli
+from queueflow.devtools.cli.share_groups import _Refused, make_admin
 from queueflow.errors import QueueflowError
-from queueflow.kafka.config import KafkaClientConfig
 
 __all__ = ["configs", "parse_add_config"]
-
-
-class _Refused(Exception):
-    """A flag combination or an argument the tool refuses (exit 1, message on stderr)."""
-
-
-def make_admin(app_id: str, bootstrap: str, timeout_ms: int) -> ShareGroupAdmin:
-    """The admin the command uses (tests replace it)."""
-    return ShareGroupAdmin(app_id, KafkaClientConfig(bootstrap, "queueflow-cli"), timeout_ms)
 
 
 def parse_add_config(texts: tuple[str, ...]) -> dict[str, str]:
