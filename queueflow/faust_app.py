@@ -58,9 +58,10 @@ from queueflow.protocol import topics
 from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
-from queueflow.server.leader import ShareLeader, monotonic_ms
+from queueflow.server.leader import ShareLeader
 from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
+from queueflow.server.transport import monotonic_ms
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import ShareRecord, TopicPartition
 

@@ -46,7 +46,14 @@ import structlog
 from queueflow.errors import ConfigurationError
 from queueflow.settings import lookup
 
-__all__ = ["FORMAT_ENV", "ROOT_LOGGER", "RepeatLimiter", "configure", "limit_client_logs"]
+__all__ = [
+    "FORMAT_ENV",
+    "ROOT_LOGGER",
+    "RepeatLimiter",
+    "SkipLogLimiter",
+    "configure",
+    "limit_client_logs",
+]
 
 #: The environment variable of ``queueflow.log.format``: ``auto``, ``json`` or ``console``.
 FORMAT_ENV = lookup("log_format").env
@@ -296,3 +303,37 @@ def _isatty(out: TextIO) -> bool:
         return out.isatty()
     except (AttributeError, ValueError):  # closed or file-like without isatty
         return False
+
+
+class SkipLogLimiter:
+    """Rate limit for the log lines of skipped (undecodable or unauthenticated) messages, so a
+    flood of junk can't flood the log: at most ``burst`` lines per ``period_ms``.
+
+    :meth:`admit` returns ``None`` for a line to suppress, else how many were suppressed since
+    the last admitted one (log it as ``suppressed=n``). ``clock``: monotonic ms.
+    """
+
+    def __init__(
+        self, clock: Callable[[], int], *, burst: int = 20, period_ms: int = 10_000
+    ) -> None:
+        self._clock = clock
+        self._burst = burst
+        self._period = period_ms
+        self._start = clock()
+        self._count = 0
+        self.suppressed = 0
+        #: Every skipped message, logged or not (for tests and metrics).
+        self.total = 0
+
+    def admit(self) -> int | None:
+        """Count one skipped message; ``None`` if its line is to be suppressed."""
+        self.total += 1
+        now = self._clock()
+        if now - self._start >= self._period:
+            self._start, self._count = now, 0
+        if self._count >= self._burst:
+            self.suppressed += 1
+            return None
+        self._count += 1
+        suppressed, self.suppressed = self.suppressed, 0
+        return suppressed

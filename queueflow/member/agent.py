@@ -599,7 +599,7 @@ class ShareAgent:
             self._settle_reservation(idle, want, delivered)
             raise
         except Exception as exc:  # keep fetching whatever goes wrong; say what it was
-            self._log.warning("share_fetch_failed", topic=tp[0], partition=tp[1], error=repr(exc))
+            self._log.warning("share_fetch_failed", topic=tp.topic, partition=tp.partition, error=repr(exc))
             delivered = -1
         self._settle_reservation(idle, want, delivered)
         # An empty long poll already waited at the leader, and an empty busy fetch is
@@ -652,8 +652,8 @@ class ShareAgent:
         if result.error is not None:
             self._log.error(
                 "share_fetch_error",
-                topic=tp[0],
-                partition=tp[1],
+                topic=tp.topic,
+                partition=tp.partition,
                 error=result.error.code.value,
                 detail=result.error.message,
             )

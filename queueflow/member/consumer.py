@@ -336,8 +336,8 @@ class ShareConsumer:
                 "share_fetch_error",
                 group=self.group,
                 member_id=self.member_id,
-                topic=tp[0],
-                partition=tp[1],
+                topic=tp.topic,
+                partition=tp.partition,
                 error=error.code.value,
                 detail=error.message,
             )

@@ -146,13 +146,13 @@ class KafkaRecordReader:
         """See :meth:`RecordSource.read`."""
         reader = self._readers.get(tp)
         if reader is None:
-            reader = self._readers[tp] = PartitionReader(self.kafka, tp[0], tp[1])
+            reader = self._readers[tp] = PartitionReader(self.kafka, tp.topic, tp.partition)
         return await reader.read(acquired, timeout_ms)
 
     def prepare(self, tp: TopicPartition) -> None:
         """See :meth:`RecordSource.prepare`: the partition's reader connects, paused."""
         if tp not in self._readers:
-            reader = self._readers[tp] = PartitionReader(self.kafka, tp[0], tp[1])
+            reader = self._readers[tp] = PartitionReader(self.kafka, tp.topic, tp.partition)
             reader.warm()
 
     def remember_released(self, record: ShareRecord) -> None:

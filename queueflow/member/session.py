@@ -404,8 +404,8 @@ class ShareFetchSession:
         rid = requester.next_id()
         request = protocol.ShareFetchRequest(
             group=self.group,
-            topic=tp[0],
-            partition=tp[1],
+            topic=tp.topic,
+            partition=tp.partition,
             member_id=self.member_id,
             request_id=rid,
             reply_partition=requester.reply_partition,
@@ -437,15 +437,15 @@ class ShareFetchSession:
             request.ticket = self._membership.ticket  # a heartbeat may have brought a newer one
             request.deadline_ms = self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms
         reply = await requester.call(
-            internal.fetch_topic(self.ctx.namespace, tp[0]),
-            tp[1],
+            internal.fetch_topic(self.ctx.namespace, tp.topic),
+            tp.partition,
             rid,
             protocol.encode(request),
         )
         if not isinstance(reply, protocol.ShareFetchResponse):
             raise ShareGroupError(
                 ErrorCode.INVALID_REQUEST,
-                f"the leader of {tp[0]}[{tp[1]}] answered a ShareFetch with {type(reply).__name__}",
+                f"the leader of {tp.topic}[{tp.partition}] answered a ShareFetch with {type(reply).__name__}",
             )
         return reply, False
 
@@ -455,7 +455,7 @@ class ShareFetchSession:
         records for a member that no longer fetches them)."""
         for rid, address in list(self._long_polls.get(tp, {}).items()):
             cancel = protocol.ShareFetchCancel(
-                member_id=self.member_id, request_id=rid, topic=tp[0], partition=tp[1]
+                member_id=self.member_id, request_id=rid, topic=tp.topic, partition=tp.partition
             )
             await self._direct.cancel(address, cancel)
 
@@ -465,8 +465,8 @@ class ShareFetchSession:
             del self._membership.leaders[tp]
             self._log.info(
                 "direct_path_rerouted",
-                topic=tp[0],
-                partition=tp[1],
+                topic=tp.topic,
+                partition=tp.partition,
                 address=address,
                 reason=reason,
                 note="using the request topic until the next heartbeat names the leader",
@@ -517,8 +517,8 @@ class ShareFetchSession:
         if response.ack_error not in _SPLITTABLE:
             self._log.warning(
                 "acknowledgement_refused",
-                topic=tp[0],
-                partition=tp[1],
+                topic=tp.topic,
+                partition=tp.partition,
                 error=response.ack_error,
                 detail=response.ack_error_message,
                 records=sum(last - first + 1 for first, last, _ in acks),
@@ -530,11 +530,11 @@ class ShareFetchSession:
         dropped = self.acks.refused(tp, acks, response.ack_stale)
         if dropped:
             self.acks_dropped += len(dropped)
-            self.ctx.metrics.acknowledgements_dropped.labels(self.group, tp[0]).inc(len(dropped))
+            self.ctx.metrics.acknowledgements_dropped.labels(self.group, tp.topic).inc(len(dropped))
             self._log.warning(
                 "stale_acknowledgements_dropped",
-                topic=tp[0],
-                partition=tp[1],
+                topic=tp.topic,
+                partition=tp.partition,
                 offsets=ranges_text(dropped),
                 error=response.ack_error,
                 detail=response.ack_error_message,

@@ -40,14 +40,15 @@ from queueflow.engine.fencing import FenceOutcome, PartitionFencing
 from queueflow.engine.group import ShareGroup
 from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
+from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import SkipLogLimiter, issue_ticket, ticket_key
+from queueflow.protocol.auth import issue_ticket, ticket_key
 from queueflow.protocol.sealed_replies import PUBLIC_KEY_BYTES
 from queueflow.server import group_configs
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import StateTable
-from queueflow.server.leader import control_auth, monotonic_ms, send_due_fences, send_reply
+from queueflow.server.transport import control_auth, monotonic_ms, send_due_fences, send_reply
 from queueflow.structs import TopicPartition
 
 __all__ = ["ShareGroupCoordinator"]
@@ -513,9 +514,9 @@ class ShareGroupCoordinator:
         """``(topic, partition, address)`` of the assigned share-partitions' leaders."""
         out = []
         for tp in assignment:
-            known = self.leader_addresses.get((tp[0], tp[1]))
+            known = self.leader_addresses.get((tp.topic, tp.partition))
             if known is not None and not self._expired(known, now):
-                out.append((tp[0], tp[1], known[1]))
+                out.append((tp.topic, tp.partition, known[1]))
         return out
 
     async def _reply(

@@ -35,7 +35,8 @@ from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
-from queueflow.server.leader import ShareLeader, control_auth, not_leader, seal_reply
+from queueflow.server.leader import ShareLeader
+from queueflow.server.transport import control_auth, not_leader, seal_reply
 from queueflow.settings import listener_address
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]

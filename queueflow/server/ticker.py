@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.server.context import ServerContext
-from queueflow.server.leader import ShareLeader, control_auth
+from queueflow.server.leader import ShareLeader
+from queueflow.server.transport import control_auth
 
 __all__ = ["LeaderTicker"]
 

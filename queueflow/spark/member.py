@@ -303,13 +303,13 @@ class SparkMember:
         try:
             acquisition = await session.acquire(tp, max_records)
         except (ShareGroupError, KafkaError) as exc:  # e.g. a leader failing over: next time
-            log.warning("spark_acquire_failed", topic=tp[0], partition=tp[1], error=repr(exc))
+            log.warning("spark_acquire_failed", topic=tp.topic, partition=tp.partition, error=repr(exc))
             return [], False
         if acquisition.error is not None:
             log.warning(
                 "spark_acquire_error",
-                topic=tp[0],
-                partition=tp[1],
+                topic=tp.topic,
+                partition=tp.partition,
                 error=acquisition.error.code.value,
                 detail=acquisition.error.message,
             )
@@ -327,7 +327,7 @@ class SparkMember:
                 trimmed = True
                 last = lo - 1
             if first <= last:
-                ranges.append((tp[0], tp[1], first, last, count))
+                ranges.append((tp.topic, tp.partition, first, last, count))
         if trimmed:
             self._exhausted.add(tp)
         return ranges, not trimmed
@@ -434,8 +434,8 @@ class SparkMember:
                 self.stats["ack_errors"] += 1
                 log.warning(
                     "spark_acknowledgement_failed",
-                    topic=tp[0],
-                    partition=tp[1],
+                    topic=tp.topic,
+                    partition=tp.partition,
                     error=str(error),
                     note="these records will be delivered again",
                 )
@@ -481,7 +481,7 @@ class SparkMember:
                 error = await session.flush(tp)
                 if error is not None:
                     log.warning(
-                        "spark_lock_renewal_refused", topic=tp[0], partition=tp[1], error=str(error)
+                        "spark_lock_renewal_refused", topic=tp.topic, partition=tp.partition, error=str(error)
                     )
             self.stats["renewed"] += total
             return total

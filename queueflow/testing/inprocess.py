@@ -178,8 +178,8 @@ class _RecordSource:
                     continue
                 records.append(
                     ShareRecord(
-                        tp[0],
-                        tp[1],
+                        tp.topic,
+                        tp.partition,
                         offset,
                         stored.key,
                         stored.value,

@@ -228,7 +228,7 @@ def test_random_tickets_are_refused(data: bytes) -> None:
 
 
 def test_skip_log_limiter_admits_a_burst_per_period_and_counts_the_rest() -> None:
-    from queueflow.protocol.auth import SkipLogLimiter
+    from queueflow.logging import SkipLogLimiter
 
     clock = Clock(0)
     limiter = SkipLogLimiter(clock, burst=3, period_ms=1_000)
