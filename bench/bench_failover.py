@@ -1,5 +1,5 @@
 """Leader takeover time after a crash (SIGKILL) and a planned move (SIGTERM), with the records
-delivered more than once (issue "Nothing lost", item 3; issue #13, "Takeover without surprises").
+delivered more than once (a takeover redelivers nothing; docs/architecture.md).
 
 Two ``queueflow leader`` workers with queueflow's default Faust group timeouts (session 10 s,
 heartbeat 1 s; standby replicas 1, Faust's default) lead a 1-partition topic. A member consumes

@@ -147,7 +147,7 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
         "queueflow share agent, queueflow.leader.state.durability=buffered",
         QUEUEFLOW_LEADER_STATE_DURABILITY="buffered",
     )
-    # The cost of signed control messages (issue #12): (a) with queueflow.auth.mode=hmac.
+    # The cost of signed control messages: (a) with queueflow.auth.mode=hmac.
     own_leader(
         "h",
         "queueflow share agent, queueflow.auth.mode=hmac",

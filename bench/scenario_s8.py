@@ -1,4 +1,4 @@
-"""S8 Spark source throughput (issue #9): the ``queueflow`` streaming source against Spark's
+"""S8 Spark source throughput: the ``queueflow`` streaming source against Spark's
 built-in Kafka source, on ONE Kafka partition, in the same run.
 
 Workloads (one single-partition topic each, records of :data:`RECORD_BYTES` bytes):

@@ -1,4 +1,4 @@
-"""queueflow benchmark suite (issue #4): ``make bench`` / ``python -m bench``.
+"""queueflow benchmark suite: ``make bench`` / ``python -m bench``.
 
 Runs, against one Kafka broker (a LocalBroker on free ports started for the run, or
 ``$QUEUEFLOW_BROKER``):

@@ -1,6 +1,8 @@
-"""Share-group administration: list, describe, reset and delete share groups (issue #14).
+"""Share-group administration: list, describe, reset and delete share groups
+(docs/operations.md "Inspecting share groups").
 
-Kafka's Admin share-group calls (notes §7.2). The read side: :meth:`ShareGroupAdmin.list_groups`
+Kafka's Admin share-group calls (KIP-932 "AdminClient"). The read side:
+:meth:`ShareGroupAdmin.list_groups`
 (``listGroups`` with the share filter), :meth:`ShareGroupAdmin.describe_groups`
 (``describeShareGroups``) and :meth:`ShareGroupAdmin.list_offsets` (``listShareGroupOffsets``,
 with KIP-1226 lag). The write side: :meth:`ShareGroupAdmin.alter_share_group_offsets`
@@ -21,7 +23,8 @@ through the engine and persist it like any other change. How the race with a mem
 meanwhile is closed: see :mod:`queueflow.server.coordinator`. A running worker of the app (role
 ``all`` or ``leader``) is needed.
 
-Group configs (issue #14 item 3): :meth:`ShareGroupAdmin.describe_group_configs` and
+Group configs (docs/operations.md "Group configs"): :meth:`ShareGroupAdmin.describe_group_configs`
+and
 :meth:`ShareGroupAdmin.alter_group_configs` (Kafka's ``describeConfigs`` and
 ``incrementalAlterConfigs`` of a ``GROUP`` resource) are answered by the coordinator too: it
 validates the values against the broker-level bounds and stores them with the group
@@ -103,7 +106,8 @@ def state_changelog(app_id: str, topic: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ShareGroupListing:
-    """A share group and its state (``Empty``, ``Stable`` or ``Dead``; notes §8)."""
+    """A share group and its state (``Empty``, ``Stable`` or ``Dead``; KIP-932 "Share group
+    states")."""
 
     group_id: str
     state: str
@@ -501,7 +505,7 @@ class ShareGroupAdmin:
     # -- group configs (describeConfigs / incrementalAlterConfigs of a GROUP resource) --------
     async def describe_group_configs(self, group_id: str) -> list[ConfigEntry]:
         """Every group config of ``group_id`` with its effective value and source (Kafka's
-        ``Admin.describeConfigs`` of a ``GROUP`` resource; issue #14): ``DYNAMIC_GROUP_CONFIG``
+        ``Admin.describeConfigs`` of a ``GROUP`` resource): ``DYNAMIC_GROUP_CONFIG``
         (set with :meth:`alter_group_configs`), ``APP_GROUP_CONFIG`` (the app's
         ``group_configs``) or ``DEFAULT_CONFIG`` (the broker-level ``group.share.*`` setting).
         Asked of the group's coordinator, so a worker of the app must be running.

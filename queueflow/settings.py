@@ -126,7 +126,8 @@ class Setting:
 _LOCK_READERS = "leader; share agent (checks `lock_duration_ms`)"
 
 #: Every share-group setting, in the order of the configuration reference. Bounds follow the Kafka
-#: 4.x broker configs (notes §2.1) unless a doc line says otherwise.
+#: 4.x broker configs (KIP-932 "Broker configuration";
+#: https://kafka.apache.org/documentation/#brokerconfigs) unless a doc line says otherwise.
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "record_lock_duration_ms",

@@ -1,4 +1,4 @@
-"""``make chaos``: nothing lost under SIGKILLs and a broker restart (issue #3, "Nothing lost").
+"""``make chaos``: nothing lost under SIGKILLs and a broker restart.
 
 1. start a local broker (or use ``$QUEUEFLOW_BROKER``; then there is no broker restart);
 2. start the leader-role workers (``faust -A examples.chaos.app worker``; by default 2 with role

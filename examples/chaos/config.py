@@ -26,7 +26,7 @@ DEFAULT_SHARE_SETTINGS: dict[str, int | str] = {
 
 @dataclass
 class ChaosConfig:
-    """Parameters of one chaos run (defaults: the full run of issue #3)."""
+    """Parameters of one chaos run (defaults: the full ``make chaos`` run)."""
 
     records: int = 50_000
     partitions: int = 3

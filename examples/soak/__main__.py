@@ -1,5 +1,5 @@
 """``make soak``: a long run under steady load and SIGKILLs; nothing lost, nothing growing
-(issue #13 item 5).
+(docs/operations.md).
 
 1. start a local broker, then the chaos workers (:mod:`examples.chaos.app`; 2 ``all`` and 4
    ``member`` by default) on a 3-partition topic; their handlers ACCEPT every record;

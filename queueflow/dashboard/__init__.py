@@ -1,4 +1,5 @@
-"""The share-group dashboard (issue #14 item 7): one self-contained HTML page and its JSON.
+"""The share-group dashboard (docs/operations.md "Dashboard"): one self-contained HTML page and
+its JSON.
 
 Every worker's Faust web server serves (:mod:`queueflow.faust_app` registers them):
 

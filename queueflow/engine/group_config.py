@@ -1,8 +1,9 @@
-"""Per-group configs of share groups: names, validation and the effective value (issue #14).
+"""Per-group configs of share groups: names, validation and the effective value
+(docs/operations.md "Group configs").
 
-Kafka's group configs (notes §3; ``kafka-configs.sh --entity-type groups``; KIP-932
-"Configuration", KIP-1240 "Additional group configurations for share groups") override the
-broker-wide ``group.share.*`` settings for one share group. queueflow supports:
+Kafka's group configs (KIP-932 "Group configuration"; ``kafka-configs.sh --entity-type
+groups``; KIP-1240 "Additional group configurations for share groups") override the broker-wide
+``group.share.*`` settings for one share group. queueflow supports:
 
 =====================================  ========================================================
 Group config                           Default (broker-level setting) and bounds

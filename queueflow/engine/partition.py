@@ -139,7 +139,8 @@ def _check_range(name: str, value: object, low: int | None = None, high: int | N
 
 @dataclass(frozen=True, slots=True)
 class SharePartitionConfig:
-    """Limits of one share-partition (broker configs, notes §2.1; KIP-932 "In-flight records").
+    """Limits of one share-partition (the ``group.share.*`` broker configs
+    of KIP-932 "Broker configuration"; KIP-932 "In-flight records").
 
     Defaults and allowed ranges are those of :data:`queueflow.settings.SETTINGS` (the names below);
     the ranges quoted here are today's values there.
@@ -311,7 +312,8 @@ class SharePartition:
         return self._config
 
     def reconfigure(self, config: SharePartitionConfig) -> None:
-        """Enforce ``config`` from now on (a share group's configs changed, issue #14).
+        """Enforce ``config`` from now on (a share group's configs changed: docs/operations.md
+        "Group configs").
 
         Nothing already in flight changes: a new lock duration applies to the next
         acquisitions, a new delivery count limit when a record is next released or its lock
@@ -814,7 +816,7 @@ class SharePartition:
         Acquired). Available records with count 0 are omitted. Adjacent equal batches are
         merged.
 
-        KIP-932 "Managing durable share-partition state"; notes §11.2.
+        KIP-932 "Managing durable share-partition state".
         """
         return self._start, self._persisted(self._start, self._end - 1)
 
@@ -828,7 +830,7 @@ class SharePartition:
             Applying the updates in order to the previous durable state (see
             ``queueflow.engine.state.replay``) gives :meth:`snapshot`.
 
-        KIP-932 "Managing durable share-partition state"; notes §11.3 (ShareUpdate).
+        KIP-932 "Managing durable share-partition state" (a ShareUpdate).
         """
         if self._reset_pending:
             update = ShareUpdate(self._start, self.snapshot()[1], reset=True)

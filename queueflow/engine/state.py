@@ -4,7 +4,8 @@ KIP-932 "Managing durable share-partition state": for each share-partition the c
 able to recover the share-partition start offset (SPSO), the state of the in-flight records and
 the delivery counts of records whose delivery failed. The Acquired state is never persisted.
 
-The final Kafka design (notes §11) stores this as a full ``ShareSnapshot`` followed by
+The final Kafka design (KIP-932 "Managing durable share-partition state") stores this as a full
+``ShareSnapshot`` followed by
 ``ShareUpdate`` deltas, each holding ranges (``StateBatch``) rather than per-record entries. This
 module defines those records and :func:`replay`, which folds a snapshot and its updates back into
 ``(start_offset, batches)``; their encoding is :mod:`queueflow.protocol.state_codec`.
@@ -13,7 +14,7 @@ KIP-932 says the Acquired state is not persisted, so a new leader redelivers eve
 in flight at a takeover, even to a member still processing it. queueflow persists acquisition locks
 instead: an Acquired batch carries its owner and lock deadline, and a new leader restores it
 Acquired, so the owner can still acknowledge it and nobody else gets it before the lock elapses
-(issue #13: no redelivery at a takeover).
+(a takeover redelivers nothing: docs/architecture.md).
 
 Everything here is pure: no I/O, no clocks.
 """
@@ -42,8 +43,10 @@ class RecordState(enum.IntEnum):
     """State of one record of a share-partition (KIP-932 "In-flight records").
 
     The values are the ``DeliveryState`` wire values of ``ShareSnapshotValue.StateBatches``
-    (notes §11.2). ``ACQUIRED`` (1) is persisted by queueflow only with its lock (owner and
-    deadline, see :class:`StateBatch`); Kafka never persists it.
+    (Kafka's ``ShareSnapshotValue``/``ShareUpdateValue`` schemas,
+    https://github.com/apache/kafka/tree/trunk/share-coordinator/src/main/resources/common/message).
+    ``ACQUIRED`` (1) is persisted by queueflow only with its lock (owner and deadline, see
+    :class:`StateBatch`); Kafka never persists it.
     """
 
     AVAILABLE = 0
@@ -72,7 +75,8 @@ class StateBatch:
         lock_deadline_ms: when that lock elapses, in wall-clock ms since the epoch
             (``ACQUIRED`` only, else None).
 
-    KIP-932 "Managing durable share-partition state"; ``StateBatches`` in notes §11.2. The lock
+    KIP-932 "Managing durable share-partition state"; ``StateBatches`` in Kafka's
+    ``ShareSnapshotValue`` schema. The lock
     fields are queueflow's: Kafka does not persist acquisition locks.
     """
 
@@ -108,7 +112,7 @@ class StateBatch:
 
 @dataclass(frozen=True, slots=True)
 class ShareSnapshot:
-    """Full durable state of one share-partition (Kafka's ``ShareSnapshotValue``, notes §11.2).
+    """Full durable state of one share-partition (Kafka's ``ShareSnapshotValue``).
 
     Attributes:
         snapshot_epoch: incremented for each new snapshot of the share-partition (>= 0).
@@ -127,7 +131,7 @@ class ShareSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class ShareUpdate:
-    """A delta of one share-partition's durable state (Kafka's ``ShareUpdateValue``, notes §11.2).
+    """A delta of one share-partition's durable state (Kafka's ``ShareUpdateValue``).
 
     Attributes:
         start_offset: the SPSO after the change; ``-1`` means unchanged (as in Kafka's schema).
@@ -268,7 +272,7 @@ def replay(
         CorruptStateError: a batch is malformed (unordered, overlapping, negative, Acquired
             without a lock or another state with one).
 
-    KIP-932 "Managing durable share-partition state"; notes §11.3.
+    KIP-932 "Managing durable share-partition state".
     """
     start = 0
     batches: list[StateBatch] = []

@@ -599,7 +599,9 @@ class ShareAgent:
             self._settle_reservation(idle, want, delivered)
             raise
         except Exception as exc:  # keep fetching whatever goes wrong; say what it was
-            self._log.warning("share_fetch_failed", topic=tp.topic, partition=tp.partition, error=repr(exc))
+            self._log.warning(
+                "share_fetch_failed", topic=tp.topic, partition=tp.partition, error=repr(exc)
+            )
             delivered = -1
         self._settle_reservation(idle, want, delivered)
         # An empty long poll already waited at the leader, and an empty busy fetch is

@@ -1,6 +1,6 @@
 """Authentication of control messages: a signed, versioned envelope and assignment tickets.
 
-Threat model (issue #12, docs/operations.md "Threat model and attack matrix"): an attacker can
+Threat model (docs/operations.md "Threat model and attack matrix"): an attacker can
 read and write queueflow's internal topics (and may reach a leader's direct TCP port) but is not a
 worker of the app. The app's workers are trusted and share one secret
 (``queueflow.auth.secret``). Everything here is pure (stdlib :mod:`hmac` and msgspec), so the
@@ -241,8 +241,9 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     ``reply_key`` (the member's X25519 reply key from its heartbeat, empty: none; leaders seal
     the member's answers to it, :mod:`queueflow.protocol.sealed_replies`).
     ``config_version`` and ``configs``: the group's configs that leaders apply (sorted
-    ``(name, value)`` pairs that differ from the broker-level settings; issue #14) and their
-    version, so that a leader learns them from the same unforgeable proof;
+    ``(name, value)`` pairs that differ from the broker-level settings; docs/operations.md
+    "Group configs") and their version, so that a leader learns them from the same unforgeable
+    proof;
     ``added_partitions``: ``(topic, first partition added at runtime)`` pairs of the group's
     topics that grew (those share-partitions start at the log start). The last three are
     optional trailing fields: tickets without them decode with none.

@@ -15,7 +15,8 @@ version bump: groups stored before them decode with ``simple`` and no advertised
 and a queueflow that predates them ignores them (unknown fields are skipped).
 "configs":{"share.delivery.count.limit":"3",...},"config_version":N,"added_partitions":{"topic":N}}``
 
-``configs`` (the group configs set with the admin, issue #14), ``config_version`` and
+``configs`` (the group configs set with the admin, docs/operations.md "Group configs"),
+``config_version`` and
 ``added_partitions`` (topic -> first partition added at runtime) are written only when set, so
 a group without them encodes as before, and groups stored before them decode with none.
 

@@ -399,7 +399,8 @@ class DeleteShareGroupRequest(_Message, tag="delete_group"):
 
 class DescribeGroupConfigsRequest(_Message, tag="describe_group_configs"):
     """Admin → coordinator: the group configs of a share group, each with its effective value
-    and source (Kafka's ``describeConfigs`` of a ``GROUP`` resource; issue #14). Answered with
+    and source (Kafka's ``describeConfigs`` of a ``GROUP`` resource; docs/operations.md "Group
+    configs"). Answered with
     :attr:`AdminResponse.configs`. Fields as :class:`AlterShareGroupOffsetsRequest`."""
 
     kind: ClassVar[str] = "describe_group_configs"
@@ -413,7 +414,8 @@ class DescribeGroupConfigsRequest(_Message, tag="describe_group_configs"):
 
 class AlterGroupConfigsRequest(_Message, tag="alter_group_configs"):
     """Admin → coordinator: set and delete group configs of a share group (Kafka's
-    ``incrementalAlterConfigs`` of a ``GROUP`` resource, SET and DELETE; issue #14). The
+    ``incrementalAlterConfigs`` of a ``GROUP`` resource, SET and DELETE; docs/operations.md
+    "Group configs"). The
     coordinator validates them against the broker-level bounds (``INVALID_CONFIG``, nothing
     changed) and stores them with the group; the answer's :attr:`AdminResponse.configs` are the
     configs after the change.

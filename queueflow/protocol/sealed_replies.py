@@ -1,5 +1,5 @@
-"""Replies only their member can read (issue #12: "what replies reveal is limited to what the
-receiving member needs").
+"""Replies only their member can read: what a reply reveals is limited to what the receiving
+member needs (docs/operations.md "Who can read the replies").
 
 Every member reads the app's one reply topic, so a signed reply (:mod:`queueflow.protocol.auth`)
 is still readable by every other member and by anyone with READ on that topic: member ids,

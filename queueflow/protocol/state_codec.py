@@ -753,7 +753,8 @@ _POSITION: Final = struct.Struct("<q")
 def request_position_key(partition: int) -> bytes:
     """Table key of the offset of the last request (in request partition ``partition`` of the
     request topic) whose changes the leader wrote: ``R/<partition>``. A new leader skips the
-    requests at or before it, which its predecessor already applied (issue #13)."""
+    requests at or before it, which its predecessor already applied (a takeover redelivers
+    nothing: docs/architecture.md)."""
     return f"R/{partition}".encode()
 
 

@@ -303,7 +303,9 @@ class SparkMember:
         try:
             acquisition = await session.acquire(tp, max_records)
         except (ShareGroupError, KafkaError) as exc:  # e.g. a leader failing over: next time
-            log.warning("spark_acquire_failed", topic=tp.topic, partition=tp.partition, error=repr(exc))
+            log.warning(
+                "spark_acquire_failed", topic=tp.topic, partition=tp.partition, error=repr(exc)
+            )
             return [], False
         if acquisition.error is not None:
             log.warning(
@@ -481,7 +483,10 @@ class SparkMember:
                 error = await session.flush(tp)
                 if error is not None:
                     log.warning(
-                        "spark_lock_renewal_refused", topic=tp.topic, partition=tp.partition, error=str(error)
+                        "spark_lock_renewal_refused",
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        error=str(error),
                     )
             self.stats["renewed"] += total
             return total

@@ -39,9 +39,12 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     create_topic(kafka_bootstrap, topic, 2)
     app_id = f"qf-admin-{uuid.uuid4().hex[:8]}"
     worker = LeaderWorker(
-        app_id, [topic], kafka_bootstrap, tmp_path_factory.mktemp("admin") / "data",
+        app_id,
+        [topic],
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("admin") / "data",
         LEADER_SETTINGS,
-    )  # fmt: skip
+    )
     with worker.start():
         yield {"topic": topic, "app_id": app_id, "worker": worker}
 
@@ -161,8 +164,12 @@ def test_cli_describes_like_kafka_share_groups(kafka_bootstrap: str, app: dict[s
 
     unknown = run_cli(*base, "--describe", "--group", "nope")
     assert unknown.exit_code == 1 and "share group 'nope' does not exist" in unknown.output
-    for bad in (["--describe"], ["--list", "--members"], ["--describe", "--all-groups",
-                "--members", "--state"], ["--list", "--describe"]):  # fmt: skip
+    for bad in (
+        ["--describe"],
+        ["--list", "--members"],
+        ["--describe", "--all-groups", "--members", "--state"],
+        ["--list", "--describe"],
+    ):
         refused = run_cli(*base, *bad)
         assert refused.exit_code == 1 and refused.output.startswith("Error: "), (bad, refused)
 
@@ -183,21 +190,43 @@ def test_cli_matches_kafka_share_groups_on_a_native_group(
     native = f"native-{uuid.uuid4().hex[:6]}"
     run_kafka_tool(
         "configs",
-        ["--bootstrap-server", kafka_bootstrap, "--entity-type", "groups", "--entity-name",
-         native, "--alter", "--add-config", "share.auto.offset.reset=earliest"],
-        timeout_s=90, check=True,
-    )  # fmt: skip
+        [
+            "--bootstrap-server",
+            kafka_bootstrap,
+            "--entity-type",
+            "groups",
+            "--entity-name",
+            native,
+            "--alter",
+            "--add-config",
+            "share.auto.offset.reset=earliest",
+        ],
+        timeout_s=90,
+        check=True,
+    )
     run_kafka_tool(
         "console-share-consumer",
-        ["--bootstrap-server", kafka_bootstrap, "--topic", topic, "--group", native,
-         "--max-messages", "6", "--timeout-ms", "30000"],
-        timeout_s=120, check=True,
-    )  # fmt: skip
+        [
+            "--bootstrap-server",
+            kafka_bootstrap,
+            "--topic",
+            topic,
+            "--group",
+            native,
+            "--max-messages",
+            "6",
+            "--timeout-ms",
+            "30000",
+        ],
+        timeout_s=120,
+        check=True,
+    )
     kafka = run_kafka_tool(
         "share-groups",
         ["--bootstrap-server", kafka_bootstrap, "--describe", "--group", native],
-        timeout_s=90, check=True,
-    )  # fmt: skip
+        timeout_s=90,
+        check=True,
+    )
     kafka_lines = [line.split() for line in kafka.stdout.splitlines() if line.strip()]
     header, row = kafka_lines[0], dict(zip(kafka_lines[0], kafka_lines[1], strict=True))
     done = int(row["START-OFFSET"])
@@ -293,9 +322,16 @@ async def members_of_both(bootstrap: str, app_id: str, topic: str, native: str) 
             assert time.monotonic() < deadline, f"no native member within {WAIT_S} s"
             await asyncio.sleep(0.5)
         ours = await asyncio.to_thread(
-            run_cli, "--bootstrap-server", bootstrap, "--app", app_id, "--describe", "--group",
-            "cmp", "--members",
-        )  # fmt: skip
+            run_cli,
+            "--bootstrap-server",
+            bootstrap,
+            "--app",
+            app_id,
+            "--describe",
+            "--group",
+            "cmp",
+            "--members",
+        )
         assert ours.exit_code == 0, ours.output
         return kafka.stdout, ours.output
     finally:

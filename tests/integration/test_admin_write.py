@@ -34,9 +34,12 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     asyncio.run(produce_records(kafka_bootstrap, topic, [f"r{i}" for i in range(10)], partitions=2))
     app_id = f"qf-admin-w-{uuid.uuid4().hex[:8]}"
     worker = LeaderWorker(
-        app_id, [topic], kafka_bootstrap, tmp_path_factory.mktemp("admin-w") / "data",
+        app_id,
+        [topic],
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("admin-w") / "data",
         LEADER_SETTINGS,
-    )  # fmt: skip
+    )
     with worker.start():
         yield {"topic": topic, "app_id": app_id}
 
@@ -94,24 +97,60 @@ def test_reset_with_the_cli_then_the_next_member_starts_at_the_new_spso(
 
     asyncio.run(finish_all())
 
-    dry = run_cli(*base, "--reset-offsets", "--group", "g", "--topic", f"{topic}:0",
-                  "--to-offset", "2", "--dry-run")  # fmt: skip
+    dry = run_cli(
+        *base,
+        "--reset-offsets",
+        "--group",
+        "g",
+        "--topic",
+        f"{topic}:0",
+        "--to-offset",
+        "2",
+        "--dry-run",
+    )
     print(f"$ queueflow share-groups --reset-offsets ... --dry-run\n{dry.output}")
     assert dry.exit_code == 0, dry.output
     assert rows(dry.output) == [
         ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"],
         ["g", topic, "0", "2"],
     ]
-    by_duration = run_cli(*base, "--reset-offsets", "--group", "g", "--all-topics",
-                          "--by-duration", "PT1H", "--dry-run", "--output", "json")  # fmt: skip
+    by_duration = run_cli(
+        *base,
+        "--reset-offsets",
+        "--group",
+        "g",
+        "--all-topics",
+        "--by-duration",
+        "PT1H",
+        "--dry-run",
+        "--output",
+        "json",
+    )
     assert [r["new_offset"] for r in json.loads(by_duration.output)] == [0, 0]
-    later = run_cli(*base, "--reset-offsets", "--group", "g", "--all-topics",
-                    "--to-datetime", "2999-01-01T00:00:00.000", "--dry-run")  # fmt: skip
+    later = run_cli(
+        *base,
+        "--reset-offsets",
+        "--group",
+        "g",
+        "--all-topics",
+        "--to-datetime",
+        "2999-01-01T00:00:00.000",
+        "--dry-run",
+    )
     assert [r[3] for r in rows(later.output)[1:]] == ["5", "5"]  # no record after: log end
     assert asyncio.run(spsos()) == [5, 5]  # a dry run changes nothing
 
-    done = run_cli(*base, "--reset-offsets", "--group", "g", "--topic", f"{topic}:0",
-                   "--to-offset", "2", "--execute")  # fmt: skip
+    done = run_cli(
+        *base,
+        "--reset-offsets",
+        "--group",
+        "g",
+        "--topic",
+        f"{topic}:0",
+        "--to-offset",
+        "2",
+        "--execute",
+    )
     print(f"$ queueflow share-groups --reset-offsets ... --execute\n{done.output}")
     assert done.exit_code == 0, done.output
     assert rows(done.output) == [
@@ -127,8 +166,10 @@ def test_reset_with_the_cli_then_the_next_member_starts_at_the_new_spso(
         await c.subscribe([topic])
         got = await take(c, 3, ACCEPT)
         assert sorted((r.partition, r.offset, r.delivery_count) for r in got) == [
-            (0, 2, 1), (0, 3, 1), (0, 4, 1),
-        ]  # fmt: skip
+            (0, 2, 1),
+            (0, 3, 1),
+            (0, 4, 1),
+        ]
         assert await c.poll(timeout_ms=1000) == []  # partition 1 stayed at 5: nothing more
         await c.close()
 
@@ -152,9 +193,15 @@ def test_a_group_with_members_is_refused_and_nothing_changes(
             )
             before = await admin.list_offsets("busy")
             refused = await asyncio.to_thread(
-                run_cli, *base, "--reset-offsets", "--group", "busy", "--all-topics",
-                "--to-latest", "--execute",
-            )  # fmt: skip
+                run_cli,
+                *base,
+                "--reset-offsets",
+                "--group",
+                "busy",
+                "--all-topics",
+                "--to-latest",
+                "--execute",
+            )
             print(f"$ queueflow share-groups --reset-offsets --group busy ...\n{refused.output}")
             assert refused.exit_code == 1
             assert refused.output.strip() == "Error: Share group 'busy' is not empty."
@@ -184,8 +231,11 @@ def test_delete_offsets_and_delete_group(kafka_bootstrap: str, app: dict[str, An
     topic, app_id = app["topic"], app["app_id"]
     base = ["--bootstrap-server", kafka_bootstrap, "--app", app_id]
     admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
-    asyncio.run(eventually(lambda: _equal(_states(admin), {"g": "Empty", "busy": "Empty"}),
-                           "both groups Empty"))  # fmt: skip
+    asyncio.run(
+        eventually(
+            lambda: _equal(_states(admin), {"g": "Empty", "busy": "Empty"}), "both groups Empty"
+        )
+    )
 
     deleted = run_cli(*base, "--delete-offsets", "--group", "g", "--topic", topic)
     print(f"$ queueflow share-groups --delete-offsets --group g --topic {topic}\n{deleted.output}")
@@ -229,8 +279,9 @@ def test_a_wrong_app_id_fails_fast_and_creates_nothing(kafka_bootstrap: str) -> 
     admin = ShareGroupAdmin("qf-typo-w", KafkaClientConfig(kafka_bootstrap), 10_000)
     with pytest.raises(ConfigurationError, match="no share-group coordinator for app 'qf-typo-w'"):
         asyncio.run(admin.delete_share_group_offsets("g", ["t"]))
-    refused = run_cli("--bootstrap-server", kafka_bootstrap, "--app", "qf-typo-w", "--delete",
-                      "--group", "g")  # fmt: skip
+    refused = run_cli(
+        "--bootstrap-server", kafka_bootstrap, "--app", "qf-typo-w", "--delete", "--group", "g"
+    )
     assert refused.exit_code == 1 and "no share-group coordinator" in refused.output
     assert asyncio.run(_no_topics(kafka_bootstrap, "qf-typo-w"))
 

@@ -35,9 +35,12 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     create_topic(kafka_bootstrap, topic, 2)
     app_id = f"qf-dash-{uuid.uuid4().hex[:8]}"
     worker = LeaderWorker(
-        app_id, [topic], kafka_bootstrap, tmp_path_factory.mktemp("dash") / "data",
+        app_id,
+        [topic],
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("dash") / "data",
         LEADER_SETTINGS,
-    )  # fmt: skip
+    )
     with worker.start():
         yield {"topic": topic, "app_id": app_id, "worker": worker}
 
@@ -73,9 +76,13 @@ def test_dashboard_shows_what_the_admin_api_reports(
     async def hold() -> tuple[ShareConsumer, list[ShareRecord]]:
         await produce_records(kafka_bootstrap, topic, [f"r{i}" for i in range(12)], partitions=2)
         holder = ShareConsumer(
-            "g", app_id=app_id, bootstrap_servers=kafka_bootstrap,
-            acknowledgement_mode="explicit", settings=MEMBER_SETTINGS, client_id="dash-client",
-        )  # fmt: skip
+            "g",
+            app_id=app_id,
+            bootstrap_servers=kafka_bootstrap,
+            acknowledgement_mode="explicit",
+            settings=MEMBER_SETTINGS,
+            client_id="dash-client",
+        )
         await holder.subscribe([topic])
         deadline = time.monotonic() + WAIT_S
         while True:  # a poll with >= 4 of one partition (explicit mode: acknowledge all of a

@@ -38,9 +38,12 @@ def app(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     asyncio.run(produce_records(kafka_bootstrap, topic, ["old0", "old1", "old2"], partition=0))
     app_id = f"qf-configs-{uuid.uuid4().hex[:8]}"
     worker = LeaderWorker(
-        app_id, [topic], kafka_bootstrap, tmp_path_factory.mktemp("configs") / "data",
+        app_id,
+        [topic],
+        kafka_bootstrap,
+        tmp_path_factory.mktemp("configs") / "data",
         LEADER_SETTINGS,
-    )  # fmt: skip
+    )
     with worker.start():
         yield {"topic": topic, "app_id": app_id, "worker": worker}
 
@@ -70,8 +73,14 @@ def test_configs_set_describe_and_refuse_bad_input(
 
     asyncio.run(join_and_leave())  # the group exists
 
-    done = run_cli(*base, "--group", "workers", "--alter", "--add-config",
-                   "share.delivery.count.limit=3,share.record.lock.duration.ms=15000")  # fmt: skip
+    done = run_cli(
+        *base,
+        "--group",
+        "workers",
+        "--alter",
+        "--add-config",
+        "share.delivery.count.limit=3,share.record.lock.duration.ms=15000",
+    )
     assert done.exit_code == 0 and done.output == "Completed updating config for group workers.\n"
     described = run_cli(*base, "--group", "workers", "--describe")
     assert described.exit_code == 0
@@ -82,28 +91,36 @@ def test_configs_set_describe_and_refuse_bad_input(
         "  share.delivery.count.limit=3 sensitive=false "
         "synonyms={DYNAMIC_GROUP_CONFIG:share.delivery.count.limit=3}",
     ]
-    every = run_cli(*base, "--entity-type", "groups", "--entity-name", "workers", "--describe",
-                    "--all")  # fmt: skip
+    every = run_cli(
+        *base, "--entity-type", "groups", "--entity-name", "workers", "--describe", "--all"
+    )
     assert every.exit_code == 0 and len(every.output.splitlines()) == 7
     assert "  share.auto.offset.reset=latest sensitive=false synonyms={DEFAULT_CONFIG:" in (
         every.output
     )
     for args, message in (
         (["--group", "nobody", "--describe"], "GROUP_ID_NOT_FOUND: share group 'nobody' does not"),
-        (["--group", "workers", "--alter", "--add-config", "share.isolation.level=x"],
-         "INVALID_CONFIG: unknown group config 'share.isolation.level'"),
-        (["--group", "workers", "--alter", "--add-config", "share.delivery.count.limit=1"],
-         "INVALID_CONFIG: share.delivery.count.limit=1 is out of range: allowed [2..10]"),
-    ):  # fmt: skip
+        (
+            ["--group", "workers", "--alter", "--add-config", "share.isolation.level=x"],
+            "INVALID_CONFIG: unknown group config 'share.isolation.level'",
+        ),
+        (
+            ["--group", "workers", "--alter", "--add-config", "share.delivery.count.limit=1"],
+            "INVALID_CONFIG: share.delivery.count.limit=1 is out of range: allowed [2..10]",
+        ),
+    ):
         refused = run_cli(*base, *args)
         assert refused.exit_code == 1 and message in refused.output, refused.output
     again = run_cli(*base, "--group", "workers", "--describe")
     assert again.output == described.output  # nothing changed
-    deleted = run_cli(*base, "--group", "workers", "--alter", "--delete-config",
-                      "share.delivery.count.limit")  # fmt: skip
+    deleted = run_cli(
+        *base, "--group", "workers", "--alter", "--delete-config", "share.delivery.count.limit"
+    )
     assert deleted.exit_code == 0
-    assert "share.delivery.count.limit" not in run_cli(*base, "--group", "workers",
-                                                        "--describe").output  # fmt: skip
+    assert (
+        "share.delivery.count.limit"
+        not in run_cli(*base, "--group", "workers", "--describe").output
+    )
 
 
 def test_a_partition_added_at_runtime_is_delivered_from_offset_0(

@@ -37,11 +37,13 @@ def no_admin(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--group", "g", "--alter"], "--alter needs --add-config"),
         (["--group", "g", "--describe", "--add-config", "a=1"], "with --alter only"),
         (["--group", "g", "--alter", "--all", "--add-config", "a=1"], "--all may be used"),
-        (["--group", "g", "--alter", "--add-config", "share.delivery.count.limit"],
-         "expected name=value"),
+        (
+            ["--group", "g", "--alter", "--add-config", "share.delivery.count.limit"],
+            "expected name=value",
+        ),
         (["--group", "g", "--alter", "--add-config", "a=1,a=2"], "sets 'a' twice"),
     ],
-)  # fmt: skip
+)
 def test_refused_flag_combinations_exit_1(no_admin: None, flags: list[str], message: str) -> None:
     result = CliRunner().invoke(cli, [*BASE, *flags])
     assert result.exit_code == 1, result.output

@@ -35,22 +35,34 @@ def no_admin(monkeypatch: pytest.MonkeyPatch) -> None:
         ([], "exactly one action"),
         (["--list", "--delete", "--group", "g"], "exactly one action"),
         ([*RESET, "--to-earliest", "--dry-run"], "either --topic or --all-topics"),
-        ([*RESET, "--topic", "t", "--all-topics", "--to-earliest", "--dry-run"],
-         "either --topic or --all-topics"),
+        (
+            [*RESET, "--topic", "t", "--all-topics", "--to-earliest", "--dry-run"],
+            "either --topic or --all-topics",
+        ),
         ([*RESET, "--all-topics", "--dry-run"], "exactly one of --to-earliest"),
-        ([*RESET, "--all-topics", "--to-earliest", "--to-latest", "--dry-run"],
-         "exactly one of --to-earliest"),
+        (
+            [*RESET, "--all-topics", "--to-earliest", "--to-latest", "--dry-run"],
+            "exactly one of --to-earliest",
+        ),
         ([*RESET, "--all-topics", "--to-earliest"], "either --dry-run or --execute"),
-        ([*RESET, "--all-topics", "--to-earliest", "--dry-run", "--execute"],
-         "either --dry-run or --execute"),
+        (
+            [*RESET, "--all-topics", "--to-earliest", "--dry-run", "--execute"],
+            "either --dry-run or --execute",
+        ),
         (["--reset-offsets", "--all-topics", "--to-earliest", "--dry-run"], "exactly one --group"),
-        ([*RESET, "--group", "h", "--all-topics", "--to-latest", "--execute"],
-         "exactly one --group"),
+        (
+            [*RESET, "--group", "h", "--all-topics", "--to-latest", "--execute"],
+            "exactly one --group",
+        ),
         ([*RESET, "--topic", "t:x", "--to-earliest", "--dry-run"], "partitions must be numbers"),
-        ([*RESET, "--all-topics", "--to-datetime", "yesterday", "--dry-run"],
-         "cannot parse datetime 'yesterday'"),
-        ([*RESET, "--all-topics", "--by-duration", "1h", "--dry-run"],
-         "cannot parse duration '1h'"),
+        (
+            [*RESET, "--all-topics", "--to-datetime", "yesterday", "--dry-run"],
+            "cannot parse datetime 'yesterday'",
+        ),
+        (
+            [*RESET, "--all-topics", "--by-duration", "1h", "--dry-run"],
+            "cannot parse duration '1h'",
+        ),
         ([*RESET, "--all-topics", "--by-duration", "-PT1H", "--dry-run"], "negative"),
         ([*RESET, "--all-topics", "--to-offset", "-1", "--dry-run"], "must be >= 0"),
         (["--delete-offsets", "--group", "g"], "needs --topic"),
@@ -62,7 +74,7 @@ def no_admin(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--list", "--topic", "t"], "--topic may be used with"),
         (["--delete", "--group", "g", "--members"], "--members may be used with --describe"),
     ],
-)  # fmt: skip
+)
 def test_refused_flag_combinations_exit_1_like_kafka(
     no_admin: None, flags: list[str], message: str
 ) -> None:

@@ -168,13 +168,26 @@ def test_golden_bytes() -> None:
     assert encode_snapshot(SNAP) == SNAP_BYTES
     assert SNAP_BYTES.hex() == (
         "f5025300"
-        "0200000000000000" "0100000000000000" "0700000000000000" "6400000000000000"
-        "6400000000000000" "03000000"
-        "00000000" "04000000" "00" "02000000"
-        "05000000" "00000000" "02" "01000000"
-        "07000000" "03000000" "04" "05000000"
+        "0200000000000000"
+        "0100000000000000"
+        "0700000000000000"
+        "6400000000000000"
+        "6400000000000000"
+        "03000000"
+        "00000000"
+        "04000000"
+        "00"
+        "02000000"
+        "05000000"
+        "00000000"
+        "02"
+        "01000000"
+        "07000000"
+        "03000000"
+        "04"
+        "05000000"
         "9a30d350"
-    )  # fmt: skip
+    )
     assert encode_update(UPD, snapshot_epoch=2, state_epoch=1, delta_index=4) == UPD_BYTES
     assert decode_snapshot(SNAP_BYTES, where=WHERE) == SNAP
     assert decode_update(UPD_BYTES, where=WHERE) == (UPD, 2, 1, 4)
@@ -241,9 +254,16 @@ def test_locks_golden_bytes() -> None:
     """A version 3 value: the version 2 layout with version 3 and the lock section."""
     aq = RecordState.ACQUIRED
     snap = ShareSnapshot(
-        1, 0, 3, 10, (StateBatch(10, 11, aq, 1, "m1", 5000), StateBatch(12, 12, AV, 1),
-                      StateBatch(13, 13, aq, 2, "m1", 6000))
-    )  # fmt: skip
+        1,
+        0,
+        3,
+        10,
+        (
+            StateBatch(10, 11, aq, 1, "m1", 5000),
+            StateBatch(12, 12, AV, 1),
+            StateBatch(13, 13, aq, 2, "m1", 6000),
+        ),
+    )
     data = encode_snapshot(snap)
     header = struct.pack("<BBBBqqqqqI", 0xF5, 3, 0x53, 0, 1, 0, 3, 10, 10, 3)
     runs = struct.pack("<IIBi", 0, 1, 1, 1) + struct.pack("<IIBi", 2, 0, 0, 1)
@@ -306,16 +326,20 @@ def test_v2_is_smaller_than_v1() -> None:
     ("batches", "match"),
     [
         ([StateBatch(0, 0, RecordState.ACQUIRED, 1)], r"ACQUIRED.*only Available"),
-        ([StateBatch(2**40, 2**40, AV, 1), StateBatch(2**41, 2**41, RecordState.ACQUIRED, 1)],
-         r"ACQUIRED.*only Available"),
+        (
+            [StateBatch(2**40, 2**40, AV, 1), StateBatch(2**41, 2**41, RecordState.ACQUIRED, 1)],
+            r"ACQUIRED.*only Available",
+        ),
         ([StateBatch(0, 0, AV, 2**31)], r"delivery count 2147483648 is not an int32"),
         ([StateBatch(0, 0, AV, -(2**31) - 1)], r"is not an int32"),
         ([StateBatch(5, 2**63, AV, 1)], r"batch 5\.\.9223372036854775808: offsets are 0 to 2"),
         ([StateBatch(-5, 2**62, AV, 1)], r"batch -5\.\.4611686018427387904: offsets are 0 to 2"),
-        ([StateBatch(0, 0, AV, 1), StateBatch(1, 2**64, AV, 1), StateBatch(5, 5, AV, 1)],
-         r"do not fit int64"),
+        (
+            [StateBatch(0, 0, AV, 1), StateBatch(1, 2**64, AV, 1), StateBatch(5, 5, AV, 1)],
+            r"do not fit int64",
+        ),
     ],
-)  # fmt: skip
+)
 def test_encode_refuses_what_it_cannot_represent(batches: list[StateBatch], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         encode_snapshot(ShareSnapshot(0, 0, 0, 0, tuple(batches)))
@@ -475,15 +499,36 @@ def test_decode_state_names_the_partition_for_a_corrupt_v2_delta() -> None:
 VALID: list[tuple[str, Callable[..., Any], bytes]] = [
     ("snapshot", decode_snapshot, encode_snapshot(SNAP)),
     ("update", decode_update, encode_update(UPD, snapshot_epoch=2, state_epoch=1, delta_index=4)),
-    ("empty update", decode_update, encode_update(ShareUpdate(0, (), True), snapshot_epoch=0,
-                                                  state_epoch=0, delta_index=0)),
-    ("wide snapshot", decode_snapshot, encode_snapshot(ShareSnapshot(
-        0, 0, 0, 0, (StateBatch(0, 0, AV, 1), StateBatch(2**40, 2**40, AK, 2))))),
-    ("locked update", decode_update, encode_update(ShareUpdate(5, (
-        StateBatch(5, 6, RecordState.ACQUIRED, 1, "m1", 9000), StateBatch(7, 7, AK, 1),
-        StateBatch(8, 9, RecordState.ACQUIRED, 3, "m2", 9500))), snapshot_epoch=1,
-        state_epoch=0, delta_index=2)),
-]  # fmt: skip
+    (
+        "empty update",
+        decode_update,
+        encode_update(ShareUpdate(0, (), True), snapshot_epoch=0, state_epoch=0, delta_index=0),
+    ),
+    (
+        "wide snapshot",
+        decode_snapshot,
+        encode_snapshot(
+            ShareSnapshot(0, 0, 0, 0, (StateBatch(0, 0, AV, 1), StateBatch(2**40, 2**40, AK, 2)))
+        ),
+    ),
+    (
+        "locked update",
+        decode_update,
+        encode_update(
+            ShareUpdate(
+                5,
+                (
+                    StateBatch(5, 6, RecordState.ACQUIRED, 1, "m1", 9000),
+                    StateBatch(7, 7, AK, 1),
+                    StateBatch(8, 9, RecordState.ACQUIRED, 3, "m2", 9500),
+                ),
+            ),
+            snapshot_epoch=1,
+            state_epoch=0,
+            delta_index=2,
+        ),
+    ),
+]
 VALID_IDS = [v[0] for v in VALID]
 
 
@@ -560,35 +605,66 @@ def test_random_bytes_after_the_header_start(tail: bytes, versioned: bool) -> No
 FORGED: list[tuple[str, Callable[..., Any], bytes, str]] = [
     ("snapshot with the reset flag", decode_snapshot, forge(flags=0x01), "unknown flags 0x01"),
     ("unknown flag bit", decode_update, forge(record_type=0x55, flags=0x04), "unknown flags"),
-    ("negative snapshot epoch", decode_snapshot, forge(fields=(-1, 1, 7, 100)),
-     "snapshot epoch -1"),
-    ("negative state epoch", decode_update, forge(record_type=0x55, fields=(1, -5, 0, 0)),
-     "state epoch -5"),
+    (
+        "negative snapshot epoch",
+        decode_snapshot,
+        forge(fields=(-1, 1, 7, 100)),
+        "snapshot epoch -1",
+    ),
+    (
+        "negative state epoch",
+        decode_update,
+        forge(record_type=0x55, fields=(1, -5, 0, 0)),
+        "state epoch -5",
+    ),
     ("leader epoch below -1", decode_snapshot, forge(fields=(1, 1, -2, 100)), "leader epoch -2"),
-    ("negative delta index", decode_update, forge(record_type=0x55, fields=(1, 1, -1, 0)),
-     "delta index -1"),
+    (
+        "negative delta index",
+        decode_update,
+        forge(record_type=0x55, fields=(1, 1, -1, 0)),
+        "delta index -1",
+    ),
     ("negative snapshot start", decode_snapshot, forge(fields=(1, 1, 7, -1)), "start offset -1"),
-    ("update start below -1", decode_update, forge(record_type=0x55, fields=(1, 1, 0, -2)),
-     "start offset -2"),
+    (
+        "update start below -1",
+        decode_update,
+        forge(record_type=0x55, fields=(1, 1, 0, -2)),
+        "start offset -2",
+    ),
     ("negative base", decode_snapshot, forge(base=-3), "base offset -3"),
     ("state Acquired", decode_snapshot, forge(runs=[(0, 1, 1, 1)]), "has state 1"),
     ("state 3", decode_update, forge(record_type=0x55, runs=[(0, 1, 3, 1)]), "has state 3"),
     ("negative count", decode_snapshot, forge(runs=[(0, 1, 0, -1)]), "delivery count -1"),
     ("overlapping", decode_snapshot, forge(runs=[(0, 4, 0, 1), (4, 2, 2, 1)]), "overlaps"),
     ("unordered", decode_snapshot, forge(runs=[(10, 4, 0, 1), (0, 2, 2, 1)]), "precedes"),
-    ("wide first > last", decode_snapshot, forge(flags=0x02, runs=[(0, -1, 0, 1)]),
-     "invalid range 100..99"),
-    ("wide below 0", decode_snapshot, forge(flags=0x02, base=0, runs=[(-5, 1, 0, 1)]),
-     "invalid range -5..-4"),
-    ("beyond int64", decode_snapshot, forge(flags=0x02, base=2**62, runs=[(2**62, 0, 0, 1)]),
-     "invalid range"),
+    (
+        "wide first > last",
+        decode_snapshot,
+        forge(flags=0x02, runs=[(0, -1, 0, 1)]),
+        "invalid range 100..99",
+    ),
+    (
+        "wide below 0",
+        decode_snapshot,
+        forge(flags=0x02, base=0, runs=[(-5, 1, 0, 1)]),
+        "invalid range -5..-4",
+    ),
+    (
+        "beyond int64",
+        decode_snapshot,
+        forge(flags=0x02, base=2**62, runs=[(2**62, 0, 0, 1)]),
+        "invalid range",
+    ),
     ("run count too high", decode_snapshot, forge(count=2), "header says 2 narrow runs"),
     ("run count huge", decode_snapshot, forge(count=2**32 - 1), "truncated"),
-    ("run count too low", decode_snapshot, forge(runs=[(0, 1, 0, 1)] * 2, count=1),
-     "extra bytes"),
-    ("wide flag, no runs", decode_snapshot, forge(flags=0x02, runs=[], count=1),
-     "52 bytes long, but its header says 1 wide runs, 73 bytes: it is truncated"),
-]  # fmt: skip
+    ("run count too low", decode_snapshot, forge(runs=[(0, 1, 0, 1)] * 2, count=1), "extra bytes"),
+    (
+        "wide flag, no runs",
+        decode_snapshot,
+        forge(flags=0x02, runs=[], count=1),
+        "52 bytes long, but its header says 1 wide runs, 73 bytes: it is truncated",
+    ),
+]
 
 
 @pytest.mark.parametrize(("what", "decode", "data", "problem"), FORGED, ids=[f[0] for f in FORGED])

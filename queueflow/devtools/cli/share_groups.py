@@ -173,9 +173,10 @@ async def _reset(
     counts = description.partitions
     targets: list[TopicPartition] = []
     for topic, partitions in (
-        [_topic_partitions(t) for t in topic_specs] if topic_specs else
-        [(t, None) for t in sorted(counts)]
-    ):  # fmt: skip
+        [_topic_partitions(t) for t in topic_specs]
+        if topic_specs
+        else [(t, None) for t in sorted(counts)]
+    ):
         if topic not in counts:
             raise ShareGroupError(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
@@ -351,13 +352,17 @@ def share_groups(
     if sum(actions) != 1:
         refuse(f"Command must include exactly one action: {', '.join(_ACTIONS)}.")
     scenarios = (
-        to_earliest, to_latest, to_datetime is not None, by_duration is not None,
+        to_earliest,
+        to_latest,
+        to_datetime is not None,
+        by_duration is not None,
         to_offset is not None,
-    )  # fmt: skip
-    reset_only = [
-        name for name, on in zip(_SCENARIOS, scenarios, strict=True) if on
-    ] + [n for n, on in (("--all-topics", all_topics), ("--dry-run", dry_run),
-                         ("--execute", execute)) if on]  # fmt: skip
+    )
+    reset_only = [name for name, on in zip(_SCENARIOS, scenarios, strict=True) if on] + [
+        n
+        for n, on in (("--all-topics", all_topics), ("--dry-run", dry_run), ("--execute", execute))
+        if on
+    ]
     if reset_only and not reset_offsets:
         refuse(f"{reset_only[0]} may be used with --reset-offsets only")
     if topic_specs and not (reset_offsets or delete_offsets):
@@ -432,8 +437,11 @@ def share_groups(
             )
     except ShareGroupError as exc:
         # Kafka's wording for the refusals it has its own message for
-        refuse(exc.message if exc.code is ErrorCode.NON_EMPTY_GROUP and exc.message.startswith(
-            "Share group") else str(exc))  # fmt: skip
+        refuse(
+            exc.message
+            if exc.code is ErrorCode.NON_EMPTY_GROUP and exc.message.startswith("Share group")
+            else str(exc)
+        )
         return
     except (_Refused, QueueflowError, TimeoutError) as exc:
         refuse(str(exc))
