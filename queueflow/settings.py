@@ -21,6 +21,7 @@ This module uses the standard library only: the engine imports it.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import os
 import re
 import typing
@@ -32,16 +33,87 @@ from queueflow.errors import ConfigurationError
 
 __all__ = [
     "SETTINGS",
+    "AuthMode",
+    "AutoOffsetReset",
+    "Choice",
+    "LogFormat",
     "Setting",
     "ShareGroupSettings",
+    "StateDurability",
+    "TicketPolicy",
+    "bool_default",
     "check_declarations",
+    "choice_default",
     "int_default",
     "listener_address",
     "lookup",
     "markdown_table",
+    "show_value",
     "str_default",
     "with_markdown_table",
 ]
+
+
+class Choice(str, enum.Enum):
+    """Base of the choice settings' enums: each member is its config value (a ``str``, so it
+    compares, hashes, formats and encodes as that value)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class AutoOffsetReset(Choice):
+    """``share.auto.offset.reset``: where a new share-partition's SPSO starts (KIP-932
+    "Group configuration")."""
+
+    LATEST = "latest"
+    EARLIEST = "earliest"
+
+
+class StateDurability(Choice):
+    """``queueflow.leader.state.durability``: when a leader answers relative to the changelog."""
+
+    ACKED = "acked"
+    BUFFERED = "buffered"
+
+
+class AuthMode(Choice):
+    """``queueflow.auth.mode``: how control messages are authenticated (docs/operations.md
+    "Threat model and attack matrix"). :attr:`ShareGroupSettings.control_auth_mode` resolves
+    ``AUTO`` to ``HMAC`` or ``NONE``."""
+
+    AUTO = "auto"
+    HMAC = "hmac"
+    NONE = "none"
+
+
+class TicketPolicy(Choice):
+    """``queueflow.auth.tickets``: whether leaders require the member's assignment ticket."""
+
+    REQUIRED = "required"
+    OPTIONAL = "optional"
+
+
+class LogFormat(Choice):
+    """``queueflow.log.format``: how queueflow's structlog events are written to stderr."""
+
+    AUTO = "auto"
+    JSON = "json"
+    CONSOLE = "console"
+
+
+#: The type of a setting's value.
+SettingValue = int | str | bool | Choice
+
+_BOOLEANS = {"true": True, "false": False}
+
+
+def show_value(value: object) -> str:
+    """A setting's value as written in configs and docs: ``true``/``false`` for booleans, a
+    choice's config value, else ``str(value)``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +123,10 @@ class Setting:
     Args:
         attr: the Python attribute on :class:`ShareGroupSettings`.
         name: the KIP-932 / Kafka config name (or ``queueflow.*``).
-        default: the default value; its type (``int`` or ``str``) is the setting's type.
+        default: the default value; its type is the setting's type: ``int``, ``str``, ``bool``
+            (written ``true``/``false`` in configs and the environment) or a :class:`Choice`
+            enum (its members are the allowed values).
         minimum / maximum: inclusive bounds for integers, or ``None`` for unbounded.
-        choices: allowed values for strings, or ``None``.
         doc: one line for the configuration reference (Markdown; no ``|``).
         read_by: which process's value applies (leader, coordinator, member, share agent), for
             the configuration reference.
@@ -61,12 +134,21 @@ class Setting:
 
     attr: str
     name: str
-    default: int | str
+    default: SettingValue
     minimum: int | None = None
     maximum: int | None = None
-    choices: tuple[str, ...] | None = None
     doc: str = ""
     read_by: str = ""
+
+    @property
+    def choices(self) -> tuple[str, ...] | None:
+        """The allowed values of a boolean or choice setting, as written in configs; else
+        ``None``."""
+        if isinstance(self.default, bool):
+            return tuple(_BOOLEANS)
+        if isinstance(self.default, Choice):
+            return tuple(str(c.value) for c in type(self.default))
+        return None
 
     @property
     def env(self) -> str:
@@ -83,21 +165,41 @@ class Setting:
         hi = "" if self.maximum is None else str(self.maximum)
         return f"[{lo}..{hi}]"
 
-    def parse(self, raw: Any, source: str) -> int | str:
+    def parse(self, raw: Any, source: str) -> SettingValue:
         """Convert and check ``raw`` (a value, or its string form from the environment).
 
         Args:
-            raw: the value to check; integers may be given as numeric strings.
+            raw: the value to check; integers may be given as numeric strings, booleans as
+                ``true``/``false`` (any case), choices as their config value.
             source: where it came from, for the message (``arguments``, ``$ENV_VAR``, ``default``).
 
         Returns:
-            The value as ``int`` or ``str`` (the type of :attr:`default`).
+            The value as the type of :attr:`default` (``int``, ``str``, ``bool`` or its
+            :class:`Choice` enum).
 
         Raises:
             ConfigurationError: not an integer, out of ``[minimum..maximum]`` or not one of
                 :attr:`choices`; the message names the setting, the value, ``source`` and the
                 allowed range.
         """
+        if isinstance(self.default, bool):
+            if isinstance(raw, bool):
+                return raw
+            flag = _BOOLEANS.get(str(raw).strip().lower())
+            if flag is None:
+                raise ConfigurationError(
+                    f"{self.name}={raw!r} (from {source}) is not allowed; "
+                    f"choose one of {self.allowed()}, default {show_value(self.default)!r}"
+                )
+            return flag
+        if isinstance(self.default, Choice):
+            try:
+                return type(self.default)(str(raw))
+            except ValueError:
+                raise ConfigurationError(
+                    f"{self.name}={str(raw)!r} (from {source}) is not allowed; "
+                    f"choose one of {self.allowed()}, default {show_value(self.default)!r}"
+                ) from None
         if isinstance(self.default, int):
             try:
                 number = int(raw)
@@ -114,13 +216,7 @@ class Setting:
                     f"allowed range {self.allowed()}, default {self.default}"
                 )
             return number
-        value = str(raw)
-        if self.choices and value not in self.choices:
-            raise ConfigurationError(
-                f"{self.name}={value!r} (from {source}) is not allowed; "
-                f"choose one of {self.allowed()}, default {self.default!r}"
-            )
-        return value
+        return str(raw)
 
 
 _LOCK_READERS = "leader; share agent (checks `lock_duration_ms`)"
@@ -322,8 +418,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "auto_offset_reset",
         "share.auto.offset.reset",
-        "latest",
-        choices=("latest", "earliest"),
+        AutoOffsetReset.LATEST,
         doc="Where a new share-partition's SPSO starts: the log end or the log start.",
         read_by="leader",
     ),
@@ -432,8 +527,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "state_durability",
         "queueflow.leader.state.durability",
-        "acked",
-        choices=("acked", "buffered"),
+        StateDurability.ACKED,
         doc="acked: an answer (direct or on the reply topic) leaves once the broker acknowledged "
         "its state change in the changelog, so delivery counts are exact across crashes; "
         "buffered: at once (faster; a leader crash may lose a change already answered).",
@@ -442,8 +536,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "renew_acknowledge_enable",
         "share.renew.acknowledge.enable",
-        "true",
-        choices=("true", "false"),
+        True,
         doc="Whether members may RENEW acquisition locks (KIP-1222); share agents whose "
         "handler_timeout_ms outlasts the lock renew while the handler runs.",
         read_by="leader, share agent",
@@ -460,8 +553,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "auth_mode",
         "queueflow.auth.mode",
-        "auto",
-        choices=("auto", "hmac", "none"),
+        AuthMode.AUTO,
         doc="hmac: every control message is signed with `queueflow.auth.secret` and unsigned, "
         "forged, stale or replayed ones are dropped (docs/operations.md, threat model); none: "
         "no authentication (a trusted cluster); auto: hmac when `queueflow.auth.secret` is set, "
@@ -479,8 +571,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "auth_tickets",
         "queueflow.auth.tickets",
-        "required",
-        choices=("required", "optional"),
+        TicketPolicy.REQUIRED,
         doc="required: leaders serve a ShareFetch or acknowledgement only with the assignment "
         "ticket of the member's latest heartbeat answer (current member, current epoch, "
         "share-partition assigned; UNKNOWN_MEMBER_ID / FENCED_MEMBER_EPOCH / "
@@ -491,8 +582,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "log_format",
         "queueflow.log.format",
-        "auto",
-        choices=("auto", "json", "console"),
+        LogFormat.AUTO,
         doc="How queueflow's structlog events are written to stderr: json (one object per "
         "line), console (human-readable), auto (console when stderr is a terminal, else json).",
         read_by="every worker and member (each process its own)",
@@ -523,20 +613,47 @@ def int_default(key: str) -> int:
         KeyError: no such setting. TypeError: the setting is not an integer.
     """
     default = lookup(key).default
-    if not isinstance(default, int):
+    if not isinstance(default, int) or isinstance(default, bool):
         raise TypeError(f"share-group setting {key!r} is not an integer")
     return default
 
 
 def str_default(key: str) -> str:
-    """The default of the string setting ``key`` (attribute or KIP-932 name).
+    """The default of the text setting ``key`` (attribute or KIP-932 name).
 
     Raises:
-        KeyError: no such setting. TypeError: the setting is not a string.
+        KeyError: no such setting. TypeError: the setting is not plain text.
     """
     default = lookup(key).default
-    if not isinstance(default, str):
-        raise TypeError(f"share-group setting {key!r} is not a string")
+    if not isinstance(default, str) or isinstance(default, Choice):
+        raise TypeError(f"share-group setting {key!r} is not a text setting")
+    return default
+
+
+def bool_default(key: str) -> bool:
+    """The default of the boolean setting ``key`` (attribute or KIP-932 name).
+
+    Raises:
+        KeyError: no such setting. TypeError: the setting is not a boolean.
+    """
+    default = lookup(key).default
+    if not isinstance(default, bool):
+        raise TypeError(f"share-group setting {key!r} is not a boolean")
+    return default
+
+
+_C = typing.TypeVar("_C", bound=Choice)
+
+
+def choice_default(key: str, kind: type[_C]) -> _C:
+    """The default of the choice setting ``key`` (attribute or KIP-932 name), a ``kind``.
+
+    Raises:
+        KeyError: no such setting. TypeError: the setting is not a ``kind`` choice.
+    """
+    default = lookup(key).default
+    if not isinstance(default, kind):
+        raise TypeError(f"share-group setting {key!r} is not a {kind.__name__}")
     return default
 
 
@@ -583,7 +700,7 @@ class ShareGroupSettings:
     assignor_refresh_interval_ms: int = int_default("assignor_refresh_interval_ms")
     member_assignors: str = str_default("member_assignors")
     client_rack: str = str_default("client_rack")
-    auto_offset_reset: str = str_default("auto_offset_reset")
+    auto_offset_reset: AutoOffsetReset = choice_default("auto_offset_reset", AutoOffsetReset)
     snapshot_update_records_per_snapshot: int = int_default("snapshot_update_records_per_snapshot")
     max_poll_records: int = int_default("max_poll_records")
     acknowledgement_linger_ms: int = int_default("acknowledgement_linger_ms")
@@ -595,13 +712,13 @@ class ShareGroupSettings:
     fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")
     leader_listener: str = str_default("leader_listener")
     leader_advertised_host: str = str_default("leader_advertised_host")
-    state_durability: str = str_default("state_durability")
-    renew_acknowledge_enable: str = str_default("renew_acknowledge_enable")
+    state_durability: StateDurability = choice_default("state_durability", StateDurability)
+    renew_acknowledge_enable: bool = bool_default("renew_acknowledge_enable")
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")
-    auth_mode: str = str_default("auth_mode")
+    auth_mode: AuthMode = choice_default("auth_mode", AuthMode)
     auth_secret: str = dataclasses.field(default=str_default("auth_secret"), repr=False)
-    auth_tickets: str = str_default("auth_tickets")
-    log_format: str = str_default("log_format")
+    auth_tickets: TicketPolicy = choice_default("auth_tickets", TicketPolicy)
+    log_format: LogFormat = choice_default("log_format", LogFormat)
 
     @classmethod
     def load(
@@ -656,25 +773,31 @@ class ShareGroupSettings:
         _cross_check(values, {})
 
     @property
-    def control_auth_mode(self) -> str:
-        """The authentication control messages use: ``"hmac"`` or ``"none"``.
+    def control_auth_mode(self) -> AuthMode:
+        """The authentication control messages use: :attr:`AuthMode.HMAC` or
+        :attr:`AuthMode.NONE`.
 
         ``queueflow.auth.mode=auto`` means ``hmac`` when ``queueflow.auth.secret`` is set, else
         ``none``; :func:`queueflow.kafka.config.check_control_auth` refuses the latter on a
         secured cluster.
         """
-        if self.auth_mode == "auto":
-            return "hmac" if self.auth_secret else "none"
+        if self.auth_mode is AuthMode.AUTO:
+            return AuthMode.HMAC if self.auth_secret else AuthMode.NONE
         return self.auth_mode
 
     def as_kip_names(self) -> dict[str, int | str]:
-        """The settings keyed by their KIP-932 names (for logs, admin output and docs)."""
-        return {
-            s.name: (
-                "***" if s.attr == "auth_secret" and self.auth_secret else getattr(self, s.attr)
-            )
-            for s in SETTINGS
-        }
+        """The settings keyed by their KIP-932 names, as written in configs (for logs, admin
+        output and docs): integers stay integers, everything else is its config text."""
+        out: dict[str, int | str] = {}
+        for s in SETTINGS:
+            value = getattr(self, s.attr)
+            if s.attr == "auth_secret" and self.auth_secret:
+                out[s.name] = "***"
+            elif isinstance(value, int) and not isinstance(value, bool):
+                out[s.name] = value
+            else:
+                out[s.name] = show_value(value)
+        return out
 
 
 #: The min/max pairs that bound the group configs (KIP-1240; queueflow.engine.group_config).
@@ -723,7 +846,7 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
         raise ConfigurationError(
             f"{show('heartbeat_interval_ms')} must be below {show('session_timeout_ms')}"
         )
-    if values["auth_mode"] == "hmac" and not values["auth_secret"]:
+    if values["auth_mode"] is AuthMode.HMAC and not values["auth_secret"]:
         raise ConfigurationError(
             f"{_BY_ATTR['auth_mode'].name}=hmac needs {_BY_ATTR['auth_secret'].name} (or "
             f"${_BY_ATTR['auth_secret'].env}): set the same secret on every worker of the app"
@@ -797,13 +920,11 @@ def check_declarations(cls: type = ShareGroupSettings) -> None:
         if dupes:
             problems.append(f"duplicate {label}s in SETTINGS: {', '.join(dupes)}")
     for s in SETTINGS:
-        if isinstance(s.default, int):
-            if s.choices is not None:
-                problems.append(f"{s.name}: an integer setting cannot have choices")
+        if isinstance(s.default, int) and not isinstance(s.default, bool):
             if s.minimum is not None and s.maximum is not None and s.minimum > s.maximum:
                 problems.append(f"{s.name}: minimum {s.minimum} > maximum {s.maximum}")
         elif s.minimum is not None or s.maximum is not None:
-            problems.append(f"{s.name}: a string setting cannot have bounds")
+            problems.append(f"{s.name}: only an integer setting can have bounds")
         try:
             s.parse(s.default, "default")
         except ConfigurationError as exc:
@@ -856,7 +977,7 @@ def markdown_table() -> str:
     for s in SETTINGS:
         allowed = ", ".join(f"`{c}`" for c in s.choices) if s.choices else f"`{s.allowed()}`"
         rows.append(
-            f"| `{s.name}` <br>(`{s.attr}`) | `{s.env}` | `{s.default}` | {allowed} "
+            f"| `{s.name}` <br>(`{s.attr}`) | `{s.env}` | `{show_value(s.default)}` | {allowed} "
             f"| {s.read_by} | {s.doc} |"
         )
     return "\n".join(rows) + "\n"

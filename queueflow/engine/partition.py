@@ -37,7 +37,7 @@ from queueflow.errors import (
     InvalidRecordStateError,
     InvalidRequestError,
 )
-from queueflow.settings import int_default, lookup, str_default
+from queueflow.settings import bool_default, int_default, lookup
 from queueflow.structs import AcknowledgeType
 
 __all__ = [
@@ -172,7 +172,7 @@ class SharePartitionConfig:
     record_lock_duration_ms: int = int_default("group.share.record.lock.duration.ms")
     max_record_lock_duration_ms: int = int_default("group.share.max.record.lock.duration.ms")
     min_record_lock_duration_ms: int = int_default("group.share.min.record.lock.duration.ms")
-    renew_enabled: bool = str_default("share.renew.acknowledge.enable") == "true"
+    renew_enabled: bool = bool_default("share.renew.acknowledge.enable")
 
     def __post_init__(self) -> None:
         self.validate()

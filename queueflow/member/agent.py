@@ -787,7 +787,7 @@ class ShareAgent:
             call.deadline = lock_end
             return
         timeout_end = self.ctx.clock.monotonic() + self.handler_timeout_ms / 1000
-        if self.ctx.settings.renew_acknowledge_enable == "true" and timeout_end > lock_end:
+        if self.ctx.settings.renew_acknowledge_enable and timeout_end > lock_end:
             call.deadline, call.renew_at, call.records = timeout_end, lock_end, records
         else:
             call.deadline = min(lock_end, timeout_end)

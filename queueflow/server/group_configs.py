@@ -70,7 +70,7 @@ def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePar
         record_lock_duration_ms=config.record_lock_duration_ms,
         max_record_lock_duration_ms=settings.max_record_lock_duration_ms,
         min_record_lock_duration_ms=settings.min_record_lock_duration_ms,
-        renew_enabled=settings.renew_acknowledge_enable == "true",
+        renew_enabled=settings.renew_acknowledge_enable,
     )
 
 

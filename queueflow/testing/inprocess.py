@@ -49,7 +49,7 @@ from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
 from queueflow.server.leader import ShareLeader
 from queueflow.server.ticker import LeaderTicker
-from queueflow.settings import ShareGroupSettings
+from queueflow.settings import AutoOffsetReset, ShareGroupSettings
 from queueflow.structs import ShareRecord, TopicPartition
 
 __all__ = ["InProcessCluster", "StoredRecord"]
@@ -277,7 +277,7 @@ class InProcessCluster:
         self.direct = direct
         self.namespace = namespace
         self.settings = settings or ShareGroupSettings(
-            auto_offset_reset="earliest",
+            auto_offset_reset=AutoOffsetReset.EARLIEST,
             heartbeat_interval_ms=200,
             session_timeout_ms=10_000,
             request_timeout_ms=2_000,

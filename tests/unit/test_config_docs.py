@@ -11,6 +11,7 @@ from queueflow.settings import (
     TABLE_END,
     TABLE_START,
     markdown_table,
+    show_value,
     with_markdown_table,
 )
 
@@ -34,7 +35,9 @@ def test_table_has_a_row_per_setting() -> None:
     rows = table.splitlines()[2:]
     assert len(rows) == len(SETTINGS)
     for row, s in zip(rows, SETTINGS, strict=True):
-        assert row.startswith(f"| `{s.name}` <br>(`{s.attr}`) | `{s.env}` | `{s.default}` |")
+        assert row.startswith(
+            f"| `{s.name}` <br>(`{s.attr}`) | `{s.env}` | `{show_value(s.default)}` |"
+        )
         assert row.count("|") == 7  # no stray pipes from a doc line
 
 

@@ -9,7 +9,16 @@ import pytest
 
 from queueflow.engine.partition import SharePartition, SharePartitionConfig
 from queueflow.errors import ConfigurationError, InvalidRequestError
-from queueflow.settings import SETTINGS, Setting, ShareGroupSettings, check_declarations, lookup
+from queueflow.settings import (
+    SETTINGS,
+    AuthMode,
+    Setting,
+    ShareGroupSettings,
+    StateDurability,
+    check_declarations,
+    lookup,
+    show_value,
+)
 
 BY_NAME = {s.name: s for s in SETTINGS}
 
@@ -23,7 +32,7 @@ def load(
 def other_valid_value(s: Setting) -> int | str:
     """A valid value different from the default."""
     if s.choices:
-        return next(c for c in s.choices if c != s.default)
+        return next(c for c in s.choices if c != show_value(s.default))
     if isinstance(s.default, str):  # free text: host names and listeners
         return "127.0.0.1:9100" if ":" in s.default else "leader-1.example"
     assert isinstance(s.default, int)
@@ -94,8 +103,9 @@ def test_every_setting_by_either_name(setting: Setting) -> None:
     value = other_valid_value(setting)
     # queueflow.auth.mode=hmac needs a secret (a cross-setting check).
     extra = {"auth_secret": "s"} if setting.attr == "auth_mode" else {}
-    assert getattr(load({setting.name: value, **extra}), setting.attr) == value
-    assert getattr(load({setting.attr: value, **extra}), setting.attr) == value
+    expected = setting.parse(value, "test")
+    assert getattr(load({setting.name: value, **extra}), setting.attr) == expected
+    assert getattr(load({setting.attr: value, **extra}), setting.attr) == expected
 
 
 def test_unknown_setting_name() -> None:
@@ -125,7 +135,9 @@ def test_env_variable_names() -> None:
 def test_every_setting_from_env(setting: Setting) -> None:
     value = other_valid_value(setting)
     extra = {"QUEUEFLOW_AUTH_SECRET": "s"} if setting.attr == "auth_mode" else {}
-    assert getattr(load(env={setting.env: str(value), **extra}), setting.attr) == value
+    assert getattr(load(env={setting.env: str(value), **extra}), setting.attr) == setting.parse(
+        value, "test"
+    )
 
 
 def test_arguments_override_env() -> None:
@@ -329,7 +341,7 @@ def test_engine_defaults_come_from_the_table() -> None:
     assert {f.name for f in dataclasses.fields(cfg)} == set(ENGINE_FIELDS) | {"renew_enabled"}
     for attr, name in ENGINE_FIELDS.items():
         assert getattr(cfg, attr) == BY_NAME[name].default, attr
-    assert cfg.renew_enabled is (BY_NAME["share.renew.acknowledge.enable"].default == "true")
+    assert cfg.renew_enabled is BY_NAME["share.renew.acknowledge.enable"].default
 
 
 @pytest.mark.parametrize(("attr", "name"), ENGINE_FIELDS.items())
@@ -437,3 +449,47 @@ def test_auth_hmac_needs_a_secret_and_the_secret_is_never_shown() -> None:
     s = load({"queueflow.auth.mode": "hmac", "queueflow.auth.secret": "hunter2"})
     assert "hunter2" not in repr(s) and "hunter2" not in str(s.as_kip_names())
     assert s.auth_secret == "hunter2"
+
+
+# ------------------------------------------------------------------------------------------------
+# Typed values: booleans and choices
+# ------------------------------------------------------------------------------------------------
+
+
+def test_booleans_are_bools_from_text_in_any_case() -> None:
+    for text, flag in (("true", True), ("FALSE", False), (" False ", False), (True, True)):
+        assert load({"share.renew.acknowledge.enable": text}).renew_acknowledge_enable is flag
+    assert (
+        load(env={"QUEUEFLOW_SHARE_RENEW_ACKNOWLEDGE_ENABLE": "false"}).renew_acknowledge_enable
+        is False
+    )
+
+
+def test_a_boolean_that_is_not_true_or_false_is_refused_with_the_choices() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load({"share.renew.acknowledge.enable": "yes"})
+    assert "share.renew.acknowledge.enable='yes'" in str(info.value)
+    assert "true | false" in str(info.value)
+
+
+def test_choices_are_enum_members_equal_to_their_config_text() -> None:
+    settings = load({"queueflow.leader.state.durability": "buffered"})
+    assert settings.state_durability is StateDurability.BUFFERED
+    assert settings.state_durability == "buffered" and f"{settings.state_durability}" == "buffered"
+    assert load({"auth_secret": "s"}).control_auth_mode is AuthMode.HMAC
+    assert load().control_auth_mode is AuthMode.NONE
+
+
+def test_an_unknown_choice_is_refused_with_the_choices() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        load({"queueflow.auth.mode": "HMAC"})
+    assert "queueflow.auth.mode='HMAC'" in str(info.value)
+    assert "auto | hmac | none" in str(info.value)
+
+
+def test_kip_names_show_config_text() -> None:
+    names = load({"share.renew.acknowledge.enable": False}).as_kip_names()
+    assert names["share.renew.acknowledge.enable"] == "false"
+    assert names["queueflow.leader.state.durability"] == "acked"
+    assert names["group.share.delivery.count.limit"] == 5
+    assert show_value(True) == "true"
