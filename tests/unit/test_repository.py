@@ -1,0 +1,53 @@
+"""Rules about the repository itself: what the code and docs cite, formatting, the version."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+from pathlib import Path
+
+import queueflow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: References to texts that are not in the repository (design notes, seeds, tracker issues).
+#: Code and docs cite KIP sections, public URLs or docs/ pages instead.
+OUTSIDE_REFERENCES = re.compile(r"notes §|seed 00|issue #", re.IGNORECASE)
+
+
+def _files(*patterns: str) -> list[Path]:
+    return sorted(p for pattern in patterns for p in ROOT.glob(pattern) if p.is_file())
+
+
+def test_code_and_docs_cite_only_what_is_in_the_repository_or_public() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _files("queueflow/**/*.py", "docs/**/*.md", "README.md")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if OUTSIDE_REFERENCES.search(line)
+    ]
+    assert not found, (
+        "these lines cite texts outside the repository; cite a KIP section, a public URL or a "
+        "docs/ page instead:\n" + "\n".join(found)
+    )
+
+
+def test_formatting_is_never_switched_off() -> None:
+    marker = "fmt: " + "skip"  # written in two parts so that this file does not match
+    found = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in _files(
+            "queueflow/**/*.py", "tests/**/*.py", "examples/**/*.py", "bench/**/*.py"
+        )
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if marker in line
+    ]
+    assert not found, f"'{marker}' in {found}: let `ruff format` lay the code out"
+
+
+def test_the_version_is_written_once() -> None:
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    project = text.split("[project]", 1)[1].split("\n[", 1)[0]
+    assert not re.search(r"(?m)^version\s*=", project), "pyproject.toml writes the version"
+    assert re.search(r'(?m)^dynamic = \["version"\]', project)
+    assert importlib.metadata.version("queueflow") == queueflow.__version__
