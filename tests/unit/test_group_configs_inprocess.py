@@ -218,7 +218,7 @@ def test_configs_survive_a_new_coordinator() -> None:
             )
             # A new coordinator (failover) loads the group, configs included, from its table.
             fresh = ShareGroupCoordinator(cluster.server, cluster.tables["groups"])
-            group = fresh._group("A")
+            group = fresh.state.group("A", cluster.clock.now_ms())
             assert group.config_version == 1 and group.session_timeout_ms == 4000
             entries = {e.name: e for e in group_configs.describe(cluster.server, group)}
             assert (entries[LIMIT].value, entries[LIMIT].source) == ("2", "DYNAMIC_GROUP_CONFIG")
