@@ -10,8 +10,9 @@ admin is answered once every leader has, or the request's deadline passed
 once (:func:`handle_group_configs`). Refusals change nothing.
 
 The lifecycle of a forwarded request is :class:`~.admin_state.AdminState`. Every handler
-returns a :class:`~.results.CoordinatorResult` and does no I/O; an ``alterShareGroupOffsets`` needs the topics' partition counts, which the dispatcher
-fetches between :func:`begin_admin` and :func:`forward_admin`.
+returns a :class:`~.results.CoordinatorResult` and does no I/O; an ``alterShareGroupOffsets``
+needs the topics' partition counts, which the dispatcher fetches between :func:`begin_admin`
+and :func:`forward_admin`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from queueflow.server.coordinator.state import CoordinatorState
 __all__ = [
     "ADMIN_DEADLINE_MS",
     "begin_admin",
+    "count_topics",
     "expire_pending",
     "forward_admin",
     "handle_group_configs",
