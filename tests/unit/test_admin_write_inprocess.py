@@ -1,4 +1,4 @@
-"""The admin API's write side (issue #14): ``alter_share_group_offsets``,
+"""The admin API's write side: ``alter_share_group_offsets``,
 ``delete_share_group_offsets`` and ``delete_share_groups`` through the real coordinator and
 leaders of an ``InProcessCluster``, the join race, and the offset helpers (datetimes, ISO-8601
 durations)."""

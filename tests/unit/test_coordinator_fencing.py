@@ -1,4 +1,4 @@
-"""The coordinator is fenced the way leaders are (issue #12): coordinator epochs, its fence on the
+"""The coordinator is fenced the way leaders are: coordinator epochs, its fence on the
 coordinator topic, its membership lease, and leaders and members refusing what a superseded
 coordinator sends. Pure rules first, then the real coordinator, leaders and members in process.
 

@@ -1,4 +1,4 @@
-"""Group configs per share group (issue #14 item 3) through the real coordinator, leaders,
+"""Group configs per share group through the real coordinator, leaders,
 members and admin, in process: a config set for group A changes A's behaviour and not B's, is
 stored durably with the group, and bad input is refused clearly without changing anything."""
 

@@ -385,7 +385,7 @@ def handle_group_configs(
     message: protocol.DescribeGroupConfigsRequest | protocol.AlterGroupConfigsRequest,
     now_ms: int,
 ) -> CoordinatorResult:
-    """Describe or alter a group's configs (KIP-932 "Dynamic group configuration"): the group
+    """Describe or alter a group's configs (docs/operations.md, "Group configs"): the group
     must exist; an alter is validated against the broker-level bounds as a whole
     (``INVALID_CONFIG``: nothing changes), stored with the group under a new config version,
     and answered with every config after it. The session timeout applies at once, the
