@@ -308,9 +308,15 @@ def test_a_member_ignores_heartbeat_answers_of_a_superseded_coordinator() -> Non
         cluster = InProcessCluster({TOPIC: 2})
         s = ShareGroupSettings()
         membership = Membership(
-            _Requester([answer(2, [0, 1])]), "app", "g", [TOPIC], s, "c", "m",
+            _Requester([answer(2, [0, 1])]),
+            "app",
+            "g",
+            [TOPIC],
+            s,
+            "c",
+            "m",
             metrics=cluster.metrics,
-        )  # fmt: skip
+        )
         await membership._heartbeat(join=True)
         membership.requester = _Requester([answer(1, []), answer(2, [1])])  # type: ignore[assignment]
         await membership._heartbeat()
