@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from queueflow.engine.group import ShareGroup
+from queueflow.engine.group import HeartbeatResult, ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.auth import issue_ticket
@@ -211,6 +211,32 @@ def check_heartbeat(
     return group
 
 
+def _ticket(
+    state: CoordinatorState,
+    message: protocol.HeartbeatRequest,
+    group: ShareGroup,
+    result: HeartbeatResult,
+    now_ms: int,
+) -> bytes:
+    """The assignment ticket of a member that joined or heartbeated (see
+    :mod:`queueflow.server.tickets`): its epoch, share-partitions and the group's configs,
+    valid for one session timeout."""
+    return issue_ticket(
+        state.ticket_key,
+        group=group.group_id,
+        member_id=message.member_id,
+        member_epoch=result.member_epoch,
+        partitions=((t, p) for t, p in result.assignment),
+        ttl_ms=group.session_timeout_ms,
+        now_ms=now_ms,
+        coordinator_epoch=state.epoch(group.group_id),
+        reply_key=message.reply_key,
+        config_version=group.config_version,
+        configs=group_configs.ticket_configs(state.ctx, group),
+        added_partitions=sorted(group.added_partitions.items()),
+    )
+
+
 def rack_topics(group: ShareGroup, message: protocol.HeartbeatRequest) -> list[str] | None:
     """The topics whose partitions' racks (the ``rack`` assignor's input) the heartbeat needs
     looked up, or ``None`` when no member has a rack."""
@@ -271,20 +297,7 @@ def handle_heartbeat(
             response.assignment.setdefault(t, []).append(p)
         response.leaders = state.directory.addresses_of(result.assignment, now_ms)
         if result.member_epoch > 0:  # not a leave: the member's proof for the leaders
-            response.ticket = issue_ticket(
-                state.ticket_key,
-                group=group.group_id,
-                member_id=message.member_id,
-                member_epoch=result.member_epoch,
-                partitions=((t, p) for t, p in result.assignment),
-                ttl_ms=group.session_timeout_ms,
-                now_ms=now_ms,
-                coordinator_epoch=response.coordinator_epoch,
-                reply_key=message.reply_key,
-                config_version=group.config_version,
-                configs=group_configs.ticket_configs(state.ctx, group),
-                added_partitions=sorted(group.added_partitions.items()),
-            )
+            response.ticket = _ticket(state, message, group, result, now_ms)
         if result.released:
             to_leaders = releases(state, group, result.released, "member left")
     except ShareGroupError as exc:

@@ -19,6 +19,7 @@ from typing import Any
 from queueflow.protocol import messages as protocol
 
 __all__ = [
+    "NOTHING",
     "CoordinatorResult",
     "DeleteGroup",
     "GroupRecord",
