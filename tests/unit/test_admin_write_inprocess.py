@@ -1,4 +1,4 @@
-"""The admin API's write side (issue #14): ``alter_share_group_offsets``,
+"""The admin API's write side: ``alter_share_group_offsets``,
 ``delete_share_group_offsets`` and ``delete_share_groups`` through the real coordinator and
 leaders of an ``InProcessCluster``, the join race, and the offset helpers (datetimes, ISO-8601
 durations)."""
@@ -164,12 +164,20 @@ def test_unknown_group_topic_or_partition_and_bad_offsets_are_refused() -> None:
             admin = cluster.admin()
             cases = [
                 ("nope", {TP0: 0}, ErrorCode.GROUP_ID_NOT_FOUND, "'nope' does not exist"),
-                ("g", {TopicPartition("other", 0): 0}, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                 "no share-partitions of topic(s) other"),
-                ("g", {TopicPartition(TOPIC, 2): 0}, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                 "has no partition 2"),
+                (
+                    "g",
+                    {TopicPartition("other", 0): 0},
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    "no share-partitions of topic(s) other",
+                ),
+                (
+                    "g",
+                    {TopicPartition(TOPIC, 2): 0},
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    "has no partition 2",
+                ),
                 ("g", {TP0: 0, TP1: -1}, ErrorCode.INVALID_REQUEST, "must be >= 0"),
-            ]  # fmt: skip
+            ]
             for group, offsets, code, text in cases:
                 with pytest.raises(ShareGroupError) as info:
                     await admin.alter_share_group_offsets(group, offsets)
@@ -302,9 +310,12 @@ def test_a_pending_request_past_its_deadline_lets_joins_in_again() -> None:
             replies: list[protocol.Message] = []
             cluster.bus.members[b"a"] = lambda data: replies.append(protocol.decode(data))
             request = protocol.DeleteShareGroupRequest(
-                group="g", admin_id="a", request_id=1, reply_partition=0,
+                group="g",
+                admin_id="a",
+                request_id=1,
+                reply_partition=0,
                 deadline_ms=clock.now_ms() + 1000,
-            )  # fmt: skip
+            )
             await cluster.coordinator.handle(0, 100, protocol.encode(request))
             assert "g" in cluster.coordinator.pending
             clock.advance(1001)
@@ -348,9 +359,14 @@ def test_the_leader_refuses_a_reset_while_records_are_acquired() -> None:
                 (0, cluster.clock.now_ms() - 1, ErrorCode.REQUEST_TIMED_OUT),
             ):
                 reset = protocol.ResetSharePartition(
-                    group="g", topic=TOPIC, partition=0, admin_id="a", request_id=1,
-                    start_offset=start, deadline_ms=deadline,
-                )  # fmt: skip
+                    group="g",
+                    topic=TOPIC,
+                    partition=0,
+                    admin_id="a",
+                    request_id=1,
+                    start_offset=start,
+                    deadline_ms=deadline,
+                )
                 sent = len(cluster.bus.sent)
                 await cluster.bus.send(
                     topics.fetch_topic(cluster.namespace, TOPIC), 0, protocol.encode(reset)
@@ -444,8 +460,14 @@ def test_parse_datetime_as_kafka_does() -> None:
     assert parse_datetime("2026-11-25T10:00:00.000Z") == 1_795_600_800_000
     assert parse_datetime("2026-11-25T12:00:00.000+02:00") == 1_795_600_800_000
     assert parse_datetime("2026-11-25T09:30:00.000-0030") == 1_795_600_800_000
-    for bad in ("2026-11-25", "2026-11-25 10:00:00", "2026-13-01T00:00:00", "yesterday",
-                "2026-11-25T10:00:00+25:00", "2026-02-30T00:00:00.000"):  # fmt: skip
+    for bad in (
+        "2026-11-25",
+        "2026-11-25 10:00:00",
+        "2026-13-01T00:00:00",
+        "yesterday",
+        "2026-11-25T10:00:00+25:00",
+        "2026-02-30T00:00:00.000",
+    ):
         with pytest.raises(ConfigurationError, match="cannot parse datetime"):
             parse_datetime(bad)
 
@@ -503,7 +525,11 @@ def test_parse_datetime_round_trips_utc_datetimes(when: dt.datetime) -> None:
 def test_admin_messages_round_trip_on_the_wire() -> None:
     messages: list[protocol.Message] = [
         protocol.AlterShareGroupOffsetsRequest(
-            group="g", admin_id="a", request_id=1, reply_partition=3, offsets=[("t", 0, 5)],
+            group="g",
+            admin_id="a",
+            request_id=1,
+            reply_partition=3,
+            offsets=[("t", 0, 5)],
             deadline_ms=9,
         ),
         protocol.DeleteShareGroupOffsetsRequest(
@@ -517,18 +543,19 @@ def test_admin_messages_round_trip_on_the_wire() -> None:
         protocol.ResetSharePartitionResult(
             group="g", topic="t", partition=0, admin_id="a", request_id=1, start_offset=5
         ),
-    ]  # fmt: skip
+    ]
     for message in messages:
         assert protocol.decode(protocol.encode(message)) == message
         assert protocol.decode_binary(protocol.encode_binary(message)) == message
 
 
 @given(
-    ops=st.lists(st.tuples(st.integers(1, 5), st.sampled_from(["accept", "release", "reject"])),
-                 max_size=12),
+    ops=st.lists(
+        st.tuples(st.integers(1, 5), st.sampled_from(["accept", "release", "reject"])), max_size=12
+    ),
     target=st.integers(0, 80),
     snapshot_every=st.integers(0, 3),
-)  # fmt: skip
+)
 def test_a_reset_survives_a_takeover_whatever_came_before(
     ops: list[tuple[int, str]], target: int, snapshot_every: int
 ) -> None:
@@ -540,8 +567,11 @@ def test_a_reset_survives_a_takeover_whatever_came_before(
     config = SharePartitionConfig(max_in_flight_records=1000, delivery_count_limit=3)
     table: dict[bytes, bytes] = {}
     durable = DurableSharePartition.create(table, "g", TOPIC, 0, config, snapshot_every, 0)
-    kinds = {"accept": AcknowledgeType.ACCEPT, "release": AcknowledgeType.RELEASE,
-             "reject": AcknowledgeType.REJECT}  # fmt: skip
+    kinds = {
+        "accept": AcknowledgeType.ACCEPT,
+        "release": AcknowledgeType.RELEASE,
+        "reject": AcknowledgeType.REJECT,
+    }
     for count, outcome in ops:
         for a in durable.engine.acquire("m", count, 50, 0):
             n = a.last_offset - a.first_offset + 1
@@ -566,9 +596,12 @@ def test_a_revoked_coordinator_partition_forgets_its_pending_requests() -> None:
             await finish(cluster)
             cluster.bus.handlers[topics.fetch_topic(cluster.namespace, TOPIC)] = _ignore
             request = protocol.DeleteShareGroupRequest(
-                group="g", admin_id="a", request_id=1, reply_partition=0,
+                group="g",
+                admin_id="a",
+                request_id=1,
+                reply_partition=0,
                 deadline_ms=cluster.clock.now_ms() + 10_000,
-            )  # fmt: skip
+            )
             await cluster.coordinator.handle(0, 100, protocol.encode(request))
             assert "g" in cluster.coordinator.pending
             cluster.coordinator.revoke({topics.coordinator_partition("g")})

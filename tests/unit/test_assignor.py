@@ -1,4 +1,5 @@
-"""The share-group assignor (``queueflow.engine.assignor.assign``): balance, sharing, stickiness."""
+"""The ``simple`` assignor (``queueflow.engine.assignors.simple.assign``): balance, sharing,
+stickiness."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueflow.engine.assignor import assign
+from queueflow.engine.assignors.simple import assign
 from queueflow.structs import TopicPartition
 
 

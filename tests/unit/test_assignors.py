@@ -167,7 +167,7 @@ def test_lag_quotas_follow_lag_per_member_and_sum_to_the_members() -> None:
         tps[1]: 1,
         tps[2]: 1,
         tps[3]: 2,
-    }  # fmt: skip (900:300 is 3:1, and the two share-partitions without lag keep one each)
+    }  # 900:300 is 3:1, and the two share-partitions without lag keep one each
     assert lag_quotas(tps, 6, {}) == {tps[0]: 2, tps[1]: 2, tps[2]: 1, tps[3]: 1}
     assert lag_quotas(tps, 4, {tps[0]: 10**9}) == dict.fromkeys(tps, 1)
 
@@ -289,9 +289,15 @@ def test_a_registered_assignor_is_used_by_a_group(custom: object) -> None:
     group.heartbeat("a", 0, ["t"], 0, {"t": 3}, assignors=["everything"])
     group.heartbeat("b", 0, ["t"], 0, {"t": 3}, assignors=["everything"])
     assert group.assignor == "everything"
-    assert group.members["a"].assignment == group.members["b"].assignment == [
-        TP("t", 0), TP("t", 1), TP("t", 2),
-    ]  # fmt: skip
+    assert (
+        group.members["a"].assignment
+        == group.members["b"].assignment
+        == [
+            TP("t", 0),
+            TP("t", 1),
+            TP("t", 2),
+        ]
+    )
 
 
 def test_select_takes_the_first_preference_every_member_supports() -> None:

@@ -157,8 +157,7 @@ def test_lag_reported_by_the_leaders_weights_the_assignment() -> None:
             counts = Counter(tp.partition for m in group.members.values() for tp in m.assignment)
             assert counts == {0: 4, 1: 1} and group.group_epoch == epoch + 1
             clock.advance(60_000)  # reports this old no longer count
-            cluster.coordinator._feed(group, clock.now_ms())
-            assert group.lag == {}
+            assert cluster.coordinator.state.directory.fresh_lag("g", clock.now_ms()) == {}
 
     run(scenario())
 

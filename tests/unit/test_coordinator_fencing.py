@@ -1,4 +1,4 @@
-"""The coordinator is fenced the way leaders are (issue #12): coordinator epochs, its fence on the
+"""The coordinator is fenced the way leaders are: coordinator epochs, its fence on the
 coordinator topic, its membership lease, and leaders and members refusing what a superseded
 coordinator sends. Pure rules first, then the real coordinator, leaders and members in process.
 
@@ -308,9 +308,15 @@ def test_a_member_ignores_heartbeat_answers_of_a_superseded_coordinator() -> Non
         cluster = InProcessCluster({TOPIC: 2})
         s = ShareGroupSettings()
         membership = Membership(
-            _Requester([answer(2, [0, 1])]), "app", "g", [TOPIC], s, "c", "m",
+            _Requester([answer(2, [0, 1])]),
+            "app",
+            "g",
+            [TOPIC],
+            s,
+            "c",
+            "m",
             metrics=cluster.metrics,
-        )  # fmt: skip
+        )
         await membership._heartbeat(join=True)
         membership.requester = _Requester([answer(1, []), answer(2, [1])])  # type: ignore[assignment]
         await membership._heartbeat()

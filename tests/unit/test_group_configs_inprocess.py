@@ -1,4 +1,4 @@
-"""Group configs per share group (issue #14 item 3) through the real coordinator, leaders,
+"""Group configs per share group through the real coordinator, leaders,
 members and admin, in process: a config set for group A changes A's behaviour and not B's, is
 stored durably with the group, and bad input is refused clearly without changing anything."""
 
@@ -218,7 +218,7 @@ def test_configs_survive_a_new_coordinator() -> None:
             )
             # A new coordinator (failover) loads the group, configs included, from its table.
             fresh = ShareGroupCoordinator(cluster.server, cluster.tables["groups"])
-            group = fresh._group("A")
+            group = fresh.state.group("A", cluster.clock.now_ms())
             assert group.config_version == 1 and group.session_timeout_ms == 4000
             entries = {e.name: e for e in group_configs.describe(cluster.server, group)}
             assert (entries[LIMIT].value, entries[LIMIT].source) == ("2", "DYNAMIC_GROUP_CONFIG")
@@ -237,19 +237,44 @@ def test_configs_survive_a_new_coordinator() -> None:
     ("group", "set_configs", "delete", "code", "message"),
     [
         ("nope", {LIMIT: 3}, [], ErrorCode.GROUP_ID_NOT_FOUND, "share group 'nope' does not exist"),
-        ("A", {"share.isolation.level": "x"}, [], ErrorCode.INVALID_CONFIG,
-         "unknown group config 'share.isolation.level'"),
+        (
+            "A",
+            {"share.isolation.level": "x"},
+            [],
+            ErrorCode.INVALID_CONFIG,
+            "unknown group config 'share.isolation.level'",
+        ),
         ("A", {}, ["bogus"], ErrorCode.INVALID_CONFIG, "unknown group config 'bogus'"),
-        ("A", {LIMIT: 11}, [], ErrorCode.INVALID_CONFIG,
-         "share.delivery.count.limit=11 is out of range: allowed [2..10]"),
-        ("A", {LIMIT: 3, LOCK: 999}, [], ErrorCode.INVALID_CONFIG,
-         "share.record.lock.duration.ms=999 is out of range: allowed [1000..60000]"),
-        ("A", {"share.heartbeat.interval.ms": 20000}, [], ErrorCode.INVALID_CONFIG,
-         "share.heartbeat.interval.ms=20000 is out of range"),
-        ("A", {"share.auto.offset.reset": "oldest"}, [], ErrorCode.INVALID_CONFIG,
-         "'oldest' is not allowed"),
+        (
+            "A",
+            {LIMIT: 11},
+            [],
+            ErrorCode.INVALID_CONFIG,
+            "share.delivery.count.limit=11 is out of range: allowed [2..10]",
+        ),
+        (
+            "A",
+            {LIMIT: 3, LOCK: 999},
+            [],
+            ErrorCode.INVALID_CONFIG,
+            "share.record.lock.duration.ms=999 is out of range: allowed [1000..60000]",
+        ),
+        (
+            "A",
+            {"share.heartbeat.interval.ms": 20000},
+            [],
+            ErrorCode.INVALID_CONFIG,
+            "share.heartbeat.interval.ms=20000 is out of range",
+        ),
+        (
+            "A",
+            {"share.auto.offset.reset": "oldest"},
+            [],
+            ErrorCode.INVALID_CONFIG,
+            "'oldest' is not allowed",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input_is_refused_clearly_and_changes_nothing(
     group: str, set_configs: dict[str, Any], delete: list[str], code: ErrorCode, message: str
 ) -> None:

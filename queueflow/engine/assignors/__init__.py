@@ -1,5 +1,5 @@
-"""Pluggable share-group assignors (KIP-932 "Share group membership"; seed 002's
-generalized membership protocol for choosing one).
+"""Pluggable share-group assignors (KIP-932 "Share group membership"; chosen per group the way
+Kafka's classic group membership protocol chooses one, see :mod:`.base`).
 
 * :class:`Assignor`: the interface (``name``, ``assign(spec)``), :class:`AssignmentSpec` and
   :class:`MemberSpec` its input;

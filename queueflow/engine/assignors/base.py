@@ -1,13 +1,14 @@
 """The assignor interface, the registry of assignors by name, and the choice of one per group.
 
 KIP-932 "Share group membership": the coordinator assigns share-partitions with the assignor the
-broker config ``group.share.assignors`` names. queueflow generalizes the choice the way the
-classic membership protocol does (seed 002, "Rolling Upgrades"): every member advertises the
-assignors it supports (``queueflow.member.assignors`` in its heartbeat), and the coordinator
-uses the first assignor of its own ordered preference list that *every* current member
-supports. A member that advertises nothing (an older queueflow) supports only ``simple``. So a
-rolling upgrade that adds an assignor keeps ``simple`` until the last old member is gone, then
-switches.
+broker config ``group.share.assignors`` names. queueflow generalizes the choice the way
+Kafka's classic membership protocol selects a JoinGroup protocol
+(https://cwiki.apache.org/confluence/display/KAFKA/Kafka+Client-side+Assignment+Proposal):
+every member advertises the assignors it supports (``queueflow.member.assignors`` in its
+heartbeat), and the coordinator uses the first assignor of its own ordered preference list
+that *every* current member supports. A member that advertises nothing (an older queueflow)
+supports only ``simple``. So a rolling upgrade that adds an assignor keeps ``simple`` until the
+last old member is gone, then switches.
 
 An assignor is pure: :meth:`Assignor.assign` gets an :class:`AssignmentSpec` (members with their
 subscriptions, racks and previous assignments; partition counts; per-share-partition lag and
@@ -164,9 +165,9 @@ def supported_by(advertised: Sequence[str]) -> frozenset[str]:
 def select_assignor(
     preference: Sequence[str], members: Mapping[str, Sequence[str]]
 ) -> AssignorSelection:
-    """The first assignor of ``preference`` that every member supports (seed 002: "the
-    coordinator must choose a strategy supported by all members"; the order of the list is
-    the preference).
+    """The first assignor of ``preference`` that every member supports (as Kafka's classic
+    group coordinator chooses a protocol all members support; the order of the list is the
+    preference).
 
     Args:
         preference: ``group.share.assignors``, most preferred first.

@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from fractions import Fraction
 
-from queueflow.engine.assignor import one_each
-from queueflow.engine.assignors._shared import capacities, fill, per_topic
+from queueflow.engine.assignors._shared import capacities, fill, one_each, per_topic
 from queueflow.engine.assignors.base import AssignmentSpec
 from queueflow.structs import TopicPartition
 

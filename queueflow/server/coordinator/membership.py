@@ -1,0 +1,315 @@
+"""Membership and assignment: the pure handlers of heartbeats and clock ticks.
+
+KIP-932 "Share group membership" and "ShareGroupHeartbeat API": a member joins (epoch 0),
+heartbeats, and leaves (epoch -1); a member silent for longer than the session timeout is
+removed at a tick; every change bumps the group epoch and the group's assignor recomputes the
+assignment (:class:`~queueflow.engine.group.ShareGroup`). The leaders of a departed member's
+share-partitions are told to release its records (ReleaseMember). Every
+``queueflow.assignor.refresh.interval.ms`` a tick also recomputes each group's assignment with
+the lag and racks known then.
+
+Each handler changes :class:`~queueflow.server.coordinator.state.CoordinatorState` and returns a
+:class:`~queueflow.server.coordinator.results.CoordinatorResult`; none does I/O. A heartbeat
+needs the partition counts (and maybe racks) of its topics, which the dispatcher fetches between
+:func:`check_heartbeat` and :func:`handle_heartbeat`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from queueflow.engine.group import HeartbeatResult, ShareGroup
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.protocol import messages as protocol
+from queueflow.protocol.auth import issue_ticket
+from queueflow.protocol.sealed_replies import PUBLIC_KEY_BYTES
+from queueflow.server import group_configs
+from queueflow.server.coordinator.results import (
+    CoordinatorResult,
+    GroupRecord,
+    LogEvent,
+    Reply,
+    ToLeader,
+)
+from queueflow.server.coordinator.state import CoordinatorState
+from queueflow.structs import TopicPartition
+
+__all__ = [
+    "check_heartbeat",
+    "handle_heartbeat",
+    "handle_tick",
+    "rack_topics",
+    "releases",
+    "touch_after_silence",
+]
+
+#: ``(member id, its share-partitions)`` of members whose records the leaders must release.
+Released = list[tuple[str, list[TopicPartition]]]
+
+
+def touch_after_silence(state: CoordinatorState, now_ms: int) -> None:
+    """Note that a message is served at ``now_ms`` (wall). Members heartbeat and the ticker
+    ticks at their intervals; a longer silence means this coordinator was not running (broker
+    outage, pause, rebalance): members could not heartbeat either, so that time doesn't count
+    against their sessions, and every member's session is refreshed."""
+    gap = now_ms - state.last_event_ms
+    state.last_event_ms = now_ms
+    settings = state.ctx.settings
+    expected_gap_ms = max(settings.heartbeat_interval_ms, settings.lock_check_interval_ms)
+    if now_ms and gap > 2 * expected_gap_ms:
+        for group in state.groups.values():
+            group.touch_all(now_ms)
+
+
+def releases(
+    state: CoordinatorState, group: ShareGroup, released: Released, reason: str
+) -> tuple[ToLeader, ...]:
+    """ReleaseMember messages to the leaders of every partition of the group's topics (a member
+    may hold records of partitions it was assigned earlier): release the members' records, and
+    refuse their tickets issued up to now (``member_epoch``: the group epoch, which every later
+    ticket of a rejoining member exceeds)."""
+    epoch = state.epoch(group.group_id)
+    return tuple(
+        ToLeader(
+            protocol.ReleaseMember(
+                group.group_id,
+                name,
+                partition,
+                member_id,
+                reason,
+                member_epoch=group.group_epoch,
+                coordinator_epoch=epoch,
+            )
+        )
+        for member_id, _assignment in released
+        for name in sorted(group.partitions)
+        for partition in range(group.partitions[name])
+    )
+
+
+def expire_members(
+    state: CoordinatorState, group: ShareGroup, now_ms: int, log_expiry: bool = True
+) -> CoordinatorResult:
+    """Remove ``group``'s members whose session lapsed (logged ``member_session_expired`` with
+    ``log_expiry``: at ticks, not before an admin request), store the group and release their
+    records."""
+    group.lag = state.directory.fresh_lag(group.group_id, now_ms)
+    released = group.expire(now_ms) if group.members else []
+    if not released:
+        return CoordinatorResult()
+    events = [
+        LogEvent.warning(
+            "member_session_expired",
+            group=group.group_id,
+            member_id=member_id,
+            session_timeout_ms=group.session_timeout_ms,
+        )
+        for member_id, _ in released
+        if log_expiry
+    ]
+    record, logged = state.persist(group)
+    return CoordinatorResult(
+        events=(*events, *logged),
+        records=(record,),
+        to_leaders=releases(state, group, released, "session timeout"),
+    )
+
+
+def refresh(state: CoordinatorState, group: ShareGroup, now_ms: int) -> CoordinatorResult:
+    """Every ``queueflow.assignor.refresh.interval.ms``, recompute a group's assignment with
+    the lag and racks known now, and rebalance if it changed (``ShareGroup.refresh``)."""
+    interval = state.ctx.settings.assignor_refresh_interval_ms
+    last = state.refreshed_at.setdefault(group.group_id, now_ms)
+    if interval <= 0 or now_ms - last < interval:
+        return CoordinatorResult()
+    state.refreshed_at[group.group_id] = now_ms
+    if not group.refresh():
+        return CoordinatorResult()
+    record, events = state.persist(group, reason=f"{group.assignor} assignment inputs changed")
+    return CoordinatorResult(events=tuple(events), records=(record,))
+
+
+def handle_tick(state: CoordinatorState, now_ms: int) -> CoordinatorResult:
+    """A clock tick (:class:`~queueflow.protocol.messages.Tick`): expire lapsed sessions and
+    refresh assignments, group by group."""
+    result = CoordinatorResult()
+    for group in list(state.groups.values()):
+        result += expire_members(state, group, now_ms)
+        result += refresh(state, group, now_ms)
+    return result
+
+
+def _response(
+    state: CoordinatorState, message: protocol.HeartbeatRequest
+) -> protocol.HeartbeatResponse:
+    return protocol.HeartbeatResponse(
+        member_id=message.member_id,
+        request_id=message.request_id,
+        heartbeat_interval_ms=state.ctx.settings.heartbeat_interval_ms,
+        coordinator_epoch=state.epoch(message.group),
+    )
+
+
+def _reply(message: protocol.HeartbeatRequest, response: protocol.HeartbeatResponse) -> Reply:
+    return Reply(message.member_id, message.reply_partition, response, message.reply_key)
+
+
+def check_heartbeat(
+    state: CoordinatorState, message: protocol.HeartbeatRequest, now_ms: int
+) -> CoordinatorResult | ShareGroup:
+    """What can be decided about a heartbeat before its topics' metadata is known.
+
+    Returns:
+        The group to go on with (:func:`handle_heartbeat`), or the result answering the
+        heartbeat now: ``UNSUPPORTED_VERSION``, ``INVALID_REQUEST`` (a reply key of the wrong
+        size; answered unsealed), the group's ``CORRUPT_STATE``, or the retriable
+        ``REQUEST_TIMED_OUT`` for a join while an admin request on the group is pending (see
+        the package docstring, "the join race").
+    """
+    response = _response(state, message)
+    if message.protocol_version not in protocol.SUPPORTED_PROTOCOL_VERSIONS:
+        supported = protocol.SUPPORTED_PROTOCOL_VERSIONS
+        response.error = ErrorCode.UNSUPPORTED_VERSION.value
+        response.error_message = (
+            f"member protocol version {message.protocol_version} is not supported by this "
+            f"coordinator (versions {supported.start}..{supported.stop - 1}); run the same "
+            "queueflow version on the leaders and members, or upgrade the leaders first"
+        )
+        event = LogEvent.warning(
+            "unsupported_protocol_version",
+            group=message.group,
+            member_id=message.member_id,
+            protocol_version=message.protocol_version,
+        )
+        return CoordinatorResult(events=(event,), replies=(_reply(message, response),))
+    if len(message.reply_key) not in (0, PUBLIC_KEY_BYTES):
+        response.error = ErrorCode.INVALID_REQUEST.value
+        response.error_message = (
+            f"reply_key must be a {PUBLIC_KEY_BYTES}-byte X25519 public key, got "
+            f"{len(message.reply_key)} bytes"
+        )
+        # Unsealed: there is no key to seal it to.
+        unsealed = Reply(message.member_id, message.reply_partition, response)
+        return CoordinatorResult(replies=(unsealed,))
+    try:
+        group = state.group(message.group, now_ms)
+    except ShareGroupError as exc:  # corrupt group metadata: answer, don't go silent
+        response.error, response.error_message = exc.code.value, exc.message
+        event = LogEvent.error("share_group_refused", group=message.group, error=str(exc))
+        return CoordinatorResult(events=(event,), replies=(_reply(message, response),))
+    pending = state.pending.get(group.group_id)
+    if pending is not None and message.member_id not in group.members:
+        response.heartbeat_interval_ms = group_configs.effective(
+            state.ctx, group
+        ).heartbeat_interval_ms
+        response.error = ErrorCode.REQUEST_TIMED_OUT.value  # retriable: the member retries
+        response.error_message = (
+            f"share group {group.group_id!r} is being changed by an admin request "
+            f"({pending.operation}); retry the join"
+        )
+        return CoordinatorResult(replies=(_reply(message, response),))
+    return group
+
+
+def _ticket(
+    state: CoordinatorState,
+    message: protocol.HeartbeatRequest,
+    group: ShareGroup,
+    result: HeartbeatResult,
+    now_ms: int,
+) -> bytes:
+    """The assignment ticket of a member that joined or heartbeated (see
+    :mod:`queueflow.server.tickets`): its epoch, share-partitions and the group's configs,
+    valid for one session timeout."""
+    return issue_ticket(
+        state.ticket_key,
+        group=group.group_id,
+        member_id=message.member_id,
+        member_epoch=result.member_epoch,
+        partitions=((t, p) for t, p in result.assignment),
+        ttl_ms=group.session_timeout_ms,
+        now_ms=now_ms,
+        coordinator_epoch=state.epoch(group.group_id),
+        reply_key=message.reply_key,
+        config_version=group.config_version,
+        configs=group_configs.ticket_configs(state.ctx, group),
+        added_partitions=sorted(group.added_partitions.items()),
+    )
+
+
+def rack_topics(group: ShareGroup, message: protocol.HeartbeatRequest) -> list[str] | None:
+    """The topics whose partitions' racks (the ``rack`` assignor's input) the heartbeat needs
+    looked up, or ``None`` when no member has a rack."""
+    has_rack = bool(message.rack_id) or any(m.rack_id for m in group.members.values())
+    if not has_rack:
+        return None
+    return sorted(group.subscribed_topics() | set(message.subscribed_topics))
+
+
+def handle_heartbeat(
+    state: CoordinatorState,
+    message: protocol.HeartbeatRequest,
+    group: ShareGroup,
+    counts: Mapping[str, int] | ShareGroupError,
+    racks: Mapping[TopicPartition, str] | None,
+    now_ms: int,
+) -> CoordinatorResult:
+    """A ShareGroupHeartbeat (join, heartbeat or leave) of a member of ``group``, once
+    :func:`check_heartbeat` admitted it.
+
+    Args:
+        state: the coordinator state.
+        message: the heartbeat.
+        group: the group :func:`check_heartbeat` returned.
+        counts: the partition counts of the subscribed topics, or the error looking them up.
+        racks: the racks of the partitions' leader brokers (``None``: unknown or not needed).
+        now_ms: wall ms.
+
+    Returns:
+        The answer (member epoch, assignment, leader addresses, and the assignment ticket the
+        member shows its leaders), the group record when its epoch or membership changed, and
+        ReleaseMember messages for a member that left.
+    """
+    response = _response(state, message)
+    response.heartbeat_interval_ms = group_configs.effective(state.ctx, group).heartbeat_interval_ms
+    epoch_before, members_before = group.group_epoch, len(group.members)
+    to_leaders: tuple[ToLeader, ...] = ()
+    try:
+        if isinstance(counts, ShareGroupError):
+            raise counts
+        group.lag = state.directory.fresh_lag(group.group_id, now_ms)
+        if racks is not None:
+            group.partition_racks = racks
+        result = group.heartbeat(
+            message.member_id,
+            message.member_epoch,
+            message.subscribed_topics,
+            now_ms,
+            counts,
+            message.client_id,
+            message.host,
+            message.assignors,
+            message.rack_id,
+        )
+        response.member_epoch = result.member_epoch
+        response.assignment = {}
+        for t, p in result.assignment:
+            response.assignment.setdefault(t, []).append(p)
+        response.leaders = state.directory.addresses_of(result.assignment, now_ms)
+        if result.member_epoch > 0:  # not a leave: the member's proof for the leaders
+            response.ticket = _ticket(state, message, group, result, now_ms)
+        if result.released:
+            to_leaders = releases(state, group, result.released, "member left")
+    except ShareGroupError as exc:
+        response.error, response.error_message = exc.code.value, exc.message
+    events: list[LogEvent] = []
+    records: tuple[GroupRecord, ...] = ()
+    if group.group_epoch != epoch_before or len(group.members) != members_before:
+        record, events = state.persist(group, reason="membership")
+        records = (record,)
+    return CoordinatorResult(
+        events=tuple(events),
+        records=records,
+        to_leaders=to_leaders,
+        replies=(_reply(message, response),),
+    )
