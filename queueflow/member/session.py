@@ -445,7 +445,8 @@ class ShareFetchSession:
         if not isinstance(reply, protocol.ShareFetchResponse):
             raise ShareGroupError(
                 ErrorCode.INVALID_REQUEST,
-                f"the leader of {tp.topic}[{tp.partition}] answered a ShareFetch with {type(reply).__name__}",
+                f"the leader of {tp.topic}[{tp.partition}] answered a ShareFetch with "
+                f"{type(reply).__name__}",
             )
         return reply, False
 

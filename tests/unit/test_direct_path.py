@@ -405,14 +405,14 @@ def test_only_a_fetch_that_asked_for_records_and_got_none_makes_its_share_partit
         async def fetch_once(tp: TopicPartition, want: int, max_wait_ms: int | None) -> int:
             return 0  # no records
 
-        agent._reserve = reserve  # type: ignore[method-assign]
-        agent._fetch_once = fetch_once  # type: ignore[method-assign]
+        agent.dispatch.reserve = reserve  # type: ignore[method-assign]
+        agent.dispatch.fetch_once = fetch_once  # type: ignore[method-assign]
         answers.append(0)  # no room: acknowledgements only
-        await agent._fetch_round(TP, idle=False)
-        assert TP not in agent._idle_partitions
+        await agent.dispatch.fetch_round(TP, idle=False)
+        assert TP not in agent.dispatch.idle_partitions
         answers.append(5)  # asked for 5, got none: idle
-        await agent._fetch_round(TP, idle=False)
-        assert TP in agent._idle_partitions
+        await agent.dispatch.fetch_round(TP, idle=False)
+        assert TP in agent.dispatch.idle_partitions
 
     run(scenario())
 

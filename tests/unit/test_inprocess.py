@@ -243,7 +243,7 @@ def test_a_record_whose_lock_ends_within_the_margin_is_released_unhandled() -> N
         handled.append((record.offset, record.delivery_count))
         if record.offset == 0:
             await proceed.wait()
-            margin_ms = agents[0]._lock_margin_s() * 1000
+            margin_ms = agents[0].deadlines.lock_margin_s() * 1000
             clock.advance(1000 - margin_ms / 2)
 
     async def scenario() -> dict[str, int]:
@@ -280,7 +280,7 @@ def test_a_leader_that_reads_a_newer_fence_steps_down_and_writes_nothing() -> No
             assert not leader.partitions
             before = dict(cluster.tables[TOPIC])
             with pytest.raises(ShareGroupError) as refused:
-                await consumer._require_session().fetch((TOPIC, 0), 5)
+                await consumer._require_session().fetch(TopicPartition(TOPIC, 0), 5)
             assert refused.value.code is ErrorCode.REQUEST_TIMED_OUT
             assert cluster.tables[TOPIC] == before
 
