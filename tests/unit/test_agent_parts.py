@@ -120,7 +120,7 @@ def test_the_lock_duration_is_checked_against_the_group_bounds() -> None:
         settings
     )
     too_long = ShareAgentOptions(lock_duration_ms=settings.max_record_lock_duration_ms + 1)
-    with pytest.raises(ConfigurationError, match="lock_duration_ms=.* is out of range"):
+    with pytest.raises(ConfigurationError, match=r"lock_duration_ms=.* is out of range"):
         too_long.check_lock_duration(settings)
 
 
