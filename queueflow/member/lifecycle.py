@@ -103,8 +103,9 @@ HEALTH_TRANSITIONS: Mapping[HandlersHealth, frozenset[HandlersHealth]] = {
 }
 SESSION_TRANSITIONS: Mapping[SessionState, frozenset[SessionState]] = {
     SessionState.CREATED: frozenset({SessionState.STARTED, SessionState.CLOSED}),
-    # A session may be closed more than once (a failed start, then the owner's stop).
     SessionState.STARTED: frozenset({SessionState.CLOSED}),
+    # Closed again (a failed start, then the owner's stop): the clients are closed again, the
+    # group is not left twice.
     SessionState.CLOSED: frozenset({SessionState.CLOSED}),
 }
 MEMBERSHIP_TRANSITIONS: Mapping[MembershipState, frozenset[MembershipState]] = {

@@ -247,3 +247,21 @@ def test_the_acknowledgement_latency_is_observed_for_record_and_batch_handlers(
             )
 
     assert run(scenario()) == 3
+
+
+def test_a_session_and_its_membership_go_through_their_lifecycles() -> None:
+    async def scenario() -> None:
+        async with cluster_with(1) as cluster:
+            consumer = cluster.consumer("g")
+            await consumer.subscribe([TOPIC])
+            session = consumer._require_session()
+            membership = session._membership
+            assert session.state is SessionState.STARTED
+            assert membership.state is MembershipState.JOINED
+            await consumer.close()
+            assert session.state is SessionState.CLOSED
+            assert membership.state is MembershipState.CLOSED
+            await session.close()  # again: the group is not left twice
+            assert session.state is SessionState.CLOSED
+
+    run(scenario())

@@ -297,13 +297,13 @@ def test_a_cancelled_long_poll_is_answered_at_once_and_acquires_nothing() -> Non
                 if leader._direct.get(0) is not None and leader._direct[0].parked:
                     break
                 await asyncio.sleep(0.01)
-            assert leader._direct[0].parked and session._long_polls[TP]
+            assert leader._direct[0].parked and session.router.long_polls[TP]
             started = time.monotonic()
             await session.end_long_polls(TP)
             result = await asyncio.wait_for(parked, 2.0)
             assert result.records == [] and result.error is None
             assert time.monotonic() - started < 2.0
-            assert not leader._direct[0].parked and not session._long_polls[TP]
+            assert not leader._direct[0].parked and not session.router.long_polls[TP]
             cluster.produce(TOPIC, b"later", partition=0)
             engine = cluster.share_partition("g", TOPIC, 0)
             assert engine.acquired_count == 0  # nobody holds it: it waits for the next fetch
