@@ -51,7 +51,7 @@ from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
-from queueflow.member.agent import Decoder, Handler, ShareAgent
+from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.context import MemberContext
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
@@ -595,24 +595,28 @@ class ShareGroups:
         batch_size: int | None = None,
         handler_timeout_ms: int | None = None,
     ) -> Callable[[Handler], ShareAgent]:
-        """Declare a share agent; see :meth:`App.share_agent` (same arguments, same errors)."""
+        """Declare a share agent; see :meth:`App.share_agent` (same arguments, same errors).
+        The arguments after ``group`` are the fields of :class:`ShareAgentOptions`, checked
+        there when the decorator is applied."""
 
         def decorator(handler: Handler) -> ShareAgent:
             topic_name = topic if isinstance(topic, str) else topic.get_topic_name()
-            agent_name = name or f"{handler.__module__}.{handler.__qualname__}"
+            options = ShareAgentOptions(
+                concurrency=concurrency,
+                name=name,
+                lock_duration_ms=lock_duration_ms,
+                batch=batch,
+                batch_size=batch_size,
+                handler_timeout_ms=handler_timeout_ms,
+            )
             agent = ShareAgent(
                 self.member_context,
                 handler,
                 topic_name,
                 group,
-                concurrency=concurrency,
-                name=agent_name,
-                lock_duration_ms=lock_duration_ms,
+                options,
                 decode=faust_decoder(self.app, topic),
-                client_id=f"{self.namespace}:{agent_name}",
-                batch=batch,
-                batch_size=batch_size,
-                handler_timeout_ms=handler_timeout_ms,
+                client_id=f"{self.namespace}:{options.agent_name(handler)}",
             )
             self.agents.append(agent)
             if self.leads:
@@ -887,7 +891,9 @@ class App(faust.App):
 
         Raises:
             ConfigurationError: concurrency < 1, batch_size < 1 or without ``batch=True``,
-                handler_timeout_ms < 1, or a lock duration out of range.
+                handler_timeout_ms < 1, or a lock duration out of range (the checks of
+                :class:`~queueflow.member.agent.ShareAgentOptions`, whose fields the arguments
+                after ``group`` are).
         """
         return self.share_groups.share_agent(
             topic,

@@ -254,19 +254,7 @@ class ShareConsumer:
             pending_acks = set(session.acks.partitions())
             for tp in [tp for tp in inflight if tp not in session.assignment]:
                 await session.end_long_polls(tp)  # reassigned: the parked fetch ends now
-            started = []
-            for tp in sorted(session.assignment | pending_acks):
-                if tp in inflight:
-                    if tp in pending_acks:
-                        self._acknowledge_now(tp)  # don't wait for the long poll to end
-                else:
-                    if tp in session.assignment:
-                        session.prepare(tp)  # idempotent: its reader connects once
-                    wait_ms = min(self.settings.fetch_max_wait_ms, int(remaining * 1000))
-                    inflight[tp] = asyncio.ensure_future(
-                        self._fetch(tp, tp in session.assignment, wait_ms)
-                    )
-                    started.append(inflight[tp])
+            started = self._start_fetches(session, pending_acks, remaining)
             if not inflight:
                 await asyncio.sleep(min(backoff, remaining))
                 backoff = min(backoff * 2, 0.1)
@@ -305,6 +293,24 @@ class ShareConsumer:
             if not long_polled:  # answered empty at once (request topic, errors): back off
                 await asyncio.sleep(min(backoff, max(deadline - clock.monotonic(), 0)))
                 backoff = min(backoff * 2, 0.1)
+
+    def _start_fetches(
+        self, session: ShareFetchSession, pending_acks: set[TopicPartition], remaining: float
+    ) -> list[asyncio.Task[FetchResult | None]]:
+        """Start a ShareFetch (held up to ``remaining`` s) of each share-partition assigned or
+        with ``pending_acks`` that has none under way; returns them."""
+        inflight, started = self._inflight, []
+        wait_ms = min(self.settings.fetch_max_wait_ms, int(remaining * 1000))
+        for tp in sorted(session.assignment | pending_acks):
+            if tp in inflight:
+                if tp in pending_acks:
+                    self._acknowledge_now(tp)  # don't wait for the long poll to end
+                continue
+            if tp in session.assignment:
+                session.prepare(tp)  # idempotent: its reader connects once
+            inflight[tp] = asyncio.ensure_future(self._fetch(tp, tp in session.assignment, wait_ms))
+            started.append(inflight[tp])
+        return started
 
     def _acknowledge_now(self, tp: TopicPartition) -> None:
         """Send ``tp``'s pending acknowledgements alone (ShareAcknowledge) while its ShareFetch

@@ -19,6 +19,7 @@ from aiokafka.errors import KafkaError
 
 from queueflow.engine.fencing import CoordinatorEpochs
 from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.member.lifecycle import MEMBERSHIP_TRANSITIONS, Lifecycle, MembershipState
 from queueflow.member.transport import Requester
 from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
@@ -97,8 +98,17 @@ class Membership:
         self.heartbeat_interval_ms = settings.heartbeat_interval_ms
         self._refreshing: asyncio.Future[None] | None = None
         self._heartbeats: asyncio.Task[None] | None = None
-        self._closing = False
+        self._lifecycle: Lifecycle[MembershipState] = Lifecycle(
+            f"membership of member {self.member_id}",
+            MembershipState.CREATED,
+            MEMBERSHIP_TRANSITIONS,
+        )
         self._log = log.bind(group=group, member_id=self.member_id)
+
+    @property
+    def state(self) -> MembershipState:
+        """Where the membership is in its lifecycle."""
+        return self._lifecycle.state
 
     async def join(self) -> None:
         """Join, retrying with back-off while no coordinator answers (at most
@@ -109,6 +119,9 @@ class Membership:
             ShareGroupError: the coordinator refused the join, or ``REQUEST_TIMED_OUT`` when no
                 coordinator answered in time (no worker of the app leads the group).
         """
+        if self._lifecycle.state is MembershipState.CLOSED:  # stopped before it joined
+            return
+        self._lifecycle.move(MembershipState.JOINING)
         limit_s = self.settings.join_timeout_ms / 1000
 
         async def attempts() -> None:
@@ -134,12 +147,15 @@ class Membership:
                 f"group {self.group!r} within {limit_s:g} s: start a worker of the app with role "
                 "'all' or 'leader', or raise queueflow.member.join.timeout.ms",
             ) from None
+        if self.state is MembershipState.CLOSED:  # stopped while it joined
+            return
+        self._lifecycle.move(MembershipState.JOINED)
         self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="queueflow-heartbeat")
 
     async def leave(self) -> None:
         """Leave the group, so its leaders release what this member holds; a failure to leave
         is logged (the session timeout then does it)."""
-        self._closing = True
+        self._lifecycle.move(MembershipState.CLOSED)
         await self._stop_heartbeats()
         try:
             await asyncio.wait_for(self._heartbeat(leave=True), timeout=LEAVE_TIMEOUT_S)
@@ -148,7 +164,7 @@ class Membership:
 
     async def stop(self) -> None:
         """Stop heartbeating without leaving."""
-        self._closing = True
+        self._lifecycle.move(MembershipState.CLOSED)
         await self._stop_heartbeats()
 
     async def _stop_heartbeats(self) -> None:
@@ -167,7 +183,7 @@ class Membership:
             ShareGroupError: the coordinator refused it or did not answer in time.
             aiokafka.errors.KafkaError: it could not be sent.
         """
-        if self._closing:
+        if self._lifecycle.state is MembershipState.CLOSED:
             return
         task = self._refreshing
         if task is None or task.done():
@@ -245,7 +261,7 @@ class Membership:
         return False
 
     async def _heartbeat_loop(self) -> None:
-        while not self._closing:
+        while self._lifecycle.state is not MembershipState.CLOSED:
             await asyncio.sleep(self.heartbeat_interval_ms / 1000)
             try:
                 await self._heartbeat()

@@ -28,11 +28,12 @@ import structlog
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
-from queueflow.member.direct import DirectClient, DirectPathError
+from queueflow.member.direct import DirectClient
+from queueflow.member.lifecycle import SESSION_TRANSITIONS, Lifecycle, SessionState
 from queueflow.member.membership import Membership
+from queueflow.member.routing import FetchRouter
 from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
-from queueflow.protocol import topics as internal
 from queueflow.protocol.auth import ControlAuth
 from queueflow.protocol.sealed_replies import ReplyKey, reply_route
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
@@ -50,9 +51,6 @@ log = structlog.get_logger("queueflow.member.session")
 #: ``callback(tp, offsets, error)`` after a leader answered acknowledgements: the offsets
 #: applied (``error`` None), or refused for good (``error`` the leader's).
 AcknowledgementCallback = Callable[[TopicPartition, list[int], ShareGroupError | None], None]
-
-#: Leader errors that refused the member's assignment ticket: a heartbeat may bring a better one.
-_TICKET_REFUSALS = {ErrorCode.UNKNOWN_MEMBER_ID.value, ErrorCode.FENCED_MEMBER_EPOCH.value}
 
 #: Acknowledgement errors after which the still-valid outcomes are sent again.
 _SPLITTABLE = {ErrorCode.INVALID_RECORD_STATE.value, ErrorCode.INVALID_REQUEST.value}
@@ -184,13 +182,30 @@ class ShareFetchSession:
             metrics=ctx.metrics,
         )
         self._direct = DirectClient(auth.for_sender(self.member_id), reply_key)
-        # Long polls under way on the direct path: tp -> {request_id: leader address}.
-        self._long_polls: dict[TopicPartition, dict[int, str]] = {}
-        self._started = False
+        #: Sends the ShareFetches (direct path or request topic, ticket refresh).
+        self.router = FetchRouter(
+            ctx,
+            group,
+            self.member_id,
+            lock_duration_ms,
+            self._requester,
+            self._membership,
+            self._direct,
+        )
+        self._lifecycle: Lifecycle[SessionState] = Lifecycle(
+            f"ShareFetch session of member {self.member_id}",
+            SessionState.CREATED,
+            SESSION_TRANSITIONS,
+        )
         self._source = ctx.io.record_source()
         self._log = log.bind(group=group, member_id=self.member_id)
 
     # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def state(self) -> SessionState:
+        """Where the session is in its lifecycle."""
+        return self._lifecycle.state
+
     @property
     def topics(self) -> list[str]:
         """The subscribed topics."""
@@ -211,13 +226,15 @@ class ShareFetchSession:
         io = self.ctx.io
         # the broker up, the source topics and the app's internal topics there
         self.partitions = await io.prepare(self.ctx.settings, self.topics)
-        self._started = True
+        if self._lifecycle.state is SessionState.CLOSED:  # closed while it checked the topics
+            return
+        self._lifecycle.move(SessionState.STARTED)
         await self._requester.start()
         await self._membership.join()
 
     async def close(self, leave: bool = True) -> None:
         """Leave the group (so leaders release what this member holds) and disconnect."""
-        if self._started:
+        if self._lifecycle.move(SessionState.CLOSED) is SessionState.STARTED:
             if leave:
                 await self._membership.leave()
             else:
@@ -356,122 +373,21 @@ class ShareFetchSession:
         acks: list[protocol.WireAck],
         max_wait_ms: int = 0,
     ) -> tuple[protocol.ShareFetchResponse, bool]:
-        """Send one ShareFetch (:meth:`_send`). If the leader refused the member's assignment
-        ticket (``UNKNOWN_MEMBER_ID``: expired or removed; ``FENCED_MEMBER_EPOCH``: an epoch
-        older than one it saw, e.g. a request sent just before a heartbeat answer brought a new
-        epoch), heartbeat now and, if that brought another ticket, send it once more: with the
-        acknowledgements if the leader refused them too (nothing was applied), else without
-        (they were applied; only the acquisition was refused)."""
-        membership = self._membership
-        sent = membership.ticket
-        response, direct = await self._send(tp, max_records, acks, max_wait_ms)
-        if response.error not in _TICKET_REFUSALS:
-            return response, direct
-        if membership.ticket == sent:  # no newer ticket arrived meanwhile: ask for one
-            try:
-                await membership.refresh()
-            except Exception as exc:  # the coordinator is away: the refusal stands
-                self._log.warning("ticket_refresh_failed", error=repr(exc), refused=response.error)
-                return response, direct
-        if not membership.ticket or membership.ticket == sent:
-            return response, direct
-        resend = acks if response.ack_error != ErrorCode.NONE.value else []
-        if not resend and not max_records:
-            return response, direct
-        retried, direct = await self._send(tp, max_records, resend, max_wait_ms)
-        if acks and not resend:  # the first answer holds their result
-            retried.ack_error, retried.ack_error_message = (
-                response.ack_error,
-                response.ack_error_message,
-            )
-            retried.ack_stale = response.ack_stale
-        return retried, direct
+        """Send one ShareFetch through the :class:`~queueflow.member.routing.FetchRouter`;
+        returns the answer and whether it came over the direct path.
 
-    async def _send(
-        self,
-        tp: TopicPartition,
-        max_records: int,
-        acks: list[protocol.WireAck],
-        max_wait_ms: int = 0,
-    ) -> tuple[protocol.ShareFetchResponse, bool]:
-        """Send one ShareFetch: straight to the leader's endpoint when the last heartbeat named
-        one, else (or when that fails or the leader refuses as ``NOT_LEADER_OR_FOLLOWER``)
-        through the request topic. Returns the answer and whether it came over the direct
-        path."""
-        requester = self._requester
-        if not self._started:
+        Raises:
+            RuntimeError: :meth:`start` was not called.
+        """
+        if self._lifecycle.state is SessionState.CREATED:
             raise RuntimeError("ShareFetchSession.start() was not called")
-        rid = requester.next_id()
-        request = protocol.ShareFetchRequest(
-            group=self.group,
-            topic=tp.topic,
-            partition=tp.partition,
-            member_id=self.member_id,
-            request_id=rid,
-            reply_partition=requester.reply_partition,
-            max_records=max_records,
-            acks=acks,
-            lock_duration_ms=self.lock_duration_ms if max_records else None,
-            deadline_ms=self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms,
-            max_wait_ms=max_wait_ms if max_records else 0,
-            ticket=self._membership.ticket,
-        )
-        address = self._membership.leaders.get(tp)
-        if address is not None:
-            timeout_s = (self.ctx.settings.request_timeout_ms + request.max_wait_ms) / 1000
-            polls = self._long_polls.setdefault(tp, {})
-            if request.max_wait_ms:
-                polls[rid] = address
-            direct: protocol.ShareFetchResponse | None = None
-            try:
-                direct = await self._direct.call(address, request, timeout_s)
-            except DirectPathError as exc:
-                self._reroute(tp, address, str(exc))
-            finally:
-                polls.pop(rid, None)
-            if direct is not None:
-                if direct.error != ErrorCode.NOT_LEADER_OR_FOLLOWER.value:
-                    return direct, True
-                self._reroute(tp, address, direct.error_message)
-            request.max_wait_ms = 0  # the request topic's leaders answer at once
-            request.ticket = self._membership.ticket  # a heartbeat may have brought a newer one
-            request.deadline_ms = self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms
-        reply = await requester.call(
-            internal.fetch_topic(self.ctx.namespace, tp.topic),
-            tp.partition,
-            rid,
-            protocol.encode(request),
-        )
-        if not isinstance(reply, protocol.ShareFetchResponse):
-            raise ShareGroupError(
-                ErrorCode.INVALID_REQUEST,
-                f"the leader of {tp.topic}[{tp.partition}] answered a ShareFetch with "
-                f"{type(reply).__name__}",
-            )
-        return reply, False
+        return await self.router.request(tp, max_records, acks, max_wait_ms)
 
     async def end_long_polls(self, tp: TopicPartition) -> None:
         """Have the leader answer this member's parked ShareFetches of ``tp`` now, with nothing
         acquired (call it when ``tp`` was reassigned: a parked request would otherwise acquire
         records for a member that no longer fetches them)."""
-        for rid, address in list(self._long_polls.get(tp, {}).items()):
-            cancel = protocol.ShareFetchCancel(
-                member_id=self.member_id, request_id=rid, topic=tp.topic, partition=tp.partition
-            )
-            await self._direct.cancel(address, cancel)
-
-    def _reroute(self, tp: TopicPartition, address: str, reason: str) -> None:
-        """Stop using ``address`` for ``tp`` until a heartbeat names a leader again."""
-        if self._membership.leaders.get(tp) == address:
-            del self._membership.leaders[tp]
-            self._log.info(
-                "direct_path_rerouted",
-                topic=tp.topic,
-                partition=tp.partition,
-                address=address,
-                reason=reason,
-                note="using the request topic until the next heartbeat names the leader",
-            )
+        await self.router.end_long_polls(tp)
 
     async def _read(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], lock_deadline: float

@@ -297,13 +297,13 @@ def test_a_cancelled_long_poll_is_answered_at_once_and_acquires_nothing() -> Non
                 if leader._direct.get(0) is not None and leader._direct[0].parked:
                     break
                 await asyncio.sleep(0.01)
-            assert leader._direct[0].parked and session._long_polls[TP]
+            assert leader._direct[0].parked and session.router.long_polls[TP]
             started = time.monotonic()
             await session.end_long_polls(TP)
             result = await asyncio.wait_for(parked, 2.0)
             assert result.records == [] and result.error is None
             assert time.monotonic() - started < 2.0
-            assert not leader._direct[0].parked and not session._long_polls[TP]
+            assert not leader._direct[0].parked and not session.router.long_polls[TP]
             cluster.produce(TOPIC, b"later", partition=0)
             engine = cluster.share_partition("g", TOPIC, 0)
             assert engine.acquired_count == 0  # nobody holds it: it waits for the next fetch
@@ -405,14 +405,14 @@ def test_only_a_fetch_that_asked_for_records_and_got_none_makes_its_share_partit
         async def fetch_once(tp: TopicPartition, want: int, max_wait_ms: int | None) -> int:
             return 0  # no records
 
-        agent._reserve = reserve  # type: ignore[method-assign]
-        agent._fetch_once = fetch_once  # type: ignore[method-assign]
+        agent.dispatch.reserve = reserve  # type: ignore[method-assign]
+        agent.dispatch.fetch_once = fetch_once  # type: ignore[method-assign]
         answers.append(0)  # no room: acknowledgements only
-        await agent._fetch_round(TP, idle=False)
-        assert TP not in agent._idle_partitions
+        await agent.dispatch.fetch_round(TP, idle=False)
+        assert TP not in agent.dispatch.idle_partitions
         answers.append(5)  # asked for 5, got none: idle
-        await agent._fetch_round(TP, idle=False)
-        assert TP in agent._idle_partitions
+        await agent.dispatch.fetch_round(TP, idle=False)
+        assert TP in agent.dispatch.idle_partitions
 
     run(scenario())
 

@@ -213,15 +213,15 @@ def test_a_member_whose_handlers_all_hang_releases_its_queue_and_the_partition_d
     async def hang_and_drain(cluster: InProcessCluster) -> None:
         with capture_logs() as logs:
             a = await cluster.agent(hangs, TOPIC, "g", concurrency=2, name="a")
-            await eventually(lambda: len(hung) == 2 and len(a._queue) > 0, "A hangs")
-            queued = len(a._queue)
+            await eventually(lambda: len(hung) == 2 and a.runner.queued > 0, "A hangs")
+            queued = a.runner.queued
             clock.advance(4_600)  # past both calls' deadlines (lock - 0.5 s)
-            await eventually(lambda: all(c.cancelled_at for c in a._calls), "cancelled")
+            await eventually(lambda: all(c.cancelled_at for c in a.deadlines.calls), "cancelled")
             clock.advance(600)  # a lock margin later: stuck
-            await eventually(lambda: a._all_stuck, "A's handlers all stuck")
+            await eventually(lambda: a.deadlines.all_stuck, "A's handlers all stuck")
             (stuck,) = events(logs, "share_agent_handlers_stuck")
             assert stuck["stuck"] == 2 and stuck["queued_released"] == queued
-            assert len(a._queue) == 0
+            assert a.runner.queued == 0
             gauge = cluster.metrics.stuck_handlers.labels("g", TOPIC)
             assert gauge._value.get() == 2
             b = await cluster.agent(works, TOPIC, "g", name="b")
@@ -235,7 +235,7 @@ def test_a_member_whose_handlers_all_hang_releases_its_queue_and_the_partition_d
             assert set(handled_by_b) == set(range(8))  # A's hung ones too
             assert sorted(hung) == sorted(set(hung)) and len(hung) == 2  # A took no more
             unblock.set()
-            await eventually(lambda: not a._all_stuck, "A recovered")
+            await eventually(lambda: not a.deadlines.all_stuck, "A recovered")
             assert events(logs, "share_agent_handlers_recovered")
             assert gauge._value.get() == 0
             await a.stop()

@@ -243,7 +243,7 @@ def test_a_record_whose_lock_ends_within_the_margin_is_released_unhandled() -> N
         handled.append((record.offset, record.delivery_count))
         if record.offset == 0:
             await proceed.wait()
-            margin_ms = agents[0]._lock_margin_s() * 1000
+            margin_ms = agents[0].deadlines.lock_margin_s() * 1000
             clock.advance(1000 - margin_ms / 2)
 
     async def scenario() -> dict[str, int]:

@@ -1,0 +1,250 @@
+"""The share agent itself: its options, parts and lifecycle (start, drain, stop).
+
+:class:`ShareAgent` owns the :class:`~queueflow.member.session.ShareFetchSession` and the
+:class:`~queueflow.member.lifecycle.AgentState` lifecycle, and composes the
+:class:`~queueflow.member.agent.dispatch.Dispatcher` (fetching), the
+:class:`~queueflow.member.agent.runner.HandlerRunner` (handler calls) and the
+:class:`~queueflow.member.agent.deadlines.Deadlines` (their deadlines, lock renewal, stuck
+handlers). See :mod:`queueflow.member.agent` for what a handler may return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, cast
+
+import structlog
+
+from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.member.agent.deadlines import Deadlines
+from queueflow.member.agent.dispatch import Dispatcher
+from queueflow.member.agent.options import Decoder, Handler, ShareAgentOptions
+from queueflow.member.agent.results import AgentStats
+from queueflow.member.agent.runner import HandlerRunner
+from queueflow.member.context import MemberContext
+from queueflow.member.flow import FlowControl
+from queueflow.member.lifecycle import AGENT_TRANSITIONS, AgentState, Lifecycle
+from queueflow.member.session import ShareFetchSession
+
+__all__ = ["STOP_TASKS_TIMEOUT_S", "ShareAgent"]
+
+log = structlog.get_logger("queueflow.member.agent")
+
+#: How long (s) stop() waits for its tasks after cancelling them; a handler that ignores
+#: cancellation is abandoned then (its record's lock expires at the leader).
+STOP_TASKS_TIMEOUT_S = 5.0
+
+
+class ShareAgent:
+    """A share-group member that runs ``handler`` on each record, or on batches of records.
+
+    Args:
+        ctx: the member context of the app.
+        handler: ``async def handler(record: ShareRecord) -> ACCEPT | RELEASE | REJECT | None``;
+            with ``batch=True``, ``async def handler(records: list[ShareRecord]) ->
+            Sequence[ACCEPT | RELEASE | REJECT | None]`` (one outcome per record, in order) or a
+            single outcome for the whole batch (see :mod:`queueflow.member.agent`).
+        topic: the source topic name.
+        group: the share group id.
+        options: how it runs the handler (:class:`ShareAgentOptions`; default: its defaults).
+        decode: decodes each record before the handler sees it (None: raw bytes).
+        client_id: the Kafka client id (defaults to the agent's name).
+        **fields: :class:`ShareAgentOptions` fields (``concurrency=``, ``name=``,
+            ``lock_duration_ms=``, ``batch=``, ``batch_size=``, ``handler_timeout_ms=``), on top
+            of ``options``.
+
+    Raises:
+        ConfigurationError: an invalid option (see :class:`ShareAgentOptions`) or a lock
+            duration out of the group's range (at declaration); an unknown topic (at
+            :meth:`start`).
+        TypeError: an unknown option field.
+    """
+
+    def __init__(
+        self,
+        ctx: MemberContext,
+        handler: Handler,
+        topic: str,
+        group: str,
+        options: ShareAgentOptions | None = None,
+        *,
+        decode: Decoder | None = None,
+        client_id: str | None = None,
+        **fields: Any,
+    ) -> None:
+        options = options or ShareAgentOptions()
+        if fields:
+            options = dataclasses.replace(options, **fields)
+        options.check_lock_duration(ctx.settings)
+        self.ctx = ctx
+        self.handler = handler
+        self.options = options
+        self.topic_name = topic
+        self.group = group
+        self.name = options.agent_name(handler)
+        self.decode = decode
+        self.client_id = client_id or self.name
+        self.stats = AgentStats()
+        self.session: ShareFetchSession | None = None
+        settings = ctx.settings
+        self.flow = FlowControl(
+            options.concurrency,
+            settings.max_poll_records,
+            (options.lock_duration_ms or settings.record_lock_duration_ms) / 1000,
+        )
+        self.lifecycle: Lifecycle[AgentState] = Lifecycle(
+            f"share agent {self.name}", AgentState.CREATED, AGENT_TRANSITIONS
+        )
+        self.log = log.bind(group=group, topic=topic, agent=self.name)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.dispatch = Dispatcher(self)
+        self.deadlines = Deadlines(self)
+        self.runner = HandlerRunner(self)
+
+    # -- options ---------------------------------------------------------------------------
+    @property
+    def concurrency(self) -> int:
+        """Handler tasks in this process."""
+        return self.options.concurrency
+
+    @property
+    def lock_duration_ms(self) -> int | None:
+        """This member's acquisition lock duration (ms), or ``None`` for the group's."""
+        return self.options.lock_duration_ms
+
+    @property
+    def batch(self) -> bool:
+        """The handler is a batch handler."""
+        return self.options.batch
+
+    @property
+    def batch_size(self) -> int | None:
+        """With :attr:`batch`, the most records per handler call."""
+        return self.options.batch_size
+
+    @property
+    def handler_timeout_ms(self) -> int | None:
+        """A handler call's timeout (ms), or ``None``: bounded by its records' locks only."""
+        return self.options.handler_timeout_ms
+
+    def __call__(self, record: Any) -> Awaitable[Any]:
+        """Call the handler directly (for unit tests of the handler itself): with a
+        :class:`ShareRecord`, or with a list of them for a batch handler."""
+        return cast(Callable[[Any], Awaitable[Any]], self.handler)(record)
+
+    @property
+    def high_water(self) -> int:
+        """Records this process keeps acquired at most (see :attr:`FlowControl.high_water`)."""
+        return self.flow.high_water
+
+    @property
+    def member_id(self) -> str | None:
+        """This member's id once started."""
+        return None if self.session is None else self.session.member_id
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def state(self) -> AgentState:
+        """Where the agent is in its lifecycle."""
+        return self.lifecycle.state
+
+    @property
+    def stopping(self) -> bool:
+        """:meth:`stop` was called (``STOPPING`` or ``STOPPED``): loops end, nothing starts."""
+        return self.lifecycle.state in (AgentState.STOPPING, AgentState.STOPPED)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` as a task of the agent (cancelled by :meth:`stop`)."""
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def start(self) -> None:
+        """Join the share group and start the fetch loops and handler tasks.
+
+        A join no coordinator answered within ``queueflow.member.join.timeout.ms`` is logged
+        (``share_agent_join_failed``) and tried again: in a worker, the app's leader workers
+        may still be starting. A ShareConsumer fails instead.
+
+        Raises:
+            ConfigurationError: the topic does not exist, or the app's internal topics don't
+                (a wrong app id, or no leader worker ever ran).
+            ShareGroupError: the coordinator refused the join.
+            IllegalTransitionError: the agent was started before.
+        """
+        self.lifecycle.move(AgentState.STARTING)
+        while True:
+            self.session = ShareFetchSession(
+                self.ctx, self.group, [self.topic_name], self.client_id, self.lock_duration_ms
+            )
+            try:
+                await self.session.start()
+                break
+            except ShareGroupError as exc:
+                retry = exc.code is ErrorCode.REQUEST_TIMED_OUT and not self.stopping
+                if retry:  # said first: closing the clients may be slow with the broker gone
+                    self.log.error(
+                        "share_agent_join_failed",
+                        error=str(exc),
+                        note="trying again; a worker of the app with role 'all' or 'leader' "
+                        "must be running",
+                    )
+                await self.session.close(leave=False)
+                if not retry:
+                    raise
+        self.log = self.log.bind(member_id=self.session.member_id)  # known once joined
+        if self.stopping:  # stopped while it joined: its tasks would end at once
+            return
+        self.lifecycle.move(AgentState.RUNNING)
+        runner, dispatch = self.runner, self.dispatch
+        for index in range(self.concurrency):
+            self.spawn(runner.worker(index))
+        self.spawn(dispatch.supervise())
+        self.spawn(dispatch.send_acks_while_parked())
+        self.spawn(self.deadlines.watch())
+        self.log.info(
+            "share_agent_started",
+            concurrency=self.concurrency,
+            batch=self.batch,
+            batch_size=self.batch_size,
+        )
+
+    async def stop(self) -> None:
+        """Graceful drain: stop fetching, let running handlers finish within
+        ``queueflow.shutdown.timeout.ms``, release what was not started, flush acknowledgements
+        and leave the group (the leaders release anything still held). Calling it again (or
+        while it runs) does nothing."""
+        if self.stopping:
+            return
+        self.lifecycle.move(AgentState.STOPPING)
+        clock = self.ctx.clock
+        started = clock.monotonic()
+        runner, dispatch = self.runner, self.dispatch
+        dispatch.cancel_fetchers()
+        runner.release_queued()
+        if runner.busy:
+            timeout = self.ctx.settings.shutdown_timeout_ms / 1000
+            if not await runner.drain(timeout):
+                # Those handlers are cancelled below (CancelledError); their records go back
+                # when the member leaves.
+                self.log.warning("drain_timeout", unfinished=runner.busy, timeout_s=timeout)
+        runner.release_queued()  # records of a ShareFetch that completed meanwhile
+        await dispatch.flush_all()
+        if self.session is not None:
+            await self.session.close(leave=True)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            _, abandoned = await asyncio.wait(tasks, timeout=STOP_TASKS_TIMEOUT_S)
+            if abandoned:  # handlers that ignore cancellation: their locks expire
+                self.log.error("share_agent_tasks_abandoned", tasks=len(abandoned))
+        drain_s = clock.monotonic() - started
+        self.ctx.metrics.drain_seconds.labels(self.group, self.name).set(drain_s)
+        if self.session is not None:
+            self.stats.acks_dropped = self.session.acks_dropped
+        self.lifecycle.move(AgentState.STOPPED)
+        self.log.info("share_agent_drained", drain_ms=int(drain_s * 1000), **self.stats.as_dict())

@@ -1,0 +1,199 @@
+"""What a handler call yields: a :class:`HandlerResult`, worked out without I/O.
+
+The runner (:mod:`queueflow.member.agent.runner`) calls the handler, wraps how the call ended in
+a :data:`CallEnd` (:class:`Returned`, :class:`Raised` or :class:`TimedOut`) and hands it to
+:func:`judge`, a pure function that says what must happen to each record: its outcome
+(acknowledge type), and, when the call failed, why (the runner counts and logs it). A record
+handler is judged as a batch of one. The result is the seam for what later handlers will also
+produce (records to send, table updates): new fields of :class:`HandlerResult`, applied by the
+same runner.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from queueflow.structs import AcknowledgeType, ShareRecord
+
+__all__ = [
+    "OUTCOMES",
+    "AgentStats",
+    "CallEnd",
+    "Failure",
+    "HandlerResult",
+    "Raised",
+    "Returned",
+    "TimedOut",
+    "batch_outcomes",
+    "judge",
+    "outcome_of",
+]
+
+#: The acknowledge types a handler may return.
+OUTCOMES = (AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT)
+
+
+def outcome_of(result: Any) -> AcknowledgeType | None:
+    """Map a handler's return value to an acknowledge type; ``None`` if it is not one."""
+    if result is None:
+        return AcknowledgeType.ACCEPT
+    if isinstance(result, AcknowledgeType) and result in OUTCOMES:
+        return result
+    return None
+
+
+def batch_outcomes(result: Any, count: int) -> list[AcknowledgeType] | AcknowledgeType | None:
+    """Map a batch handler's return value for ``count`` records to their outcomes.
+
+    Args:
+        result: what the handler returned: a sequence (not ``str``/``bytes``) of ``count``
+            outcomes (``ACCEPT``, ``RELEASE``, ``REJECT`` or ``None`` each), or one of those for
+            the whole batch.
+        count: the records the handler was called with.
+
+    Returns:
+        One outcome per record, in order; a single outcome for all of them; or ``None`` when
+        ``result`` is none of the above (wrong length, an element that is not an outcome, or
+        another type). Never raises.
+    """
+    single = outcome_of(result)
+    if single is not None:
+        return single
+    if not isinstance(result, Sequence) or isinstance(result, (str, bytes, bytearray)):
+        return None
+    if len(result) != count:
+        return None
+    outcomes: list[AcknowledgeType] = []
+    append = outcomes.append
+    accept = AcknowledgeType.ACCEPT
+    for item in result:
+        if item is None:
+            append(accept)
+        elif isinstance(item, AcknowledgeType) and item in OUTCOMES:
+            append(item)
+        else:
+            return None
+    return outcomes
+
+
+class AgentStats:
+    """Counters of one share agent in this process.
+
+    ``lock_expired``: records released unhandled because their acquisition lock expired while
+    they waited for a handler; ``acks_dropped``: outcomes the leader refused as stale;
+    ``handler_timeouts``: records RELEASEd because their handler call passed its deadline;
+    ``renewed``: record lock renewals (RENEW) sent for handler calls still running.
+    """
+
+    def __init__(self) -> None:
+        self.delivered = 0
+        self.accepted = 0
+        self.released = 0
+        self.rejected = 0
+        self.redelivered = 0
+        self.handler_errors = 0
+        self.undecodable = 0
+        self.lock_expired = 0
+        self.acks_dropped = 0
+        self.handler_timeouts = 0
+        self.renewed = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters by name."""
+        return dict(vars(self))
+
+    def count(self, kind: AcknowledgeType, n: int = 1) -> None:
+        """Count ``n`` records acknowledged with ``kind`` (ACCEPT, RELEASE or REJECT)."""
+        if kind is AcknowledgeType.ACCEPT:
+            self.accepted += n
+        elif kind is AcknowledgeType.RELEASE:
+            self.released += n
+        else:
+            self.rejected += n
+
+
+# -- how a handler call ended -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """The handler returned ``value``."""
+
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Raised:
+    """The handler raised ``error`` (an ``Exception``; a stop's cancellation is not judged)."""
+
+    error: Exception
+
+
+@dataclass(frozen=True, slots=True)
+class TimedOut:
+    """The watchdog cancelled the call at its deadline (see
+    :mod:`queueflow.member.agent.deadlines`)."""
+
+
+#: How one handler call ended.
+CallEnd = Returned | Raised | TimedOut
+
+
+class Failure(enum.Enum):
+    """Why a call's records were all RELEASEd; the value is the ``reason`` label of
+    ``queueflow_handler_errors_total``."""
+
+    RAISED = "raised"
+    INVALID_OUTCOME = "invalid_outcome"
+    TIMED_OUT = "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerResult:
+    """What must happen after one handler call; the runner applies it (acknowledge each record
+    with its outcome, count, log).
+
+    Attributes:
+        records: the records the handler was called with (one for a record handler).
+        outcomes: one acknowledge type per record, in the same order.
+        failure: why every record is RELEASEd, or ``None`` when the handler gave the outcomes.
+        ended: how the call ended (what was returned or raised, for the log line).
+        batch: the handler is a batch handler (its failures are logged per batch).
+    """
+
+    records: Sequence[ShareRecord]
+    outcomes: tuple[AcknowledgeType, ...]
+    failure: Failure | None = None
+    ended: CallEnd | None = None
+    batch: bool = False
+
+    @property
+    def handler_errors(self) -> int:
+        """Records counted as handler errors (a raise or an invalid return value)."""
+        failed = self.failure is Failure.RAISED or self.failure is Failure.INVALID_OUTCOME
+        return len(self.records) if failed else 0
+
+
+def judge(ended: CallEnd, records: Sequence[ShareRecord], batch: bool) -> HandlerResult:
+    """The outcome of each of ``records`` after a handler call that ended as ``ended``.
+
+    A record handler (``batch=False``, one record) returns ``ACCEPT``/``RELEASE``/``REJECT``
+    or ``None`` (:func:`outcome_of`); a batch handler one outcome per record or one for all
+    (:func:`batch_outcomes`). A raise, a timeout or any other return value RELEASEs every
+    record. Pure: never raises, does no I/O.
+    """
+    count = len(records)
+    release = (AcknowledgeType.RELEASE,) * count
+    match ended:
+        case TimedOut():
+            return HandlerResult(records, release, Failure.TIMED_OUT, ended, batch)
+        case Raised():
+            return HandlerResult(records, release, Failure.RAISED, ended, batch)
+        case Returned(value=value):
+            outcomes = batch_outcomes(value, count) if batch else outcome_of(value)
+            if outcomes is None:
+                return HandlerResult(records, release, Failure.INVALID_OUTCOME, ended, batch)
+            if isinstance(outcomes, AcknowledgeType):
+                return HandlerResult(records, (outcomes,) * count, None, ended, batch)
+            return HandlerResult(records, tuple(outcomes), None, ended, batch)

@@ -1,0 +1,352 @@
+"""The handler runner of a share agent: one path for record and batch handlers.
+
+Records wait in one queue of *units*: a record handler's unit is one record (a batch of one),
+a batch handler's the records of one ShareFetch (split by ``batch_size``). ``concurrency``
+worker tasks take units, drop the records whose lock expired or that can't be decoded
+(:meth:`HandlerRunner.admit`), call the handler (:meth:`HandlerRunner.call`), have
+:func:`~queueflow.member.agent.results.judge` work out a
+:class:`~queueflow.member.agent.results.HandlerResult`, and apply it
+(:meth:`HandlerRunner.apply`: acknowledge, count, log).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from queueflow.member.agent.deadlines import HandlerCall
+from queueflow.member.agent.results import (
+    OUTCOMES,
+    CallEnd,
+    Failure,
+    HandlerResult,
+    Raised,
+    Returned,
+    TimedOut,
+    judge,
+)
+from queueflow.member.session import ranges_text
+from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
+
+if TYPE_CHECKING:
+    from queueflow.member.agent.core import ShareAgent
+
+__all__ = ["HandlerRunner"]
+
+_RELEASE = AcknowledgeType.RELEASE
+_REJECT = AcknowledgeType.REJECT
+
+
+class HandlerRunner:
+    """The queue of records waiting for a handler, and the handler tasks that work it off.
+
+    Args:
+        agent: the share agent (its handler, options, session, flow control, stats).
+    """
+
+    def __init__(self, agent: ShareAgent) -> None:
+        self.agent = agent
+        self.batch = agent.batch
+        self.batch_size = agent.batch_size
+        self._handler = cast(Callable[[Any], Awaitable[Any]], agent.handler)
+        # Units waiting for a handler; workers wait on _queued when it is empty (a deque and
+        # an event: asyncio.Queue's per-item wake-ups cost more than a no-op handler).
+        self._queue: collections.deque[list[ShareRecord]] = collections.deque()
+        self._queued = asyncio.Event()
+        #: Records waiting for a handler.
+        self.queued = 0
+        #: Handler calls in progress.
+        self.busy = 0
+        self._idle = asyncio.Event()  # set when busy drops to 0 while stopping
+        m, labels = agent.ctx.metrics, (agent.group, agent.topic_name)
+        self._errors = m.handler_errors
+        self._ack_latency = m.ack_latency_seconds.labels(*labels)
+        self._lock_expired = m.lock_expired_unhandled.labels(*labels)
+        self._acknowledged = {
+            kind: m.acknowledgements.labels(*labels, kind.name.lower()) for kind in OUTCOMES
+        }
+        self._ack_counts = dict.fromkeys(OUTCOMES, 0)  # published per ShareFetch
+        self._last_expired_deadline = 0.0  # one log line per expired batch, not per record
+
+    # -- the queue -------------------------------------------------------------------------
+    def enqueue(self, records: list[ShareRecord]) -> None:
+        """Queue the records of one ShareFetch for the handlers."""
+        queue = self._queue
+        size = self.batch_size
+        if not self.batch:
+            queue.extend([record] for record in records)
+        elif size is None or len(records) <= size:
+            queue.append(records)
+        else:
+            queue.extend(records[i : i + size] for i in range(0, len(records), size))
+        self.queued += len(records)
+        self._queued.set()
+
+    def release_queued(self) -> int:
+        """RELEASE every record waiting for a handler; returns how many."""
+        released = 0
+        queue = self._queue
+        while queue:
+            for record in queue.popleft():
+                self.acknowledge(record, _RELEASE)
+                released += 1
+        self.queued = 0
+        self.agent.stats.released += released
+        self.agent.dispatch.wake_untimed_reservers()
+        return released
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the handler calls in progress (the agent is stopping);
+        True if none is left."""
+        if not self.busy:
+            return True
+        self._idle.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    # -- handler tasks ---------------------------------------------------------------------
+    async def worker(self, index: int) -> None:
+        """Handler task ``index``: take units and run the handler on them until stopping.
+
+        The handler runs inline: a task per call would cost more than a no-op handler.
+        ``stop()`` waits (within the drain timeout) for the calls in progress, then cancels
+        this task.
+        """
+        agent = self.agent
+        queue, queued = self._queue, self._queued
+        handlers_busy = agent.deadlines.handlers_busy
+        call = agent.deadlines.calls[index]
+        call.task = asyncio.current_task()
+        while not agent.stopping:
+            if not queue:
+                queued.clear()
+                await queued.wait()
+                continue
+            unit = queue.popleft()
+            self.queued -= len(unit)
+            records = self.admit(unit)
+            if not records:
+                continue
+            self.busy += 1
+            if not handlers_busy.is_set():
+                handlers_busy.set()
+            try:
+                await self.run(records, call)
+            finally:
+                self.busy -= 1
+                if agent.stopping and not self.busy:
+                    self._idle.set()
+
+    def admit(self, unit: list[ShareRecord]) -> list[ShareRecord]:
+        """The records of ``unit`` to pass to the handler: those whose lock expired (or ends
+        within the lock margin) are released unhandled and undecodable ones REJECTed."""
+        now = self.agent.ctx.clock.monotonic()
+        decode = self.agent.decode
+        too_late = self.agent.deadlines.too_late
+        if decode is None and not any(too_late(record, now) for record in unit):
+            return unit  # the common case: no new list
+        admitted: list[ShareRecord] = []
+        for record in unit:
+            if too_late(record, now):
+                self.lock_expired_unhandled(record)
+                continue
+            if decode is not None:
+                try:
+                    decode(record)
+                except Exception as exc:
+                    self.undecodable(record, exc)
+                    continue
+            admitted.append(record)
+        return admitted
+
+    async def run(self, records: list[ShareRecord], call: HandlerCall) -> None:
+        """Call the handler on ``records`` and apply the result."""
+        clock = self.agent.ctx.clock
+        started = clock.monotonic()
+        ended = await self.call(records, call)
+        result = judge(ended, records, self.batch)
+        # FlowControl thinks in records: feed it the time per record.
+        self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
+        self.apply(result)
+
+    async def call(self, records: list[ShareRecord], call: HandlerCall) -> CallEnd:
+        """Run one handler call under its deadline; how it ended.
+
+        Raises:
+            asyncio.CancelledError: the agent is stopping (its records go back when the member
+                leaves); a cancellation at the call's deadline is returned as :class:`TimedOut`.
+        """
+        deadlines = self.agent.deadlines
+        deadlines.arm(call, records)
+        try:
+            # A batch handler gets a list of its own: whatever it does to it, every record is
+            # acknowledged.
+            value = await self._handler(records.copy() if self.batch else records[0])
+        except asyncio.CancelledError:
+            if deadlines.end_call(call):
+                return TimedOut()
+            self.agent.stats.released += len(records)
+            raise
+        except Exception as exc:
+            deadlines.end_call(call)
+            return Raised(exc)
+        deadlines.end_call(call)
+        return Returned(value)
+
+    # -- applying results ------------------------------------------------------------------
+    def apply(self, result: HandlerResult) -> None:
+        """Count and log ``result``, acknowledge each record with its outcome, remember the
+        RELEASEd ones (their redelivery to this member needs no Kafka read) and free their
+        room."""
+        agent = self.agent
+        records = result.records
+        if result.failure is not None:
+            self._failed(result)
+        else:
+            stats, ack_counts = agent.stats, self._ack_counts
+            for outcome in result.outcomes:
+                ack_counts[outcome] += 1
+                stats.count(outcome)
+        session = agent.session
+        acknowledge = self.acknowledge
+        for record, outcome in zip(records, result.outcomes, strict=True):
+            acknowledge(record, outcome)
+            if outcome is _RELEASE and session is not None:
+                session.remember_released(record)
+        agent.dispatch.unreserve(len(records))
+
+    def _failed(self, result: HandlerResult) -> None:
+        """Count and log a call whose records are all RELEASEd (``result.failure``)."""
+        agent = self.agent
+        records, stats, ended = result.records, agent.stats, result.ended
+        count = len(records)
+        failure = result.failure
+        assert failure is not None
+        stats.released += count
+        self._ack_counts[_RELEASE] += count
+        self._errors.labels(agent.group, records[0].topic, failure.value).inc(count)
+        if failure is Failure.TIMED_OUT:
+            stats.handler_timeouts += count
+        else:
+            stats.handler_errors += count
+        match ended:
+            case TimedOut():
+                agent.log.error(
+                    "handler_timed_out_records_released",
+                    records=count,
+                    handler_timeout_ms=agent.handler_timeout_ms,
+                    note="cancelled before the acquisition lock expired; raise "
+                    "handler_timeout_ms or group.share.record.lock.duration.ms if the handler "
+                    "needs longer",
+                    **(self.where(records[0]) if count == 1 else self.where_batch(records)),
+                )
+            case Raised(error=error) if result.batch:
+                agent.log.error(
+                    "handler_raised_batch_released",
+                    error=repr(error),
+                    exc_info=error,
+                    **self.where_batch(records),
+                )
+            case Raised(error=error):
+                agent.log.error(
+                    "handler_raised_record_released",
+                    error=repr(error),
+                    exc_info=error,
+                    **self.where(records[0]),
+                )
+            case Returned(value=value) if result.batch:
+                agent.log.error(
+                    "batch_handler_returned_invalid_outcome_records_released",
+                    returned=repr(value)[:200],
+                    returned_type=type(value).__name__,
+                    returned_length=len(value) if isinstance(value, Sequence) else None,
+                    expected=f"a sequence of {count} outcomes (one per record, in order: "
+                    "queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None), or one "
+                    "outcome for the whole batch",
+                    **self.where_batch(records),
+                )
+            case Returned(value=value):
+                agent.log.error(
+                    "handler_returned_invalid_outcome_record_released",
+                    returned=repr(value)[:200],
+                    expected="queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None",
+                    **self.where(records[0]),
+                )
+
+    def acknowledge(self, record: ShareRecord, kind: AcknowledgeType) -> None:
+        """Record ``kind`` for ``record`` in the session (it leaves with the next request of
+        its share-partition) and observe the delivery-to-outcome latency."""
+        agent = self.agent
+        if record.delivered_at and kind is not AcknowledgeType.RENEW:
+            self._ack_latency.observe(agent.ctx.clock.monotonic() - record.delivered_at)
+        if agent.session is not None:
+            agent.session.acknowledge(
+                TopicPartition(record.topic, record.partition), record.offset, kind
+            )
+
+    def publish_ack_counts(self) -> None:
+        """Add the outcomes counted since the last call to ``queueflow_acknowledgements``."""
+        for kind, count in self._ack_counts.items():
+            if count:
+                self._acknowledged[kind].inc(count)
+                self._ack_counts[kind] = 0
+
+    def lock_expired_unhandled(self, record: ShareRecord) -> None:
+        """The record's acquisition lock expired, or would within the lock margin, while it
+        waited for a handler: the leader may have delivered it to another member already, or
+        would before its outcome arrived, so don't process it; RELEASE it (refused harmlessly
+        if the leader expired the lock first)."""
+        agent = self.agent
+        agent.stats.lock_expired += 1
+        self._lock_expired.inc()
+        self.acknowledge(record, _RELEASE)
+        agent.dispatch.unreserve(1)
+        if record.lock_deadline != self._last_expired_deadline:
+            self._last_expired_deadline = record.lock_deadline
+            agent.log.warning(
+                "acquisition_lock_expired_before_handling",
+                queued=self.queued,
+                note="released unhandled; the handlers are slower than the lock "
+                "duration allows (raise group.share.record.lock.duration.ms "
+                "or lower max.poll.records)",
+                **self.where(record),
+            )
+
+    def undecodable(self, record: ShareRecord, exc: Exception) -> None:
+        """REJECT a record the decoder refused (it is never passed to the handler)."""
+        agent = self.agent
+        agent.stats.undecodable += 1
+        agent.stats.rejected += 1
+        self._errors.labels(agent.group, record.topic, "undecodable").inc()
+        agent.log.error("undecodable_record_rejected", error=repr(exc), **self.where(record))
+        self._ack_counts[_REJECT] += 1
+        self.acknowledge(record, _REJECT)
+        agent.dispatch.unreserve(1)
+
+    # -- log fields ------------------------------------------------------------------------
+    def where(self, record: ShareRecord) -> dict[str, Any]:
+        """Log fields naming one record."""
+        return {
+            "group": self.agent.group,
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "delivery_count": record.delivery_count,
+        }
+
+    def where_batch(self, records: Sequence[ShareRecord]) -> dict[str, Any]:
+        """Log fields naming the records of one batch (of one share-partition)."""
+        first = records[0]
+        return {
+            "group": self.agent.group,
+            "topic": first.topic,
+            "partition": first.partition,
+            "offsets": ranges_text(sorted(record.offset for record in records)),
+            "records": len(records),
+            "max_delivery_count": max(record.delivery_count for record in records),
+        }
