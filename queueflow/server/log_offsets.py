@@ -222,7 +222,9 @@ class _Arrivals:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the broker may be restarting: waits end on their own
-                log.warning("log_end_wait_failed", topic=tp.topic, partition=tp.partition, error=repr(exc))
+                log.warning(
+                    "log_end_wait_failed", topic=tp.topic, partition=tp.partition, error=repr(exc)
+                )
                 await self._drop_consumer()
                 await asyncio.sleep(1.0)
 

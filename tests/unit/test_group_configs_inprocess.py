@@ -16,6 +16,7 @@ from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec
 from queueflow.server import group_configs
 from queueflow.server.coordinator import ShareGroupCoordinator
+from queueflow.server.leader.cache import SharePartitionCache, initial_offset
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
 
@@ -225,8 +226,15 @@ def test_configs_survive_a_new_coordinator() -> None:
             assert entries[LOCK].value == "6000"
             # A restarted leader learns them from the next ticket, before it loads the group.
             leader = cluster.leaders[TOPIC]
-            leader.group_configs = type(leader.group_configs)(cluster.settings)
-            leader.partitions.clear()
+            configs = leader.group_configs = type(leader.group_configs)(cluster.settings)
+            leader.cache = SharePartitionCache(
+                leader.table,
+                TOPIC,
+                configs,
+                cluster.settings.snapshot_update_records_per_snapshot,
+                leader._epoch,
+                lambda group, p: initial_offset(cluster.server, configs, TOPIC, group, p),
+            )
             assert await release_twice(cluster, "A") == [1, 2]
             assert cluster.share_partition("A", TOPIC, 0).start_offset == 1
 

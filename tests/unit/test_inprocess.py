@@ -280,7 +280,7 @@ def test_a_leader_that_reads_a_newer_fence_steps_down_and_writes_nothing() -> No
             assert not leader.partitions
             before = dict(cluster.tables[TOPIC])
             with pytest.raises(ShareGroupError) as refused:
-                await consumer._require_session().fetch((TOPIC, 0), 5)
+                await consumer._require_session().fetch(TopicPartition(TOPIC, 0), 5)
             assert refused.value.code is ErrorCode.REQUEST_TIMED_OUT
             assert cluster.tables[TOPIC] == before
 
