@@ -16,7 +16,6 @@ from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.protocol import group_codec
 from queueflow.server import group_configs
 from queueflow.server.coordinator import ShareGroupCoordinator
-from queueflow.server.leader.cache import SharePartitionCache, initial_offset
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
 
@@ -225,16 +224,11 @@ def test_configs_survive_a_new_coordinator() -> None:
             assert (entries[LIMIT].value, entries[LIMIT].source) == ("2", "DYNAMIC_GROUP_CONFIG")
             assert entries[LOCK].value == "6000"
             # A restarted leader learns them from the next ticket, before it loads the group.
+            # (The same leadership, live already: only its memory is new.)
             leader = cluster.leaders[TOPIC]
-            configs = leader.group_configs = type(leader.group_configs)(cluster.settings)
-            leader.cache = SharePartitionCache(
-                leader.table,
-                TOPIC,
-                configs,
-                cluster.settings.snapshot_update_records_per_snapshot,
-                leader._epoch,
-                lambda group, p: initial_offset(cluster.server, configs, TOPIC, group, p),
-            )
+            leader.cache.drop({0}, "the leader restarts")
+            leader.cache.forget_retained(set())
+            leader.group_configs.__init__(cluster.settings)  # type: ignore[misc]
             assert await release_twice(cluster, "A") == [1, 2]
             assert cluster.share_partition("A", TOPIC, 0).start_offset == 1
 

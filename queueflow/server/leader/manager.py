@@ -25,8 +25,7 @@ from dataclasses import replace
 import structlog
 
 from queueflow.engine.fencing import LeaderFencing
-from queueflow.errors import CorruptStateError, ErrorCode, FencedStateEpochError, ShareGroupError
-from queueflow.logging import SkipLogLimiter
+from queueflow.errors import ErrorCode, FencedStateEpochError, ShareGroupError
 from queueflow.metrics import SharePartitionSample
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
@@ -35,17 +34,18 @@ from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable
 from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.server.leader import fencing, handlers, reports, resets
+from queueflow.server.leader.applier import ResultApplier
 from queueflow.server.leader.cache import SharePartitionCache, initial_offset
+from queueflow.server.leader.fetching import ShareFetcher
 from queueflow.server.leader.parking import LongPolls, ParkedFetch
 from queueflow.server.leader.positions import RequestPositions
 from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
-from queueflow.server.tickets import TicketGate, TicketRefusal
+from queueflow.server.tickets import TicketGate
 from queueflow.server.transport import (
     control_auth,
     monotonic_ms,
     not_leader,
     send_due_fences,
-    send_reply,
 )
 from queueflow.structs import TopicPartition
 
@@ -82,7 +82,6 @@ class ShareLeader:
         #: share.auto.offset.reset), from the tickets of its requests.
         self.group_configs = LeaderGroupConfigs(ctx.settings, ctx.group_configs)
         self.auth = control_auth(ctx, "leader")
-        self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         s = ctx.settings
         #: Membership, member epoch and assignment of each request, from its assignment
         #: ticket (KIP-932 checks them on every ShareFetch; see queueflow.server.tickets).
@@ -91,7 +90,6 @@ class ShareLeader:
             required=s.auth_tickets == "required",
             coordinator_forget_ms=s.session_timeout_ms,
         )
-        self.refusals = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         self.fencing = LeaderFencing(ctx.stall_limit_ms)
         self.cache = SharePartitionCache(
             table,
@@ -102,14 +100,18 @@ class ShareLeader:
             lambda group, p: initial_offset(ctx, self.group_configs, topic, group, p),
         )
         self.positions = RequestPositions(table, topic, self.request_topic)
-        self.archived = reports.ArchivedCounter()
+        self.fetcher = ShareFetcher(ctx, topic, self.tickets, self.group_configs, self.cache)
+        self.applier = ResultApplier(
+            ctx, topic, self.cache, self.positions, self.auth, self.tickets, self.step_down
+        )
+        #: Rate limiter of the log of undecodable requests.
+        self.skipped = self.applier.skipped
         # The direct path: one lock per request partition shared with the stream path.
         self._locks: dict[int, asyncio.Lock] = {}
         self.long_polls = LongPolls(
             ctx, topic, lambda p, items: self._apply_batch(p, items), self._not_leader
         )
         self._log = log.bind(topic=topic)
-        self._state_writes = ctx.metrics.state_writes.labels(topic)
         ctx.metrics.add_partition_source(self.samples)
 
     @property
@@ -375,37 +377,6 @@ class ShareLeader:
         return resets.refused_reset(message, partition, error)
 
     # -- ShareFetch ------------------------------------------------------------------------
-    def _check_ticket(
-        self, request: protocol.ShareFetchRequest, partition: int, now: int, *, acquiring: bool
-    ) -> tuple[TicketRefusal | None, LeaderResult]:
-        """Check the request's assignment ticket (:class:`~queueflow.server.tickets.TicketGate`;
-        ``acquiring``: also its epoch and assignment); once it passes, the group's configs of
-        the ticket are enforced from now on (logged when they changed)."""
-        refusal = self.tickets.check(
-            request.group,
-            request.member_id,
-            request.ticket,
-            now,
-            topic=self.topic,
-            partition=partition,
-            acquiring=acquiring,
-        )
-        if refusal is not None:
-            return refusal, NOTHING
-        ticket = self.tickets.verified(request.ticket)
-        config = None if ticket is None else self.group_configs.adopt(ticket)
-        if ticket is None or config is None:
-            return None, NOTHING
-        for (group, _partition), durable in self.cache.live():
-            if group == ticket.group:
-                durable.engine.reconfigure(config)
-        fields = {
-            "group": ticket.group,
-            "config_version": ticket.config_version,
-            "configs": dict(ticket.configs),
-        }
-        return None, LeaderResult(logs=(LogEvent("info", "share_group_configs_applied", fields),))
-
     async def _share_fetch(
         self,
         request: protocol.ShareFetchRequest,
@@ -413,45 +384,9 @@ class ShareLeader:
         now: int,
         acquire: bool = True,
     ) -> FetchResult:
-        """Apply a request's acknowledgements, then acquire (KIP-932 "ShareFetch API";
-        :func:`~queueflow.server.leader.handlers.share_fetch`), writing nothing yet.
-
-        Before anything else the request's assignment ticket must prove a current member:
-        otherwise the answer is ``UNKNOWN_MEMBER_ID`` for the fetch and its acknowledgements,
-        and nothing is loaded or changed.
-        """
-        refusal, effects = self._check_ticket(request, partition, now, acquiring=False)
-        if refusal is not None:
-            return handlers.refused_fetch(request, self.topic, partition, refusal)
-        try:
-            durable = await self.cache.get(request.group, partition)
-        except CorruptStateError as exc:
-            return handlers.unloadable_fetch(request, self.topic, partition, exc)
-        acquire_from = None
-        if acquire and request.max_records > 0 and now < request.deadline_ms:
-            acquire_from, more = await self._acquire_from(request, durable, now)
-            effects = effects + more
-        fetched = handlers.share_fetch(durable, request, now, acquire_from=acquire_from)
-        return replace(fetched, effects=effects + fetched.effects)
-
-    async def _acquire_from(
-        self, request: protocol.ShareFetchRequest, durable: DurableSharePartition, now: int
-    ) -> tuple[tuple[int | None, TicketRefusal | None], LeaderResult]:
-        """What acquiring for ``request`` needs: ``(log end, None)``, or ``(None, refusal)``
-        when its ticket is not of the member's latest epoch or does not assign it the
-        share-partition (checked again for a parked request: the member may have been removed
-        or its ticket expired meanwhile)."""
-        refusal, effects = self._check_ticket(request, durable.partition, now, acquiring=True)
-        if refusal is not None:
-            return (None, refusal), effects
-        tp = TopicPartition(self.topic, durable.partition)
-        offsets = self.ctx.log_offsets
-        # A long poll that finds nothing parks, and its wait refreshes the log end: it needs no
-        # background refresh (which would poll the broker while the fleet is idle).
-        log_end = offsets.known_end(tp) if request.max_wait_ms else offsets.cached_end(tp)
-        if log_end is None:
-            log_end = await offsets.log_end(tp)
-        return (log_end, None), effects
+        """Apply a request's acknowledgements, then acquire (if ``acquire``), writing nothing
+        yet (:meth:`~queueflow.server.leader.fetching.ShareFetcher.fetch`)."""
+        return await self.fetcher.fetch(request, partition, now, acquire)
 
     # -- the direct path -------------------------------------------------------------------
     async def serve(self, request: protocol.ShareFetchRequest) -> protocol.ShareFetchResponse:
@@ -508,12 +443,8 @@ class ShareLeader:
                         item.response, item.durable = fetched.response, fetched.durable
                         result = result + fetched.effects
                     elif item.durable is not None and now < item.request.deadline_ms:
-                        acquire_from, effects = await self._acquire_from(
-                            item.request, item.durable, now
-                        )
-                        result = result + effects
-                        result = result + handlers.acquire(
-                            item.durable, item.request, item.response, now, *acquire_from
+                        result = result + await self.fetcher.reacquire(
+                            item.request, item.durable, item.response, now
                         )
                     if item.durable is not None:
                         result = result + LeaderResult(writes=(item.durable,), flush=True)
@@ -521,69 +452,6 @@ class ShareLeader:
         if result.flush and self.ctx.settings.state_durability == "acked":
             await self.ctx.flush_state()
 
-    # -- performing results ----------------------------------------------------------------
     async def _apply(self, result: LeaderResult, partition: int) -> None:
-        """Perform ``result`` for request partition ``partition``: the one place the leader's
-        handlers' decisions become I/O. In order: state deletes, creations and writes (one
-        delta per share-partition), the request position, the flush (durability ``acked``),
-        metrics and log lines, replies, and a step-down.
-
-        Raises:
-            FencedStateEpochError: a write was refused (this leader stepped down meanwhile);
-                nothing after it happened.
-            ShareGroupError: a share-partition could not be created (an invalid offset).
-        """
-        for durable in result.deletes:
-            durable.delete()
-            self.cache.deleted((durable.group, durable.partition))
-        for new in result.creates:
-            self.cache.create(new.group, new.partition, new.start_offset)
-        for durable in result.writes:
-            self._persist(durable)
-        if result.position is not None:
-            self.positions.write(partition, result.position)
-        if result.flush and self.ctx.settings.state_durability == "acked":
-            await self.ctx.flush_state()
-        self._record(result)
-        for reply in result.replies:
-            request = reply.request
-            await send_reply(
-                self.ctx,
-                request.member_id,
-                request.reply_partition,
-                self.auth.seal(protocol.encode(reply.response)),
-                self.tickets.reply_key(request.ticket),
-            )
-        for answer in result.coordinator_replies:
-            await self.ctx.sender.send(
-                topics.coordinator_topic(self.ctx.namespace),
-                topics.coordinator_partition(answer.group),
-                self.auth.seal(protocol.encode(answer)),
-            )
-        if result.step_down is not None:
-            self.step_down(list(result.step_down[0]), result.step_down[1])
-
-    def _persist(self, durable: DurableSharePartition) -> None:
-        """Write what changed (one delta) and count the records it Archived."""
-        if durable.persist():
-            self._state_writes.inc()
-        archived = self.archived.advance(durable)
-        if archived:
-            labels = (durable.group, self.topic, str(durable.partition))
-            self.ctx.metrics.archived.labels(*labels).inc(archived)
-
-    def _record(self, result: LeaderResult) -> None:
-        """Count ``result``'s metrics and write its log lines (rate-limited ones through their
-        limiter, with how many were suppressed)."""
-        metrics = self.ctx.metrics
-        for inc in result.metrics:
-            getattr(metrics, inc.metric).labels(*inc.labels).inc(inc.amount)
-        for event in result.logs:
-            fields = dict(event.fields)
-            if event.limiter is not None:
-                limiter = self.refusals if event.limiter == "refusals" else self.skipped
-                suppressed = limiter.admit()
-                if suppressed is None:
-                    continue
-                fields["suppressed"] = suppressed
-            getattr(self._log, event.level)(event.event, **fields)
+        """Perform ``result`` (:meth:`~queueflow.server.leader.applier.ResultApplier.apply`)."""
+        await self.applier.apply(result, partition)
