@@ -5,10 +5,41 @@ request log, and the stale-coordinator check of what the coordinator sends
 from __future__ import annotations
 
 from queueflow.engine.fencing import CoordinatorEpochs, FenceOutcome, PartitionFencing
+from queueflow.errors import FencedStateEpochError
 from queueflow.protocol import messages as protocol
 from queueflow.server.leader.results import LeaderResult, LogEvent, MetricIncrement
+from queueflow.server.transport import not_leader
 
-__all__ = ["on_fence", "stale_coordinator"]
+__all__ = ["leads", "not_leader_answer", "on_fence", "stale_coordinator"]
+
+
+def leads(fencing: PartitionFencing, partition: int) -> bool:
+    """True while this worker leads ``partition`` (live or not yet live): requests read from
+    it are its to handle. Otherwise its new leader answers them."""
+    try:
+        fencing.check(partition)
+    except FencedStateEpochError:
+        return False
+    return True
+
+
+def not_leader_answer(
+    fencing: PartitionFencing,
+    topic: str,
+    request: protocol.ShareFetchRequest,
+    failure: Exception | None = None,
+) -> protocol.ShareFetchResponse:
+    """The ``NOT_LEADER_OR_FOLLOWER`` answer to a direct request this worker does not serve,
+    saying why (not led here, stepped down, not live yet, or ``failure``): the member
+    re-routes."""
+    lead = fencing.partitions.get(request.partition)
+    if failure is not None and lead is not None and lead.fenced is None:
+        why = f"could not be served by this worker ({failure!r}); re-send it elsewhere"
+    elif lead is None:
+        why = "is not led by this worker"
+    else:
+        why = lead.fenced or "is led by this worker, which is not live on it yet"
+    return not_leader(request, f"partition {topic}[{request.partition}] {why}")
 
 
 def on_fence(fencing: PartitionFencing, partition: int, epoch: int) -> LeaderResult:

@@ -44,7 +44,6 @@ from queueflow.server.tickets import TicketGate
 from queueflow.server.transport import (
     control_auth,
     monotonic_ms,
-    not_leader,
     send_due_fences,
 )
 from queueflow.structs import TopicPartition
@@ -310,7 +309,7 @@ class ShareLeader:
         """Gather what ``message`` needs (its share-partition, the log end) and hand it to its
         pure handler; returns the handler's result."""
         now = self.ctx.clock.now_ms()
-        if not isinstance(message, protocol.Fence) and not self._leads(partition):
+        if not isinstance(message, protocol.Fence) and not fencing.leads(self.fencing, partition):
             return NOTHING  # stepped down: the partition's new leader answers
         match message:
             case protocol.Fence(leader_epoch=epoch):
@@ -331,13 +330,6 @@ class ShareLeader:
                 return handlers.answer_from_log(fetched, message, offset, now, replayed=replayed)
             case _:
                 return NOTHING
-
-    def _leads(self, partition: int) -> bool:
-        try:
-            self.fencing.check(partition)
-        except FencedStateEpochError:
-            return False
-        return True
 
     async def _release(
         self, message: protocol.ReleaseMember, partition: int, offset: int, now: int
@@ -410,14 +402,7 @@ class ShareLeader:
     def _not_leader(
         self, request: protocol.ShareFetchRequest, failure: Exception | None = None
     ) -> protocol.ShareFetchResponse:
-        lead = self.fencing.partitions.get(request.partition)
-        if failure is not None and lead is not None and lead.fenced is None:
-            why = f"could not be served by this worker ({failure!r}); re-send it elsewhere"
-        elif lead is None:
-            why = "is not led by this worker"
-        else:
-            why = lead.fenced or "is led by this worker, which is not live on it yet"
-        return not_leader(request, f"partition {self.topic}[{request.partition}] {why}")
+        return fencing.not_leader_answer(self.fencing, self.topic, request, failure)
 
     async def _apply_batch(self, partition: int, items: list[ParkedFetch]) -> None:
         """Serve a batch of direct requests of one request partition: parked ones (``response``
