@@ -62,10 +62,13 @@ from dataclasses import dataclass
 from queueflow.errors import FencedStateEpochError
 
 __all__ = [
+    "LEADERSHIP_TRANSITIONS",
     "CoordinatorEpochs",
     "FenceOutcome",
+    "IllegalTransitionError",
     "LeaderFencing",
     "Leadership",
+    "LeadershipState",
     "MembershipLease",
     "PartitionFencing",
     "RecoveryWatch",
@@ -83,6 +86,41 @@ class FenceOutcome(enum.Enum):
     IGNORED = "ignored"
 
 
+class LeadershipState(enum.Enum):
+    """Where this worker's ownership of one request (or coordinator) partition stands.
+
+    The allowed moves are :data:`LEADERSHIP_TRANSITIONS`, checked by
+    :meth:`Leadership.move_to`; a revoke drops the :class:`Leadership` (a new assignment makes
+    a new one, ``ASSIGNED``).
+    """
+
+    #: Owned under an epoch, own fence not read back yet: acknowledgements are applied, nothing
+    #: is acquired.
+    ASSIGNED = "assigned"
+    #: Own fence read back: every later request in the partition is this worker's to serve.
+    LIVE = "live"
+    #: A newer owner's fence was read: stepped down for good (until a new assignment).
+    SUPERSEDED = "superseded"
+    #: Fenced by the stall guard; taken back (``ASSIGNED``, a new fence) if the membership
+    #: survived the stall.
+    STALLED = "stalled"
+
+
+#: Every allowed move of a :class:`Leadership` (state -> the states it may move to).
+LEADERSHIP_TRANSITIONS: dict[LeadershipState, frozenset[LeadershipState]] = {
+    LeadershipState.ASSIGNED: frozenset(
+        {LeadershipState.LIVE, LeadershipState.SUPERSEDED, LeadershipState.STALLED}
+    ),
+    LeadershipState.LIVE: frozenset({LeadershipState.SUPERSEDED, LeadershipState.STALLED}),
+    LeadershipState.STALLED: frozenset({LeadershipState.ASSIGNED}),
+    LeadershipState.SUPERSEDED: frozenset(),
+}
+
+
+class IllegalTransitionError(ValueError):
+    """A lifecycle was asked for a move its transition table does not allow (a bug)."""
+
+
 @dataclass(slots=True)
 class Leadership:
     """This worker's ownership of one request (or coordinator) partition.
@@ -90,17 +128,45 @@ class Leadership:
     Attributes:
         epoch: the leader or coordinator epoch (Faust consumer generation) it was assigned
             under.
-        live: its own fence has been read back, so requests after it are its to serve.
-        fenced: why it stepped down, or ``None``.
+        state: where the ownership stands (:class:`LeadershipState`); change it only with
+            :meth:`move_to`.
+        reason: why it stepped down (``SUPERSEDED`` or ``STALLED``), else ``None``.
         stalled_at_ms: when the stall guard fenced it (monotonic ms), or ``None``.
         fence_sent_ms: when its own fence was last sent (monotonic ms), or ``None``.
     """
 
     epoch: int
-    live: bool = False
-    fenced: str | None = None
+    state: LeadershipState = LeadershipState.ASSIGNED
+    reason: str | None = None
     stalled_at_ms: int | None = None
     fence_sent_ms: int | None = None
+
+    @property
+    def live(self) -> bool:
+        """Its own fence has been read back and it has not stepped down since."""
+        return self.state is LeadershipState.LIVE
+
+    @property
+    def fenced(self) -> str | None:
+        """Why it stepped down (superseded or stalled), or ``None``."""
+        return self.reason
+
+    def move_to(self, state: LeadershipState, reason: str | None = None) -> None:
+        """Move to ``state`` (``reason``: why, for ``SUPERSEDED`` and ``STALLED``).
+
+        Raises:
+            IllegalTransitionError: :data:`LEADERSHIP_TRANSITIONS` does not allow the move.
+        """
+        if state not in LEADERSHIP_TRANSITIONS[self.state]:
+            raise IllegalTransitionError(
+                f"leadership of epoch {self.epoch} cannot move from {self.state.name} to "
+                f"{state.name}"
+            )
+        self.state = state
+        self.reason = reason if state in _STEPPED_DOWN else None
+
+
+_STEPPED_DOWN = frozenset({LeadershipState.SUPERSEDED, LeadershipState.STALLED})
 
 
 class PartitionFencing:
@@ -143,14 +209,14 @@ class PartitionFencing:
         if epoch == lead.epoch:
             if lead.live:
                 return FenceOutcome.IGNORED  # a resent copy
-            lead.live = True
+            lead.move_to(LeadershipState.LIVE)
             return FenceOutcome.LIVE
         verb = "led" if self.role == "leader" else "owned"
-        lead.fenced = (
+        lead.move_to(
+            LeadershipState.SUPERSEDED,
             f"partition {partition} was taken over by {self.role} epoch {epoch}; "
-            f"this worker {verb} it under epoch {lead.epoch}"
+            f"this worker {verb} it under epoch {lead.epoch}",
         )
-        lead.live = False
         return FenceOutcome.SUPERSEDED
 
     def fences_due(self, now_ms: int, resend_after_ms: int) -> list[int]:
@@ -162,8 +228,7 @@ class PartitionFencing:
         due = [
             p
             for p, lead in self.partitions.items()
-            if not lead.live
-            and lead.fenced is None
+            if lead.state is LeadershipState.ASSIGNED
             and (lead.fence_sent_ms is None or now_ms - lead.fence_sent_ms > resend_after_ms)
         ]
         for p in due:
@@ -173,7 +238,7 @@ class PartitionFencing:
     def is_live(self, partition: int) -> bool:
         """True when this worker may hand out records of ``partition``."""
         lead = self.partitions.get(partition)
-        return lead is not None and lead.live and lead.fenced is None
+        return lead is not None and lead.live
 
     def check(self, partition: int) -> None:
         """Raise unless this worker still leads ``partition`` (live or not yet live).
@@ -201,12 +266,12 @@ class PartitionFencing:
         stalled = [p for p, lead in self.partitions.items() if lead.fenced is None]
         for p in stalled:
             lead = self.partitions[p]
-            lead.live = False
             lead.stalled_at_ms = now_ms
-            lead.fenced = (
+            lead.move_to(
+                LeadershipState.STALLED,
                 f"this worker was stalled for {now_ms - previous} ms, longer than the "
                 f"{self.stall_limit_ms} ms after which Faust's group coordinator gives its "
-                f"partitions to another worker ({self.role} epoch {lead.epoch})"
+                f"partitions to another worker ({self.role} epoch {lead.epoch})",
             )
         return stalled
 
@@ -227,11 +292,13 @@ class PartitionFencing:
         resumed = []
         for p, lead in self.partitions.items():
             if (
-                lead.stalled_at_ms is not None
+                lead.state is LeadershipState.STALLED
+                and lead.stalled_at_ms is not None
                 and now_ms - lead.stalled_at_ms > self.stall_limit_ms
                 and lead.epoch == epoch
             ):
-                lead.fenced = lead.stalled_at_ms = lead.fence_sent_ms = None
+                lead.move_to(LeadershipState.ASSIGNED)
+                lead.stalled_at_ms = lead.fence_sent_ms = None
                 resumed.append(p)
         return resumed
 

@@ -1,4 +1,4 @@
-"""Per-group configs on the server side: the coordinator's view and the leaders' (issue #14).
+"""Per-group configs on the server side: the coordinator's view and the leaders'.
 
 The coordinator owns a group's configs. Those set with the admin are stored with the group
 (:attr:`ShareGroup.configs <queueflow.engine.group.ShareGroup.configs>`, group codec); the

@@ -1,4 +1,4 @@
-"""The share-partition leader's membership check: assignment tickets (issue #12 item 2).
+"""The share-partition leader's membership check: assignment tickets.
 
 KIP-932 checks, on every ShareFetch and ShareAcknowledge, that the member is in its group at its
 current member epoch. Here the leader does not ask the coordinator: the coordinator puts a
@@ -118,24 +118,11 @@ class TicketGate:
         A valid ticket of a higher epoch than seen before raises the member's epoch.
         """
         if not ticket:
-            if not self.required:
-                return None
-            return TicketRefusal(
-                ErrorCode.UNKNOWN_MEMBER_ID,
-                "missing",
-                f"member {member_id!r} sent no assignment ticket for share group {group!r}: "
-                "only a member that joined the group (ShareGroupHeartbeat) and attaches the "
-                "ticket of its latest heartbeat answer is served; members of queueflow releases "
-                "without tickets must be upgraded (or set queueflow.auth.tickets=optional on the "
-                "workers for the rolling upgrade)",
-            )
+            return None if not self.required else _missing(group, member_id)
         verified = self._verified.get(ticket)
         if verified is None:
             try:
-                if len(ticket) > MAX_TICKET_BYTES:
-                    raise AuthenticationError("malformed", f"ticket of {len(ticket)} bytes")
-                # Expiry is checked below, and for acquisitions only.
-                verified = verify_ticket(self._key, ticket, now_ms=-(2**63))
+                verified = self._verify(ticket)
             except AuthenticationError as exc:
                 return TicketRefusal(
                     ErrorCode.UNKNOWN_MEMBER_ID,
@@ -154,20 +141,34 @@ class TicketGate:
                 "session timeout; it must heartbeat (is the share-group coordinator running?) "
                 "or rejoin",
             )
-        if verified.member_id != member_id:
-            return TicketRefusal(
-                ErrorCode.UNKNOWN_MEMBER_ID,
-                "wrong_member",
-                f"the request names member {member_id!r} but carries the ticket of member "
-                f"{verified.member_id!r}",
-            )
-        if verified.group != group:
-            return TicketRefusal(
-                ErrorCode.UNKNOWN_MEMBER_ID,
-                "wrong_group",
-                f"the request is for share group {group!r} but carries a ticket of share group "
-                f"{verified.group!r}",
-            )
+        return _whose(verified, group, member_id) or self._current(
+            verified, group, member_id, now_ms, topic, partition, acquiring
+        )
+
+    def _verify(self, ticket: bytes) -> AssignmentTicket:
+        """Verify ``ticket``'s MAC and decode it (expiry is checked by the caller, and for
+        acquisitions only).
+
+        Raises:
+            AuthenticationError: too long, malformed, or not issued with this gate's key.
+        """
+        if len(ticket) > MAX_TICKET_BYTES:
+            raise AuthenticationError("malformed", f"ticket of {len(ticket)} bytes")
+        return verify_ticket(self._key, ticket, now_ms=-(2**63))
+
+    def _current(
+        self,
+        verified: AssignmentTicket,
+        group: str,
+        member_id: str,
+        now_ms: int,
+        topic: str,
+        partition: int,
+        acquiring: bool,
+    ) -> TicketRefusal | None:
+        """The checks of a verified ticket of the request's member against what the gate has
+        seen: the coordinator epoch, the member's removal and epoch, and (acquiring) the
+        assignment. Raises the member's epoch when the ticket's is higher."""
         if (
             not self.coordinator_epochs.admit(group, verified.coordinator_epoch, now_ms)
             and acquiring
@@ -244,19 +245,48 @@ class TicketGate:
         verified = self._verified.get(ticket)
         if verified is None:
             try:
-                if len(ticket) > MAX_TICKET_BYTES:
-                    return b""
-                verified = verify_ticket(self._key, ticket, now_ms=-(2**63))
+                verified = self._verify(ticket)
             except AuthenticationError:
                 return b""
         return verified.reply_key
 
     def verified(self, ticket: bytes) -> AssignmentTicket | None:
         """The ticket ``ticket`` once :meth:`check` verified it (``None``: not verified, or
-        swept since): what the leader reads the group's configs from (issue #14)."""
+        swept since): what the leader reads the group's configs from."""
         return self._verified.get(ticket) if ticket else None
 
     @property
     def cached(self) -> int:
         """How many verified tickets are cached (for tests)."""
         return len(self._verified)
+
+
+def _missing(group: str, member_id: str) -> TicketRefusal:
+    return TicketRefusal(
+        ErrorCode.UNKNOWN_MEMBER_ID,
+        "missing",
+        f"member {member_id!r} sent no assignment ticket for share group {group!r}: "
+        "only a member that joined the group (ShareGroupHeartbeat) and attaches the "
+        "ticket of its latest heartbeat answer is served; members of queueflow releases "
+        "without tickets must be upgraded (or set queueflow.auth.tickets=optional on the "
+        "workers for the rolling upgrade)",
+    )
+
+
+def _whose(verified: AssignmentTicket, group: str, member_id: str) -> TicketRefusal | None:
+    """Refuse another member's or another group's ticket."""
+    if verified.member_id != member_id:
+        return TicketRefusal(
+            ErrorCode.UNKNOWN_MEMBER_ID,
+            "wrong_member",
+            f"the request names member {member_id!r} but carries the ticket of member "
+            f"{verified.member_id!r}",
+        )
+    if verified.group != group:
+        return TicketRefusal(
+            ErrorCode.UNKNOWN_MEMBER_ID,
+            "wrong_group",
+            f"the request is for share group {group!r} but carries a ticket of share group "
+            f"{verified.group!r}",
+        )
+    return None

@@ -123,7 +123,7 @@ def test_lag_reported_by_the_leaders_weights_the_assignment() -> None:
             await heartbeat(cluster, "m0", 0, assignors=["lag"])
             leader = cluster.leaders[TOPIC]
             for p in (0, 1):  # load the share-partitions, as a first ShareFetch does
-                await leader._share_partition("g", p)
+                await leader.cache.get("g", p)
             assert leader.lag_report([0, 1]) == [("g", 0, 4), ("g", 1, 36)]
             assert leader.lag_report([1]) == [("g", 1, 36)]
             clock.advance(10_000)  # the next announcement is due

@@ -82,10 +82,10 @@ def test_a_parked_fetch_is_answered_when_a_record_arrives_not_when_its_wait_ends
             parked = asyncio.ensure_future(leader.serve(fetch("m1", 1, max_wait_ms=5_000)))
             await asyncio.sleep(0)  # let it reach the leader and park
             for _ in range(50):
-                if leader._direct[0].parked:
+                if leader.long_polls.queues[0].parked:
                     break
                 await asyncio.sleep(0.01)
-            assert leader._direct[0].parked and not parked.done()
+            assert leader.long_polls.queues[0].parked and not parked.done()
             cluster.produce(TOPIC, b"late", partition=0)
             response = await asyncio.wait_for(parked, 2.0)
             assert response.acquired == [(0, 0, 1)]
@@ -294,16 +294,19 @@ def test_a_cancelled_long_poll_is_answered_at_once_and_acquires_nothing() -> Non
             leader = cluster.leaders[TOPIC]
             parked = asyncio.ensure_future(session.fetch(TP, 10, max_wait_ms=5_000))
             for _ in range(100):
-                if leader._direct.get(0) is not None and leader._direct[0].parked:
+                if (
+                    leader.long_polls.queues.get(0) is not None
+                    and leader.long_polls.queues[0].parked
+                ):
                     break
                 await asyncio.sleep(0.01)
-            assert leader._direct[0].parked and session.router.long_polls[TP]
+            assert leader.long_polls.queues[0].parked and session.router.long_polls[TP]
             started = time.monotonic()
             await session.end_long_polls(TP)
             result = await asyncio.wait_for(parked, 2.0)
             assert result.records == [] and result.error is None
             assert time.monotonic() - started < 2.0
-            assert not leader._direct[0].parked and not session.router.long_polls[TP]
+            assert not leader.long_polls.queues[0].parked and not session.router.long_polls[TP]
             cluster.produce(TOPIC, b"later", partition=0)
             engine = cluster.share_partition("g", TOPIC, 0)
             assert engine.acquired_count == 0  # nobody holds it: it waits for the next fetch
@@ -432,7 +435,7 @@ def test_an_idle_agent_holds_one_long_poll_per_share_partition() -> None:
             most = {0: 0, 1: 0}
             for _ in range(150):  # 1.5 s: five long polls per share-partition
                 for partition in most:
-                    queue = leader._direct.get(partition)
+                    queue = leader.long_polls.queues.get(partition)
                     parked = len(queue.parked) if queue is not None else 0
                     most[partition] = max(most[partition], parked)
                 await asyncio.sleep(0.01)

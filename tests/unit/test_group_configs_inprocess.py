@@ -224,9 +224,11 @@ def test_configs_survive_a_new_coordinator() -> None:
             assert (entries[LIMIT].value, entries[LIMIT].source) == ("2", "DYNAMIC_GROUP_CONFIG")
             assert entries[LOCK].value == "6000"
             # A restarted leader learns them from the next ticket, before it loads the group.
+            # (The same leadership, live already: only its memory is new.)
             leader = cluster.leaders[TOPIC]
-            leader.group_configs = type(leader.group_configs)(cluster.settings)
-            leader.partitions.clear()
+            leader.cache.drop({0}, "the leader restarts")
+            leader.cache.forget_retained(set())
+            leader.group_configs.__init__(cluster.settings)  # type: ignore[misc]
             assert await release_twice(cluster, "A") == [1, 2]
             assert cluster.share_partition("A", TOPIC, 0).start_offset == 1
 

@@ -5,6 +5,7 @@ and a :class:`~queueflow.testing.FakeClock`."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -681,3 +682,60 @@ def test_a_request_past_its_deadline_acquires_nothing_but_acknowledges() -> None
             assert (await m.fetch(0, 10, deadline_ms=clock.now_ms() + 1)).acquired == [(2, 3, 1)]
 
     run(scenario())
+
+
+def test_a_tick_that_expires_locks_counts_its_state_write() -> None:
+    """``queueflow_state_writes_total`` counts every delta written, the tick's too (it used to
+    count only those of ShareFetch requests and admin resets)."""
+    clock = FakeClock()
+
+    async def scenario() -> None:
+        async with cluster_with(3, clock=clock) as cluster:
+            writes = lambda: cluster.metrics.registry.get_sample_value(  # noqa: E731
+                "queueflow_state_writes_total", {"topic": TOPIC}
+            )
+            assert (await RawMember(cluster, "m").fetch(0, 10)).acquired == [(0, 2, 1)]
+            before = writes()
+            clock.advance(cluster.settings.record_lock_duration_ms)
+            await cluster.tick()
+            assert states(cluster, range(3)) == [(RecordState.AVAILABLE, 1)] * 3
+            assert writes() == before + 1
+
+    run(scenario())
+
+
+def test_a_share_partition_initialised_while_its_partition_is_revoked_is_not_written() -> None:
+    """A share-partition's first request awaits the broker for its start offset; if the
+    partition is revoked meanwhile, the leader neither writes its first snapshot nor acquires
+    for the member (it used to do both, for a partition it no longer led)."""
+
+    async def scenario() -> None:
+        async with cluster_with(3) as cluster:
+            leader = cluster.leaders[TOPIC]
+            real = cluster.server.log_offsets
+            entered, go_on = asyncio.Event(), asyncio.Event()
+
+            class SlowStart:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(real, name)
+
+                async def log_start(self, tp: Any) -> int:
+                    entered.set()
+                    await go_on.wait()
+                    return await real.log_start(tp)
+
+            cluster.server.log_offsets = SlowStart()  # type: ignore[assignment]
+            m = RawMember(cluster, "m")
+            request = protocol.encode(m.fetch_request(0, 10))
+            handling = asyncio.ensure_future(leader.handle(0, 500, request))
+            await asyncio.wait_for(entered.wait(), 5)
+            leader.revoke({0})  # a Faust rebalance moves the partition away
+            go_on.set()
+            await asyncio.wait_for(handling, 5)
+            assert ("g", 0) not in leader.partitions
+            assert snapshot_key("g", 0) not in cluster.tables[TOPIC]
+            assert m.replies == []
+
+    with capture_logs() as logs:
+        run(scenario())
+    assert events(logs, "stale_write_refused")

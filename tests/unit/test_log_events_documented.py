@@ -14,19 +14,22 @@ EVENT = re.compile(r"[a-z][a-z0-9]*(_[a-z0-9]+)+")  # snake_case: event names, n
 
 def logged_events() -> dict[str, list[str]]:
     """Event name -> where it is logged: the first argument (a string literal, or either branch
-    of a conditional) of every ``<logger>.<level>(...)`` call in the package."""
+    of a conditional) of every ``<logger>.<level>(...)`` call in the package, and the second of
+    every ``LogEvent(level, event, ...)`` (a log line a leader handler returns)."""
     found: dict[str, list[str]] = {}
     for path in sorted((ROOT / "queueflow").rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
         for node in ast.walk(tree):
-            if not (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in METHODS
-                and node.args
-            ):
+            if not isinstance(node, ast.Call):
                 continue
-            first = node.args[0]
+            if isinstance(node.func, ast.Name) and node.func.id == "LogEvent":
+                if len(node.args) < 2:
+                    continue
+                first = node.args[1]
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in METHODS and node.args:
+                first = node.args[0]
+            else:
+                continue
             choices = [first.body, first.orelse] if isinstance(first, ast.IfExp) else [first]
             for c in choices:
                 value = c.value if isinstance(c, ast.Constant) else None

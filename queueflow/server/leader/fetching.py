@@ -1,0 +1,141 @@
+"""What a ShareFetch needs before its pure handler runs: its ticket checked, its group's
+configs adopted, its share-partition loaded and, to acquire, the log end (KIP-932 "ShareFetch
+API")."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from queueflow.errors import CorruptStateError
+from queueflow.protocol import messages as protocol
+from queueflow.server.context import ServerContext
+from queueflow.server.durable import DurableSharePartition
+from queueflow.server.group_configs import LeaderGroupConfigs
+from queueflow.server.leader import handlers
+from queueflow.server.leader.cache import SharePartitionCache
+from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
+from queueflow.server.tickets import TicketGate, TicketRefusal
+from queueflow.structs import TopicPartition
+
+__all__ = ["AcquireFrom", "ShareFetcher"]
+
+#: ``(log end, None)`` to acquire below the log end, or ``(None, refusal)``.
+AcquireFrom = tuple[int | None, TicketRefusal | None]
+
+
+class ShareFetcher:
+    """Prepares and applies the ShareFetch requests of one leader (no state writes: the
+    caller writes, once per request or per batch).
+
+    Args:
+        ctx: the server context (log offsets).
+        topic: the source topic.
+        tickets: the leader's ticket gate.
+        configs: the leader's group configs.
+        cache: the leader's share-partitions.
+    """
+
+    def __init__(
+        self,
+        ctx: ServerContext,
+        topic: str,
+        tickets: TicketGate,
+        configs: LeaderGroupConfigs,
+        cache: SharePartitionCache,
+    ) -> None:
+        self.ctx = ctx
+        self.topic = topic
+        self.tickets = tickets
+        self.configs = configs
+        self.cache = cache
+
+    def check_ticket(
+        self, request: protocol.ShareFetchRequest, partition: int, now: int, *, acquiring: bool
+    ) -> tuple[TicketRefusal | None, LeaderResult]:
+        """Check the request's assignment ticket (:class:`~queueflow.server.tickets.TicketGate`;
+        ``acquiring``: also its epoch and assignment); once it passes, the group's configs of
+        the ticket are enforced from now on (logged when they changed)."""
+        refusal = self.tickets.check(
+            request.group,
+            request.member_id,
+            request.ticket,
+            now,
+            topic=self.topic,
+            partition=partition,
+            acquiring=acquiring,
+        )
+        if refusal is not None:
+            return refusal, NOTHING
+        ticket = self.tickets.verified(request.ticket)
+        config = None if ticket is None else self.configs.adopt(ticket)
+        if ticket is None or config is None:
+            return None, NOTHING
+        for (group, _partition), durable in self.cache.live():
+            if group == ticket.group:
+                durable.engine.reconfigure(config)
+        fields = {
+            "group": ticket.group,
+            "config_version": ticket.config_version,
+            "configs": dict(ticket.configs),
+        }
+        return None, LeaderResult(logs=(LogEvent("info", "share_group_configs_applied", fields),))
+
+    async def fetch(
+        self, request: protocol.ShareFetchRequest, partition: int, now: int, acquire: bool
+    ) -> FetchResult:
+        """Apply a request's acknowledgements, then acquire (if ``acquire``), writing nothing
+        yet (:func:`~queueflow.server.leader.handlers.share_fetch`).
+
+        Before anything else the request's assignment ticket must prove a current member:
+        otherwise the answer is ``UNKNOWN_MEMBER_ID`` for the fetch and its acknowledgements,
+        and nothing is loaded or changed. A share-partition whose state is corrupt is answered
+        with ``CORRUPT_STATE``.
+
+        Raises:
+            FencedStateEpochError: the partition was dropped while its share-partition was
+                initialised.
+            Exception: what the broker's offset lookups raise.
+        """
+        refusal, effects = self.check_ticket(request, partition, now, acquiring=False)
+        if refusal is not None:
+            return handlers.refused_fetch(request, self.topic, partition, refusal)
+        try:
+            durable = await self.cache.get(request.group, partition)
+        except CorruptStateError as exc:
+            return handlers.unloadable_fetch(request, self.topic, partition, exc)
+        acquire_from = None
+        if acquire and request.max_records > 0 and now < request.deadline_ms:
+            acquire_from, more = await self.acquire_from(request, durable, now)
+            effects = effects + more
+        fetched = handlers.share_fetch(durable, request, now, acquire_from=acquire_from)
+        return replace(fetched, effects=effects + fetched.effects)
+
+    async def acquire_from(
+        self, request: protocol.ShareFetchRequest, durable: DurableSharePartition, now: int
+    ) -> tuple[AcquireFrom, LeaderResult]:
+        """What acquiring for ``request`` needs: ``(log end, None)``, or ``(None, refusal)``
+        when its ticket is not of the member's latest epoch or does not assign it the
+        share-partition (checked again for a parked request: the member may have been removed
+        or its ticket expired meanwhile)."""
+        refusal, effects = self.check_ticket(request, durable.partition, now, acquiring=True)
+        if refusal is not None:
+            return (None, refusal), effects
+        tp = TopicPartition(self.topic, durable.partition)
+        offsets = self.ctx.log_offsets
+        # A long poll that finds nothing parks, and its wait refreshes the log end: it needs no
+        # background refresh (which would poll the broker while the fleet is idle).
+        log_end = offsets.known_end(tp) if request.max_wait_ms else offsets.cached_end(tp)
+        if log_end is None:
+            log_end = await offsets.log_end(tp)
+        return (log_end, None), effects
+
+    async def reacquire(
+        self,
+        request: protocol.ShareFetchRequest,
+        durable: DurableSharePartition,
+        response: protocol.ShareFetchResponse,
+        now: int,
+    ) -> LeaderResult:
+        """Try a parked request's acquisition again, into ``response``."""
+        acquire_from, effects = await self.acquire_from(request, durable, now)
+        return effects + handlers.acquire(durable, request, response, now, *acquire_from)

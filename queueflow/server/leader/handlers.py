@@ -1,0 +1,258 @@
+"""The leader's pure request handlers (KIP-932 "ShareFetch API", "Share group membership").
+
+Each handler changes only in-memory state (a share-partition's engine, the fencing state) and
+returns what must happen as a :class:`~queueflow.server.leader.results.LeaderResult` or
+:class:`~queueflow.server.leader.results.FetchResult`: no awaits, no table writes, no sends,
+no logging. The inputs that need the broker or the state table (the share-partition, the log
+end) are gathered by :class:`~queueflow.server.leader.manager.ShareLeader` first, and it performs
+the result (:meth:`~queueflow.server.leader.manager.ShareLeader._apply`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from queueflow.engine.partition import AcknowledgementBatch
+from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
+from queueflow.protocol import messages as protocol
+from queueflow.server.durable import DurableSharePartition
+from queueflow.server.leader.results import (
+    NOTHING,
+    FetchResult,
+    LeaderResult,
+    LogEvent,
+    MemberReply,
+    MetricIncrement,
+)
+from queueflow.server.tickets import TicketRefusal
+from queueflow.structs import AcknowledgeType
+
+__all__ = [
+    "acquire",
+    "answer_from_log",
+    "expire",
+    "new_response",
+    "refusal_effects",
+    "refused_fetch",
+    "release_member",
+    "share_fetch",
+    "tick",
+    "unloadable_fetch",
+]
+
+
+def new_response(
+    request: protocol.ShareFetchRequest, topic: str, partition: int
+) -> protocol.ShareFetchResponse:
+    """An empty answer to ``request`` (nothing acquired, no error yet)."""
+    return protocol.ShareFetchResponse(
+        member_id=request.member_id,
+        request_id=request.request_id,
+        topic=topic,
+        partition=partition,
+    )
+
+
+def refusal_effects(
+    refusal: TicketRefusal, request: protocol.ShareFetchRequest, topic: str, partition: int
+) -> LeaderResult:
+    """A ticket refusal counted (``queueflow_ticket_refusals``) and logged rate-limited
+    (``share_fetch_refused``)."""
+    return LeaderResult(
+        metrics=(MetricIncrement("ticket_refusals", (topic, refusal.reason)),),
+        logs=(
+            LogEvent(
+                "warning",
+                "share_fetch_refused",
+                {
+                    "group": request.group,
+                    "partition": partition,
+                    "member_id": request.member_id,
+                    "code": refusal.code.value,
+                    "reason": refusal.reason,
+                    "detail": refusal.message,
+                    "acknowledgements": len(request.acks),
+                },
+                limiter="refusals",
+            ),
+        ),
+    )
+
+
+def refused_fetch(
+    request: protocol.ShareFetchRequest, topic: str, partition: int, refusal: TicketRefusal
+) -> FetchResult:
+    """The answer to a request whose ticket does not prove a current member: the refusal's
+    code for the fetch and for its acknowledgements; nothing loaded or changed."""
+    response = new_response(request, topic, partition)
+    response.error, response.error_message = refusal.code.value, refusal.message
+    if request.acks:
+        response.ack_error, response.ack_error_message = response.error, response.error_message
+    return FetchResult(response, None, refusal_effects(refusal, request, topic, partition))
+
+
+def unloadable_fetch(
+    request: protocol.ShareFetchRequest, topic: str, partition: int, error: CorruptStateError
+) -> FetchResult:
+    """The answer to a request for a share-partition whose state is corrupt."""
+    response = new_response(request, topic, partition)
+    response.error, response.error_message = error.code.value, error.message
+    return FetchResult(response, None)
+
+
+def expire(durable: DurableSharePartition, now_ms: int) -> tuple[int, LeaderResult]:
+    """Expire the share-partition's elapsed acquisition locks (KIP-932 "acquisition lock");
+    return how many records and the count for ``queueflow_share_partition_lock_expiries``."""
+    expired = durable.engine.expire_locks(now_ms)
+    if not expired:
+        return 0, NOTHING
+    labels = (durable.group, durable.topic, str(durable.partition))
+    return expired, LeaderResult(metrics=(MetricIncrement("lock_expiries", labels, expired),))
+
+
+def share_fetch(
+    durable: DurableSharePartition,
+    request: protocol.ShareFetchRequest,
+    now_ms: int,
+    *,
+    acquire_from: tuple[int | None, TicketRefusal | None] | None,
+) -> FetchResult:
+    """Apply a request's acknowledgements atomically, then acquire (KIP-932 "ShareFetch API":
+    expire elapsed locks first).
+
+    Args:
+        durable: the request's share-partition (loaded).
+        request: the request, its ticket admitted for acknowledging.
+        now_ms: wall-clock ms.
+        acquire_from: ``None`` to acquire nothing; else ``(log_end, refusal)``: the high
+            watermark to acquire below and the ticket's refusal for acquiring (or ``None``).
+
+    Returns:
+        The answer and the share-partition (the caller writes its changes).
+    """
+    response = new_response(request, durable.topic, durable.partition)
+    _expired, effects = expire(durable, now_ms)
+    engine = durable.engine
+    if request.acks:
+        try:
+            engine.acknowledge(
+                request.member_id,
+                [
+                    AcknowledgementBatch(first, last, tuple(AcknowledgeType(t) for t in types))
+                    for first, last, types in request.acks
+                ],
+                now_ms,
+                request.lock_duration_ms,
+            )
+        except (ShareGroupError, ValueError) as exc:
+            code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST
+            response.ack_error, response.ack_error_message = code.value, str(exc)
+            response.ack_stale = engine.stale_acknowledgements(
+                request.member_id,
+                [AcknowledgementBatch(first, last, ()) for first, last, _ in request.acks],
+            )
+    if acquire_from is not None:
+        log_end, refusal = acquire_from
+        effects = effects + acquire(durable, request, response, now_ms, log_end, refusal)
+    return FetchResult(response, durable, effects)
+
+
+def acquire(
+    durable: DurableSharePartition,
+    request: protocol.ShareFetchRequest,
+    response: protocol.ShareFetchResponse,
+    now_ms: int,
+    log_end: int | None,
+    refusal: TicketRefusal | None,
+) -> LeaderResult:
+    """Acquire up to the request's ``max_records`` below ``log_end`` into ``response``, unless
+    its ticket was refused for acquiring (``refusal``: then ``response.error`` is set). Counts
+    acquisitions and deliveries."""
+    if refusal is not None:
+        response.error, response.error_message = refusal.code.value, refusal.message
+        return refusal_effects(refusal, request, durable.topic, durable.partition)
+    assert log_end is not None
+    try:
+        acquired = durable.engine.acquire(
+            request.member_id, request.max_records, log_end, now_ms, request.lock_duration_ms
+        )
+    except ShareGroupError as exc:
+        response.error, response.error_message = exc.code.value, exc.message
+        acquired = []
+    response.acquired = [(a.first_offset, a.last_offset, a.delivery_count) for a in acquired]
+    labels = (request.group, durable.topic, str(durable.partition))
+    metrics: list[MetricIncrement] = []
+    for a in acquired:
+        n = a.last_offset - a.first_offset + 1
+        metrics.append(MetricIncrement("acquisitions", labels, n))
+        metrics.append(MetricIncrement("deliveries", (*labels, str(a.delivery_count)), n))
+    response.lock_timeout_ms = (
+        request.lock_duration_ms or durable.engine.config.record_lock_duration_ms
+    )
+    return LeaderResult(metrics=tuple(metrics))
+
+
+def answer_from_log(
+    fetched: FetchResult,
+    request: protocol.ShareFetchRequest,
+    offset: int,
+    now_ms: int,
+    *,
+    replayed: bool,
+) -> LeaderResult:
+    """What a ShareFetch read from the request log at ``offset`` makes happen: its
+    share-partition's changes written, the request's position persisted (and, with durability
+    ``acked``, flushed before the answer) when it acknowledged or acquired, the answer sent
+    (a ``replayed`` request only if its member still waits), and parked long polls woken
+    when acknowledgements may have released records."""
+    result = replace(fetched.effects, changed=bool(request.acks))
+    if fetched.durable is not None:
+        moved = bool(request.acks or fetched.response.acquired)
+        result = result + LeaderResult(
+            writes=(fetched.durable,), position=offset if moved else None, flush=moved
+        )
+    if not replayed or now_ms < request.deadline_ms:
+        result = result + LeaderResult(replies=(MemberReply(request, fetched.response),))
+    return result
+
+
+def tick(live: list[DurableSharePartition], now_ms: int) -> LeaderResult:
+    """A clock tick of a request partition: expire the elapsed locks of its ``live``
+    share-partitions, and write those that changed."""
+    result = NOTHING
+    for durable in live:
+        expired, effects = expire(durable, now_ms)
+        if expired:
+            result = result + effects + LeaderResult(writes=(durable,), changed=True)
+    return result
+
+
+def release_member(
+    message: protocol.ReleaseMember,
+    holder: DurableSharePartition | None,
+    now_ms: int,
+    offset: int,
+) -> LeaderResult:
+    """Release every record the departed member holds in ``holder`` (KIP-932 "Share group
+    membership"; ``None``: the share-partition has no state, nothing to release)."""
+    released = 0 if holder is None else holder.engine.release_member(message.member_id, now_ms)
+    if not released or holder is None:
+        return NOTHING
+    return LeaderResult(
+        writes=(holder,),
+        position=offset,
+        changed=True,
+        logs=(
+            LogEvent(
+                "info",
+                "member_records_released",
+                {
+                    "group": message.group,
+                    "partition": holder.partition,
+                    "member_id": message.member_id,
+                    "records": released,
+                    "reason": message.reason,
+                },
+            ),
+        ),
+    )
