@@ -36,6 +36,7 @@ from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.auth import ControlAuth
 from queueflow.protocol.sealed_replies import ReplyKey, reply_route
+from queueflow.settings import AuthMode
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 __all__ = [
@@ -159,7 +160,7 @@ class ShareFetchSession:
         auth = ControlAuth(s.control_auth_mode, s.auth_secret, ctx.namespace, self.member_id)
         # hmac: replies sealed to this member's own key, keyed by a pseudonym of it rather
         # than the member id (queueflow.protocol.sealed_replies)
-        reply_key = ReplyKey() if s.control_auth_mode == "hmac" else None
+        reply_key = ReplyKey() if s.control_auth_mode is AuthMode.HMAC else None
         self._requester = Requester(
             ctx.io.transport(
                 self.member_id,

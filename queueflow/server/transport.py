@@ -17,6 +17,7 @@ from queueflow.protocol import topics
 from queueflow.protocol.auth import ControlAuth
 from queueflow.protocol.sealed_replies import reply_route
 from queueflow.server.context import ServerContext
+from queueflow.settings import AuthMode
 
 __all__ = [
     "FENCE_RESEND_MS",
@@ -56,7 +57,7 @@ async def send_reply(
     (:mod:`queueflow.protocol.sealed_replies`); an answer to an invalid key is dropped (logged).
     """
     key = member_id
-    if reply_key and ctx.settings.control_auth_mode == "hmac":
+    if reply_key and ctx.settings.control_auth_mode is AuthMode.HMAC:
         try:
             value = seal_reply(ctx, reply_key, value)
         except ValueError as exc:
@@ -73,7 +74,7 @@ def seal_reply(ctx: ServerContext, reply_key: bytes, value: bytes) -> bytes:
     Raises:
         ValueError: ``reply_key`` is not a valid X25519 public key.
     """
-    if not reply_key or ctx.settings.control_auth_mode != "hmac":
+    if not reply_key or ctx.settings.control_auth_mode is not AuthMode.HMAC:
         return value
     return ctx.reply_sealer.seal(reply_key, value)
 

@@ -19,6 +19,7 @@ from queueflow.server.leader.reports import ArchivedCounter
 from queueflow.server.leader.results import LeaderResult
 from queueflow.server.tickets import TicketGate
 from queueflow.server.transport import monotonic_ms, send_reply
+from queueflow.settings import StateDurability
 
 __all__ = ["ResultApplier"]
 
@@ -81,7 +82,7 @@ class ResultApplier:
             self.persist(durable)
         if result.position is not None:
             self.positions.write(partition, result.position)
-        if result.flush and self.ctx.settings.state_durability == "acked":
+        if result.flush and self.ctx.settings.state_durability is StateDurability.ACKED:
             await self.ctx.flush_state()
         self.record(result)
         for reply in result.replies:

@@ -46,6 +46,7 @@ from queueflow.server.transport import (
     monotonic_ms,
     send_due_fences,
 )
+from queueflow.settings import StateDurability, TicketPolicy
 from queueflow.structs import TopicPartition
 
 __all__ = ["MAX_REPLAYED_REQUESTS", "ShareLeader"]
@@ -86,7 +87,7 @@ class ShareLeader:
         #: ticket (KIP-932 checks them on every ShareFetch; see queueflow.server.tickets).
         self.tickets = TicketGate(
             ticket_key(s.control_auth_mode, s.auth_secret, ctx.namespace),
-            required=s.auth_tickets == "required",
+            required=s.auth_tickets is TicketPolicy.REQUIRED,
             coordinator_forget_ms=s.session_timeout_ms,
         )
         self.fencing = LeaderFencing(ctx.stall_limit_ms)
@@ -434,7 +435,7 @@ class ShareLeader:
                     if item.durable is not None:
                         result = result + LeaderResult(writes=(item.durable,), flush=True)
                 await self._apply(replace(result, flush=False), partition)
-        if result.flush and self.ctx.settings.state_durability == "acked":
+        if result.flush and self.ctx.settings.state_durability is StateDurability.ACKED:
             await self.ctx.flush_state()
 
     async def _apply(self, result: LeaderResult, partition: int) -> None:
