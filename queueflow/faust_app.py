@@ -424,7 +424,6 @@ class ShareGroups:
             if isinstance(settings, ShareGroupSettings)
             else ShareGroupSettings.load(settings)
         )
-        qf_logging.configure(self.settings.log_format)
         self.app = app
         self.role = role
         self.namespace: str = app.conf.id
@@ -436,13 +435,12 @@ class ShareGroups:
             replication_factor=int(app.conf.topic_replication_factor),
             extra=credentials_to_kwargs(app.conf.broker_credentials, app.conf.ssl_context),
         )
-        if check_control_auth(self.settings, self.kafka) == "none":
-            log.warning(
-                "control_messages_unauthenticated",
-                app=self.namespace,
-                detail="queueflow.auth.mode resolves to none: control messages are not signed; "
-                "set queueflow.auth.secret on every worker to authenticate them",
-            )
+        # Checked now (a misconfiguration raises here); the warning is logged at start, once the
+        # worker's logging is set up.
+        self._unauthenticated = check_control_auth(self.settings, self.kafka) == "none"
+        # The host's logging is left alone; a Faust worker (the faust command, which sends
+        # on_worker_init once it has loaded the app) gets queueflow's set-up.
+        app.on_worker_init.connect(self._on_worker_init)
         self.member_context = MemberContext.for_kafka(
             self.kafka, self.namespace, self.settings, self.metrics
         )
@@ -505,6 +503,12 @@ class ShareGroups:
         # Faust's signal type wants a ``signal=`` keyword; the receivers take **kwargs.
         app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
         app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
+
+    def _on_worker_init(self, sender: Any, **kwargs: Any) -> None:
+        """Faust's ``on_worker_init`` receiver: set up logging (:func:`queueflow.logging.configure`)
+        with ``queueflow.log.format``. Sent only in a process run by the ``faust`` command (or
+        ``app.main()``), before the worker starts; an app merely built leaves logging as it was."""
+        qf_logging.configure(self.settings.log_format)
 
     @property
     def leads(self) -> bool:
@@ -624,6 +628,13 @@ class ShareGroups:
             BrokerError: no broker answered within ``queueflow.broker.wait.ms``.
             ConfigurationError: a source topic does not exist.
         """
+        if self._unauthenticated:
+            log.warning(
+                "control_messages_unauthenticated",
+                app=self.namespace,
+                detail="queueflow.auth.mode resolves to none: control messages are not signed; "
+                "set queueflow.auth.secret on every worker to authenticate them",
+            )
         await wait_for_broker(self.kafka, self.settings.broker_wait_ms)
         if self.leaders:
             counts = await partition_counts(self.kafka, list(self.leaders))
