@@ -440,7 +440,7 @@ class ShareGroups:
         self._unauthenticated = check_control_auth(self.settings, self.kafka) == "none"
         # The host's logging is left alone; a Faust worker (the faust command, which sends
         # on_worker_init once it has loaded the app) gets queueflow's set-up.
-        app.on_worker_init.connect(self._on_worker_init)
+        app.on_worker_init.connect(cast(Any, self._on_worker_init))  # takes **kwargs
         self.member_context = MemberContext.for_kafka(
             self.kafka, self.namespace, self.settings, self.metrics
         )
