@@ -25,6 +25,7 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
@@ -438,8 +439,12 @@ class ShareGroups:
         # Checked now (a misconfiguration raises here); the warning is logged at start, once the
         # worker's logging is set up.
         self._unauthenticated = check_control_auth(self.settings, self.kafka) == "none"
-        # The host's logging is left alone; a Faust worker (the faust command, which sends
-        # on_worker_init once it has loaded the app) gets queueflow's set-up.
+        # The host's logging is left alone; a Faust worker gets queueflow's set-up: at once when
+        # the process is the faust command (it imports the app module, then runs the worker),
+        # so that the objects built now log through it, else on Faust's on_worker_init
+        # (app.main() sends it after the module that built the app has run).
+        if run_by_faust_command():
+            qf_logging.configure(self.settings.log_format)
         app.on_worker_init.connect(cast(Any, self._on_worker_init))  # takes **kwargs
         self.member_context = MemberContext.for_kafka(
             self.kafka, self.namespace, self.settings, self.metrics
@@ -769,6 +774,16 @@ class ShareGroups:
         if self.coordinator is not None:
             name = self._coordinator_topic.get_topic_name()
             self.coordinator.revoke({tp.partition for tp in revoked if tp.topic == name})
+
+
+def run_by_faust_command() -> bool:
+    """True when this process's program is Faust's command line (``faust -A app worker`` or
+    ``python -m faust -A app worker``): the process is a Faust worker (or another Faust command)
+    of the app being built, not a host that imports queueflow."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.name == "faust.__main__":
+        return True
+    return bool(sys.argv) and os.path.basename(sys.argv[0]) == "faust"
 
 
 class _RegistryCollector:

@@ -354,11 +354,18 @@ def test_the_faust_worker_init_hook_configures_logging(monkeypatch: pytest.Monke
 
 
 def test_a_process_run_by_the_faust_command_logs_json_lines(tmp_path: Any) -> None:
-    # The integration tests and the examples read these lines from their workers' logs.
+    # The integration tests and the examples read these lines from their workers' logs,
+    # including those of objects built (and their loggers bound) when the app module loads.
     (tmp_path / "qf_log_worker_app.py").write_text(
         "import atexit, structlog, queueflow\n"
         "app = queueflow.App('qf-log-worker', broker='kafka://localhost:1', store='memory://')\n"
-        "atexit.register(lambda: structlog.get_logger('queueflow.probe').warning('probe', n=1))\n"
+        "@app.share_agent('jobs', group='g')\n"
+        "async def handle(record):\n"
+        "    return None\n"
+        "def bye():\n"
+        "    structlog.get_logger('queueflow.probe').warning('probe', n=1)\n"
+        "    handle._log.warning('agent_probe')\n"
+        "atexit.register(bye)\n"
     )
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "QUEUEFLOW_LOG_FORMAT": "json", "PYTHONPATH": path}
@@ -372,4 +379,14 @@ def test_a_process_run_by_the_faust_command_logs_json_lines(tmp_path: Any) -> No
     )
     assert done.returncode == 0, done.stderr
     events = [json.loads(x) for x in done.stderr.splitlines() if x.startswith("{")]
-    assert [(e["event"], e["logger"], e["n"]) for e in events] == [("probe", "queueflow.probe", 1)]
+    assert [(e["event"], e["logger"]) for e in events] == [
+        ("probe", "queueflow.probe"),
+        ("agent_probe", "queueflow.member.agent"),
+    ], done.stdout + done.stderr
+    assert events[1]["group"] == "g" and events[1]["topic"] == "jobs"
+
+
+def test_a_host_process_is_not_taken_for_the_faust_command() -> None:
+    from queueflow.faust_app import run_by_faust_command
+
+    assert run_by_faust_command() is False  # pytest's process
