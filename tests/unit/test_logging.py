@@ -390,3 +390,14 @@ def test_a_host_process_is_not_taken_for_the_faust_command() -> None:
     from queueflow.faust_app import run_by_faust_command
 
     assert run_by_faust_command() is False  # pytest's process
+
+
+def test_get_logger_follows_a_configuration_made_after_it() -> None:
+    structlog.reset_defaults()  # an unconfigured host (the fixture puts the configuration back)
+    early = qlogging.get_logger("queueflow.member.agent", group="g")
+    snapshot = structlog.get_logger("queueflow.member.agent").bind(group="g")
+    buf = io.StringIO()
+    qlogging.configure(json=True, stream=buf)
+    early.warning("late_config", n=1)
+    assert [(e["event"], e["group"], e["n"]) for e in lines(buf)] == [("late_config", "g", 1)]
+    assert not isinstance(snapshot, structlog.stdlib.BoundLogger)  # what bind() at build keeps
