@@ -1,5 +1,5 @@
 """``python -m queueflow`` runs the ``queueflow`` command line."""
 
-from queueflow.devtools.cli import cli
+from queueflow.devtools.cli import main
 
-cli()
+main()

@@ -1,6 +1,7 @@
-"""``queueflow.App``: a :class:`faust.App` that hosts share groups. The only module that imports
+"""``queueflow.App``: a :class:`faust.App` that hosts share groups. The module that builds on
 Faust: it builds the server and member contexts from the Faust app and wires the share-group
-coordinator and the share-partition leaders to Faust agents, tables and timers.
+coordinator and the share-partition leaders to Faust agents, tables and timers. The Faust and
+aiokafka internals it needs go through :mod:`queueflow._compat`.
 
 A worker of a queueflow app has one of three roles (``role=`` or ``$QUEUEFLOW_ROLE``):
 
@@ -24,8 +25,8 @@ import contextlib
 import functools
 import os
 import signal
+import sys
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, cast
 
@@ -35,7 +36,7 @@ import mode
 import prometheus_client
 import structlog
 
-from queueflow import dashboard
+from queueflow import _compat, dashboard
 from queueflow import logging as qf_logging
 from queueflow.admin import ShareGroupAdmin
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
@@ -76,7 +77,7 @@ STALL_CHECK_INTERVAL_S = 0.1
 #: SIGKILLed leader's share-partitions move after the session timeout, so Faust's 60 s default
 #: would stall them for a minute.
 LEADER_GROUP_DEFAULTS = {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 1.0}
-#: How often (s) leader workers check their source topics' partition counts (issue #14 item 4).
+#: How often (s) leader workers check their source topics' partition counts.
 PARTITION_CHECK_INTERVAL_S = 5.0
 
 
@@ -120,27 +121,14 @@ class FaustRuntime:
         """Record every OK heartbeat of the aiokafka consumer's group coordinator in
         :attr:`lease` (idempotent; call it once the consumer exists, e.g. on assignment).
 
-        It wraps ``GroupCoordinator._do_heartbeat`` (aiokafka 0.14's private API, which
-        returns True when the broker still knows the member), which runs in Faust's consumer
-        thread: the lease keeps one tuple, replaced atomically.
+        The heartbeats run in Faust's consumer thread: the lease keeps one tuple, replaced
+        atomically (see :func:`queueflow._compat.on_heartbeat_ok`).
         """
-        consumer: Any = self.app.consumer  # faust.transport.drivers.aiokafka.Consumer
-        coordinator = consumer._thread._ensure_consumer()._coordinator
+        coordinator = _compat.group_coordinator(self.app)
         if coordinator is self._watched:
             return
         self._watched = coordinator
-        original = coordinator._do_heartbeat
-        lease = self.lease
-
-        async def do_heartbeat() -> bool:
-            generation = int(coordinator.generation)
-            sent_ms = int(time.monotonic() * 1000)
-            ok = bool(await original())
-            if ok:
-                lease.heartbeat_ok(generation, sent_ms)
-            return ok
-
-        coordinator._do_heartbeat = do_heartbeat
+        _compat.on_heartbeat_ok(coordinator, self.lease.heartbeat_ok)
 
 
 class FaustSender:
@@ -150,11 +138,6 @@ class FaustSender:
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
-        conf = app.conf
-        self.lease = MembershipLease(
-            int(conf.broker_session_timeout * 1000), int(conf.broker_heartbeat_interval * 1000)
-        )
-        self._watched: object | None = None
 
     async def send(
         self, topic: str, partition: int, value: bytes, key: bytes | None = None
@@ -163,10 +146,9 @@ class FaustSender:
         try:
             await self.app.producer.send(topic, key, value, partition, None, None)
         except AssertionError:
-            # aiokafka's "Unrecognized partition": a partition added at runtime (issue #14)
-            # that the producer's metadata doesn't know yet; refresh it and try once more.
-            producer: Any = self.app.producer
-            await producer._ensure_producer().client.force_metadata_update()
+            # aiokafka's "Unrecognized partition": a partition added at runtime that the
+            # producer's metadata doesn't know yet; refresh it and try once more.
+            await _compat.refresh_producer_metadata(self.app)
             await self.app.producer.send(topic, key, value, partition, None, None)
 
 
@@ -206,12 +188,8 @@ def partition_scope(request_topic: str, partition: int) -> Iterator[object]:
     reads and writes go to ``partition``'s store, as inside a stream event of
     ``request_topic[partition]`` (Faust finds the partition through its current-event context
     variable, which this sets for the current task only)."""
-    event = _PartitionEvent(request_topic, partition)
-    token = faust.streams._current_event.set(weakref.ref(event))  # type: ignore[arg-type]
-    try:
+    with _compat.current_event_scope(_PartitionEvent(request_topic, partition)) as event:
         yield event
-    finally:
-        faust.streams._current_event.reset(token)
 
 
 class ChangelogWriter:
@@ -227,11 +205,6 @@ class ChangelogWriter:
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
-        conf = app.conf
-        self.lease = MembershipLease(
-            int(conf.broker_session_timeout * 1000), int(conf.broker_heartbeat_interval * 1000)
-        )
-        self._watched: object | None = None
         self._outbox: collections.deque[tuple[Any, int, bytes, bytes | None, asyncio.Future[None]]]
         self._outbox = collections.deque()
         self._unacked: collections.deque[asyncio.Future[None]] = collections.deque()
@@ -248,11 +221,12 @@ class ChangelogWriter:
                 "this is a bug in queueflow"
             )
         partition = event.message.partition
+        store = _compat.table_store(table)
         if value is None:
             with contextlib.suppress(KeyError):
-                del table.data[key]
+                del store[key]
         else:
-            table.data[key] = value
+            store[key] = value
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._outbox.append((table, partition, key, value, done))
         self._unacked.append(done)
@@ -294,7 +268,7 @@ class ChangelogWriter:
             return
         metadata = fut.result()
         # As Faust's own changelog callback does: recovery can start after this offset.
-        table.data.set_persisted_offset(metadata.topic_partition, metadata.offset)
+        _compat.set_persisted_offset(table, metadata.topic_partition, metadata.offset)
         done.set_result(None)
 
     async def flush(self) -> None:
@@ -319,7 +293,7 @@ class LeaderStateTable:
 
     def get(self, key: bytes, default: None = None) -> bytes | None:
         """The value of ``key`` in the current partition's store, or None."""
-        value: bytes | None = self.table.data.get(key)
+        value: bytes | None = _compat.table_store(self.table).get(key)
         return value
 
     def __setitem__(self, key: bytes, value: bytes) -> None:
@@ -451,7 +425,6 @@ class ShareGroups:
             if isinstance(settings, ShareGroupSettings)
             else ShareGroupSettings.load(settings)
         )
-        qf_logging.configure(self.settings.log_format)
         self.app = app
         self.role = role
         self.namespace: str = app.conf.id
@@ -463,13 +436,16 @@ class ShareGroups:
             replication_factor=int(app.conf.topic_replication_factor),
             extra=credentials_to_kwargs(app.conf.broker_credentials, app.conf.ssl_context),
         )
-        if check_control_auth(self.settings, self.kafka) == "none":
-            log.warning(
-                "control_messages_unauthenticated",
-                app=self.namespace,
-                detail="queueflow.auth.mode resolves to none: control messages are not signed; "
-                "set queueflow.auth.secret on every worker to authenticate them",
-            )
+        # Checked now (a misconfiguration raises here); the warning is logged at start, once the
+        # worker's logging is set up.
+        self._unauthenticated = check_control_auth(self.settings, self.kafka) == "none"
+        # The host's logging is left alone; a Faust worker gets queueflow's set-up: at once when
+        # the process is the faust command (it imports the app module, then runs the worker),
+        # so that the objects built now log through it, else on Faust's on_worker_init
+        # (app.main() sends it after the module that built the app has run).
+        if run_by_faust_command():
+            qf_logging.configure(self.settings.log_format)
+        app.on_worker_init.connect(cast(Any, self._on_worker_init))  # takes **kwargs
         self.member_context = MemberContext.for_kafka(
             self.kafka, self.namespace, self.settings, self.metrics
         )
@@ -532,6 +508,12 @@ class ShareGroups:
         # Faust's signal type wants a ``signal=`` keyword; the receivers take **kwargs.
         app.on_partitions_revoked.connect(cast(Any, self._on_revoked))
         app.on_partitions_assigned.connect(cast(Any, self._on_assigned))
+
+    def _on_worker_init(self, sender: Any, **kwargs: Any) -> None:
+        """Faust's ``on_worker_init`` receiver: set up logging (:func:`queueflow.logging.configure`)
+        with ``queueflow.log.format``. Sent only in a process run by the ``faust`` command (or
+        ``app.main()``), before the worker starts; an app merely built leaves logging as it was."""
+        qf_logging.configure(self.settings.log_format)
 
     @property
     def leads(self) -> bool:
@@ -655,6 +637,13 @@ class ShareGroups:
             BrokerError: no broker answered within ``queueflow.broker.wait.ms``.
             ConfigurationError: a source topic does not exist.
         """
+        if self._unauthenticated:
+            log.warning(
+                "control_messages_unauthenticated",
+                app=self.namespace,
+                detail="queueflow.auth.mode resolves to none: control messages are not signed; "
+                "set queueflow.auth.secret on every worker to authenticate them",
+            )
         await wait_for_broker(self.kafka, self.settings.broker_wait_ms)
         if self.leaders:
             counts = await partition_counts(self.kafka, list(self.leaders))
@@ -743,12 +732,7 @@ class ShareGroups:
     async def _refresh_consumer_metadata(self) -> None:
         """Make Faust's consumer fetch metadata now: a change of its topics' partition counts
         makes it rejoin the group (aiokafka), so Faust rebalances over the new partitions."""
-        consumer: Any = self.app.consumer
-        thread = getattr(consumer, "_thread", None)
-        if thread is None:
-            return
-        client = thread._ensure_consumer()._client
-        await thread.call_thread(client.force_metadata_update)
+        await _compat.refresh_consumer_metadata(self.app)
 
     async def _watch_stalls(self) -> None:
         now = monotonic_ms(self.server_context.clock)
@@ -764,9 +748,8 @@ class ShareGroups:
         """Stop the worker when Faust's table recovery makes no progress for
         ``queueflow.leader.recovery.stall.ms`` (see :class:`RecoveryWatch`): it would keep
         its partitions and serve nothing; stopped, its partitions move to another worker."""
-        recovery = cast(Any, self.app.tables).recovery  # TableManager's, not in its interface
-        remaining = recovery.active_remaining_total() if recovery.in_recovery else 0
-        stalled = self._recovery_watch.check(bool(recovery.in_recovery), remaining, now)
+        recovering, remaining = _compat.table_recovery(self.app)
+        stalled = self._recovery_watch.check(recovering, remaining, now)
         if stalled is None or self._stopping_stalled:
             return
         self._stopping_stalled = True  # once: the stall guard goes on ticking while it stops
@@ -795,6 +778,16 @@ class ShareGroups:
         if self.coordinator is not None:
             name = self._coordinator_topic.get_topic_name()
             self.coordinator.revoke({tp.partition for tp in revoked if tp.topic == name})
+
+
+def run_by_faust_command() -> bool:
+    """True when this process's program is Faust's command line (``faust -A app worker`` or
+    ``python -m faust -A app worker``): the process is a Faust worker (or another Faust command)
+    of the app being built, not a host that imports queueflow."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if main_spec is not None and main_spec.name == "faust.__main__":
+        return True
+    return bool(sys.argv) and os.path.basename(sys.argv[0]) == "faust"
 
 
 class _RegistryCollector:

@@ -1,5 +1,13 @@
 """Logging plumbing: structlog events as stdlib log records with their real level.
 
+Opt-in: importing queueflow, building a :class:`queueflow.App`, calling :func:`queueflow.attach`
+or building a :class:`~queueflow.member.consumer.ShareConsumer` leaves the process's logging
+(stdlib and structlog) as it was. :func:`configure` is called by queueflow's own commands (the
+``queueflow`` command line, the examples) and by every Faust worker of a queueflow app (on
+Faust's ``on_worker_init``, which the ``faust`` command sends once it has loaded the app); a
+program hosting queueflow calls it if it wants queueflow's set-up, or only
+:func:`limit_client_logs` to keep aiokafka's connection errors down during an outage.
+
 Without :func:`configure`, structlog prints to stdout; a Faust worker redirects stdout into
 stdlib logging at INFO, so an ``error`` event comes out as INFO and vanishes under
 ``faust worker -l warn``. :func:`configure` routes structlog through :mod:`structlog.stdlib`:
@@ -52,6 +60,7 @@ __all__ = [
     "RepeatLimiter",
     "SkipLogLimiter",
     "configure",
+    "get_logger",
     "limit_client_logs",
 ]
 
@@ -152,14 +161,27 @@ def configure(
     limit_client_logs()
 
 
+def get_logger(name: str, **context: Any) -> Any:
+    """A structlog logger named ``name`` with ``context`` bound that takes structlog's
+    configuration when it logs, not when it is made.
+
+    ``structlog.get_logger(name).bind(...)`` assembles its logger from the configuration in force
+    at the ``bind``: an object that binds its logger when it is built (before the host, or a
+    Faust worker, has configured logging) would keep structlog's defaults. Use this for
+    loggers bound in constructors; it costs one bind per event, as :func:`configure`'s
+    uncached loggers already do.
+    """
+    return structlog.get_logger(name, **context)
+
+
 class RepeatLimiter(logging.Filter):
     """Let at most ``per_second`` records of each kind through per second; drop the rest and
     say, in the next record of that kind let through, how many were dropped.
 
     A kind is (logger name, message template): ``Unable connect to node with id %s: %s`` is
     one kind whatever the node and error. Only WARNING and above are limited. During a broker
-    outage aiokafka logs such lines thousands of times a second (issue #13: 3,070 lines/s, 40 MB
-    in 15 s); limited, a process logs at most ``per_second`` lines per kind.
+    outage aiokafka logs such lines thousands of times a second (3,070 lines/s, 40 MB in 15 s
+    were measured); limited, a process logs at most ``per_second`` lines per kind.
 
     Args:
         per_second: records of one kind let through per one-second window (>= 1).
@@ -209,7 +231,8 @@ def limit_client_logs(
 ) -> RepeatLimiter:
     """Install one :class:`RepeatLimiter` (idempotent) on the Kafka client libraries' loggers
     (``aiokafka`` and every ``aiokafka.*`` logger created so far: a logger's filters don't see
-    its children's records). Called by :func:`configure` and by each ShareConsumer.
+    its children's records). Called by :func:`configure`; a host that keeps its own logging
+    set-up may call it alone.
 
     Returns:
         The limiter (its ``dropped`` counts what it suppressed).

@@ -56,6 +56,7 @@ from pathlib import Path
 from examples.chaos.config import ROOT, ChaosConfig
 from examples.chaos.report import print_summary, say
 from examples.chaos.run import run
+from queueflow import logging as qf_logging
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, find_free_ports
 
 __all__ = ["ChaosConfig", "main", "parse_args", "run"]
@@ -116,6 +117,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ChaosConfig, argparse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    qf_logging.configure()  # a queueflow command: its own events on stderr (json/console)
     config, args = parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the workers and the broker are always stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

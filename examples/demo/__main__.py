@@ -31,6 +31,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
+from queueflow import logging as qf_logging
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
 from queueflow.testing import WorkerProcess, faust_worker_argv
 
@@ -111,6 +112,7 @@ def read_ledger(paths: list[Path]) -> list[dict[str, object]]:
 
 
 def main() -> int:
+    qf_logging.configure()  # a queueflow command: its own events on stderr (json/console)
     run_id = uuid.uuid4().hex[:8]
     run_dir = ROOT / ".queueflow" / "demo" / run_id
     run_dir.mkdir(parents=True, exist_ok=True)

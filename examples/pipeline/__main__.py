@@ -48,6 +48,7 @@ from examples.pipeline.config import (
     flight_key,
 )
 from examples.pipeline.ledger import Ledgers
+from queueflow import logging as qf_logging
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
 from queueflow.testing import WorkerProcess, faust_worker_argv
 
@@ -406,6 +407,7 @@ def run(p: Pipeline) -> int:
 
 def main() -> int:
     """Run the pipeline and stop everything it started, whatever happens."""
+    qf_logging.configure()  # a queueflow command: its own events on stderr (json/console)
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     p = Pipeline()
     print(f"run {p.run_id}: logs, ledgers and tables in {p.run_dir}", flush=True)

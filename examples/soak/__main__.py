@@ -41,6 +41,7 @@ from examples.chaos.report import say
 from examples.chaos.run import queueflow_version
 from examples.chaos.workers import Worker, stop_all, wait_for_leaders
 from examples.soak.flat import flatness
+from queueflow import logging as qf_logging
 from queueflow.admin import ShareGroupAdmin
 from queueflow.devtools.broker import LocalBroker, create_topic, find_free_ports
 from queueflow.kafka.config import KafkaClientConfig
@@ -148,6 +149,7 @@ async def produce(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    qf_logging.configure()  # a queueflow command: its own events on stderr (json/console)
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rate = args.rate or default_rate()

@@ -23,6 +23,7 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
+from queueflow._compat import admin_send_request
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
@@ -150,8 +151,8 @@ async def _check_authorized(admin: AIOKafkaAdminClient, names: list[str]) -> Non
         ConfigurationError: the principal may not describe one of ``names``; the message names
             the topic and the ACL to grant.
     """
-    response: Any = await admin._send_request(
-        MetadataRequest(names, allow_auto_topic_creation=False)
+    response: Any = await admin_send_request(
+        admin, MetadataRequest(names, allow_auto_topic_creation=False)
     )
     denied = [
         topic[1] for topic in response.topics if for_code(topic[0]) is TopicAuthorizationFailedError

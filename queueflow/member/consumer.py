@@ -30,7 +30,6 @@ import structlog
 from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
-from queueflow.logging import limit_client_logs
 from queueflow.member.context import MemberContext
 from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
@@ -101,7 +100,6 @@ class ShareConsumer:
         sasl_plain_password: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        limit_client_logs()  # connection errors during an outage: a few lines a second
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ConfigurationError(
                 f"share.acknowledgement.mode={acknowledgement_mode!r}; use 'implicit' or 'explicit'"

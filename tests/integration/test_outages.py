@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
@@ -52,8 +53,12 @@ async def forwarder(port: int, bootstrap: str) -> AsyncIterator[None]:
                 await writer.drain()
         writer.close()
 
+    writers: set[asyncio.StreamWriter] = set()
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.add(writer)
         up_reader, up_writer = await asyncio.open_connection(host, int(real))
+        writers.add(up_writer)
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     server = await asyncio.start_server(serve, "127.0.0.1", port)
@@ -61,6 +66,10 @@ async def forwarder(port: int, bootstrap: str) -> AsyncIterator[None]:
         yield
     finally:
         server.close()
+        for writer in writers:  # closed, not left to the garbage collector (ResourceWarning)
+            writer.close()
+        await asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True)
+        await server.wait_closed()
 
 
 def test_a_member_waits_for_the_broker_and_goes_on_once_it_answers(kafka_bootstrap: str) -> None:
@@ -166,6 +175,7 @@ def test_a_worker_started_before_its_broker_waits_for_it(
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    up: Any = None
     try:
         worker.launch()
         deadline = time.monotonic() + 60
@@ -182,8 +192,11 @@ def test_a_worker_started_before_its_broker_waits_for_it(
         assert reachable["waited_s"] >= retries[0]["waited_s"]
     finally:
         worker.stop()
+        if up is not None:
+            asyncio.run_coroutine_threadsafe(up.__aexit__(None, None, None), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()
 
 
 def test_a_broker_outage_during_a_member_worker_s_join(

@@ -299,3 +299,105 @@ def test_json_goes_to_the_real_stderr_even_when_stdio_is_redirected() -> None:
         "queueflow.leader",
         1,
     )
+
+
+# --- Logging is opt-in: building queueflow objects leaves the host's logging alone ----------
+
+
+def logging_state() -> dict[str, Any]:
+    """What a host may have set up: the root and queueflow loggers, the Kafka client loggers'
+    filters, and structlog's configuration."""
+    root, qf = logging.getLogger(), logging.getLogger("queueflow")
+    clients = {
+        name: list(obj.filters)
+        for name, obj in logging.Logger.manager.loggerDict.items()
+        if isinstance(obj, logging.Logger) and name.split(".")[0] in ("aiokafka", "kafka")
+    }
+    return {
+        "root": (list(root.handlers), root.level),
+        "queueflow": (list(qf.handlers), qf.level, qf.propagate, qf.disabled),
+        "clients": clients,
+        "structlog": (structlog.is_configured(), structlog.get_config()),
+    }
+
+
+def test_building_an_app_attaching_or_a_share_consumer_leaves_logging_alone() -> None:
+    import faust
+
+    import queueflow
+    from queueflow.member.consumer import ShareConsumer
+
+    before = logging_state()
+    app = queueflow.App("qf-log-optin", broker="kafka://localhost:1", store="memory://")
+
+    @app.share_agent("jobs", group="g")
+    async def handle(record: Any) -> None:
+        return None
+
+    queueflow.App("qf-log-optin-m", broker="kafka://localhost:1", role="member")
+    queueflow.attach(faust.App("qf-log-optin-attach", broker="kafka://localhost:1"))
+    ShareConsumer("g", app_id="qf-log-optin", bootstrap_servers="localhost:1")
+    assert logging_state() == before
+
+
+def test_the_faust_worker_init_hook_configures_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    import queueflow
+
+    monkeypatch.setenv("QUEUEFLOW_LOG_FORMAT", "json")
+    app = queueflow.App("qf-log-hook", broker="kafka://localhost:1", store="memory://")
+    qf = logging.getLogger("queueflow")
+    assert not [h for h in qf.handlers if getattr(h, qlogging._MARK, False)]
+    app.on_worker_init.send()  # what the faust command does once it has loaded the app
+    (handler,) = [h for h in qf.handlers if getattr(h, qlogging._MARK, False)]
+    assert qf.propagate is False and structlog.is_configured()
+    assert isinstance(handler.formatter, structlog.stdlib.ProcessorFormatter)
+
+
+def test_a_process_run_by_the_faust_command_logs_json_lines(tmp_path: Any) -> None:
+    # The integration tests and the examples read these lines from their workers' logs,
+    # including those of objects built (and their loggers bound) when the app module loads.
+    (tmp_path / "qf_log_worker_app.py").write_text(
+        "import atexit, structlog, queueflow\n"
+        "app = queueflow.App('qf-log-worker', broker='kafka://localhost:1', store='memory://')\n"
+        "@app.share_agent('jobs', group='g')\n"
+        "async def handle(record):\n"
+        "    return None\n"
+        "def bye():\n"
+        "    structlog.get_logger('queueflow.probe').warning('probe', n=1)\n"
+        "    handle._log.warning('agent_probe')\n"
+        "atexit.register(bye)\n"
+    )
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "QUEUEFLOW_LOG_FORMAT": "json", "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-m", "faust", "-A", "qf_log_worker_app", "agents"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(x) for x in done.stderr.splitlines() if x.startswith("{")]
+    assert [(e["event"], e["logger"]) for e in events] == [
+        ("probe", "queueflow.probe"),
+        ("agent_probe", "queueflow.member.agent"),
+    ], done.stdout + done.stderr
+    assert events[1]["group"] == "g" and events[1]["topic"] == "jobs"
+
+
+def test_a_host_process_is_not_taken_for_the_faust_command() -> None:
+    from queueflow.faust_app import run_by_faust_command
+
+    assert run_by_faust_command() is False  # pytest's process
+
+
+def test_get_logger_follows_a_configuration_made_after_it() -> None:
+    structlog.reset_defaults()  # an unconfigured host (the fixture puts the configuration back)
+    early = qlogging.get_logger("queueflow.member.agent", group="g")
+    snapshot = structlog.get_logger("queueflow.member.agent").bind(group="g")
+    buf = io.StringIO()
+    qlogging.configure(json=True, stream=buf)
+    early.warning("late_config", n=1)
+    assert [(e["event"], e["group"], e["n"]) for e in lines(buf)] == [("late_config", "g", 1)]
+    assert not isinstance(snapshot, structlog.stdlib.BoundLogger)  # what bind() at build keeps

@@ -17,8 +17,10 @@ def record(offset: int, key: bytes = b"k") -> ShareRecord:
 
 def reader() -> reader_module.PartitionReader:
     async def make() -> reader_module.PartitionReader:
-        # never started: no connection
-        return reader_module.PartitionReader(KafkaClientConfig("localhost:1"), "t", 0)
+        # never started: no connection; stopped, so its consumer is not left unclosed
+        partition_reader = reader_module.PartitionReader(KafkaClientConfig("localhost:1"), "t", 0)
+        await partition_reader.consumer.stop()
+        return partition_reader
 
     return asyncio.run(make())
 

@@ -26,6 +26,7 @@ from aiokafka.protocol.types import (
     TaggedFields,
 )
 
+from queueflow._compat import admin_send_to_controller
 from queueflow.devtools.broker.blocking import run_blocking
 from queueflow.errors import BrokerError
 
@@ -178,7 +179,7 @@ async def _create(client_kwargs: dict[str, Any], rows: list[tuple[Any, ...]]) ->
     admin = AIOKafkaAdminClient(**client_kwargs)
     try:
         await admin.start()
-        response: Any = await admin._send_to_controller(CreateAclsRequest(rows))
+        response: Any = await admin_send_to_controller(admin, CreateAclsRequest(rows))
         for row, (code, message, _tags) in zip(rows, response.results, strict=True):
             error = for_code(code)
             if error is not NoError:

@@ -1,4 +1,4 @@
-"""The ``queueflow`` command line (entry point ``queueflow = "queueflow.devtools.cli:cli"``).
+"""The ``queueflow`` command line (entry point ``queueflow = "queueflow.devtools.cli:main"``).
 
 Each subcommand lives in its own module under ``queueflow/devtools/cli/`` and attaches itself to
 :data:`cli` on import (``@cli.group()`` / ``@cli.command()``); register it by importing it at the
@@ -20,4 +20,15 @@ def cli() -> None:
 # `from queueflow.devtools.cli import broker, worker, groups`.
 from queueflow.devtools.cli import broker, configs, leader, share_groups  # noqa: E402
 
-__all__ = ["broker", "cli", "configs", "leader", "share_groups"]
+
+def main() -> None:
+    """The ``queueflow`` program: queueflow's logging set-up (:func:`queueflow.logging.configure`,
+    format from ``$QUEUEFLOW_LOG_FORMAT``), then :data:`cli`. In-process callers (tests with
+    click's ``CliRunner``) invoke :data:`cli` and keep their own logging."""
+    from queueflow import logging as qf_logging
+
+    qf_logging.configure()
+    cli()
+
+
+__all__ = ["broker", "cli", "configs", "leader", "main", "share_groups"]

@@ -61,6 +61,7 @@ def _setup_logging() -> None:
     logger = logging.getLogger("queueflow.devtools.broker")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    logger.propagate = False  # written here; the queueflow logger would write it a second time
 
 
 @cli.group()
