@@ -603,10 +603,8 @@ class ShareGroups:
             self.agents.append(agent)
             if self.leads:
                 self.lead(topic_name)
-            if self.role != "leader":
-                # started after table recovery
-                # (typed as classes, but Faust starts instances too)
-                self.app._extra_services.append(cast(Any, ShareAgentService(agent)))
+            if self.role != "leader":  # started after table recovery
+                _compat.add_service(self.app, ShareAgentService(agent))
             return agent
 
         return decorator

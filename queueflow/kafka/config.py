@@ -77,7 +77,7 @@ def check_control_auth(settings: ShareGroupSettings, kafka: KafkaClientConfig) -
     client that reaches the broker can read and write every topic); on a SASL or SSL cluster,
     whose ACLs let the app's principals write the internal topics, anyone else with that right
     could drive share groups, so queueflow asks for a secret (or an explicit
-    ``queueflow.auth.mode=none``). Issue #12, docs/operations.md "Threat model".
+    ``queueflow.auth.mode=none``; docs/operations.md "Threat model and attack matrix").
 
     Args:
         settings: the app's share-group settings.

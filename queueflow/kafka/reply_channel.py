@@ -119,8 +119,8 @@ class KafkaReplyChannel:
         try:
             await self._send(topic, partition, payload)
         except AssertionError:
-            # aiokafka's "Unrecognized partition": one added at runtime (issue #14) that this
-            # producer's metadata doesn't know yet; refresh it and try once more.
+            # aiokafka's "Unrecognized partition": one added at runtime (docs/operations.md) that
+            # this producer's metadata doesn't know yet; refresh it and try once more.
             await self._producer.client.force_metadata_update()
             try:
                 await self._send(topic, partition, payload)

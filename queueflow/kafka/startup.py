@@ -2,7 +2,8 @@
 
 Workers and members call :func:`wait_for_broker` before their first request, so a worker started
 while its broker is down (or restarting) waits with back-off instead of exiting, logging
-``broker_unreachable`` at each retry, up to ``queueflow.broker.wait.ms`` (issue #13, "Outages").
+``broker_unreachable`` at each retry, up to ``queueflow.broker.wait.ms`` (docs/operations.md
+"Outages at start").
 A member calls :func:`wait_for_topics` for its app's internal topics: a mistyped app id fails
 within ``queueflow.member.join.timeout.ms`` with an error naming the app, and creates nothing.
 """

@@ -19,6 +19,7 @@ from aiokafka.errors import KafkaError
 
 from queueflow.engine.fencing import CoordinatorEpochs
 from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.logging import get_logger
 from queueflow.member.lifecycle import MEMBERSHIP_TRANSITIONS, Lifecycle, MembershipState
 from queueflow.member.transport import Requester
 from queueflow.metrics import Metrics
@@ -103,7 +104,7 @@ class Membership:
             MembershipState.CREATED,
             MEMBERSHIP_TRANSITIONS,
         )
-        self._log = log.bind(group=group, member_id=self.member_id)
+        self._log = get_logger("queueflow.member.membership", group=group, member_id=self.member_id)
 
     @property
     def state(self) -> MembershipState:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import structlog
 
 from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.logging import get_logger
 from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient, DirectPathError
 from queueflow.member.membership import Membership
@@ -60,7 +61,7 @@ class FetchRouter:
         self.direct = direct
         #: Long polls under way on the direct path: tp -> {request_id: leader address}.
         self.long_polls: dict[TopicPartition, dict[int, str]] = {}
-        self._log = log.bind(group=group, member_id=member_id)
+        self._log = get_logger("queueflow.member.session", group=group, member_id=member_id)
 
     async def request(
         self,

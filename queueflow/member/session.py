@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.logging import get_logger
 from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient
@@ -199,7 +200,7 @@ class ShareFetchSession:
             SESSION_TRANSITIONS,
         )
         self._source = ctx.io.record_source()
-        self._log = log.bind(group=group, member_id=self.member_id)
+        self._log = get_logger("queueflow.member.session", group=group, member_id=self.member_id)
 
     # -- lifecycle -------------------------------------------------------------------------
     @property

@@ -21,6 +21,7 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
+from queueflow.logging import get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.protocol.auth import ControlAuth
@@ -122,7 +123,7 @@ class Requester:
         self._next = 0
         self._pending: dict[int, asyncio.Future[protocol.Message]] = {}
         self._accept: dict[int, Callable[[protocol.Message], bool]] = {}
-        self._log = log.bind(namespace=namespace)
+        self._log = get_logger("queueflow.member.transport", namespace=namespace)
 
     @property
     def reply_partition(self) -> int:

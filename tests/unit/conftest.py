@@ -11,8 +11,8 @@ import structlog
 
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
-    """Building a ``queueflow.App`` configures logging (``queueflow.logging.configure``): put
-    the ``queueflow`` logger and structlog back as they were for the tests that follow."""
+    """Tests that call ``queueflow.logging.configure`` (directly or through a worker hook):
+    put the ``queueflow`` logger and structlog back as they were for the tests that follow."""
     logger = logging.getLogger("queueflow")
     saved = (list(logger.handlers), logger.propagate, logger.level, logger.disabled)
     config = structlog.get_config()

@@ -530,12 +530,6 @@ class PrivateUseFinder(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-#: Uses not yet routed through the seam, each with the reason. share_agent registers its
-#: service with ``app._extra_services`` directly until that method is rewritten to call
-#: ``queueflow._compat.add_service``; then this entry goes.
-PENDING = {("queueflow/faust_app.py", "self.app._extra_services")}
-
-
 def private_uses(source: str, path: str) -> list[Use]:
     library = library_private_names()
     forbidden = seam_names() | (library - own_private_names())
@@ -549,7 +543,6 @@ def test_no_private_faust_mode_or_aiokafka_name_outside_the_seam() -> None:
         use
         for path in modules()
         for use in private_uses(path.read_text(), str(path.relative_to(ROOT)))
-        if (use.path, use.code) not in PENDING
     ]
     assert not found, (
         "private Faust/mode/aiokafka names used outside queueflow/_compat.py (add a small, "

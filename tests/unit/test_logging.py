@@ -364,7 +364,7 @@ def test_a_process_run_by_the_faust_command_logs_json_lines(tmp_path: Any) -> No
         "    return None\n"
         "def bye():\n"
         "    structlog.get_logger('queueflow.probe').warning('probe', n=1)\n"
-        "    handle._log.warning('agent_probe')\n"
+        "    handle.log.warning('agent_probe')\n"
         "atexit.register(bye)\n"
     )
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])

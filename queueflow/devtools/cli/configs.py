@@ -1,5 +1,5 @@
 """``queueflow configs``: describe and alter a share group's configs, like Kafka's
-``kafka-configs.sh --entity-type groups --entity-name G`` (notes §3; issue #14).
+``kafka-configs.sh --entity-type groups --entity-name G`` (KIP-932 "Group configuration").
 
 ::
 

@@ -1,5 +1,6 @@
 """``queueflow share-groups``: list, describe, reset and delete an app's share groups, with the
-flags, columns and exit codes of Kafka's ``kafka-share-groups.sh`` (notes §7.1), plus
+flags, columns and exit codes of Kafka's ``kafka-share-groups.sh`` (KIP-932 "Command-line tools"),
+plus
 ``--output json``.
 
 It works through :class:`queueflow.admin.ShareGroupAdmin`, so it needs the app id (``--app``)

@@ -18,6 +18,7 @@ from typing import Any, cast
 import structlog
 
 from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.logging import get_logger
 from queueflow.member.agent.deadlines import Deadlines
 from queueflow.member.agent.dispatch import Dispatcher
 from queueflow.member.agent.options import Decoder, Handler, ShareAgentOptions
@@ -97,7 +98,7 @@ class ShareAgent:
         self.lifecycle: Lifecycle[AgentState] = Lifecycle(
             f"share agent {self.name}", AgentState.CREATED, AGENT_TRANSITIONS
         )
-        self.log = log.bind(group=group, topic=topic, agent=self.name)
+        self.log = get_logger("queueflow.member.agent", group=group, topic=topic, agent=self.name)
         self._tasks: set[asyncio.Task[None]] = set()
         self.dispatch = Dispatcher(self)
         self.deadlines = Deadlines(self)
@@ -195,7 +196,13 @@ class ShareAgent:
                 await self.session.close(leave=False)
                 if not retry:
                     raise
-        self.log = self.log.bind(member_id=self.session.member_id)  # known once joined
+        self.log = get_logger(  # the member id is known once joined
+            "queueflow.member.agent",
+            group=self.group,
+            topic=self.topic_name,
+            agent=self.name,
+            member_id=self.session.member_id,
+        )
         if self.stopping:  # stopped while it joined: its tasks would end at once
             return
         self.lifecycle.move(AgentState.RUNNING)

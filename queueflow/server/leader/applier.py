@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import structlog
-
-from queueflow.logging import SkipLogLimiter
+from queueflow.logging import SkipLogLimiter, get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.auth import ControlAuth
@@ -59,7 +57,7 @@ class ResultApplier:
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         self.archived = ArchivedCounter()
         self._state_writes = ctx.metrics.state_writes.labels(topic)
-        self._log = structlog.get_logger("queueflow.server.leader").bind(topic=topic)
+        self._log = get_logger("queueflow.server.leader", topic=topic)
 
     async def apply(self, result: LeaderResult, partition: int) -> None:
         """Perform ``result`` for request partition ``partition``. In order: state deletes,

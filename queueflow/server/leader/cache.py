@@ -14,9 +14,8 @@ import enum
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-import structlog
-
 from queueflow.errors import CorruptStateError, FencedStateEpochError
+from queueflow.logging import get_logger
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable, snapshot_key
 from queueflow.server.group_configs import LeaderGroupConfigs
@@ -113,7 +112,7 @@ class SharePartitionCache:
         # Request partition -> how often it was dropped: a load that awaited the broker while
         # its partition was dropped must not make the share-partition live.
         self._drops: dict[int, int] = {}
-        self._log = structlog.get_logger("queueflow.server.leader").bind(topic=topic)
+        self._log = get_logger("queueflow.server.leader", topic=topic)
 
     # -- the lifecycle ---------------------------------------------------------------------
     def state(self, key: Key) -> SharePartitionState:

@@ -26,6 +26,7 @@ import structlog
 
 from queueflow.engine.fencing import LeaderFencing
 from queueflow.errors import ErrorCode, FencedStateEpochError, ShareGroupError
+from queueflow.logging import get_logger
 from queueflow.metrics import SharePartitionSample
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
@@ -111,7 +112,7 @@ class ShareLeader:
         self.long_polls = LongPolls(
             ctx, topic, lambda p, items: self._apply_batch(p, items), self._not_leader
         )
-        self._log = log.bind(topic=topic)
+        self._log = get_logger("queueflow.server.leader", topic=topic)
         ctx.metrics.add_partition_source(self.samples)
 
     @property

@@ -16,9 +16,8 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import structlog
-
 from queueflow.errors import ErrorCode
+from queueflow.logging import get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition
@@ -112,7 +111,7 @@ class LongPolls:
         self._apply = apply
         self._not_leader = not_leader
         self.queues: dict[int, PartitionQueue] = {}
-        self._log = structlog.get_logger("queueflow.server.leader").bind(topic=topic)
+        self._log = get_logger("queueflow.server.leader", topic=topic)
 
     async def serve(self, request: protocol.ShareFetchRequest) -> Response:
         """Queue ``request`` for its partition's next batch and wait for its answer."""

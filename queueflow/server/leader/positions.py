@@ -10,9 +10,8 @@ request_position_key`), so a new leader skips what its predecessor applied.
 
 from __future__ import annotations
 
-import structlog
-
 from queueflow.errors import CorruptStateError
+from queueflow.logging import get_logger
 from queueflow.protocol.state_codec import (
     decode_request_position,
     encode_request_position,
@@ -36,7 +35,7 @@ class RequestPositions:
         self.table = table
         self.request_topic = request_topic
         self._applied: dict[int, int] = {}
-        self._log = structlog.get_logger("queueflow.server.leader").bind(topic=topic)
+        self._log = get_logger("queueflow.server.leader", topic=topic)
 
     def known(self, partition: int) -> bool:
         """True once the position of ``partition`` was read (since it was last forgotten)."""
