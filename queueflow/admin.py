@@ -84,24 +84,12 @@ __all__ = [
     "ShareGroupListing",
     "SharePartitionOffsets",
     "describe_json",
-    "groups_changelog",
     "parse_datetime",
     "parse_duration",
-    "state_changelog",
 ]
 
 #: How long (ms) a read of the changelogs may take before it fails.
 DEFAULT_TIMEOUT_MS = 30_000
-
-
-def groups_changelog(app_id: str) -> str:
-    """The changelog of the coordinator's group table: ``<app>-share-groups-changelog``."""
-    return f"{app_id}-{topics.GROUPS_TABLE}-changelog"
-
-
-def state_changelog(app_id: str, topic: str) -> str:
-    """The changelog of ``topic``'s share-partition state table."""
-    return f"{app_id}-{topics.state_table(topic)}-changelog"
 
 
 @dataclass(frozen=True, slots=True)
@@ -769,7 +757,7 @@ class ShareGroupAdmin:
         ends = await self._log_ends([TopicPartition(t, p) for t in names for p in range(counts[t])])
         out: list[SharePartitionOffsets] = []
         for topic in names:
-            name = state_changelog(self.app_id, topic)
+            name = topics.state_changelog(self.app_id, topic)
             if name not in tables:
                 tables[name] = await self._read(name, required=False)
             table = tables[name]
@@ -777,13 +765,13 @@ class ShareGroupAdmin:
             for p in range(counts[topic]):
                 tp = TopicPartition(topic, p)
                 offsets = _offsets(group_id, topic, p, by_partition.get(p), ends[tp], records_limit)
-                leader = owners.get((topics.fetch_topic(self.app_id, topic), p))
+                leader = owners.get((topics.request_topic(self.app_id, topic), p))
                 out.append(replace(offsets, leader=leader))
         return out
 
     # -- reading -----------------------------------------------------------------------------
     async def _groups(self) -> dict[str, ShareGroup]:
-        table = await self._read(groups_changelog(self.app_id), required=True)
+        table = await self._read(topics.groups_changelog(self.app_id), required=True)
         now = int(time.time() * 1000)
         groups: dict[str, ShareGroup] = {}
         for key, value in table.items():

@@ -427,12 +427,12 @@ class ShareGroups:
         )
         self.app = app
         self.role = role
-        self.namespace: str = app.conf.id
+        self.app_id: str = app.conf.id
         self.group_configs = app_group_configs(group_configs, self.settings)
         self.metrics = Metrics()
         self.kafka = KafkaClientConfig.from_broker(
             app.conf.broker,
-            client_id=self.namespace,
+            client_id=self.app_id,
             replication_factor=int(app.conf.topic_replication_factor),
             extra=credentials_to_kwargs(app.conf.broker_credentials, app.conf.ssl_context),
         )
@@ -447,7 +447,7 @@ class ShareGroups:
             qf_logging.configure(self.settings.log_format)
         app.on_worker_init.connect(cast(Any, self._on_worker_init))  # takes **kwargs
         self.member_context = MemberContext.for_kafka(
-            self.kafka, self.namespace, self.settings, self.metrics
+            self.kafka, self.app_id, self.settings, self.metrics
         )
         self.agents: list[ShareAgent] = []
         self.leaders: dict[str, ShareLeader] = {}
@@ -469,7 +469,7 @@ class ShareGroups:
         self._recovery_watch = RecoveryWatch(self.settings.recovery_stall_ms)
         self._stopping_stalled = False
         self.server_context = ServerContext(
-            namespace=self.namespace,
+            app_id=self.app_id,
             settings=self.settings,
             sender=FaustSender(app),
             runtime=self._runtime,
@@ -490,7 +490,7 @@ class ShareGroups:
             else None
         )
         self._coordinator_topic = control_topic(
-            app, topics.coordinator_topic(self.namespace), topics.COORDINATOR_PARTITIONS
+            app, topics.coordinator_topic(self.app_id), topics.COORDINATOR_PARTITIONS
         )
         self.coordinator = ShareGroupCoordinator(
             self.server_context,
@@ -542,7 +542,7 @@ class ShareGroups:
         app = self.app
         if dashboard.PAGE_PATH in app.web.views or dashboard.API_PATH in app.web.views:
             return
-        admin = ShareGroupAdmin(self.namespace, self.kafka, settings=self.settings)
+        admin = ShareGroupAdmin(self.app_id, self.kafka, settings=self.settings)
         #: The dashboard's data (read from the changelogs at most once a second).
         self.dashboard = dashboard.DashboardData(admin)
         data = self.dashboard
@@ -598,7 +598,7 @@ class ShareGroups:
                 group,
                 options,
                 decode=faust_decoder(self.app, topic),
-                client_id=f"{self.namespace}:{options.agent_name(handler)}",
+                client_id=f"{self.app_id}:{options.agent_name(handler)}",
             )
             self.agents.append(agent)
             if self.leads:
@@ -616,7 +616,7 @@ class ShareGroups:
         if not self.leads:
             return None
         if topic not in self.leaders:
-            request_topic = control_topic(self.app, topics.fetch_topic(self.namespace, topic))
+            request_topic = control_topic(self.app, topics.request_topic(self.app_id, topic))
             table = raw_table(self.app, topics.state_table(topic))
             leader = ShareLeader(
                 self.server_context, topic, LeaderStateTable(table, self._changelog_writer)
@@ -638,7 +638,7 @@ class ShareGroups:
         if self._unauthenticated:
             log.warning(
                 "control_messages_unauthenticated",
-                app=self.namespace,
+                app=self.app_id,
                 detail="queueflow.auth.mode resolves to none: control messages are not signed; "
                 "set queueflow.auth.secret on every worker to authenticate them",
             )
@@ -656,7 +656,7 @@ class ShareGroups:
         if self.leaders or self.coordinator is not None:  # a member-only worker creates nothing
             await ensure_topic(
                 self.kafka,
-                topics.reply_topic(self.namespace),
+                topics.reply_topic(self.app_id),
                 topics.REPLY_PARTITIONS,
                 topics.CONTROL_TOPIC_CONFIG,
             )

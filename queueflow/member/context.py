@@ -68,12 +68,12 @@ class KafkaMemberIO:
 
     Args:
         kafka: the cluster.
-        namespace: the app id whose leaders serve the members.
+        app_id: the app id whose leaders serve the members.
     """
 
-    def __init__(self, kafka: KafkaClientConfig, namespace: str) -> None:
+    def __init__(self, kafka: KafkaClientConfig, app_id: str) -> None:
         self.kafka = kafka
-        self.namespace = namespace
+        self.app_id = app_id
 
     async def partition_counts(self, topics: list[str]) -> dict[str, int]:
         """See :meth:`MemberIO.partition_counts`."""
@@ -83,8 +83,8 @@ class KafkaMemberIO:
         """See :meth:`MemberIO.prepare`."""
         await wait_for_broker(self.kafka, settings.broker_wait_ms, who="member")
         counts = await partition_counts(self.kafka, topics)
-        names = [internal.coordinator_topic(self.namespace), internal.reply_topic(self.namespace)]
-        await wait_for_topics(self.kafka, names, settings.join_timeout_ms, self.namespace)
+        names = [internal.coordinator_topic(self.app_id), internal.reply_topic(self.app_id)]
+        await wait_for_topics(self.kafka, names, settings.join_timeout_ms, self.app_id)
         return counts
 
     def transport(
@@ -92,7 +92,7 @@ class KafkaMemberIO:
     ) -> MemberTransport:
         """See :meth:`MemberIO.transport`."""
         return KafkaMemberTransport(
-            self.kafka, self.namespace, member_id, client_id, reply_route=reply_route
+            self.kafka, self.app_id, member_id, client_id, reply_route=reply_route
         )
 
     def record_source(self) -> RecordSource:
@@ -105,14 +105,14 @@ class MemberContext:
     """Everything the members of one app share.
 
     Args:
-        namespace: the app id whose leaders and coordinator serve the members.
+        app_id: the app id whose leaders and coordinator serve the members.
         settings: share-group settings.
         io: the link to the cluster.
         clock: wall and monotonic time.
         metrics: where member metrics go.
     """
 
-    namespace: str
+    app_id: str
     settings: ShareGroupSettings
     io: MemberIO
     clock: Clock = SYSTEM_CLOCK
@@ -122,11 +122,9 @@ class MemberContext:
     def for_kafka(
         cls,
         kafka: KafkaClientConfig,
-        namespace: str,
+        app_id: str,
         settings: ShareGroupSettings,
         metrics: Metrics | None = None,
     ) -> MemberContext:
         """The context of members on a Kafka cluster."""
-        return cls(
-            namespace, settings, KafkaMemberIO(kafka, namespace), metrics=metrics or Metrics()
-        )
+        return cls(app_id, settings, KafkaMemberIO(kafka, app_id), metrics=metrics or Metrics())

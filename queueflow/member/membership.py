@@ -48,7 +48,7 @@ class Membership:
 
     Args:
         requester: sends heartbeats and correlates the answers.
-        namespace: the app id whose coordinator serves the group.
+        app_id: the app id whose coordinator serves the group.
         group: the share group id.
         topics: the subscribed topics.
         settings: share-group settings (heartbeat interval).
@@ -60,7 +60,7 @@ class Membership:
     def __init__(
         self,
         requester: Requester,
-        namespace: str,
+        app_id: str,
         group: str,
         topics: Iterable[str],
         settings: ShareGroupSettings,
@@ -72,7 +72,7 @@ class Membership:
         self.metrics = metrics
         #: The newest coordinator epoch heard from: answers of older coordinators are dropped.
         self.coordinators = CoordinatorEpochs(settings.session_timeout_ms)
-        self.namespace = namespace
+        self.app_id = app_id
         self.group = group
         self.topics = sorted(set(topics))
         self.settings = settings
@@ -144,7 +144,7 @@ class Membership:
         except asyncio.TimeoutError:
             raise ShareGroupError(
                 ErrorCode.REQUEST_TIMED_OUT,
-                f"no share-group coordinator of app {self.namespace!r} answered the join of "
+                f"no share-group coordinator of app {self.app_id!r} answered the join of "
                 f"group {self.group!r} within {limit_s:g} s: start a worker of the app with role "
                 "'all' or 'leader', or raise queueflow.member.join.timeout.ms",
             ) from None
@@ -208,7 +208,7 @@ class Membership:
             reply_key=self.requester.reply_key.public if self.requester.reply_key else b"",
         )
         response = await self.requester.call(
-            internal.coordinator_topic(self.namespace),
+            internal.coordinator_topic(self.app_id),
             internal.coordinator_partition(self.group),
             rid,
             protocol.encode(request),

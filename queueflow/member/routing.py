@@ -149,7 +149,7 @@ class FetchRouter:
             request.ticket = self.membership.ticket  # a heartbeat may have brought a newer one
             request.deadline_ms = self.ctx.clock.now_ms() + settings.request_timeout_ms
         reply = await requester.call(
-            internal.fetch_topic(self.ctx.namespace, tp.topic),
+            internal.request_topic(self.ctx.app_id, tp.topic),
             tp.partition,
             rid,
             protocol.encode(request),

@@ -158,7 +158,7 @@ class ShareFetchSession:
         self.acks_dropped = 0
         self.member_id = str(uuid.uuid4())
         s = ctx.settings
-        auth = ControlAuth(s.control_auth_mode, s.auth_secret, ctx.namespace, self.member_id)
+        auth = ControlAuth(s.control_auth_mode, s.auth_secret, ctx.app_id, self.member_id)
         # hmac: replies sealed to this member's own key, keyed by a pseudonym of it rather
         # than the member id (queueflow.protocol.sealed_replies)
         reply_key = ReplyKey() if s.control_auth_mode is AuthMode.HMAC else None
@@ -168,14 +168,14 @@ class ShareFetchSession:
                 client_id,
                 None if reply_key is None else reply_route(reply_key.public),
             ),
-            ctx.namespace,
+            ctx.app_id,
             ctx.settings.request_timeout_ms,
             auth,
             reply_key,
         )
         self._membership = Membership(
             self._requester,
-            ctx.namespace,
+            ctx.app_id,
             group,
             topics,
             ctx.settings,

@@ -63,7 +63,7 @@ class KafkaMemberTransport(KafkaReplyChannel):
 
     Args:
         kafka: the cluster.
-        namespace: the app id (names the reply topic).
+        app_id: the app id (names the reply topic).
         member_id: the key of this member's requests and replies.
         client_id: the Kafka client id.
         reply_route: another key of its replies (those sealed to its reply key).
@@ -72,7 +72,7 @@ class KafkaMemberTransport(KafkaReplyChannel):
     def __init__(
         self,
         kafka: KafkaClientConfig,
-        namespace: str,
+        app_id: str,
         member_id: str,
         client_id: str,
         *,
@@ -82,7 +82,7 @@ class KafkaMemberTransport(KafkaReplyChannel):
         # reply fetches rare.
         super().__init__(
             kafka,
-            internal.reply_topic(namespace),
+            internal.reply_topic(app_id),
             member_id,
             client_id,
             what="member",
@@ -90,7 +90,7 @@ class KafkaMemberTransport(KafkaReplyChannel):
             reply_fetch_wait_ms=REPLY_FETCH_WAIT_MS,
             also_key=reply_route,
         )
-        self.namespace = namespace
+        self.app_id = app_id
         self.member_id = member_id
 
 
@@ -99,7 +99,7 @@ class Requester:
 
     Args:
         transport: carries the requests and replies.
-        namespace: the app id, for error messages.
+        app_id: the app id, for error messages.
         timeout_ms: how long to wait for an answer (``queueflow.request.timeout.ms``).
         auth: signs requests and verifies replies (``queueflow.auth.mode``); ``None``: neither.
         reply_key: this member's reply key pair (``hmac`` mode): its public key goes into the
@@ -110,20 +110,20 @@ class Requester:
     def __init__(
         self,
         transport: MemberTransport,
-        namespace: str,
+        app_id: str,
         timeout_ms: int,
         auth: ControlAuth | None = None,
         reply_key: ReplyKey | None = None,
     ) -> None:
         self.transport = transport
         self.reply_key = reply_key
-        self.auth = auth or ControlAuth("none", "", namespace, "")
-        self.namespace = namespace
+        self.auth = auth or ControlAuth("none", "", app_id, "")
+        self.app_id = app_id
         self.timeout_ms = timeout_ms
         self._next = 0
         self._pending: dict[int, asyncio.Future[protocol.Message]] = {}
         self._accept: dict[int, Callable[[protocol.Message], bool]] = {}
-        self._log = get_logger("queueflow.member.transport", namespace=namespace)
+        self._log = get_logger("queueflow.member.transport", app_id=app_id)
 
     @property
     def reply_partition(self) -> int:
@@ -191,7 +191,7 @@ class Requester:
             raise ShareGroupError(
                 ErrorCode.REQUEST_TIMED_OUT,
                 f"no answer from {topic}[{partition}] within {self.timeout_ms} ms; "
-                f"is a queueflow leader worker for app {self.namespace!r} running?",
+                f"is a queueflow leader worker for app {self.app_id!r} running?",
             ) from None
         finally:
             self._pending.pop(request_id, None)

@@ -46,19 +46,20 @@ STATE_CHANGELOG_CONFIG = {
 }
 
 
-def fetch_topic(namespace: str, topic: str) -> str:
-    """The request topic of the share-partition leaders of ``topic``."""
-    return f"{namespace}-share-fetch-{topic}"
+def request_topic(app_id: str, topic: str) -> str:
+    """The request topic of the share-partition leaders of ``topic``: ``<app>-share-fetch-<topic>``
+    (ShareFetch requests with their acknowledgements, fences, ticks)."""
+    return f"{app_id}-share-fetch-{topic}"
 
 
-def coordinator_topic(namespace: str) -> str:
+def coordinator_topic(app_id: str) -> str:
     """The request topic of the share-group coordinator."""
-    return f"{namespace}-share-coordinator"
+    return f"{app_id}-share-coordinator"
 
 
-def reply_topic(namespace: str) -> str:
+def reply_topic(app_id: str) -> str:
     """The topic leaders and the coordinator answer on."""
-    return f"{namespace}-share-replies"
+    return f"{app_id}-share-replies"
 
 
 def state_table(topic: str) -> str:
@@ -67,6 +68,22 @@ def state_table(topic: str) -> str:
 
 
 GROUPS_TABLE = "share-groups"
+
+
+def changelog(app_id: str, table: str) -> str:
+    """The changelog topic of the app's Faust table ``table``: Faust names it
+    ``<app id>-<table>-changelog``."""
+    return f"{app_id}-{table}-changelog"
+
+
+def state_changelog(app_id: str, topic: str) -> str:
+    """The changelog of ``topic``'s state table: ``<app>-share-state-<topic>-changelog``."""
+    return changelog(app_id, state_table(topic))
+
+
+def groups_changelog(app_id: str) -> str:
+    """The changelog of the coordinator's group table: ``<app>-share-groups-changelog``."""
+    return changelog(app_id, GROUPS_TABLE)
 
 
 def coordinator_partition(group: str) -> int:

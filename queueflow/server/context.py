@@ -158,7 +158,7 @@ class ServerContext:
     """Everything the coordinator, the leaders and the ticker of one app share.
 
     Args:
-        namespace: the app id; it names the internal topics.
+        app_id: the app id; it names the internal topics.
         settings: the share-group settings.
         sender: produces control messages.
         runtime: the host's consumer-group membership.
@@ -178,7 +178,7 @@ class ServerContext:
         group_configs: the app's per-group defaults of group configs.
     """
 
-    namespace: str
+    app_id: str
     settings: ShareGroupSettings
     sender: ControlSender
     runtime: ServerRuntime

@@ -143,7 +143,7 @@ class LeaderEndpoint:
             payload = protocol.encode(message)
             for partition in range(topics.COORDINATOR_PARTITIONS):  # every group's coordinator
                 await self.ctx.sender.send(
-                    topics.coordinator_topic(self.ctx.namespace), partition, self.auth.seal(payload)
+                    topics.coordinator_topic(self.ctx.app_id), partition, self.auth.seal(payload)
                 )
             self._announced[topic] = (epoch, live)
         if due:

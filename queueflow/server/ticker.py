@@ -43,8 +43,8 @@ class LeaderTicker:
 
     def request_topics(self) -> set[str]:
         """The request topics that get ticks: each led topic's and the coordinator's."""
-        names = {topics.fetch_topic(self.ctx.namespace, t) for t in self.leaders}
-        names.add(topics.coordinator_topic(self.ctx.namespace))
+        names = {topics.request_topic(self.ctx.app_id, t) for t in self.leaders}
+        names.add(topics.coordinator_topic(self.ctx.app_id))
         return names
 
     async def tick(self) -> None:
@@ -53,11 +53,11 @@ class LeaderTicker:
         while idle) and, every half heartbeat interval, to the coordinator partition."""
         names = self.request_topics()
         by_request_topic = {
-            topics.fetch_topic(self.ctx.namespace, t): leader for t, leader in self.leaders.items()
+            topics.request_topic(self.ctx.app_id, t): leader for t, leader in self.leaders.items()
         }
         payload = protocol.encode(protocol.Tick(sent_ms=self.ctx.clock.now_ms()))
         seal = self._auth.seal
-        coordinator = topics.coordinator_topic(self.ctx.namespace)
+        coordinator = topics.coordinator_topic(self.ctx.app_id)
         self._ticks += 1
         for tp in self.ctx.runtime.assigned():
             leader = by_request_topic.get(tp.topic)

@@ -39,7 +39,7 @@ def control_auth(ctx: ServerContext, role: str) -> ControlAuth:
     """The :class:`~queueflow.protocol.auth.ControlAuth` of one server loop (``role``: leader,
     coordinator, ticker, endpoint) under ``queueflow.auth.mode``; each has its own replay cache."""
     s = ctx.settings
-    return ControlAuth(s.control_auth_mode, s.auth_secret, ctx.namespace, f"{ctx.namespace}/{role}")
+    return ControlAuth(s.control_auth_mode, s.auth_secret, ctx.app_id, f"{ctx.app_id}/{role}")
 
 
 async def send_reply(
@@ -64,7 +64,7 @@ async def send_reply(
             log.warning("reply_unsealable", member_id=member_id, error=str(exc))
             return
         key = reply_route(reply_key)
-    await ctx.sender.send(topics.reply_topic(ctx.namespace), reply_partition, value, key.encode())
+    await ctx.sender.send(topics.reply_topic(ctx.app_id), reply_partition, value, key.encode())
 
 
 def seal_reply(ctx: ServerContext, reply_key: bytes, value: bytes) -> bytes:

@@ -63,7 +63,7 @@ from queueflow.errors import ConfigurationError, CorruptStateError
 from queueflow.kafka.admin import topic_partition_counts
 from queueflow.kafka.options import KafkaOptions
 from queueflow.protocol.state_codec import decode_state, parse_state_key
-from queueflow.protocol.topics import state_table
+from queueflow.protocol.topics import state_changelog
 
 __all__ = [
     "RANGES_SCHEMA",
@@ -71,7 +71,6 @@ __all__ = [
     "ChangelogPartition",
     "QueueflowStateDataSource",
     "QueueflowStateReader",
-    "changelog_topic",
     "latest_values",
     "state_rows",
 ]
@@ -92,12 +91,6 @@ RECORDS_SCHEMA: Final = (
 VIEWS: Final = ("ranges", "records")
 _DEFAULT_TIMEOUT_MS: Final = 60000
 _INT32_MAX: Final = 2**31 - 1
-
-
-def changelog_topic(app_id: str, topic: str) -> str:
-    """The changelog of ``topic``'s state table: ``<app_id>-share-state-<topic>-changelog``
-    (Faust names a table's changelog ``<app id>-<table>-changelog``)."""
-    return f"{app_id}-{state_table(topic)}-changelog"
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,7 +345,7 @@ class QueueflowStateReader(DataSourceReader):
 
         o = self.options
         config = o.kafka.client_config("queueflow-spark-state")
-        names = {changelog_topic(o.app_id, t): t for t in o.topics}
+        names = {state_changelog(o.app_id, t): t for t in o.topics}
         counts = await topic_partition_counts(config, names)
         missing = [n for n in names if n not in counts]
         if missing:

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from queueflow.admin import ShareGroupAdmin, groups_changelog, state_changelog
+from queueflow.admin import ShareGroupAdmin
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
@@ -237,10 +237,10 @@ class _Runtime:
         self.lease_ms: int | None = None
 
     def assigned(self) -> set[TopicPartition]:
-        namespace = self.cluster.namespace
-        owned = {TopicPartition(internal.coordinator_topic(namespace), 0)}
+        app_id = self.cluster.app_id
+        owned = {TopicPartition(internal.coordinator_topic(app_id), 0)}
         for name, count in self.cluster.topics.items():
-            request_topic = internal.fetch_topic(namespace, name)
+            request_topic = internal.request_topic(app_id, name)
             owned.update(TopicPartition(request_topic, p) for p in range(count))
         return owned
 
@@ -255,7 +255,7 @@ class InProcessCluster:
 
     Args:
         topics: source topics and their partition counts, ``{"jobs": 2}``.
-        namespace: the app id.
+        app_id: the app id.
         settings: share-group settings (default: ``auto_offset_reset="earliest"``, a short
             heartbeat interval and request timeout for tests).
         clock: the clock (a :class:`~queueflow.testing.FakeClock` makes locks and sessions
@@ -267,7 +267,7 @@ class InProcessCluster:
         self,
         topics: Mapping[str, int],
         *,
-        namespace: str = "inprocess",
+        app_id: str = "inprocess",
         settings: ShareGroupSettings | None = None,
         clock: Clock = SYSTEM_CLOCK,
         direct: bool = False,
@@ -275,7 +275,7 @@ class InProcessCluster:
     ) -> None:
         self.topics = dict(topics)
         self.direct = direct
-        self.namespace = namespace
+        self.app_id = app_id
         self.settings = settings or ShareGroupSettings(
             auto_offset_reset=AutoOffsetReset.EARLIEST,
             heartbeat_interval_ms=200,
@@ -287,9 +287,9 @@ class InProcessCluster:
         self.records: dict[TopicPartition, list[StoredRecord]] = {
             TopicPartition(t, p): [] for t, n in self.topics.items() for p in range(n)
         }
-        self.bus = _Bus(internal.reply_topic(namespace))
+        self.bus = _Bus(internal.reply_topic(app_id))
         self.server = ServerContext(
-            namespace=namespace,
+            app_id=app_id,
             settings=self.settings,
             sender=self.bus,
             runtime=_Runtime(self),
@@ -306,15 +306,15 @@ class InProcessCluster:
         #: The state tables, by source topic (and ``"groups"`` for the coordinator's).
         self.tables: dict[str, dict[bytes, bytes]] = {"groups": {}}
         self.coordinator = ShareGroupCoordinator(self.server, self.tables["groups"])
-        self.bus.handlers[internal.coordinator_topic(namespace)] = self.coordinator.handle
+        self.bus.handlers[internal.coordinator_topic(app_id)] = self.coordinator.handle
         self.leaders: dict[str, ShareLeader] = {}
         for name in self.topics:
             table = self.tables[name] = {}
             leader = self.leaders[name] = ShareLeader(self.server, name, table)
-            self.bus.handlers[internal.fetch_topic(namespace, name)] = leader.handle
+            self.bus.handlers[internal.request_topic(app_id, name)] = leader.handle
         self.ticker = LeaderTicker(self.server, self.leaders)
         self.member_context = MemberContext(
-            namespace, self.settings, _MemberIO(self), clock=clock, metrics=self.metrics
+            app_id, self.settings, _MemberIO(self), clock=clock, metrics=self.metrics
         )
         self._agents: list[ShareAgent] = []
         #: The leaders' direct endpoint (with ``direct=True``), listening once started.
@@ -438,7 +438,7 @@ class InProcessCluster:
     # -- members ---------------------------------------------------------------------------
     def consumer(self, group: str, **kwargs: Any) -> ShareConsumer:
         """A :class:`~queueflow.ShareConsumer` of ``group`` in this cluster (not subscribed)."""
-        return ShareConsumer(group, app_id=self.namespace, context=self.member_context, **kwargs)
+        return ShareConsumer(group, app_id=self.app_id, context=self.member_context, **kwargs)
 
     async def agent(self, handler: Handler, topic: str, group: str, **kwargs: Any) -> ShareAgent:
         """Start a :class:`~queueflow.ShareAgent` running ``handler`` (stopped by
@@ -492,7 +492,7 @@ class InProcessCluster:
         and its offset lookups the in-memory partitions."""
         return _InProcessAdmin(
             self,
-            self.namespace,
+            self.app_id,
             KafkaClientConfig("in-process:0"),
             timeout_ms,
             settings=self.settings,
@@ -511,10 +511,10 @@ class _InProcessAdmin(ShareGroupAdmin):
 
     async def _read(self, topic: str, required: bool) -> dict[bytes, bytes]:
         cluster = self.cluster
-        if topic == groups_changelog(cluster.namespace):
+        if topic == internal.groups_changelog(cluster.app_id):
             return dict(cluster.tables["groups"])
         for name in cluster.topics:
-            if topic == state_changelog(cluster.namespace, name):
+            if topic == internal.state_changelog(cluster.app_id, name):
                 return dict(cluster.tables[name])
         if required:
             raise ConfigurationError(f"no changelog {topic!r} in the in-process cluster")

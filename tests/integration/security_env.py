@@ -77,7 +77,7 @@ def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) ->
     coordinator, replies = qf_topics.coordinator_topic(app_id), qf_topics.reply_topic(app_id)
     for source in sources:
         grant(source, "read")
-        fetch = qf_topics.fetch_topic(app_id, source)
+        fetch = qf_topics.request_topic(app_id, source)
         if serves:
             grant(fetch, "create", "read", "write")
             grant(f"{app_id}-{qf_topics.state_table(source)}-changelog", "create", "read", "write")

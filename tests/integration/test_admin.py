@@ -348,7 +348,7 @@ def test_the_app_s_internal_topics_roll_and_expire_their_segments(
     expected = {
         f"{app_id}-{topics.state_table(topic)}-changelog": topics.STATE_CHANGELOG_CONFIG,
         f"{app_id}-{topics.GROUPS_TABLE}-changelog": topics.STATE_CHANGELOG_CONFIG,
-        topics.fetch_topic(app_id, topic): topics.CONTROL_TOPIC_CONFIG,
+        topics.request_topic(app_id, topic): topics.CONTROL_TOPIC_CONFIG,
         topics.coordinator_topic(app_id): topics.CONTROL_TOPIC_CONFIG,
         topics.reply_topic(app_id): topics.CONTROL_TOPIC_CONFIG,
     }

@@ -79,7 +79,7 @@ def test_a_flood_of_garbage_and_forgeries_loses_nothing(
     async def scenario() -> tuple[list[ShareRecord], int, str, list[tuple[bytes, bytes]]]:
         producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await producer.start()
-        request_topic = topics.fetch_topic(app_id, topic)
+        request_topic = topics.request_topic(app_id, topic)
         stop = asyncio.Event()
         sent = 0
 

@@ -19,9 +19,9 @@ from queueflow import ACCEPT, REJECT, RELEASE, AcknowledgeType, ShareConsumer, S
 from queueflow.engine.state import RecordState, ShareSnapshot, ShareUpdate, StateBatch
 from queueflow.errors import ConfigurationError
 from queueflow.protocol.state_codec import encode_snapshot, encode_update
+from queueflow.protocol.topics import state_changelog
 from queueflow.spark.state import (
     QueueflowStateReader,
-    changelog_topic,
     latest_values,
     state_rows,
 )
@@ -169,7 +169,7 @@ def state_topic(
         asyncio.run(_scenario(kafka_bootstrap, app_id, topic, leader))
     finally:
         leader.stop()
-    changelog = changelog_topic(app_id, topic)
+    changelog = state_changelog(app_id, topic)
     # The name Faust gives the table's changelog, as listed by the broker.
     assert changelog in asyncio.run(_changelogs(kafka_bootstrap, app_id))
     assert changelog == f"{app_id}-share-state-{topic}-changelog"

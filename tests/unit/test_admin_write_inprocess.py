@@ -306,7 +306,7 @@ def test_a_pending_request_past_its_deadline_lets_joins_in_again() -> None:
     async def scenario() -> None:
         async with cluster_with(2, clock=clock) as cluster:
             await finish(cluster)
-            cluster.bus.handlers[topics.fetch_topic(cluster.namespace, TOPIC)] = _ignore
+            cluster.bus.handlers[topics.request_topic(cluster.app_id, TOPIC)] = _ignore
             replies: list[protocol.Message] = []
             cluster.bus.members[b"a"] = lambda data: replies.append(protocol.decode(data))
             request = protocol.DeleteShareGroupRequest(
@@ -369,13 +369,13 @@ def test_the_leader_refuses_a_reset_while_records_are_acquired() -> None:
                 )
                 sent = len(cluster.bus.sent)
                 await cluster.bus.send(
-                    topics.fetch_topic(cluster.namespace, TOPIC), 0, protocol.encode(reset)
+                    topics.request_topic(cluster.app_id, TOPIC), 0, protocol.encode(reset)
                 )
                 await settle(cluster)
                 (result,) = [
                     protocol.decode(v)
                     for t, _, v in cluster.bus.sent[sent:]
-                    if t == topics.coordinator_topic(cluster.namespace)
+                    if t == topics.coordinator_topic(cluster.app_id)
                 ]
                 assert isinstance(result, protocol.ResetSharePartitionResult)
                 assert result.error == code.value, result
@@ -594,7 +594,7 @@ def test_a_revoked_coordinator_partition_forgets_its_pending_requests() -> None:
     async def scenario() -> None:
         async with cluster_with(2) as cluster:
             await finish(cluster)
-            cluster.bus.handlers[topics.fetch_topic(cluster.namespace, TOPIC)] = _ignore
+            cluster.bus.handlers[topics.request_topic(cluster.app_id, TOPIC)] = _ignore
             request = protocol.DeleteShareGroupRequest(
                 group="g",
                 admin_id="a",

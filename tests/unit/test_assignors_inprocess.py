@@ -38,7 +38,7 @@ async def heartbeat(
         **fields,
     )
     await cluster.bus.send(
-        topics.coordinator_topic(cluster.namespace), 0, protocol.encode(request), b"k"
+        topics.coordinator_topic(cluster.app_id), 0, protocol.encode(request), b"k"
     )
     await cluster.bus.drain()
     await eventually(lambda: bool(replies), f"an answer to {member_id}")
@@ -84,13 +84,13 @@ def test_members_advertise_their_settings() -> None:
 
             def member(**overrides: Any) -> ShareConsumer:
                 ctx = MemberContext(
-                    cluster.namespace,
+                    cluster.app_id,
                     settings(**overrides),
                     _MemberIO(cluster),
                     clock=cluster.clock,
                     metrics=cluster.metrics,
                 )
-                return ShareConsumer("g", app_id=cluster.namespace, context=ctx)
+                return ShareConsumer("g", app_id=cluster.app_id, context=ctx)
 
             new = member(member_assignors="rack", client_rack="eu-1a")
             old = member(member_assignors="")  # advertises nothing, like an older queueflow
@@ -150,7 +150,7 @@ def test_lag_reported_by_the_leaders_weights_the_assignment() -> None:
                 address=cluster.endpoint.address,  # type: ignore[union-attr]
                 lag=[("g", 0, 50), ("g", 1, 2)],
             )
-            coordinator_topic = topics.coordinator_topic(cluster.namespace)
+            coordinator_topic = topics.coordinator_topic(cluster.app_id)
             for message in (moved, protocol.Tick(sent_ms=clock.now_ms())):
                 await cluster.bus.send(coordinator_topic, 0, protocol.encode(message), b"k")
             await cluster.bus.drain()

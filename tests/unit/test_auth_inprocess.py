@@ -57,8 +57,8 @@ def test_forged_and_replayed_requests_are_dropped() -> None:
 
     async def scenario() -> Any:
         async with cluster_with(3, **AUTH) as cluster:
-            ns = cluster.namespace
-            fetch_topic = topics.fetch_topic(ns, TOPIC)
+            ns = cluster.app_id
+            request_topic = topics.request_topic(ns, TOPIC)
             coordinator_topic = topics.coordinator_topic(ns)
             guessed = ControlAuth("hmac", "guess", ns, "m-x")
             insider = ControlAuth("hmac", SECRET, ns, "m-other")
@@ -69,11 +69,11 @@ def test_forged_and_replayed_requests_are_dropped() -> None:
                 protocol.encode(forged_fetch("m-x", 7, cluster.clock.now_ms(), ticket))
             )
             attacks = [
-                (fetch_topic, protocol.encode(forged_fetch("m-x"))),
-                (fetch_topic, guessed.seal(protocol.encode(forged_fetch("m-x")))),
-                (fetch_topic, insider.seal(protocol.encode(forged_fetch("m-x")))),
-                (fetch_topic, protocol.encode(protocol.Fence(leader_epoch=999999))),
-                (fetch_topic, guessed.seal(protocol.encode(protocol.Fence(leader_epoch=999999)))),
+                (request_topic, protocol.encode(forged_fetch("m-x"))),
+                (request_topic, guessed.seal(protocol.encode(forged_fetch("m-x")))),
+                (request_topic, insider.seal(protocol.encode(forged_fetch("m-x")))),
+                (request_topic, protocol.encode(protocol.Fence(leader_epoch=999999))),
+                (request_topic, guessed.seal(protocol.encode(protocol.Fence(leader_epoch=999999)))),
                 (
                     coordinator_topic,
                     protocol.encode(
@@ -92,11 +92,11 @@ def test_forged_and_replayed_requests_are_dropped() -> None:
                 await cluster.bus.send(topic, 0, data, b"m-x")
             await cluster.bus.drain()
             # A valid request from m-x acquires once; the same bytes again are a replay.
-            await cluster.bus.send(fetch_topic, 0, replayed, b"m-x")
+            await cluster.bus.send(request_topic, 0, replayed, b"m-x")
             await cluster.bus.drain()
             engine = cluster.share_partition("g", TOPIC, 0)
             taken_by_replayed = engine.acquired_count
-            await cluster.bus.send(fetch_topic, 0, replayed, b"m-x")
+            await cluster.bus.send(request_topic, 0, replayed, b"m-x")
             await cluster.bus.drain()
             after_replay = engine.acquired_count
             groups = set(cluster.coordinator.groups)
@@ -130,7 +130,7 @@ def test_direct_path_with_hmac_serves_signed_members_and_drops_forged_frames() -
         async with direct_cluster(records=3, **AUTH) as cluster:
             assert cluster.endpoint is not None
             address = cluster.endpoint.address
-            ns = cluster.namespace
+            ns = cluster.app_id
             refused = []
             for auth in (
                 ControlAuth("none", "", ns, "m1"),

@@ -105,7 +105,7 @@ def stale_refusals(cluster: InProcessCluster, receiver: str, kind: str) -> float
 async def fetch(member: RawMember, max_records: int, acks: Any = None) -> Any:
     request = member.fetch_request(0, max_records, acks=acks)
     request.ticket = member.ticket
-    return await member.call(topics.fetch_topic(member.cluster.namespace, TOPIC), 0, request)
+    return await member.call(topics.request_topic(member.cluster.app_id, TOPIC), 0, request)
 
 
 async def take_over(cluster: InProcessCluster) -> ShareGroupCoordinator:
@@ -133,7 +133,7 @@ def test_tickets_and_releases_of_a_superseded_coordinator_are_refused() -> None:
             await late.heartbeat(0, handler=zombie.handle, offset=50)
             refused = await fetch(late, 5)
             await holder.call(
-                topics.coordinator_topic(cluster.namespace),
+                topics.coordinator_topic(cluster.app_id),
                 0,
                 holder.heartbeat_request(-1),
                 handler=zombie.handle,
@@ -182,7 +182,7 @@ def test_a_reset_of_a_superseded_coordinator_is_refused() -> None:
                 coordinator_epoch=1,  # what the zombie sends
             )
             await cluster.bus.send(
-                topics.fetch_topic(cluster.namespace, TOPIC), 0, protocol.encode(reset)
+                topics.request_topic(cluster.app_id, TOPIC), 0, protocol.encode(reset)
             )
             await cluster.bus.drain()
             return cluster, held, cluster.share_partition("g", TOPIC, 0).start_offset

@@ -58,7 +58,7 @@ def make_state(table: dict[bytes, bytes] | None = None, **overrides: Any) -> Coo
     values: dict[str, Any] = {"heartbeat_interval_ms": 200, "session_timeout_ms": 10_000}
     values.update(overrides)
     ctx = ServerContext(
-        namespace="app",
+        app_id="app",
         settings=ShareGroupSettings(**values),
         sender=cast(Any, _NoIO("sender")),
         runtime=cast(Any, _NoIO("runtime")),

@@ -69,7 +69,7 @@ async def handler(record: ShareRecord) -> None:
 def test_an_app_of_role_all_hosts_coordinator_leaders_and_agents() -> None:
     app = make_app()
     groups = app.share_groups
-    assert (groups.role, groups.leads, groups.namespace) == ("all", True, "qf-unit")
+    assert (groups.role, groups.leads, groups.app_id) == ("all", True, "qf-unit")
     assert groups.coordinator is not None and not app.producer_only
 
     agent = app.share_agent("jobs", group="g", concurrency=2)(handler)
@@ -77,7 +77,9 @@ def test_an_app_of_role_all_hosts_coordinator_leaders_and_agents() -> None:
     assert isinstance(agent, ShareAgent) and groups.agents == [agent]
     assert agent.name == f"{handler.__module__}.{handler.__qualname__}"
     assert list(groups.leaders) == ["jobs"]
-    assert groups._request_topics["jobs"].get_topic_name() == topics.fetch_topic("qf-unit", "jobs")
+    assert groups._request_topics["jobs"].get_topic_name() == topics.request_topic(
+        "qf-unit", "jobs"
+    )
     services = [s for s in app._extra_services if isinstance(s, ShareAgentService)]
     assert [s.agent for s in services] == [agent]
     assert services[0].label == f"ShareAgent: {agent.name}"

@@ -99,10 +99,10 @@ def test_junk_never_stops_or_changes_the_servers(
 ) -> None:
     async def scenario() -> Any:
         async with cluster_with(RECORDS) as cluster:
-            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
-            coordinator_topic = topics.coordinator_topic(cluster.namespace)
+            request_topic = topics.request_topic(cluster.app_id, TOPIC)
+            coordinator_topic = topics.coordinator_topic(cluster.app_id)
             for data in fetch_junk:
-                await cluster.bus.send(fetch_topic, 0, data, b"m-forged")
+                await cluster.bus.send(request_topic, 0, data, b"m-forged")
             for data in coordinator_junk:
                 await cluster.bus.send(coordinator_topic, 0, data, b"m-forged")
             await cluster.bus.drain()
@@ -186,9 +186,9 @@ def test_a_flood_of_junk_is_logged_rate_limited_and_the_leader_keeps_serving() -
 
     async def scenario() -> Any:
         async with cluster_with(RECORDS) as cluster:
-            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
+            request_topic = topics.request_topic(cluster.app_id, TOPIC)
             for i in range(500):
-                await cluster.bus.send(fetch_topic, 0, b"junk %d" % i, b"m-forged")
+                await cluster.bus.send(request_topic, 0, b"junk %d" % i, b"m-forged")
             await cluster.bus.drain()
             fetched = await RawMember(cluster, "m").fetch(0, 100)
             return fetched, cluster.leaders[TOPIC].skipped.total

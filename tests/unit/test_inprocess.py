@@ -306,7 +306,7 @@ def test_a_member_of_an_unsupported_protocol_version_is_refused() -> None:
                 protocol_version=99,
             )
             await cluster.bus.send(
-                topics.coordinator_topic(cluster.namespace),
+                topics.coordinator_topic(cluster.app_id),
                 0,
                 messages.encode(request),
                 b"m-future",

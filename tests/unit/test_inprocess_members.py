@@ -159,8 +159,8 @@ def test_commit_sync_answers_per_share_partition() -> None:
             member_id = consumer.member_id
             assert member_id is not None
             release = protocol.ReleaseMember("g", TOPIC, 1, member_id, "test")
-            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
-            await cluster.bus.send(fetch_topic, 1, protocol.encode(release))
+            request_topic = topics.request_topic(cluster.app_id, TOPIC)
+            await cluster.bus.send(request_topic, 1, protocol.encode(release))
             await cluster.bus.drain()
             for r in records:
                 consumer.acknowledge(r, queueflow.ACCEPT)

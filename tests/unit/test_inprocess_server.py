@@ -79,7 +79,7 @@ class RawMember:
         )
 
     async def heartbeat(self, epoch: int, **kwargs: Any) -> protocol.HeartbeatResponse:
-        topic = topics.coordinator_topic(self.cluster.namespace)
+        topic = topics.coordinator_topic(self.cluster.app_id)
         reply = await self.call(topic, 0, self.heartbeat_request(epoch), **kwargs)
         assert isinstance(reply, protocol.HeartbeatResponse)
         if reply.ticket:
@@ -113,8 +113,8 @@ class RawMember:
         handler = kwargs.pop("handler", None)
         offset = kwargs.pop("offset", 0)
         request = self.fetch_request(partition, max_records, **kwargs)
-        fetch_topic = topics.fetch_topic(self.cluster.namespace, TOPIC)
-        reply = await self.call(fetch_topic, partition, request, handler=handler, offset=offset)
+        request_topic = topics.request_topic(self.cluster.app_id, TOPIC)
+        reply = await self.call(request_topic, partition, request, handler=handler, offset=offset)
         assert isinstance(reply, protocol.ShareFetchResponse)
         return reply
 
@@ -206,7 +206,7 @@ def test_a_member_the_coordinator_dropped_rejoins_on_its_next_heartbeat() -> Non
             ghost._request_id = 1_000_000  # no request of the member's has this id
             leave = ghost.heartbeat_request(-1)
             await cluster.bus.send(
-                topics.coordinator_topic(cluster.namespace), 0, protocol.encode(leave)
+                topics.coordinator_topic(cluster.app_id), 0, protocol.encode(leave)
             )
             await cluster.bus.drain()
             group = cluster.coordinator.groups["g"]
@@ -310,8 +310,8 @@ def test_tick_waits_for_the_records_a_session_expiry_releases() -> None:
             tick = protocol.encode(protocol.Tick(sent_ms=clock.now_ms()))
             for _ in range(3):
                 clock.advance(400)
-                await cluster.bus.send(topics.fetch_topic(cluster.namespace, TOPIC), 0, tick)
-                await cluster.bus.send(topics.coordinator_topic(cluster.namespace), 0, tick)
+                await cluster.bus.send(topics.request_topic(cluster.app_id, TOPIC), 0, tick)
+                await cluster.bus.send(topics.coordinator_topic(cluster.app_id), 0, tick)
                 await cluster.bus.drain()
             assert not cluster.coordinator.groups["g"].members  # the member did expire
             return int(cluster.share_partition("g", TOPIC, 0).acquired_count)
@@ -378,7 +378,7 @@ def test_garbage_on_the_coordinator_topic_is_logged_and_skipped() -> None:
 
     async def scenario() -> Any:
         async with cluster_with(0) as cluster:
-            coordinator_topic = topics.coordinator_topic(cluster.namespace)
+            coordinator_topic = topics.coordinator_topic(cluster.app_id)
             await cluster.bus.send(coordinator_topic, 0, b"\x00not json")
             await cluster.bus.send(coordinator_topic, 0, b'{"kind": "martian"}')
             await cluster.bus.drain()
@@ -448,9 +448,9 @@ def test_garbage_on_a_request_topic_is_logged_and_skipped() -> None:
 
     async def scenario() -> Any:
         async with cluster_with(2) as cluster:
-            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
-            await cluster.bus.send(fetch_topic, 0, b"garbage")
-            await cluster.bus.send(fetch_topic, 0, b'{"kind": "fetch", "group": 7}')
+            request_topic = topics.request_topic(cluster.app_id, TOPIC)
+            await cluster.bus.send(request_topic, 0, b"garbage")
+            await cluster.bus.send(request_topic, 0, b'{"kind": "fetch", "group": 7}')
             await cluster.bus.drain()
             return await RawMember(cluster, "m").fetch(0, 10)
 
@@ -471,11 +471,11 @@ def test_a_request_already_handled_is_ignored() -> None:
     async def scenario() -> None:
         async with cluster_with(3) as cluster:
             leader = cluster.leaders[TOPIC]
-            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
+            request_topic = topics.request_topic(cluster.app_id, TOPIC)
             m = RawMember(cluster, "m")
             await m.fetch(0, 10)
             await m.fetch(0, 0, acks=[(0, 0, (RELEASE,))])
-            sent = [value for t, p, value in cluster.bus.sent if (t, p) == (fetch_topic, 0)]
+            sent = [value for t, p, value in cluster.bus.sent if (t, p) == (request_topic, 0)]
             release_offset, release = len(sent) - 1, sent[-1]
             assert protocol.decode(release).acks == [(0, 0, (RELEASE,))]
             assert (await m.fetch(0, 1)).acquired == [(0, 0, 2)]
@@ -483,7 +483,7 @@ def test_a_request_already_handled_is_ignored() -> None:
             await leader.handle(0, release_offset, release)  # redelivered: ignored
             assert states(cluster, [0]) == [(RecordState.ACQUIRED, 2)]
             assert cluster.tables[TOPIC] == table_before
-            await cluster.bus.send(fetch_topic, 0, release)  # the same bytes, a new offset
+            await cluster.bus.send(request_topic, 0, release)  # the same bytes, a new offset
             await cluster.bus.drain()
             assert states(cluster, [0]) == [(RecordState.AVAILABLE, 2)]
 
@@ -526,12 +526,12 @@ def test_a_new_leader_skips_the_requests_its_predecessor_applied() -> None:
     async def scenario() -> None:
         async with cluster_with(5) as cluster:
             leader = cluster.leaders[TOPIC]
-            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
+            request_topic = topics.request_topic(cluster.app_id, TOPIC)
             m = RawMember(cluster, "m")
             first = await m.fetch(0, 10, handler=leader.handle, offset=200)
             assert first.acquired == [(0, 4, 1)]
             release = m.fetch_request(0, 0, acks=[(0, 4, (RELEASE,))])
-            await m.call(fetch_topic, 0, release, handler=leader.handle, offset=201)
+            await m.call(request_topic, 0, release, handler=leader.handle, offset=201)
             again = await m.fetch(0, 10, handler=leader.handle, offset=202)
             assert again.acquired == [(0, 4, 2)]
             leader.revoke({0})  # failover: the partition moves away
@@ -577,7 +577,7 @@ def test_a_new_leader_reads_back_the_requests_its_host_skipped() -> None:
     async def scenario() -> None:
         async with cluster_with(5) as cluster:
             leader = cluster.leaders[TOPIC]
-            fetch_topic = topics.fetch_topic(cluster.namespace, TOPIC)
+            request_topic = topics.request_topic(cluster.app_id, TOPIC)
             log = _RequestLog()
             cluster.server.request_log = log
             m = RawMember(cluster, "m")
@@ -594,7 +594,7 @@ def test_a_new_leader_reads_back_the_requests_its_host_skipped() -> None:
             replies = len(cluster.bus.sent)
             fence = cluster.bus.sent[-1][2]
             await fresh.handle(0, 202, fence)  # Faust resumes past 201
-            assert log.asked == [(fetch_topic, 0, 201, 202)]
+            assert log.asked == [(request_topic, 0, 201, 202)]
             assert fresh.fencing.is_live(0)
             engine = fresh.partitions[("g", 0)].engine
             assert engine.start_offset == 5  # the ACCEPT applied

@@ -128,7 +128,7 @@ def test_another_member_or_a_secret_holder_cannot_read_a_members_replies() -> No
     assert a_key is not None
     to_a = [value for key, value in replies if key == reply_route(a_key.public).encode()]
     kinds = set()
-    worker = ControlAuth("hmac", SECRET, cluster.namespace, "worker")
+    worker = ControlAuth("hmac", SECRET, cluster.app_id, "worker")
     for value in to_a:
         assert value[0] == SEALED_FORMAT
         assert a_id.encode() not in value and tickets[a_id] not in value
@@ -192,9 +192,9 @@ def test_a_heartbeat_with_a_malformed_reply_key_is_refused_unsealed() -> None:
             member = RawMember(cluster, "m")
             request = member.heartbeat_request(0)
             request.reply_key = b"\x01" * 5
-            worker = ControlAuth("hmac", SECRET, cluster.namespace, "m")
+            worker = ControlAuth("hmac", SECRET, cluster.app_id, "m")
             await cluster.bus.send(
-                topics.coordinator_topic(cluster.namespace),
+                topics.coordinator_topic(cluster.app_id),
                 0,
                 worker.seal(protocol.encode(request)),
                 b"m",
@@ -204,7 +204,7 @@ def test_a_heartbeat_with_a_malformed_reply_key_is_refused_unsealed() -> None:
 
     cluster, replies = run(scenario())
     [(_, value)] = replies
-    answer = protocol.decode(ControlAuth("hmac", SECRET, cluster.namespace, "x").open(value))
+    answer = protocol.decode(ControlAuth("hmac", SECRET, cluster.app_id, "x").open(value))
     assert isinstance(answer, protocol.HeartbeatResponse)
     assert answer.error == "INVALID_REQUEST" and "32-byte X25519" in answer.error_message
     assert not cluster.tables["groups"]  # no member was added
@@ -228,7 +228,7 @@ def test_a_refusal_that_cannot_be_sealed_still_reaches_its_member() -> None:
     cluster, replies, a_id, got = run(scenario())
     assert got.error is None and got.acquired == 2
     [value] = [v for k, v in replies if k == a_id.encode()]
-    refusal = protocol.decode(ControlAuth("hmac", SECRET, cluster.namespace, "x").open(value))
+    refusal = protocol.decode(ControlAuth("hmac", SECRET, cluster.app_id, "x").open(value))
     assert isinstance(refusal, protocol.ShareFetchResponse)
     assert refusal.error == "UNKNOWN_MEMBER_ID" and refusal.acquired == []
 
@@ -264,7 +264,7 @@ def test_direct_path_answers_are_sealed_to_the_member_too(
     assert offsets == [0, 1, 2, 3]
     # Frames both ways went through the tap: the member's requests are signed, not sealed;
     # every answer is sealed.
-    worker = ControlAuth("hmac", SECRET, cluster.namespace, "worker")
+    worker = ControlAuth("hmac", SECRET, cluster.app_id, "worker")
     answers = [f for f in frames if f[0] == SEALED_FORMAT]
     requests = [protocol.decode_binary(worker.open(f)) for f in frames if f[0] != SEALED_FORMAT]
     assert answers and requests

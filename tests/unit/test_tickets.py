@@ -211,8 +211,8 @@ async def raw_fetch(
 ) -> protocol.ShareFetchResponse:
     request = member.fetch_request(partition, max_records, **kw)
     request.ticket = ticket
-    fetch_topic = topics.fetch_topic(member.cluster.namespace, TOPIC)
-    reply = await member.call(fetch_topic, partition, request)
+    request_topic = topics.request_topic(member.cluster.app_id, TOPIC)
+    reply = await member.call(request_topic, partition, request)
     assert isinstance(reply, protocol.ShareFetchResponse)
     return reply
 
@@ -242,7 +242,7 @@ def test_a_member_id_that_never_joined_acquires_nothing_and_creates_no_state() -
             # a ticket it made up: right shape, wrong key (none mode: anyone with the app id
             # could compute it; hmac mode: see the test below)
             made_up = issue_ticket(
-                ticket_key("hmac", "guess", cluster.namespace),
+                ticket_key("hmac", "guess", cluster.app_id),
                 group="g",
                 member_id="m-never-joined",
                 member_epoch=1,
@@ -276,8 +276,8 @@ def test_forged_acknowledgements_under_a_live_members_id_change_nothing() -> Non
             tp = TopicPartition(TOPIC, 0)
             got = await victim.fetch(tp, 4)
             assert got.acquired == 4
-            ns = cluster.namespace
-            fetch_topic = topics.fetch_topic(ns, TOPIC)
+            ns = cluster.app_id
+            request_topic = topics.request_topic(ns, TOPIC)
             as_victim = ControlAuth("hmac", SECRET, ns, victim.member_id)
             other_ticket = cluster.ticket("g", "m-attacker")  # valid, but not the victim's
             real = bytearray(victim._membership.ticket)
@@ -296,7 +296,7 @@ def test_forged_acknowledgements_under_a_live_members_id_change_nothing() -> Non
                     ticket=forged_ticket,
                 )
                 await cluster.bus.send(
-                    fetch_topic, 0, as_victim.seal(protocol.encode(forged)), b"attacker"
+                    request_topic, 0, as_victim.seal(protocol.encode(forged)), b"attacker"
                 )
             await cluster.bus.drain()
             engine = cluster.share_partition("g", TOPIC, 0)

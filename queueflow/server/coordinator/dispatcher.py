@@ -61,7 +61,7 @@ class ShareGroupCoordinator:
     def __init__(self, ctx: ServerContext, table: StateTable) -> None:
         self.ctx = ctx
         self.table = table
-        self.request_topic = topics.coordinator_topic(ctx.namespace)
+        self.request_topic = topics.coordinator_topic(ctx.app_id)
         self.auth = control_auth(ctx, "coordinator")
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         assignors = parse_names(ctx.settings.assignors, "group.share.assignors")
@@ -267,7 +267,7 @@ class ShareGroupCoordinator:
                     metrics.group_members.labels(record.group_id).set(0)
         for sent in result.to_leaders:
             await self.ctx.sender.send(
-                topics.fetch_topic(self.ctx.namespace, sent.message.topic),
+                topics.request_topic(self.ctx.app_id, sent.message.topic),
                 sent.message.partition,
                 self.auth.seal(protocol.encode(sent.message)),
             )

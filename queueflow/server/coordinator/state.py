@@ -49,7 +49,7 @@ class CoordinatorState:
         s = ctx.settings
         #: The key of the assignment tickets in heartbeat answers (see
         #: :mod:`queueflow.server.tickets`); the leaders of the app derive the same.
-        self.ticket_key = ticket_key(s.control_auth_mode, s.auth_secret, ctx.namespace)
+        self.ticket_key = ticket_key(s.control_auth_mode, s.auth_secret, ctx.app_id)
         self.groups: dict[str, ShareGroup] = {}
         #: Admin requests forwarded to leaders and not yet answered, by group.
         self.pending: dict[str, PendingAdmin] = {}

@@ -94,7 +94,7 @@ class ResultApplier:
             )
         for answer in result.coordinator_replies:
             await self.ctx.sender.send(
-                topics.coordinator_topic(self.ctx.namespace),
+                topics.coordinator_topic(self.ctx.app_id),
                 topics.coordinator_partition(answer.group),
                 self.auth.seal(protocol.encode(answer)),
             )

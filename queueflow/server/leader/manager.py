@@ -78,7 +78,7 @@ class ShareLeader:
         self.ctx = ctx
         self.topic = topic
         self.table = table
-        self.request_topic = topics.fetch_topic(ctx.namespace, topic)
+        self.request_topic = topics.request_topic(ctx.app_id, topic)
         #: Each group's configs (lock duration, delivery count limit, in-flight limit,
         #: share.auto.offset.reset), from the tickets of its requests.
         self.group_configs = LeaderGroupConfigs(ctx.settings, ctx.group_configs)
@@ -87,7 +87,7 @@ class ShareLeader:
         #: Membership, member epoch and assignment of each request, from its assignment
         #: ticket (KIP-932 checks them on every ShareFetch; see queueflow.server.tickets).
         self.tickets = TicketGate(
-            ticket_key(s.control_auth_mode, s.auth_secret, ctx.namespace),
+            ticket_key(s.control_auth_mode, s.auth_secret, ctx.app_id),
             required=s.auth_tickets is TicketPolicy.REQUIRED,
             coordinator_forget_ms=s.session_timeout_ms,
         )
