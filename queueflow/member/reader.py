@@ -52,7 +52,7 @@ def share_records(
     value are read once). That skips the dataclass ``__init__`` call (a Python frame and twelve
     arguments per record); no object is built besides the ``ShareRecord`` (aiokafka builds its
     ``ConsumerRecord`` in any case). The result equals ``ShareRecord(...)`` field by field
-    (tests/unit/test_batch_agent.py checks every field).
+    (tests/unit/member/test_batch_agent.py checks every field).
 
     Args:
         messages: aiokafka ``ConsumerRecord`` objects of ``topic[partition]`` in offset order (any
