@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
+from aiokafka.errors import KafkaError
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import get_logger
@@ -224,15 +225,38 @@ class ShareFetchSession:
         return self._membership.assignment_changed
 
     async def start(self) -> None:
-        """Check the topics, connect, join the group and start heartbeating."""
+        """Check the topics, connect, join the group and start heartbeating.
+
+        Raises:
+            ShareGroupError: ``REQUEST_TIMED_OUT`` when the reply channel could not be set up
+                within ``queueflow.member.join.timeout.ms`` (the broker went away meanwhile;
+                a share agent then starts over, waiting for the broker), or the join failed
+                (see :meth:`Membership.join`).
+            ConfigurationError: a topic or the app's internal topics are missing.
+        """
         io = self.ctx.io
         # the broker up, the source topics and the app's internal topics there
         self.partitions = await io.prepare(self.ctx.settings, self.topics)
         if self._lifecycle.state is SessionState.CLOSED:  # closed while it checked the topics
             return
         self._lifecycle.move(SessionState.STARTED)
-        await self._requester.start()
+        await self._start_requester()
         await self._membership.join()
+
+    async def _start_requester(self) -> None:
+        # Bounded: a broker that goes away here leaves aiokafka's offset lookup of the reply
+        # partition retrying with no limit of its own, and the member would never start over.
+        limit_ms = self.ctx.settings.join_timeout_ms
+        try:
+            await asyncio.wait_for(self._requester.start(), limit_ms / 1000)
+        except (asyncio.TimeoutError, KafkaError) as exc:
+            what = "timed out" if isinstance(exc, asyncio.TimeoutError) else repr(exc)
+            raise ShareGroupError(
+                ErrorCode.REQUEST_TIMED_OUT,
+                f"the reply channel of member {self.member_id} could not be set up within "
+                f"{limit_ms} ms ({what}): is the broker reachable? "
+                f"(queueflow.member.join.timeout.ms)",
+            ) from None
 
     async def close(self, leave: bool = True) -> None:
         """Leave the group (so leaders release what this member holds) and disconnect."""

@@ -434,3 +434,65 @@ def test_two_agents_in_a_group_share_the_work() -> None:
     assert Counter(handled["a"] + handled["b"]) == Counter(every)
     # b handled the second batch of its share-partition, a everything else.
     assert sorted(handled["b"]) == [(mine, o) for o in range(5, 10)]
+
+
+class _StalledTransports:
+    """``io.transport`` of a cluster whose first ``stalled`` transports never finish starting
+    (the broker went away while the member set up its reply channel), counting the starts."""
+
+    def __init__(self, cluster: InProcessCluster, stalled: int) -> None:
+        self.io = cluster.member_context.io
+        self.make = self.io.transport
+        self.stalled = stalled
+        self.starts = 0
+
+    def __call__(self, member_id: str, client_id: str, reply_route: str | None = None) -> Any:
+        transport = self.make(member_id, client_id, reply_route)
+        start = transport.start
+
+        async def stalling_start(on_reply: Callable[[bytes], None]) -> None:
+            self.starts += 1
+            if self.starts <= self.stalled:
+                await asyncio.Event().wait()  # never set
+            await start(on_reply)
+
+        transport.start = stalling_start
+        return transport
+
+
+def test_a_reply_channel_that_never_starts_fails_the_join_within_the_join_timeout() -> None:
+    cluster = cluster_with(1, join_timeout_ms=1_000)
+    stalled = _StalledTransports(cluster, stalled=1)
+    cluster.member_context.io.transport = stalled  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        async with cluster:
+            consumer = cluster.consumer("g")
+            with pytest.raises(ShareGroupError) as refused:
+                await consumer.subscribe([TOPIC])
+            assert refused.value.code is ErrorCode.REQUEST_TIMED_OUT
+            assert "queueflow.member.join.timeout.ms" in str(refused.value)
+            await consumer.close()
+
+    run(scenario())
+    assert stalled.starts == 1
+
+
+def test_a_share_agent_whose_reply_channel_stalled_starts_over_and_handles_its_records() -> None:
+    cluster = cluster_with(3, join_timeout_ms=1_000)
+    stalled = _StalledTransports(cluster, stalled=1)
+    cluster.member_context.io.transport = stalled  # type: ignore[method-assign]
+    handled: list[int] = []
+
+    async def handler(record: ShareRecord) -> None:
+        handled.append(record.offset)
+
+    async def scenario() -> None:
+        async with cluster:
+            with capture_logs() as logs:
+                await cluster.agent(handler, TOPIC, "g")
+                await eventually(lambda: len(handled) == 3, "the records handled", 10.0)
+            assert [e["event"] for e in logs].count("share_agent_join_failed") == 1
+
+    run(scenario())
+    assert stalled.starts == 2 and sorted(handled) == [0, 1, 2]
