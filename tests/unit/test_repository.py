@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import re
 from pathlib import Path
@@ -51,3 +52,29 @@ def test_the_version_is_written_once() -> None:
     assert not re.search(r"(?m)^version\s*=", project), "pyproject.toml writes the version"
     assert re.search(r'(?m)^dynamic = \["version"\]', project)
     assert importlib.metadata.version("queueflow") == queueflow.__version__
+
+
+#: The server and member layers stay split by concern: a class past this many lines, or a
+#: function past the next, is a sign that a concern has found the wrong home.
+MAX_CLASS_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def test_server_and_member_classes_and_functions_stay_small() -> None:
+    too_long = []
+    for path in _files("queueflow/server/**/*.py", "queueflow/member/**/*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                limit = MAX_CLASS_LINES
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                limit = MAX_FUNCTION_LINES
+            else:
+                continue
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > limit:
+                too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines}")
+    assert not too_long, (
+        f"over {MAX_CLASS_LINES} lines (a class) or {MAX_FUNCTION_LINES} (a function); split "
+        "it by concern (docs/architecture.md, 'Inside the server and member packages'):\n"
+        + "\n".join(too_long)
+    )
