@@ -242,6 +242,9 @@ def test_killed_consumer_records_go_to_another_consumer(
     finally:
         proc.kill()  # SIGKILL: no acknowledgement, no leave
         proc.wait(timeout=30)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
     async def scenario() -> list[ShareRecord]:
         c = consumer(kafka_bootstrap, leader.app_id, "kill")
