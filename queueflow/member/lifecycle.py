@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 from queueflow.errors import QueueflowError
 
 __all__ = [
+    "AGENT_STOPPING",
     "AGENT_TRANSITIONS",
     "HEALTH_TRANSITIONS",
     "MEMBERSHIP_TRANSITIONS",
@@ -97,6 +98,8 @@ AGENT_TRANSITIONS: Mapping[AgentState, frozenset[AgentState]] = {
     AgentState.STOPPING: frozenset({AgentState.STOPPED}),
     AgentState.STOPPED: frozenset(),
 }
+#: The states of an agent whose loops end (``ShareAgent.stopping``).
+AGENT_STOPPING = frozenset({AgentState.STOPPING, AgentState.STOPPED})
 HEALTH_TRANSITIONS: Mapping[HandlersHealth, frozenset[HandlersHealth]] = {
     HandlersHealth.WORKING: frozenset({HandlersHealth.ALL_STUCK}),
     HandlersHealth.ALL_STUCK: frozenset({HandlersHealth.WORKING}),

@@ -26,7 +26,7 @@ from queueflow.member.agent.results import AgentStats
 from queueflow.member.agent.runner import HandlerRunner
 from queueflow.member.context import MemberContext
 from queueflow.member.flow import FlowControl
-from queueflow.member.lifecycle import AGENT_TRANSITIONS, AgentState, Lifecycle
+from queueflow.member.lifecycle import AGENT_STOPPING, AGENT_TRANSITIONS, AgentState, Lifecycle
 from queueflow.member.session import ShareFetchSession
 
 __all__ = ["STOP_TASKS_TIMEOUT_S", "ShareAgent"]
@@ -154,7 +154,7 @@ class ShareAgent:
     @property
     def stopping(self) -> bool:
         """:meth:`stop` was called (``STOPPING`` or ``STOPPED``): loops end, nothing starts."""
-        return self.lifecycle.state in (AgentState.STOPPING, AgentState.STOPPED)
+        return self.lifecycle.state in AGENT_STOPPING
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run ``coro`` as a task of the agent (cancelled by :meth:`stop`)."""

@@ -67,6 +67,8 @@ class Deadlines:
         #: Wakes the watchdog when a handler call starts.
         self.handlers_busy = asyncio.Event()
         self._stuck_gauge = agent.ctx.metrics.stuck_handlers.labels(agent.group, agent.topic_name)
+        # Two acknowledgement lingers (at least 10 ms): the least lock margin.
+        self._least_margin_s = 2 * max(agent.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
 
     @property
     def all_stuck(self) -> bool:
@@ -76,8 +78,7 @@ class Deadlines:
     def lock_margin_s(self) -> float:
         """How long (s) before a record's lock expires its handler call is cancelled: a tenth
         of the lock duration, at least two acknowledgement lingers, at most 1 s."""
-        linger_s = max(self.agent.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
-        return min(max(self.agent.flow.lock_s / 10, 2 * linger_s), 1.0)
+        return min(max(self.agent.flow.lock_s / 10, self._least_margin_s), 1.0)
 
     def too_late(self, record: ShareRecord, now: float) -> bool:
         """True if ``record``'s acquisition lock ends within the lock margin of monotonic time
@@ -86,11 +87,19 @@ class Deadlines:
         member as well: a duplicate)."""
         return record.lock_deadline - self.lock_margin_s() <= now
 
-    def arm(self, call: HandlerCall, records: list[ShareRecord]) -> None:
+    def arm(
+        self, call: HandlerCall, records: list[ShareRecord], margin_s: float | None = None
+    ) -> None:
         """Set the deadline of a handler call starting now on ``records`` (monotonic s), and
-        when their locks are renewed instead (see the module docstring)."""
+        when their locks are renewed instead (see the module docstring). ``margin_s``: the
+        lock margin (:meth:`lock_margin_s`) if the caller has it."""
         agent = self.agent
-        lock_end = min(r.lock_deadline for r in records) - self.lock_margin_s()
+        if margin_s is None:
+            margin_s = self.lock_margin_s()
+        first_end = (
+            records[0].lock_deadline if len(records) == 1 else min(r.lock_deadline for r in records)
+        )
+        lock_end = first_end - margin_s
         call.started = agent.ctx.clock.monotonic()
         timeout_ms = agent.handler_timeout_ms
         if timeout_ms is None:

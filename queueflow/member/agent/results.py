@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from queueflow.structs import AcknowledgeType, ShareRecord
 
@@ -116,21 +116,23 @@ class AgentStats:
 
 
 # -- how a handler call ended -----------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+# Made once per handler call, so kept cheap: plain slotted dataclasses (equal only to their own
+# kind), never changed after they are made.
+@dataclass(slots=True)
 class Returned:
     """The handler returned ``value``."""
 
     value: Any
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Raised:
     """The handler raised ``error`` (an ``Exception``; a stop's cancellation is not judged)."""
 
     error: Exception
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TimedOut:
     """The watchdog cancelled the call at its deadline (see
     :mod:`queueflow.member.agent.deadlines`)."""
@@ -149,10 +151,10 @@ class Failure(enum.Enum):
     TIMED_OUT = "timeout"
 
 
-@dataclass(frozen=True, slots=True)
-class HandlerResult:
+class HandlerResult(NamedTuple):
     """What must happen after one handler call; the runner applies it (acknowledge each record
-    with its outcome, count, log).
+    with its outcome, count, log). Immutable; a named tuple because one is made per handler
+    call (a frozen dataclass costs three times as much to build).
 
     Attributes:
         records: the records the handler was called with (one for a record handler).
@@ -183,6 +185,10 @@ def judge(ended: CallEnd, records: Sequence[ShareRecord], batch: bool) -> Handle
     (:func:`batch_outcomes`). A raise, a timeout or any other return value RELEASEs every
     record. Pure: never raises, does no I/O.
     """
+    if not batch and type(ended) is Returned:  # the common case, first
+        outcome = outcome_of(ended.value)
+        if outcome is not None:
+            return HandlerResult(records, (outcome,), None, ended, False)
     count = len(records)
     release = (AcknowledgeType.RELEASE,) * count
     match ended:

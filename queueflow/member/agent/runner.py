@@ -27,6 +27,7 @@ from queueflow.member.agent.results import (
     TimedOut,
     judge,
 )
+from queueflow.member.lifecycle import AGENT_STOPPING
 from queueflow.member.session import ranges_text
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -119,40 +120,50 @@ class HandlerRunner:
         """
         agent = self.agent
         queue, queued = self._queue, self._queued
-        handlers_busy = agent.deadlines.handlers_busy
-        call = agent.deadlines.calls[index]
+        deadlines = agent.deadlines
+        handlers_busy = deadlines.handlers_busy
+        call = deadlines.calls[index]
         call.task = asyncio.current_task()
-        while not agent.stopping:
+        lifecycle = agent.lifecycle  # its state read directly: this loop runs once per record
+        while lifecycle.state not in AGENT_STOPPING:
             if not queue:
                 queued.clear()
                 await queued.wait()
                 continue
             unit = queue.popleft()
             self.queued -= len(unit)
-            records = self.admit(unit)
+            margin_s = deadlines.lock_margin_s()
+            records = self.admit(unit, margin_s)
             if not records:
                 continue
             self.busy += 1
             if not handlers_busy.is_set():
                 handlers_busy.set()
             try:
-                await self.run(records, call)
+                await self.run(records, call, margin_s)
             finally:
                 self.busy -= 1
                 if agent.stopping and not self.busy:
                     self._idle.set()
 
-    def admit(self, unit: list[ShareRecord]) -> list[ShareRecord]:
+    def admit(self, unit: list[ShareRecord], margin_s: float | None = None) -> list[ShareRecord]:
         """The records of ``unit`` to pass to the handler: those whose lock expired (or ends
         within the lock margin) are released unhandled and undecodable ones REJECTed."""
-        now = self.agent.ctx.clock.monotonic()
-        decode = self.agent.decode
-        too_late = self.agent.deadlines.too_late
-        if decode is None and not any(too_late(record, now) for record in unit):
-            return unit  # the common case: no new list
+        agent = self.agent
+        if margin_s is None:
+            margin_s = agent.deadlines.lock_margin_s()
+        # A record is too late (Deadlines.too_late) when its lock ends before this.
+        limit = agent.ctx.clock.monotonic() + margin_s
+        decode = agent.decode
+        if decode is None:
+            for record in unit:
+                if record.lock_deadline <= limit:
+                    break
+            else:
+                return unit  # the common case: no new list
         admitted: list[ShareRecord] = []
         for record in unit:
-            if too_late(record, now):
+            if record.lock_deadline <= limit:
                 self.lock_expired_unhandled(record)
                 continue
             if decode is not None:
@@ -164,17 +175,22 @@ class HandlerRunner:
             admitted.append(record)
         return admitted
 
-    async def run(self, records: list[ShareRecord], call: HandlerCall) -> None:
-        """Call the handler on ``records`` and apply the result."""
+    async def run(
+        self, records: list[ShareRecord], call: HandlerCall, margin_s: float | None = None
+    ) -> None:
+        """Call the handler on ``records`` and apply the result (``margin_s``: the lock margin,
+        :meth:`Deadlines.lock_margin_s`, if the caller has it)."""
         clock = self.agent.ctx.clock
         started = clock.monotonic()
-        ended = await self.call(records, call)
+        ended = await self.call(records, call, margin_s)
         result = judge(ended, records, self.batch)
         # FlowControl thinks in records: feed it the time per record.
         self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
         self.apply(result)
 
-    async def call(self, records: list[ShareRecord], call: HandlerCall) -> CallEnd:
+    async def call(
+        self, records: list[ShareRecord], call: HandlerCall, margin_s: float | None = None
+    ) -> CallEnd:
         """Run one handler call under its deadline; how it ended.
 
         Raises:
@@ -182,7 +198,7 @@ class HandlerRunner:
                 leaves); a cancellation at the call's deadline is returned as :class:`TimedOut`.
         """
         deadlines = self.agent.deadlines
-        deadlines.arm(call, records)
+        deadlines.arm(call, records, margin_s)
         try:
             # A batch handler gets a list of its own: whatever it does to it, every record is
             # acknowledged.
@@ -205,16 +221,16 @@ class HandlerRunner:
         room."""
         agent = self.agent
         records = result.records
-        if result.failure is not None:
+        failed = result.failure is not None
+        if failed:
             self._failed(result)
-        else:
-            stats, ack_counts = agent.stats, self._ack_counts
-            for outcome in result.outcomes:
-                ack_counts[outcome] += 1
-                stats.count(outcome)
+        stats, ack_counts = agent.stats, self._ack_counts
         session = agent.session
         acknowledge = self.acknowledge
         for record, outcome in zip(records, result.outcomes, strict=True):
+            if not failed:  # a failed call's records were counted by _failed
+                ack_counts[outcome] += 1
+                stats.count(outcome)
             acknowledge(record, outcome)
             if outcome is _RELEASE and session is not None:
                 session.remember_released(record)
