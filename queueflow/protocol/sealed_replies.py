@@ -66,6 +66,8 @@ _TAG_BYTES: Final = 16
 #: Bytes a sealed reply adds to the reply it carries.
 SEALED_OVERHEAD: Final = 1 + PUBLIC_KEY_BYTES + _NONCE_BYTES + _TAG_BYTES
 _INFO: Final = b"queueflow/v1/sealed-replies"
+#: The field prime of X25519 (RFC 7748): canonical public keys are below it.
+_X25519_P: Final = 2**255 - 19
 #: Peer keys whose derived AES keys are cached at most (per sealer or member key).
 _MAX_CACHED: Final = 100_000
 
@@ -133,6 +135,13 @@ class ReplyKey:
         if len(raw) < SEALED_OVERHEAD:
             raise AuthenticationError("malformed", f"sealed reply of {len(raw)} bytes")
         sender = raw[1 : 1 + PUBLIC_KEY_BYTES]
+        if int.from_bytes(sender, "little") >= _X25519_P:
+            # X25519 ignores the top bit of a public key (RFC 7748, section 5), and a value of
+            # p or more stands for the same point as its remainder: such an encoding was
+            # never written by a sealer, only altered on the way.
+            raise AuthenticationError(
+                "bad_seal", "reply not sealed to this member's key, or altered"
+            )
         nonce = raw[1 + PUBLIC_KEY_BYTES : 1 + PUBLIC_KEY_BYTES + _NONCE_BYTES]
         try:
             cipher = self._ciphers.get(sender)

@@ -17,6 +17,7 @@ from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.auth import AuthenticationError, ControlAuth, verify_ticket
 from queueflow.protocol.sealed_replies import (
+    PUBLIC_KEY_BYTES,
     SEALED_FORMAT,
     SEALED_OVERHEAD,
     ReplyKey,
@@ -62,6 +63,15 @@ def test_no_altered_byte_of_a_sealed_reply_opens(data: st.DataObject) -> None:
     sealed = bytearray(ReplySealer().seal(member.public, b"reply body"))
     i = data.draw(st.integers(1, len(sealed) - 1))
     sealed[i] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(AuthenticationError):
+        member.open(bytes(sealed))
+
+
+def test_a_sealed_reply_whose_sender_key_has_its_ignored_top_bit_flipped_does_not_open() -> None:
+    # X25519 masks that bit, so the same AES key would be derived: refused by its encoding.
+    member = ReplyKey()
+    sealed = bytearray(ReplySealer().seal(member.public, b"reply body"))
+    sealed[PUBLIC_KEY_BYTES] ^= 0x80  # the last byte of the sender's key (after the format byte)
     with pytest.raises(AuthenticationError):
         member.open(bytes(sealed))
 
@@ -184,7 +194,7 @@ def test_without_hmac_replies_stay_readable_as_before() -> None:
 
 
 def test_a_heartbeat_with_a_malformed_reply_key_is_refused_unsealed() -> None:
-    from test_inprocess_server import RawMember
+    from inprocess_helpers import RawMember
 
     async def scenario() -> Any:
         async with cluster_with(0, **HMAC) as cluster:
@@ -238,7 +248,7 @@ def test_direct_path_answers_are_sealed_to_the_member_too(
 ) -> None:
     """The direct path is point-to-point plaintext TCP: under ``hmac`` its answers are sealed
     like the reply topic's, so a reader of the connection learns nothing either."""
-    from test_direct_path import direct_cluster
+    from inprocess_helpers import direct_cluster
 
     from queueflow.protocol import framing
     from queueflow.server import endpoint

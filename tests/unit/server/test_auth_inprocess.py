@@ -122,7 +122,7 @@ def test_direct_path_with_hmac_serves_signed_members_and_drops_forged_frames() -
     """Over the leader's TCP endpoint: a member with the secret long-polls as before; an
     unsigned frame, one signed with a guessed secret and one whose signed sender is not the
     member it names are dropped (connection closed, no answer, nothing acquired)."""
-    from test_direct_path import direct_cluster, fetch
+    from inprocess_helpers import direct_cluster, fetch
 
     from queueflow.member.direct import DirectClient, DirectPathError
 

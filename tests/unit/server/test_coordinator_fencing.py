@@ -13,9 +13,8 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from inprocess_helpers import TOPIC, cluster_with, events, run
+from inprocess_helpers import TOPIC, RawMember, cluster_with, events, run
 from structlog.testing import capture_logs
-from test_inprocess_server import RawMember
 
 from queueflow.engine.fencing import CoordinatorEpochs, FenceOutcome, PartitionFencing
 from queueflow.errors import ErrorCode

@@ -9,69 +9,16 @@ import time
 from typing import Any
 
 import pytest
-from inprocess_helpers import TOPIC, events, eventually, run
+from inprocess_helpers import TOPIC, direct_cluster, events, eventually, fetch, run
 from structlog.testing import capture_logs
 
 from queueflow.errors import ErrorCode
 from queueflow.member.agent import ShareAgent
 from queueflow.member.direct import DirectClient, DirectPathError
 from queueflow.protocol import framing
-from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import issue_ticket, ticket_key
-from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, TopicPartition
-from queueflow.testing.inprocess import InProcessCluster
 
 TP = TopicPartition(TOPIC, 0)
-
-
-def direct_cluster(records: int = 0, partitions: int = 1, **overrides: Any) -> InProcessCluster:
-    values: dict[str, Any] = {
-        "auto_offset_reset": "earliest",
-        "heartbeat_interval_ms": 200,
-        "session_timeout_ms": 10_000,
-        "request_timeout_ms": 2_000,
-        "leader_listener": "127.0.0.1:0",
-        "fetch_max_wait_ms": 3_000,
-    }
-    values.update(overrides)
-    cluster = InProcessCluster(
-        {TOPIC: partitions}, settings=ShareGroupSettings(**values), direct=True
-    )
-    for i in range(records):
-        cluster.produce(TOPIC, f"r{i}".encode(), partition=i % partitions)
-    return cluster
-
-
-def member_ticket(member: str, partitions: int = 8) -> bytes:
-    """The ticket the coordinator of an in-process cluster (app ``inprocess``, auth mode
-    ``none``) would give ``member`` of group ``g`` for partitions ``0..partitions-1``."""
-    return issue_ticket(
-        ticket_key("none", "", "inprocess"),
-        group="g",
-        member_id=member,
-        member_epoch=1,
-        partitions=[(TOPIC, p) for p in range(partitions)],
-        ttl_ms=60_000,
-    )
-
-
-def fetch(
-    member: str, rid: int, max_records: int = 10, max_wait_ms: int = 0, **kw: Any
-) -> protocol.ShareFetchRequest:
-    kw.setdefault("ticket", member_ticket(member))
-    return protocol.ShareFetchRequest(
-        group="g",
-        topic=TOPIC,
-        partition=0,
-        member_id=member,
-        request_id=rid,
-        reply_partition=0,
-        max_records=max_records,
-        deadline_ms=int(time.time() * 1000) + 10_000,
-        max_wait_ms=max_wait_ms,
-        **kw,
-    )
 
 
 def test_a_parked_fetch_is_answered_when_a_record_arrives_not_when_its_wait_ends() -> None:

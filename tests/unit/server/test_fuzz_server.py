@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from inprocess_helpers import TOPIC, cluster_with, events, run
+from inprocess_helpers import TOPIC, RawMember, cluster_with, events, run
 from structlog.testing import capture_logs
-from test_inprocess_server import RawMember
 
 from queueflow.errors import InvalidRequestError
 from queueflow.protocol import framing, topics

@@ -6,11 +6,11 @@ and a :class:`~queueflow.testing.FakeClock`."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
-from inprocess_helpers import TOPIC, cluster_with, events, eventually, run, settle
+from inprocess_helpers import TOPIC, RawMember, cluster_with, events, eventually, run, settle
 from structlog.testing import capture_logs
 
 from queueflow.engine.partition import RecordState
@@ -25,98 +25,6 @@ from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
 
 ACCEPT, RELEASE = int(AcknowledgeType.ACCEPT), int(AcknowledgeType.RELEASE)
-
-
-class RawMember:
-    """A member that speaks the wire protocol by hand: one request, one answer."""
-
-    def __init__(self, cluster: InProcessCluster, member_id: str, group: str = "g") -> None:
-        self.cluster = cluster
-        self.member_id = member_id
-        self.group = group
-        self.replies: list[Any] = []
-        self._request_id = 0
-        #: Its assignment ticket: its last heartbeat answer's, else one the coordinator would
-        #: issue for every partition (so that requests sent without joining are served).
-        self.ticket = b""
-        cluster.bus.members[member_id.encode()] = lambda raw: self.replies.append(
-            protocol.decode(raw)
-        )
-
-    async def call(
-        self,
-        topic: str,
-        partition: int,
-        request: Any,
-        handler: Callable[[int, int, bytes], Awaitable[None]] | None = None,
-        offset: int = 0,
-    ) -> Any:
-        """Send ``request`` through the bus (or straight to ``handler`` at ``offset``) and
-        return the answer."""
-        before = len(self.replies)
-        if handler is None:
-            await self.cluster.bus.send(
-                topic, partition, protocol.encode(request), self.member_id.encode()
-            )
-            await self.cluster.bus.drain()
-        else:
-            await handler(partition, offset, protocol.encode(request))
-        await eventually(lambda: len(self.replies) > before, f"an answer to {request!r}")
-        return self.replies[-1]
-
-    def _next_id(self) -> int:
-        self._request_id += 1
-        return self._request_id
-
-    def heartbeat_request(self, epoch: int, subscribed: Iterable[str] = (TOPIC,)) -> Any:
-        return protocol.HeartbeatRequest(
-            group=self.group,
-            member_id=self.member_id,
-            member_epoch=epoch,
-            subscribed_topics=list(subscribed),
-            reply_partition=0,
-            request_id=self._next_id(),
-        )
-
-    async def heartbeat(self, epoch: int, **kwargs: Any) -> protocol.HeartbeatResponse:
-        topic = topics.coordinator_topic(self.cluster.app_id)
-        reply = await self.call(topic, 0, self.heartbeat_request(epoch), **kwargs)
-        assert isinstance(reply, protocol.HeartbeatResponse)
-        if reply.ticket:
-            self.ticket = reply.ticket
-        return reply
-
-    def fetch_request(
-        self,
-        partition: int,
-        max_records: int,
-        acks: list[tuple[int, int, tuple[int, ...]]] | None = None,
-        deadline_ms: int | None = None,
-    ) -> Any:
-        clock = self.cluster.clock
-        return protocol.ShareFetchRequest(
-            group=self.group,
-            topic=TOPIC,
-            partition=partition,
-            member_id=self.member_id,
-            request_id=self._next_id(),
-            reply_partition=0,
-            max_records=max_records,
-            acks=acks or [],
-            deadline_ms=clock.now_ms() + 1000 if deadline_ms is None else deadline_ms,
-            ticket=self.ticket or self.cluster.ticket(self.group, self.member_id),
-        )
-
-    async def fetch(
-        self, partition: int, max_records: int, **kwargs: Any
-    ) -> protocol.ShareFetchResponse:
-        handler = kwargs.pop("handler", None)
-        offset = kwargs.pop("offset", 0)
-        request = self.fetch_request(partition, max_records, **kwargs)
-        request_topic = topics.request_topic(self.cluster.app_id, TOPIC)
-        reply = await self.call(request_topic, partition, request, handler=handler, offset=offset)
-        assert isinstance(reply, protocol.ShareFetchResponse)
-        return reply
 
 
 def states(cluster: InProcessCluster, offsets: Iterable[int], group: str = "g") -> list[Any]:

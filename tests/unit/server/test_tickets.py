@@ -14,9 +14,8 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from inprocess_helpers import TOPIC, cluster_with, events, run
+from inprocess_helpers import TOPIC, RawMember, cluster_with, events, run
 from structlog.testing import capture_logs
-from test_inprocess_server import RawMember
 
 from queueflow.engine.group import ShareGroup
 from queueflow.errors import ErrorCode
@@ -415,7 +414,7 @@ def test_a_member_that_left_acquires_nothing_more_with_its_old_ticket() -> None:
 
 
 def test_a_direct_request_without_a_ticket_is_refused() -> None:
-    from test_direct_path import direct_cluster, fetch
+    from inprocess_helpers import direct_cluster, fetch
 
     async def scenario() -> Any:
         async with direct_cluster(records=2) as cluster:
