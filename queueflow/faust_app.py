@@ -502,6 +502,9 @@ class ShareGroups:
             self._ticker.tick
         )
         app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)
+        # Fences and announcements are sends: on a timer of their own, so that one blocked
+        # across a freeze (or a slow broker) never holds the stall guard back.
+        app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-fences")(self._send_fences)
         app.timer(PARTITION_CHECK_INTERVAL_S, name="queueflow-partition-watch")(
             self._watch_partitions
         )
@@ -734,13 +737,19 @@ class ShareGroups:
 
     async def _watch_stalls(self) -> None:
         now = monotonic_ms(self.server_context.clock)
-        for leader in self.leaders.values():
-            await leader.watch_stalls(now)
+        for leader in list(self.leaders.values()):
+            leader.check_stalls(now)
         if self.coordinator is not None:
-            await self.coordinator.watch_stalls(now)
+            self.coordinator.check_stalls(now)
+        await self._watch_recovery(now)
+
+    async def _send_fences(self) -> None:
+        for leader in list(self.leaders.values()):
+            await leader.send_fences()
+        if self.coordinator is not None:
+            await self.coordinator.send_fences()
         if self.endpoint is not None:
             await self.endpoint.announce()
-        await self._watch_recovery(now)
 
     async def _watch_recovery(self, now: int) -> None:
         """Stop the worker when Faust's table recovery makes no progress for

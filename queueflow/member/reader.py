@@ -139,11 +139,21 @@ class KafkaRecordReader:
     def __init__(self, kafka: KafkaClientConfig) -> None:
         self.kafka = kafka
         self._readers: dict[TopicPartition, PartitionReader] = {}
+        # Closed for good: an assignment answered after the member closed must not start a
+        # reader (its consumer would never be stopped).
+        self._closed = False
 
     async def read(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
     ) -> tuple[list[ShareRecord], list[int]]:
-        """See :meth:`RecordSource.read`."""
+        """See :meth:`RecordSource.read`.
+
+        Raises:
+            ShareGroupError: ``REQUEST_TIMED_OUT`` (see :meth:`PartitionReader.read`), or
+                ``INVALID_REQUEST`` after :meth:`close`.
+        """
+        if self._closed:
+            raise ShareGroupError(ErrorCode.INVALID_REQUEST, "the record reader is closed")
         reader = self._readers.get(tp)
         if reader is None:
             reader = self._readers[tp] = PartitionReader(self.kafka, tp.topic, tp.partition)
@@ -151,7 +161,7 @@ class KafkaRecordReader:
 
     def prepare(self, tp: TopicPartition) -> None:
         """See :meth:`RecordSource.prepare`: the partition's reader connects, paused."""
-        if tp not in self._readers:
+        if tp not in self._readers and not self._closed:
             reader = self._readers[tp] = PartitionReader(self.kafka, tp.topic, tp.partition)
             reader.warm()
 
@@ -169,9 +179,10 @@ class KafkaRecordReader:
 
     async def close(self) -> None:
         """See :meth:`RecordSource.close`."""
-        for reader in self._readers.values():
+        self._closed = True
+        while self._readers:  # a reader added while another closes is closed too
+            _tp, reader = self._readers.popitem()
             await reader.close()
-        self._readers.clear()
 
 
 #: RELEASEd records a partition reader keeps for their redelivery (oldest dropped first).

@@ -142,8 +142,12 @@ class ShareGroupCoordinator:
         await self.gate.send_fences()
 
     async def watch_stalls(self, now_monotonic_ms: int) -> None:
-        """The stall guard (see :meth:`CoordinatorGate.watch_stalls`)."""
+        """The stall guard, then the fences due (see :meth:`CoordinatorGate.watch_stalls`)."""
         await self.gate.watch_stalls(now_monotonic_ms)
+
+    def check_stalls(self, now_monotonic_ms: int) -> None:
+        """The stall guard alone, no I/O (see :meth:`CoordinatorGate.check_stalls`)."""
+        self.gate.check_stalls(now_monotonic_ms)
 
     def _forget(self, partitions: list[int]) -> None:
         m = self.ctx.metrics

@@ -145,9 +145,14 @@ class CoordinatorGate:
             log.info("coordinator_fence_sent", partition=p, coordinator_epoch=epoch)
 
     async def watch_stalls(self, now_monotonic_ms: int) -> None:
-        """The stall guard (called every 100 ms, as the leaders'): step down after a stall
-        longer than the Faust session timeout, take the partitions back if the membership
-        survived it, send own fences that are due."""
+        """:meth:`check_stalls`, then send the own fences that are due."""
+        self.check_stalls(now_monotonic_ms)
+        await self.send_fences()
+
+    def check_stalls(self, now_monotonic_ms: int) -> None:
+        """The stall guard (called every 100 ms, as the leaders', never behind I/O): step
+        down after a stall longer than the Faust session timeout, take the partitions back if
+        the membership survived it."""
         stalled = self.fencing.alive(now_monotonic_ms)
         if stalled:
             self.step_down(stalled, self.fencing.partitions[stalled[0]].fenced or "stalled")
@@ -161,7 +166,6 @@ class CoordinatorGate:
                 partition=p,
                 coordinator_epoch=self.fencing.partitions[p].epoch,
             )
-        await self.send_fences()
 
     async def may_serve(self, partition: int, message: protocol.Message) -> bool:
         """Whether this worker may handle ``message`` of coordinator ``partition``: it owns the

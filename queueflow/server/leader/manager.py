@@ -163,9 +163,14 @@ class ShareLeader:
         )
 
     async def watch_stalls(self, now_monotonic_ms: int) -> None:
-        """The stall guard (called every 100 ms): step down after a stall longer than the
-        Faust session timeout; take the partitions back if the membership survived it; send
-        own fences that are due."""
+        """:meth:`check_stalls`, then send the own fences that are due."""
+        self.check_stalls(now_monotonic_ms)
+        await self.send_fences()
+
+    def check_stalls(self, now_monotonic_ms: int) -> None:
+        """The stall guard (called every 100 ms, and never behind I/O: a send blocked across
+        a freeze must not delay it): step down after a stall longer than the Faust session
+        timeout; take the partitions back if the membership survived it."""
         self._step_down_if_stalled(now_monotonic_ms)
         runtime = self.ctx.runtime
         resumed = self.fencing.resume_after_stall(
@@ -174,7 +179,6 @@ class ShareLeader:
         for p in resumed:
             epoch = self.fencing.partitions[p].epoch
             self._log.info("leader_resumed_after_stall", partition=p, leader_epoch=epoch)
-        await self.send_fences()
 
     def _step_down_if_stalled(self, now_monotonic_ms: int) -> None:
         stalled = self.fencing.alive(now_monotonic_ms)
