@@ -691,6 +691,7 @@ class ShareGroups:
             await self._metadata.close()
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
+        self._check_stalls()  # as in _on_revoked: a stall is seen before the partitions move
         epoch = self.app.consumer_generation_id
         self._runtime.watch_heartbeats()
         for topic, leader in self.leaders.items():
@@ -736,12 +737,18 @@ class ShareGroups:
         await _compat.refresh_consumer_metadata(self.app)
 
     async def _watch_stalls(self) -> None:
+        now = self._check_stalls()
+        await self._watch_recovery(now)
+
+    def _check_stalls(self) -> int:
+        """The stall guard of the leaders and the coordinator (no I/O); returns the monotonic
+        time (ms) it checked at."""
         now = monotonic_ms(self.server_context.clock)
         for leader in list(self.leaders.values()):
             leader.check_stalls(now)
         if self.coordinator is not None:
             self.coordinator.check_stalls(now)
-        await self._watch_recovery(now)
+        return now
 
     async def _send_fences(self) -> None:
         for leader in list(self.leaders.values()):
@@ -778,6 +785,9 @@ class ShareGroups:
         os.kill(os.getpid(), signal.SIGTERM)
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
+        # Woken from a pause longer than the session, the consumer thread's revocation can
+        # reach this loop before the stall guard's timer: step down for the stall first.
+        self._check_stalls()
         self._runtime.lease.reset()  # the next generation proves itself by a heartbeat
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()

@@ -12,6 +12,7 @@ from typing import Any
 import faust
 import pytest
 from aiokafka import TopicPartition as KafkaTopicPartition
+from structlog.testing import capture_logs
 
 import queueflow
 from queueflow import _compat, dashboard, faust_app
@@ -31,6 +32,7 @@ from queueflow.faust_app import (
 )
 from queueflow.member.agent import ShareAgent
 from queueflow.protocol import topics
+from queueflow.server.transport import monotonic_ms
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import ShareRecord
 
@@ -474,3 +476,29 @@ def test_unsigned_control_messages_are_warned_about_at_start_not_when_built(
     assert not [e for e in built if e["event"] == "control_messages_unauthenticated"]
     unsigned = [e for e in started if e["event"] == "control_messages_unauthenticated"]
     assert bool(unsigned) is warned
+
+
+def test_a_revocation_after_a_pause_longer_than_the_session_steps_down_first(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    # Woken from SIGSTOP, the consumer thread's revocation may reach the loop before the stall
+    # guard's timer does; the worker must still say it stepped down for the stall.
+    app = make_app()
+    groups = app.share_groups
+    app.share_agent("jobs", group="g")(handler)
+    leader, coordinator = groups.leaders["jobs"], groups.coordinator
+    assert coordinator is not None
+    leader.assign({0}, 1)
+    coordinator.assign({0}, 1)
+    now = monotonic_ms(groups.server_context.clock)
+    for fencing in (leader.fencing, coordinator.gate.fencing):
+        fencing.alive(now - 10 * fencing.stall_limit_ms)  # last seen alive long ago
+    revoked = {
+        KafkaTopicPartition(topics.request_topic("qf-unit", "jobs"), 0),
+        KafkaTopicPartition(topics.coordinator_topic("qf-unit"), 0),
+    }
+    with capture_logs() as logs:
+        loop.run_until_complete(groups._on_revoked(app, revoked))
+    events = [e["event"] for e in logs]
+    assert "leader_stepped_down" in events and "coordinator_stepped_down" in events
+    assert not leader.fencing.partitions and not coordinator.gate.fencing.partitions
