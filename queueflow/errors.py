@@ -62,6 +62,12 @@ class QueueflowError(Exception):
     """Base class of every error queueflow raises."""
 
 
+class IllegalTransitionError(QueueflowError, ValueError, RuntimeError):
+    """A lifecycle was asked to move along a transition its table does not allow (a bug, or a
+    method called out of order, such as ``ShareAgent.start`` after ``stop``). Every named
+    state of the engine, the server and the member side raises it."""
+
+
 class ConfigurationError(QueueflowError, ValueError):
     """A setting is missing, of the wrong type, or out of its allowed range.
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from queueflow.errors import FencedStateEpochError
+from queueflow.errors import FencedStateEpochError, IllegalTransitionError
 
 __all__ = [
     "LEADERSHIP_TRANSITIONS",
@@ -115,10 +115,6 @@ LEADERSHIP_TRANSITIONS: dict[LeadershipState, frozenset[LeadershipState]] = {
     LeadershipState.STALLED: frozenset({LeadershipState.ASSIGNED}),
     LeadershipState.SUPERSEDED: frozenset(),
 }
-
-
-class IllegalTransitionError(ValueError):
-    """A lifecycle was asked for a move its transition table does not allow (a bug)."""
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ import enum
 from collections.abc import Mapping
 from typing import Generic, TypeVar
 
-from queueflow.errors import QueueflowError
+from queueflow.errors import IllegalTransitionError
 
 __all__ = [
     "AGENT_STOPPING",
@@ -28,11 +28,6 @@ __all__ = [
     "MembershipState",
     "SessionState",
 ]
-
-
-class IllegalTransitionError(QueueflowError, RuntimeError):
-    """A lifecycle was asked to move along a transition its table does not allow (a bug, or a
-    method called out of order, such as :meth:`ShareAgent.start` after ``stop``)."""
 
 
 class AgentState(enum.Enum):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from queueflow.errors import IllegalTransitionError
 from queueflow.protocol import messages as protocol
 
 __all__ = ["ADMIN_TRANSITIONS", "AdminRequest", "AdminState", "PendingAdmin", "ResetRequest"]
@@ -75,7 +76,7 @@ class PendingAdmin:
             ValueError: ``to`` is not allowed from the current state (:data:`ADMIN_TRANSITIONS`).
         """
         if to not in ADMIN_TRANSITIONS[self.state]:
-            raise ValueError(
+            raise IllegalTransitionError(
                 f"admin request {self.request.admin_id}/{self.request.request_id} on share "
                 f"group {self.request.group!r}: {self.state.value} -> {to.value} is not allowed"
             )

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import structlog
 
 from queueflow.engine.fencing import FenceOutcome, PartitionFencing
-from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.errors import ErrorCode, IllegalTransitionError, ShareGroupError
 from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.auth import ControlAuth
@@ -94,7 +94,7 @@ class CoordinatorGate:
         now = self.states.get(partition)
         if now is None or to not in OWNED_TRANSITIONS[now]:
             was = "not owned" if now is None else now.value
-            raise ValueError(
+            raise IllegalTransitionError(
                 f"coordinator partition {partition}: {was} -> {to.value} is not allowed"
             )
         self.states[partition] = to

@@ -14,7 +14,7 @@ import enum
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
-from queueflow.errors import CorruptStateError, FencedStateEpochError
+from queueflow.errors import CorruptStateError, FencedStateEpochError, IllegalTransitionError
 from queueflow.logging import get_logger
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable, snapshot_key
@@ -64,11 +64,6 @@ SHARE_PARTITION_TRANSITIONS: dict[SharePartitionState, frozenset[SharePartitionS
     ),
     SharePartitionState.REFUSED: frozenset({SharePartitionState.UNLOADED}),
 }
-
-
-class IllegalTransitionError(ValueError):
-    """A share-partition was asked for a move :data:`SHARE_PARTITION_TRANSITIONS` does not
-    allow (a bug)."""
 
 
 @dataclass(slots=True)
