@@ -32,11 +32,19 @@ import msgspec
 import structlog
 
 from queueflow.errors import ShareGroupError
+from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
+from queueflow.server.connections import (
+    MAX_IN_FLIGHT_REQUESTS,
+    ConnectionGate,
+    DirectLimits,
+    connection_cap,
+    peer_host,
+)
 from queueflow.server.context import ServerContext
 from queueflow.server.leader import ShareLeader
-from queueflow.server.transport import control_auth, not_leader, seal_reply
+from queueflow.server.transport import control_auth, monotonic_ms, not_leader, seal_reply
 from queueflow.settings import listener_address
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
@@ -46,6 +54,11 @@ log = structlog.get_logger("queueflow.server.endpoint")
 #: How often (s) a leader repeats its announcements (the coordinator keeps them in memory, so a
 #: new coordinator learns the addresses within this time).
 ANNOUNCE_INTERVAL_S = 2.0
+
+#: The high-water mark (bytes) of a connection's send buffer: above it an answer waits (up to
+#: ``queueflow.direct.write.timeout.ms``) for the peer to read, so a peer that never reads its
+#: answers holds at most this much (plus one answer) of the worker's memory.
+WRITE_BUFFER_BYTES = 256 * 1024
 
 
 def advertised_host(configured: str, bind_host: str) -> str:
@@ -82,6 +95,15 @@ class LeaderEndpoint:
         self._announced: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._announced_at = 0.0
         self.auth = control_auth(ctx, "endpoint")
+        settings = ctx.settings
+        self._limits = DirectLimits.from_settings(settings)
+        self._gate = ConnectionGate(
+            connection_cap(settings.direct_max_connections),
+            settings.direct_max_connections_per_ip,
+        )
+        # A flood of connections or junk frames logs a few lines, not one per connection.
+        self._refused_log = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
+        self._dropped_log = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
 
     async def start(self) -> None:
         """Listen on ``queueflow.leader.listener`` and set :attr:`address` (``host:port``).
@@ -102,7 +124,13 @@ class LeaderEndpoint:
         bound = self._server.sockets[0].getsockname()
         public = advertised_host(self.ctx.settings.leader_advertised_host, host)
         self.address = f"[{public}]:{bound[1]}" if ":" in public else f"{public}:{bound[1]}"
-        log.info("leader_endpoint_listening", address=self.address, listener=listener)
+        log.info(
+            "leader_endpoint_listening",
+            address=self.address,
+            listener=listener,
+            max_connections=self._gate.max_connections,
+            max_connections_per_ip=self._gate.max_per_ip,
+        )
 
     async def close(self) -> None:
         """Stop listening and drop every connection."""
@@ -152,51 +180,139 @@ class LeaderEndpoint:
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        host = peer_host(writer.get_extra_info("peername"))
+        refused = self._gate.admit(host)
+        if refused is not None:  # closed at once: no buffer, no task, fd released
+            writer.transport.abort()
+            self.ctx.metrics.direct_connections_refused.labels(refused).inc()
+            if (suppressed := self._refused_log.admit()) is not None:
+                log.warning(
+                    "direct_connection_refused",
+                    peer=host,
+                    reason=refused,
+                    held=self._gate.open,
+                    held_from_peer=self._gate.held(host),
+                    suppressed=suppressed,
+                )
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        peer = writer.get_extra_info("peername")
+        self.ctx.metrics.direct_connections.set(self._gate.open)
+        writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         write_lock = asyncio.Lock()
         requests: set[asyncio.Task[None]] = set()
         try:
-            while True:
-                try:
-                    frame = await framing.read_frame(reader)
-                except (ShareGroupError, asyncio.IncompleteReadError, ConnectionError) as exc:
-                    log.warning("direct_connection_dropped", peer=str(peer), error=str(exc))
-                    return
-                if frame is None:
-                    return
-                request_task = asyncio.ensure_future(self._answer(frame, writer, write_lock))
-                requests.add(request_task)
-                request_task.add_done_callback(requests.discard)
+            reason = await self._read_requests(reader, writer, write_lock, requests)
+            if reason is not None:
+                self.ctx.metrics.direct_connections_dropped.labels(reason).inc()
         finally:
             for request_task in requests:
                 request_task.cancel()
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            writer.transport.abort()  # nothing left to flush that a peer is owed
             self._connections.discard(task)
+            self._gate.release(host)
+            self.ctx.metrics.direct_connections.set(self._gate.open)
 
-    async def _answer(
-        self, frame: bytes, writer: asyncio.StreamWriter, write_lock: asyncio.Lock
-    ) -> None:
+    async def _read_requests(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        write_lock: asyncio.Lock,
+        requests: set[asyncio.Task[None]],
+    ) -> str | None:
+        """Read frames until the peer leaves (``None``) or a limit closes the connection (the
+        reason, as the ``queueflow_direct_connections_dropped_total`` label). Until one frame
+        was verified the pre-authentication limits apply (:class:`DirectLimits`)."""
+        limits = self._limits
+        verified = False
+        while True:
+            if len(requests) >= MAX_IN_FLIGHT_REQUESTS:  # backpressure: read no more for now
+                await asyncio.wait(requests, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            try:
+                frame = await framing.read_frame(
+                    reader,
+                    limits.frame_bytes(verified),
+                    idle_timeout_s=limits.idle_timeout_s(verified),
+                    read_timeout_s=limits.frame_read_timeout_s,
+                )
+            except framing.FrameIdleTimeout as exc:
+                if verified and requests:
+                    continue  # a parked long poll: the peer is waiting, not idle
+                reason = "idle" if verified else "unauthenticated_idle"
+                return self._dropped(writer, reason, verified, str(exc))
+            except framing.FrameTooLargeError as exc:
+                return self._dropped(writer, "frame_too_large", verified, str(exc))
+            except framing.FrameReadTimeout as exc:
+                return self._dropped(writer, "read_timeout", verified, str(exc))
+            except (ShareGroupError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                log.warning("direct_connection_dropped", peer=self._peer(writer), error=str(exc))
+                return None
+            if frame is None:
+                return None
+            request = self._open_request(frame, verified)
+            if request is None:
+                return "undecodable"
+            # The frame opened (signature verified) and decoded as a request: the full limits
+            # apply from now on (auth mode none: a well-formed request is all there is to check).
+            verified = True
+            request_task = asyncio.ensure_future(self._answer(request, writer, write_lock))
+            requests.add(request_task)
+            request_task.add_done_callback(requests.discard)
+
+    def _dropped(
+        self, writer: asyncio.StreamWriter, reason: str, verified: bool, error: str
+    ) -> str:
+        """Log (rate-limited) why a connection is closed; returns ``reason``."""
+        if (suppressed := self._dropped_log.admit()) is not None:
+            log.warning(
+                "direct_connection_dropped",
+                peer=self._peer(writer),
+                reason=reason,
+                verified=verified,
+                error=error,
+                suppressed=suppressed,
+            )
+        return reason
+
+    @staticmethod
+    def _peer(writer: asyncio.StreamWriter) -> str:
+        return str(writer.get_extra_info("peername"))
+
+    def _open_request(
+        self, frame: bytes, verified: bool
+    ) -> protocol.ShareFetchRequest | protocol.ShareFetchCancel | None:
+        """The request in ``frame``, or ``None`` (logged, rate-limited) if it is not signed
+        right (``hmac``), not from the member it names, or not a message."""
         try:
             request = protocol.decode_binary(self.auth.open(frame))
             self.auth.check_sender(request)
         except ShareGroupError as exc:
-            log.error("undecodable_direct_request", error=str(exc))
-            writer.close()  # no request id to answer with: the member times out and re-routes
-            return
+            if (suppressed := self._dropped_log.admit()) is not None:
+                log.error(
+                    "undecodable_direct_request",
+                    error=str(exc),
+                    verified=verified,
+                    suppressed=suppressed,
+                )
+            return None  # no request id to answer with: the member times out and re-routes
+        if not isinstance(request, protocol.ShareFetchRequest | protocol.ShareFetchCancel):
+            log.error("unexpected_direct_message", kind=type(request).__name__)
+            return None
+        return request
+
+    async def _answer(
+        self,
+        request: protocol.ShareFetchRequest | protocol.ShareFetchCancel,
+        writer: asyncio.StreamWriter,
+        write_lock: asyncio.Lock,
+    ) -> None:
         if isinstance(request, protocol.ShareFetchCancel):
             leader = self.leaders.get(request.topic)
             if leader is not None:
                 leader.end_long_poll(request)
             return  # no answer of its own: the parked request's answer is it
-        if not isinstance(request, protocol.ShareFetchRequest):
-            log.error("unexpected_direct_message", kind=type(request).__name__)
-            writer.close()
-            return
         leader = self.leaders.get(request.topic)
         lease_ms = self.ctx.runtime.lease_remaining_ms()
         if leader is None:
@@ -221,6 +337,16 @@ class LeaderEndpoint:
                 log.warning("reply_unsealable", member_id=request.member_id, error=str(exc))
                 return
         async with write_lock:
+            if writer.is_closing():
+                return
             framing.write_frame(writer, frame)
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
+            try:
+                await asyncio.wait_for(writer.drain(), self._limits.write_timeout_s)
+            except (
+                asyncio.TimeoutError
+            ):  # the peer reads nothing: don't hold its answers any longer
+                self.ctx.metrics.direct_connections_dropped.labels("write_timeout").inc()
+                self._dropped(writer, "write_timeout", True, "the peer does not read its answers")
+                writer.transport.abort()
+            except ConnectionError:
+                pass
