@@ -247,8 +247,8 @@ class LeaderEndpoint:
             except framing.FrameReadTimeout as exc:
                 return self._dropped(writer, "read_timeout", verified, str(exc))
             except (ShareGroupError, asyncio.IncompleteReadError, ConnectionError) as exc:
-                log.warning("direct_connection_dropped", peer=self._peer(writer), error=str(exc))
-                return None
+                self._dropped(writer, "broken", verified, str(exc))
+                return None  # the peer's doing, not a limit: not counted
             if frame is None:
                 return None
             request = self._open_request(frame, verified)
@@ -298,7 +298,12 @@ class LeaderEndpoint:
                 )
             return None  # no request id to answer with: the member times out and re-routes
         if not isinstance(request, protocol.ShareFetchRequest | protocol.ShareFetchCancel):
-            log.error("unexpected_direct_message", kind=type(request).__name__)
+            if (suppressed := self._dropped_log.admit()) is not None:
+                log.error(
+                    "unexpected_direct_message",
+                    kind=type(request).__name__,
+                    suppressed=suppressed,
+                )
             return None
         return request
 
