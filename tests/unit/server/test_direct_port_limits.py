@@ -329,11 +329,17 @@ def test_a_member_reconnects_transparently_after_the_idle_timeout_closed_its_con
             assert second.acquired == [(1, 1, 1)]
             assert client._connections[address] is not connection
             assert dropped(cluster, "idle") == 1
-            # A request written just as the endpoint closes the connection is sent once more.
+            # A request written just as the endpoint closed the connection is sent once more.
             connection = client._connections[address]
-            connection.fail("the leader closed the connection")
+
+            async def closed_under_it(message: Any) -> None:
+                connection.fail("the leader closed the connection")
+                raise ConnectionResetError("reset by peer")
+
+            connection._write = closed_under_it  # type: ignore[method-assign]
             third = await client.call(address, fetch("m1", 3, max_records=1), WAIT_S)
             assert third.acquired == [(2, 2, 1)]
+            assert client._connections[address] is not connection
             await client.close()
 
     run(scenario())
