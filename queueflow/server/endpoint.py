@@ -202,6 +202,7 @@ class LeaderEndpoint:
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         write_lock = asyncio.Lock()
         requests: set[asyncio.Task[None]] = set()
+        reason: str | None = "closing"
         try:
             reason = await self._read_requests(reader, writer, write_lock, requests)
             if reason is not None:
@@ -209,10 +210,16 @@ class LeaderEndpoint:
         finally:
             for request_task in requests:
                 request_task.cancel()
-            writer.transport.abort()  # nothing left to flush that a peer is owed
-            self._connections.discard(task)
-            self._gate.release(host)
-            self.ctx.metrics.direct_connections.set(self._gate.open)
+            try:
+                if reason is None:  # the peer left: flush what it is owed, within a bound
+                    writer.close()
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(writer.wait_closed(), self._limits.write_timeout_s)
+            finally:
+                writer.transport.abort()  # closed by a limit (or not flushed in time): at once
+                self._connections.discard(task)
+                self._gate.release(host)
+                self.ctx.metrics.direct_connections.set(self._gate.open)
 
     async def _read_requests(
         self,
