@@ -10,10 +10,10 @@ The leader bounds what a connection may cost (docs/operations.md, "The direct po
 it closes connections idle for ``queueflow.direct.connections.max.idle.ms``, and reads at most
 ``queueflow.direct.unauthenticated.max.frame.bytes`` until a connection delivered one verified
 frame. So a request whose connection the leader closed before it was read is sent once more on
-a new connection (transparently), and a connection's first frame is kept small: when the first
-request is larger (a ShareFetch carrying thousands of acknowledgements), a
-:class:`~queueflow.protocol.messages.ShareFetchCancel` for no request goes first, which the
-leader verifies and otherwise ignores.
+a new connection (transparently), and each connection opens with a small frame whatever the
+first request's size (a ShareFetch may carry thousands of acknowledgements after a reconnect): a
+:class:`~queueflow.protocol.messages.ShareFetchCancel` for no request (about 270 bytes signed),
+which the leader verifies and otherwise ignores.
 """
 
 from __future__ import annotations
@@ -30,18 +30,14 @@ from queueflow.protocol.auth import ControlAuth
 from queueflow.protocol.sealed_replies import ReplyKey
 from queueflow.settings import listener_address
 
-__all__ = ["CONNECT_TIMEOUT_S", "FIRST_FRAME_BYTES", "DirectClient", "DirectPathError"]
+__all__ = ["CONNECT_TIMEOUT_S", "DirectClient", "DirectPathError"]
 
 log = structlog.get_logger("queueflow.member.direct")
 
 #: How long (s) a member waits to connect to a leader's endpoint before using the request topic.
 CONNECT_TIMEOUT_S = 2.0
 
-#: The largest first frame a member sends on a new connection (bytes): a leader's default
-#: ``queueflow.direct.unauthenticated.max.frame.bytes`` (64 KiB) with room for the envelope.
-FIRST_FRAME_BYTES = 32 * 1024
-
-#: The request id of the small verified frame sent ahead of a large first request: never a real
+#: The request id of the small verified frame that opens each connection: never a real
 #: request's (those count up from 1), so the leader finds nothing parked to cancel.
 _HELLO_REQUEST_ID = -1
 
@@ -141,15 +137,15 @@ class _Connection:
             self.fail(repr(exc))
 
     async def _write(self, message: protocol.ShareFetchRequest | protocol.ShareFetchCancel) -> None:
-        """Sign and send ``message``; on a new connection, a large one goes after a small
-        verified frame (see the module docstring).
+        """Sign and send ``message``; on a new connection, after a small verified frame (see
+        the module docstring).
 
         Raises:
             OSError: the connection failed.
         """
         assert self.writer is not None
         frame = self.auth.seal(protocol.encode_binary(message))
-        if self.frames_sent == 0 and len(frame) > FIRST_FRAME_BYTES:
+        if self.frames_sent == 0:
             hello = protocol.ShareFetchCancel(
                 member_id=message.member_id,
                 request_id=_HELLO_REQUEST_ID,

@@ -17,7 +17,6 @@ from inprocess_helpers import direct_cluster, events, fetch, run
 from structlog.testing import capture_logs
 
 from queueflow.errors import ErrorCode
-from queueflow.member import direct as member_direct
 from queueflow.member.direct import DirectClient
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
@@ -215,7 +214,7 @@ def test_with_auth_mode_none_the_first_well_formed_request_lifts_the_small_limit
 
 def test_a_member_s_large_first_request_goes_after_a_small_verified_frame() -> None:
     """After a reconnect a member's first request may carry thousands of acknowledgements:
-    it is served (a small ShareFetchCancel for no request opens the connection)."""
+    it is served (a small ShareFetchCancel for no request opens every connection)."""
 
     async def scenario() -> None:
         async with direct_cluster(
@@ -394,10 +393,3 @@ def test_a_peer_that_never_reads_its_answers_is_closed_by_the_write_timeout(
             await close(writer)
 
     run(scenario())
-
-
-def test_the_first_frame_constant_fits_the_default_pre_authentication_limit() -> None:
-    assert (
-        ShareGroupSettings().direct_unauthenticated_max_frame_bytes
-        > member_direct.FIRST_FRAME_BYTES
-    )
