@@ -546,7 +546,6 @@ class SharePartition:
         remaining = self.allowance(member, max_records, now_ms)
         if remaining < 1:
             return []
-        wanted = remaining
         ranges: list[tuple[int, int, int]] = []  # (first, last, delivery count)
         runs = self._runs
 
@@ -604,7 +603,7 @@ class SharePartition:
                 self._mark_dirty(first, last)
                 self._merge_window(len(runs) - 2, len(runs) - 1)
 
-        self._spend(member, wanted - remaining)
+        self._spend(member, sum(last - first + 1 for first, last, _ in ranges))
         # Returned ranges are in increasing offset order (KIP-932 "Ordering").
         out: list[AcquiredRecords] = []
         for first, last, count in ranges:
