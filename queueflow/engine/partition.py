@@ -225,9 +225,7 @@ class SharePartitionConfig:
         _check_range("share.member.max.in.flight.records", self.member_max_in_flight_records)
         _check_range("share.member.max.acquisition.rate", self.member_max_acquisition_rate)
         _check_range("share.member.release.abuse.records", self.release_abuse_records)
-        _check_range(
-            "share.member.release.abuse.ratio.percent", self.release_abuse_ratio_percent
-        )
+        _check_range("share.member.release.abuse.ratio.percent", self.release_abuse_ratio_percent)
         _check_range("share.member.release.abuse.window.ms", self.release_abuse_window_ms)
         low, high = self.min_record_lock_duration_ms, self.max_record_lock_duration_ms
         if low > high:
@@ -879,9 +877,11 @@ class SharePartition:
             returned = self._apply(
                 self._start,
                 self._end - 1,
-                lambda r: (_AVAILABLE, max(r.count - 1, 0), None, None)
-                if r.state is _ACQUIRED and r.member == member
-                else None,
+                lambda r: (
+                    (_AVAILABLE, max(r.count - 1, 0), None, None)
+                    if r.state is _ACQUIRED and r.member == member
+                    else None
+                ),
             )
         touched: set[int] = set()
 

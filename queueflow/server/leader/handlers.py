@@ -141,9 +141,7 @@ def share_fetch(
                 AcknowledgementBatch(first, last, tuple(AcknowledgeType(t) for t in types))
                 for first, last, types in request.acks
             ]
-            fence = engine.acknowledge(
-                request.member_id, batches, now_ms, request.lock_duration_ms
-            )
+            fence = engine.acknowledge(request.member_id, batches, now_ms, request.lock_duration_ms)
             if fence is not None:
                 effects = effects + fence_effects(durable, request, fence)
         except (ShareGroupError, ValueError) as exc:
@@ -152,7 +150,8 @@ def share_fetch(
             # A RENEW past share.record.lock.max.renewal.ms is stale too (needs the types).
             response.ack_stale = engine.stale_acknowledgements(
                 request.member_id,
-                batches or [AcknowledgementBatch(first, last, ()) for first, last, _ in request.acks],
+                batches
+                or [AcknowledgementBatch(first, last, ()) for first, last, _ in request.acks],
             )
     if acquire_from is not None:
         log_end, refusal = acquire_from

@@ -4,6 +4,8 @@ the fence of a member that RELEASEs without handling (``share.member.release.abu
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -110,10 +112,8 @@ def test_no_lock_outlives_acquisition_plus_cap(cap: int, steps: list[int]) -> No
         sp.expire_locks(now)
         if sp.record(0).state is not AQ:
             break
-        try:
+        with contextlib.suppress(InvalidRecordStateError):
             sp.acknowledge("a", [batch(0, 4, A.RENEW)], now)
-        except InvalidRecordStateError:
-            pass
         deadline = sp.record(0).lock_deadline_ms
         assert deadline is not None and deadline <= max(cap, LOCK)  # the first lock is whole
     sp.expire_locks(max(cap, LOCK))
@@ -134,7 +134,9 @@ def test_a_member_holds_at_most_its_in_flight_limit_and_others_get_the_rest() ->
     assert (got[0].first_offset, got[0].last_offset) == (100, 149)
     sp.acknowledge("greedy", [batch(0, 9, A.ACCEPT)], 3)
     assert sp.held_by("greedy") == 90
-    assert sum(a.last_offset - a.first_offset + 1 for a in sp.acquire("greedy", 500, 1_000, 4)) == 10
+    assert (
+        sum(a.last_offset - a.first_offset + 1 for a in sp.acquire("greedy", 500, 1_000, 4)) == 10
+    )
 
 
 def test_the_acquisition_rate_is_a_token_bucket_of_one_second() -> None:
@@ -156,12 +158,8 @@ def test_the_acquisition_rate_is_a_token_bucket_of_one_second() -> None:
     ),
 )
 def test_held_never_exceeds_the_member_limit(limit: int, ops: list[tuple[str, int, bool]]) -> None:
-    sp = SharePartition(
-        cfg(member_max_in_flight_records=limit, member_max_acquisition_rate=0), 0
-    )
-    now = 0
-    for member, want, ack in ops:
-        now += 1
+    sp = SharePartition(cfg(member_max_in_flight_records=limit, member_max_acquisition_rate=0), 0)
+    for now, (member, want, ack) in enumerate(ops, start=1):
         got = sp.acquire(member, want, 10_000, now)
         if ack and got:
             sp.acknowledge(member, [batch(got[0].first_offset, got[0].last_offset, A.ACCEPT)], now)
@@ -181,7 +179,9 @@ def test_held_never_exceeds_the_member_limit(limit: int, ops: list[tuple[str, in
 ABUSE = {"release_abuse_records": 200, "release_abuse_ratio_percent": 90}
 
 
-def acquire_release_loop(sp: SharePartition, member: str, n: int, rounds: int, t0: int = 0) -> list[MemberFence]:
+def acquire_release_loop(
+    sp: SharePartition, member: str, n: int, rounds: int, t0: int = 0
+) -> list[MemberFence]:
     """The trial's attack: acquire n records and RELEASE them, ``rounds`` times."""
     fences: list[MemberFence] = []
     now = t0
@@ -240,7 +240,8 @@ def test_a_member_that_handles_its_records_is_never_fenced() -> None:
         for a in sp.acquire("m", 20, 1_000_000, now):
             # Poison records (every tenth offset) fail every time; the rest are handled.
             types = [
-                A.RELEASE if o % 10 == 0 else A.ACCEPT for o in range(a.first_offset, a.last_offset + 1)
+                A.RELEASE if o % 10 == 0 else A.ACCEPT
+                for o in range(a.first_offset, a.last_offset + 1)
             ]
             assert sp.acknowledge("m", [batch(a.first_offset, a.last_offset, *types)], now) is None
     assert sp.archived_total > 0  # the poison records reached the limit
