@@ -581,8 +581,9 @@ SETTINGS: tuple[Setting, ...] = (
         200,
         0,
         None,
-        doc="A member that RELEASEs at least this many records of one share-partition within "
-        "`share.member.release.abuse.window.ms` while handling (ACCEPT/REJECT) almost none "
+        doc="A member that RELEASEs at least this many records of one share-partition on their "
+        "second delivery or later within `share.member.release.abuse.window.ms` while handling "
+        "(ACCEPT/REJECT) almost none "
         "(`share.member.release.abuse.ratio.percent`) is fenced from it for the window and the "
         "delivery counts its releases added are rolled back. 0: never.",
         read_by="leader",

@@ -732,9 +732,10 @@ class SharePartition:
 
         Returns:
             ``None``; or, when this request makes the member one that RELEASEs without handling
-            (at least ``release_abuse_records`` records RELEASEd in the last
-            ``release_abuse_window_ms``, and RELEASEs at least ``release_abuse_ratio_percent``
-            of what it acknowledged then), the :class:`MemberFence`: the member is refused here
+            (at least ``release_abuse_records`` records RELEASEd on their second delivery or
+            later in the last ``release_abuse_window_ms``, and those RELEASEs at least
+            ``release_abuse_ratio_percent`` of what it acknowledged then), the
+            :class:`MemberFence`: the member is refused here
             for the window, the delivery counts its RELEASEs raised on in-flight records are
             rolled back (records it Archived at the limit that are still in flight come back),
             and the records it holds become Available without that delivery counting. KIP-932
@@ -766,7 +767,7 @@ class SharePartition:
             if ack is AcknowledgeType.ACCEPT or ack is AcknowledgeType.REJECT
         )
         # Decided before applying: the RELEASEs that make it abusive must not Archive anything.
-        abusive = self._tally(member, sum(b - a + 1 for a, b in released), handled, now_ms)
+        abusive = self._tally(member, self._redelivered(released), handled, now_ms)
         archived: list[tuple[int, int]] = []
         for first, last, ack in plan:
             if ack is AcknowledgeType.RENEW:
@@ -830,6 +831,21 @@ class SharePartition:
             return (_ACQUIRED, r.count, r.member, d)
 
         self._apply(first, last, transform)
+
+    def _redelivered(self, ranges: list[tuple[int, int]]) -> int:
+        """How many records of ``ranges`` (Acquired, validated) are on their second delivery or
+        later: RELEASEs of those make a loop. Releasing first deliveries (what a member does
+        with the records it has not started on, at close or revocation) is not counted."""
+        runs = self._runs
+        n = 0
+        for first, last in ranges:
+            i = self._index(first)
+            while i < len(runs) and runs[i].first <= last:
+                r = runs[i]
+                i += 1
+                if r.count >= 2:
+                    n += min(r.last, last) - max(r.first, first) + 1
+        return n
 
     def _tally(
         self, member: str, released: int, handled: int, now_ms: int

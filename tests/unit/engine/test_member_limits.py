@@ -265,12 +265,23 @@ def test_zero_abuse_records_disables_the_fence() -> None:
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 80), rounds=st.integers(1, 12), limit=st.integers(2, 6))
 def test_a_fenced_loop_leaves_no_count_it_caused(n: int, rounds: int, limit: int) -> None:
-    """However big the loop, once the attacker is fenced no record keeps a delivery count it
-    caused; records it Archived before the fence are only those the fence came too late for."""
+    """The attacker is fenced exactly when its RELEASEs of redelivered records reach the
+    threshold, and then no record keeps a delivery count it caused."""
     sp = SharePartition(cfg(release_abuse_records=50, delivery_count_limit=limit), 0)
     fences = acquire_release_loop(sp, "attacker", n, rounds)
-    released = n * rounds
+    # RELEASEs of second deliveries or later: (limit - 1) per record per cycle of limit rounds.
+    cycles, rest = divmod(rounds, limit)
+    looped = n * (cycles * (limit - 1) + max(rest - 1, 0))
+    assert bool(fences) == (looped >= 50)
     if fences:
         assert all(r.delivery_count == 0 for r in sp.in_flight() if r.state is AV)
-    else:
-        assert released < 50 or n * min(rounds, limit) < 50
+
+
+def test_releasing_first_deliveries_in_bulk_is_not_abuse() -> None:
+    """A member closing or losing a share-partition RELEASEs the records it never started on:
+    first deliveries, however many, don't make it a member that RELEASEs without handling."""
+    sp = SharePartition(cfg(**ABUSE, member_max_acquisition_rate=0), 0)
+    got = sp.acquire("m", 1000, 10_000, 0)
+    assert sp.acknowledge("m", [batch(0, 999, A.RELEASE)], 0) is None
+    assert got[0].delivery_count == 1 and sp.record(999).delivery_count == 1
+    assert sp.acquire("m", 10, 10_000, 1)  # not fenced
