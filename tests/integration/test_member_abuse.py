@@ -14,14 +14,8 @@ import time
 import uuid
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
-
 import queueflow
 from queueflow import ShareConsumer, ShareRecord
-from queueflow.protocol import messages as protocol
-from queueflow.protocol import topics
-from queueflow.protocol.auth import ControlAuth
-from queueflow.protocol.sealed_replies import ReplyKey
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
 
@@ -167,26 +161,23 @@ def test_an_acquire_release_loop_archives_nothing_and_the_attacker_is_fenced(
     assert "share.member.release.abuse.records=200" in fence["setting"]
 
 
-def phantom_join(app_id: str, topic: str, member_id: str, rid: int) -> bytes:
-    """A signed join (member epoch 0) that is never followed up: a phantom member."""
-    join = protocol.HeartbeatRequest(
-        group="g",
-        member_id=member_id,
-        member_epoch=0,
-        subscribed_topics=[topic],
-        reply_partition=0,
-        request_id=rid,
-        reply_key=ReplyKey().public,
-    )
-    return ControlAuth("hmac", SECRET, app_id, member_id).seal(protocol.encode(join))
+async def phantom(app_id: str, bootstrap: str, topic: str) -> ShareConsumer:
+    """A member that joins and never follows up (no heartbeat with its member epoch): a phantom.
+    It signs its join with the member secret like any member; its heartbeats stop at once."""
+    consumer = member(app_id, bootstrap)
+    await consumer.subscribe([topic])
+    session = consumer._session
+    assert session is not None
+    await session._membership.stop()  # within the heartbeat interval: never followed up
+    return consumer
 
 
 def test_phantom_joins_dont_keep_a_latecomer_out(
     kafka_bootstrap: str, topic_factory: object, tmp_path: Path
 ) -> None:
-    """With group.share.max.size=10 and a real member in the group, 20 phantom joins (signed
-    with the member secret, never followed up) leave room for a real latecomer, which joins
-    and gets records; the phantoms are removed (provisional_member_expired)."""
+    """With group.share.max.size=10 and a real member in the group, 20 phantom joins (members
+    that join with the member secret and never follow up) leave room for a real latecomer,
+    which joins and gets records; the phantoms are removed (provisional_member_expired)."""
     topic = topic_factory(1)  # type: ignore[operator]
     app_id = f"qf-phantom-{uuid.uuid4().hex[:8]}"
     values = {f"p-{i}".encode() for i in range(20)}
@@ -195,25 +186,20 @@ def test_phantom_joins_dont_keep_a_latecomer_out(
         first = member(app_id, kafka_bootstrap)
         await first.subscribe([topic])
         await first.poll(timeout_ms=1500)  # joined and followed up (heartbeat every 0.5 s)
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-        await producer.start()
-        try:
-            coordinator = topics.coordinator_topic(app_id)
-            partition = topics.coordinator_partition("g")
-            for i in range(20):
-                phantom = phantom_join(app_id, topic, f"phantom-{uuid.uuid4()}", i)
-                await producer.send_and_wait(coordinator, phantom, partition=partition)
-        finally:
-            await producer.stop()
-        # The latecomer's join is read after the phantoms' (one ordered partition).
+        phantoms: list[ShareConsumer] = []
         late = member(app_id, kafka_bootstrap)
         try:
+            for _ in range(20):
+                phantoms.append(await phantom(app_id, kafka_bootstrap, topic))
             await late.subscribe([topic])  # GROUP_MAX_SIZE_REACHED before
             await first.close()  # the latecomer alone gets the records
             await produce_records(kafka_bootstrap, topic, sorted(v.decode() for v in values))
             return await drain(late, values, wait_s=30)
         finally:
             await late.close()
+            await first.close()
+            for p in phantoms:
+                await p.close()
 
     worker = LeaderWorker(app_id, [topic], kafka_bootstrap, tmp_path, WORKER_SETTINGS)
     with worker.start():
