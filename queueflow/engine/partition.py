@@ -57,6 +57,10 @@ __all__ = [
 ]
 
 _AVAILABLE = RecordState.AVAILABLE
+_ACCEPT = AcknowledgeType.ACCEPT
+_RELEASE = AcknowledgeType.RELEASE
+_RENEW = AcknowledgeType.RENEW
+_GAP = AcknowledgeType.GAP
 _ACQUIRED = RecordState.ACQUIRED
 _ACKNOWLEDGED = RecordState.ACKNOWLEDGED
 _ARCHIVED = RecordState.ARCHIVED
@@ -340,6 +344,14 @@ def _same(a: _Run, b: _Run) -> bool:
 
 # A transformation of one run: returns the new (state, count, member, deadline), or None to keep it.
 _Transform = Callable[[_Run], tuple[RecordState, int, str | None, int | None] | None]
+
+
+def _accept(r: _Run) -> tuple[RecordState, int, None, None]:
+    return (_ACKNOWLEDGED, r.count, None, None)
+
+
+def _archive(r: _Run) -> tuple[RecordState, int, None, None]:
+    return (_ARCHIVED, r.count, None, None)
 
 
 class SharePartition:
@@ -750,7 +762,17 @@ class SharePartition:
         self._check_fence(member, now_ms)
         plan = self._validate_acks(member_id, batches)
         renew_deadline: int | None = None
-        if any(ack is AcknowledgeType.RENEW for _, _, ack in plan):
+        released: list[tuple[int, int]] = []
+        handled = 0
+        renews = False
+        for first, last, ack in plan:
+            if ack is _RELEASE:
+                released.append((first, last))
+            elif ack is _RENEW:
+                renews = True
+            elif ack is not _GAP:
+                handled += last - first + 1
+        if renews:
             if not self._config.renew_enabled:
                 raise InvalidRequestError(
                     "RENEW is disabled for this share group (share.renew.acknowledge.enable="
@@ -760,30 +782,26 @@ class SharePartition:
             self._check_renewals(plan)
         # Everything is valid: apply. Nothing below can fail. Other locks elapse only through
         # expire_locks(); see its docstring.
-        released = [(first, last) for first, last, ack in plan if ack is AcknowledgeType.RELEASE]
-        handled = sum(
-            last - first + 1
-            for first, last, ack in plan
-            if ack is AcknowledgeType.ACCEPT or ack is AcknowledgeType.REJECT
-        )
         # Decided before applying: the RELEASEs that make it abusive must not Archive anything.
-        abusive = self._tally(member, self._redelivered(released), handled, now_ms)
+        abusive = self._tally(
+            member, self._redelivered(released) if released else 0, handled, now_ms
+        )
         archived: list[tuple[int, int]] = []
         for first, last, ack in plan:
-            if ack is AcknowledgeType.RENEW:
+            if ack is _RENEW:
                 assert renew_deadline is not None
                 self._renew(first, last, renew_deadline)
-            elif ack is not AcknowledgeType.RELEASE or abusive is None:
+            elif ack is not _RELEASE or abusive is None:
                 self._apply(first, last, self._ack_transform(ack, archived))
         self._advance()
-        use = self._use.get(member)
-        if use is None:
-            return None
         if abusive is not None:  # its RELEASEs above stay held and are returned uncounted
-            return self._fence(member, use, abusive[0], abusive[1], now_ms)
-        since = now_ms - 2 * self._config.release_abuse_window_ms
-        _remember(use.releases, released, now_ms, since)
-        _remember(use.archived, archived, now_ms, since)
+            return self._fence(member, self._use[member], abusive[0], abusive[1], now_ms)
+        if released:
+            use = self._use.get(member)
+            if use is not None:
+                since = now_ms - 2 * self._config.release_abuse_window_ms
+                _remember(use.releases, released, now_ms, since)
+                _remember(use.archived, archived, now_ms, since)
         return None
 
     def _check_renewals(self, plan: list[tuple[int, int, AcknowledgeType]]) -> None:
@@ -1030,9 +1048,9 @@ class SharePartition:
         return merged
 
     def _ack_transform(self, ack: AcknowledgeType, archived: list[tuple[int, int]]) -> _Transform:
-        if ack is AcknowledgeType.ACCEPT:
-            return lambda r: (_ACKNOWLEDGED, r.count, None, None)
-        if ack is AcknowledgeType.RELEASE:
+        if ack is _ACCEPT:
+            return _accept
+        if ack is _RELEASE:
 
             def release(r: _Run) -> tuple[RecordState, int, None, None]:
                 new = self._release_transform(r)
@@ -1043,7 +1061,7 @@ class SharePartition:
             return release
         # REJECT: "rejected by consumer as unprocessable" -> Archived. GAP: the offset holds no
         # record (KIP-932 "unmaterialized record batch" gaps) -> Archived.
-        return lambda r: (_ARCHIVED, r.count, None, None)
+        return _archive
 
     def _release_transform(self, r: _Run) -> tuple[RecordState, int, None, None]:
         # KIP-932 state diagram: a failed delivery attempt (released, or lock elapsed) goes back to
