@@ -1177,6 +1177,9 @@ class SharePartition:
         self._locks.clear()
         self._heap.clear()
         self._dirty.clear()
+        for use in self._use.values():  # those offsets mean other records from now on
+            use.releases.clear()
+            use.archived.clear()
         self._n_available = 0
         self._start = self._end = self._hint = offset
         self._reset_pending = True

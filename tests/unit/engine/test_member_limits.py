@@ -285,3 +285,14 @@ def test_releasing_first_deliveries_in_bulk_is_not_abuse() -> None:
     assert sp.acknowledge("m", [batch(0, 999, A.RELEASE)], 0) is None
     assert got[0].delivery_count == 1 and sp.record(999).delivery_count == 1
     assert sp.acquire("m", 10, 10_000, 1)  # not fenced
+
+
+def test_a_reset_forgets_the_released_ranges() -> None:
+    """After an admin reset the old offsets hold other records: a later fence leaves them be."""
+    sp = SharePartition(cfg(release_abuse_records=60), 0)
+    acquire_release_loop(sp, "a", 20, rounds=2)
+    sp.reset_start_offset(0)
+    sp.acquire("b", 20, 20, 100)
+    sp.acknowledge("b", [batch(0, 19, A.RELEASE)], 100)
+    assert acquire_release_loop(sp, "a", 20, rounds=4, t0=200)
+    assert all(sp.record(o).delivery_count == 1 for o in range(20))  # b's delivery stays
