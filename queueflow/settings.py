@@ -544,13 +544,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "record_lock_max_renewal_ms",
         "share.record.lock.max.renewal.ms",
-        300000,
+        900000,
         1000,
         86400000,
         doc="The longest (ms) a record may stay Acquired by one member through RENEWs "
         "(KIP-1222), counted from its acquisition: a RENEW that can't extend the lock within it "
-        "is refused with INVALID_RECORD_STATE and the lock runs out as usual (default 10x the "
-        "default lock duration).",
+        "is refused with INVALID_RECORD_STATE and the lock runs out as usual (default 15 minutes, "
+        "30x the default lock duration; keep it above a share agent's handler_timeout_ms).",
         read_by="leader",
     ),
     Setting(

@@ -170,7 +170,7 @@ class SharePartitionConfig:
         renew_enabled: ``share.renew.acknowledge.enable``; when False a RENEW (KIP-1222) is
             refused. Default True.
         max_renewal_ms: ``share.record.lock.max.renewal.ms``; the longest (ms) a record stays
-            Acquired by one member through RENEWs, from its acquisition. Default 300000.
+            Acquired by one member through RENEWs, from its acquisition. Default 900000.
         member_max_in_flight_records: ``share.member.max.in.flight.records``; the most records
             one member holds Acquired here (an acquisition beyond it gets fewer or none).
             Default 1000.
@@ -373,6 +373,7 @@ class SharePartition:
         "_config",
         "_dirty",
         "_end",
+        "_fences",
         "_heap",
         "_held",
         "_hint",
@@ -410,6 +411,7 @@ class SharePartition:
         # Member -> records it holds Acquired here; member -> its use (rate, releases, fence).
         self._held: dict[str, int] = {}
         self._use: dict[str, _MemberUse] = {}
+        self._fences: list[MemberFence] = []
 
     # ----------------------------------------------------------------------------------------
     # Views
@@ -1117,6 +1119,11 @@ class SharePartition:
         Args:
             now_ms: the current time in ms.
 
+        A lock that elapses at ``max_renewal_ms`` after its acquisition (the member RENEWed it
+        as long as it may and never settled the record) counts as a RELEASE without handling
+        by that member (see :meth:`acknowledge`); a member fenced for it is reported by
+        :meth:`take_fences`.
+
         Returns:
             The number of records whose lock elapsed.
 
@@ -1124,6 +1131,9 @@ class SharePartition:
         """
         heap = self._heap
         expired = 0
+        cap = self._config.max_renewal_ms
+        # Member -> ranges whose lock ran out at the renewal cap, and those of them Archived.
+        capped: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
         while heap and heap[0] <= now_ms:
             deadline = heapq.heappop(heap)
             group = self._locks.get(deadline)
@@ -1131,9 +1141,15 @@ class SharePartition:
                 continue  # stale heap entry: every record with this deadline was settled
 
             def transform(r: _Run, d: int = deadline) -> tuple[RecordState, int, None, None] | None:
-                if r.state is _ACQUIRED and r.deadline == d:
-                    return self._release_transform(r)
-                return None
+                if r.state is not _ACQUIRED or r.deadline != d:
+                    return None
+                new = self._release_transform(r)
+                if r.acquired is not None and r.member and d >= r.acquired + cap:
+                    held, archived = capped.setdefault(r.member, ([], []))
+                    held.append((r.first, r.last))
+                    if new[0] is _ARCHIVED:
+                        archived.append((r.first, r.last))
+                return new
 
             for first, last in list(group.ranges):
                 first = max(first, self._start)
@@ -1143,7 +1159,35 @@ class SharePartition:
             self._locks.pop(deadline, None)  # already gone when its count reached 0
         if expired:
             self._advance()
+        for member, (held, archived) in capped.items():
+            self._held_to_cap(member, held, archived, now_ms)
         return expired
+
+    def _held_to_cap(
+        self,
+        member: str,
+        held: list[tuple[int, int]],
+        archived: list[tuple[int, int]],
+        now_ms: int,
+    ) -> None:
+        """Count locks of ``member`` that ran out at the renewal cap as RELEASEs without
+        handling; fence it when that makes it abusive (reported by :meth:`take_fences`)."""
+        n = sum(last - first + 1 for first, last in held)
+        abusive = self._tally(member, n, 0, now_ms)
+        use = self._use.get(member)
+        if use is None:
+            return
+        since = now_ms - 2 * self._config.release_abuse_window_ms
+        _remember(use.releases, held, now_ms, since)
+        _remember(use.archived, archived, now_ms, since)
+        if abusive is not None:
+            self._fences.append(self._fence(member, use, abusive[0], abusive[1], now_ms))
+
+    def take_fences(self) -> list[MemberFence]:
+        """Members fenced since the last call by :meth:`expire_locks` (a member that let locks
+        run out at ``max_renewal_ms`` in bulk); :meth:`acknowledge` returns its own."""
+        fences, self._fences = self._fences, []
+        return fences
 
     # ----------------------------------------------------------------------------------------
     # Admin reset (KIP-932 "Managing the SPSO and SPEO")

@@ -108,7 +108,10 @@ def expire(durable: DurableSharePartition, now_ms: int) -> tuple[int, LeaderResu
     if not expired:
         return 0, NOTHING
     labels = (durable.group, durable.topic, str(durable.partition))
-    return expired, LeaderResult(metrics=(MetricIncrement("lock_expiries", labels, expired),))
+    result = LeaderResult(metrics=(MetricIncrement("lock_expiries", labels, expired),))
+    for fence in durable.engine.take_fences():  # locks held to the renewal cap in bulk
+        result = result + fence_effects(durable, fence)
+    return expired, result
 
 
 def share_fetch(
@@ -143,7 +146,7 @@ def share_fetch(
             ]
             fence = engine.acknowledge(request.member_id, batches, now_ms, request.lock_duration_ms)
             if fence is not None:
-                effects = effects + fence_effects(durable, request, fence)
+                effects = effects + fence_effects(durable, fence)
         except (ShareGroupError, ValueError) as exc:
             code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST
             response.ack_error, response.ack_error_message = code.value, str(exc)
@@ -159,22 +162,20 @@ def share_fetch(
     return FetchResult(response, durable, effects)
 
 
-def fence_effects(
-    durable: DurableSharePartition, request: protocol.ShareFetchRequest, fence: MemberFence
-) -> LeaderResult:
+def fence_effects(durable: DurableSharePartition, fence: MemberFence) -> LeaderResult:
     """A member fenced from a share-partition for RELEASing records without handling them:
     logged ``member_fenced_release_abuse`` (naming the member, its counts and the settings)
     and counted in ``queueflow_member_fences``; the share-partition's changes are written by
     the caller."""
     config = durable.engine.config
     return LeaderResult(
-        metrics=(MetricIncrement("member_fences", (request.group, durable.topic, "release")),),
+        metrics=(MetricIncrement("member_fences", (durable.group, durable.topic, "release")),),
         logs=(
             LogEvent(
                 "warning",
                 "member_fenced_release_abuse",
                 {
-                    "group": request.group,
+                    "group": durable.group,
                     "topic": durable.topic,
                     "partition": durable.partition,
                     "member_id": fence.member_id,

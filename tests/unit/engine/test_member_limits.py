@@ -296,3 +296,27 @@ def test_a_reset_forgets_the_released_ranges() -> None:
     sp.acknowledge("b", [batch(0, 19, A.RELEASE)], 100)
     assert acquire_release_loop(sp, "a", 20, rounds=4, t0=200)
     assert all(sp.record(o).delivery_count == 1 for o in range(20))  # b's delivery stays
+
+
+def test_holding_records_to_the_renewal_cap_over_and_over_fences_the_member() -> None:
+    """Locks that run out at the renewal cap count as RELEASEs without handling: a member that
+    re-acquires records and RENEWs them to the cap again and again is fenced by the expiry, and
+    the deliveries it wasted are rolled back."""
+    sp = SharePartition(cfg(max_renewal_ms=LOCK * 2, release_abuse_records=60), 0)
+    now, fences = 0, []
+    for _ in range(4):
+        got = sp.acquire("hoarder", 30, 30, now)
+        assert got, now
+        sp.acknowledge("hoarder", [batch(0, 29, A.RENEW)], now + LOCK - 1000)
+        sp.acknowledge("hoarder", [batch(0, 29, A.RENEW)], now + 2 * LOCK - 2000)  # to the cap
+        assert sp.record(0).lock_deadline_ms == now + 2 * LOCK
+        now += 2 * LOCK
+        sp.expire_locks(now)
+        fences += sp.take_fences()
+        if fences:
+            break
+    [fence] = fences
+    assert fence.member_id == "hoarder" and fence.released >= 60
+    assert sp.take_fences() == []
+    assert all(sp.record(o).delivery_count == 0 for o in range(30))
+    assert sp.archived_total == 0

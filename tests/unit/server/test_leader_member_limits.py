@@ -114,3 +114,26 @@ def test_a_release_loop_fences_the_member_logs_it_and_refuses_it() -> None:
         durable, request(member_id="victim"), now, acquire_from=(1000, None)
     )
     assert victim.response.acquired[0][2] == 1  # first deliveries again
+
+
+def test_a_tick_that_expires_locks_held_to_the_cap_in_bulk_logs_the_fence() -> None:
+    durable = share_partition(max_renewal_ms=60_000, release_abuse_records=40)
+    now, logs = NOW, []
+    for _ in range(3):
+        got = handlers.share_fetch(durable, request(max_records=20), now, acquire_from=(20, None))
+        assert got.response.acquired
+        for at in (now + 29_000, now + 58_000):  # RENEWed to the cap
+            renewed = handlers.share_fetch(
+                durable, request(max_records=0, acks=[(0, 19, (RENEW,))]), at, acquire_from=None
+            )
+            assert renewed.response.ack_error == "NONE"
+        now += 60_000
+        ticked = handlers.tick([durable], now)
+        logs += [e for e in ticked.logs if e.event == "member_fenced_release_abuse"]
+        if logs:
+            assert durable in ticked.writes
+            break
+    [log] = logs
+    assert log.fields["member_id"] == "m" and log.fields["released"] >= 40
+    refused = handlers.share_fetch(durable, request(), now, acquire_from=(20, None))
+    assert refused.response.error == ErrorCode.FENCED_MEMBER_EPOCH.value
