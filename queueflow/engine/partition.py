@@ -11,6 +11,11 @@ I/O, no Kafka, no clocks. Time is always passed in as ``now_ms`` (milliseconds);
 decides when to call :meth:`SharePartition.expire_locks` (see
 :meth:`SharePartition.next_lock_deadline`).
 
+Member abuse limits (docs/operations.md, "Member abuse limits") are enforced here too: the
+RENEW cap (``share.record.lock.max.renewal.ms``), per-member in-flight and acquisition-rate
+limits, and the fence of a member that RELEASEs without handling, with the rollback of the
+delivery counts it caused.
+
 Memory: records are kept as *runs* of consecutive offsets with equal (state, delivery count,
 owner, lock deadline), in a sorted list searched with :mod:`bisect`. A batch fetched and
 acknowledged together costs one run however many records it holds (KIP-932 "Batching").
@@ -178,9 +183,10 @@ class SharePartitionConfig:
             one member may acquire here (token bucket of one second's worth); 0: unlimited.
             Default 20000.
         release_abuse_records / release_abuse_ratio_percent / release_abuse_window_ms:
-            ``share.member.release.abuse.*``; a member that RELEASEs at least that many records
-            within the window (ms) with RELEASEs at least that percent of its acknowledged
-            records is fenced from this share-partition for the window (see
+            ``share.member.release.abuse.*``; a member that RELEASEs at least that many
+            redelivered records (or lets that many locks run out at ``max_renewal_ms``) within
+            the window (ms), those being at least that percent of its acknowledged records, is
+            fenced from this share-partition for the window (see
             :meth:`SharePartition.acknowledge`). Defaults 200, 90, 60000; records 0: never.
 
     Raises:
