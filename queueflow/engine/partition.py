@@ -621,7 +621,8 @@ class SharePartition:
                 self._mark_dirty(first, last)
                 self._merge_window(len(runs) - 2, len(runs) - 1)
 
-        self._spend(member, sum(last - first + 1 for first, last, _ in ranges))
+        if ranges and cfg.member_max_acquisition_rate > 0:
+            self._spend(member, sum(last - first + 1 for first, last, _ in ranges))
         # Returned ranges are in increasing offset order (KIP-932 "Ordering").
         out: list[AcquiredRecords] = []
         for first, last, count in ranges:
@@ -653,7 +654,7 @@ class SharePartition:
 
     def _spend(self, member: str, n: int) -> None:
         """Take ``n`` acquired records from ``member``'s token bucket."""
-        if n > 0 and self._config.member_max_acquisition_rate > 0:
+        if n > 0:
             use = self._use.get(member)
             if use is not None:
                 use.tokens = max(0.0, use.tokens - n)
