@@ -228,8 +228,9 @@ class HandlerRunner:
         except asyncio.CancelledError as exc:
             if deadlines.end_call(call):
                 return TimedOut()
-            task = call.task
-            if agent.stopping or (task is not None and task.cancelling()):
+            # cancel() requested (Python 3.11+ counts them): the agent's stop
+            cancelling = getattr(call.task, "cancelling", None)
+            if agent.stopping or (cancelling is not None and cancelling()):
                 agent.stats.released += len(records)
                 raise  # the agent's stop: its records go back when the member leaves
             return Raised(exc)  # raised by the handler itself: a failure of these records
