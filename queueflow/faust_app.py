@@ -56,6 +56,7 @@ from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptio
 from queueflow.member.context import MemberContext
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
+from queueflow.server.auth_health import AuthHealth
 from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
@@ -483,6 +484,11 @@ class ShareGroups:
             flush_state=self._flush_state,
             request_log=LogRangeReader(self.kafka),
             group_configs=self.group_configs,
+            auth_health=AuthHealth(
+                f"{self.app_id}/",
+                is_local=lambda sender: any(a.member_id == sender for a in self.agents),
+                on_mismatch=self._auth_key_mismatch,
+            ),
         )
         self.endpoint = (
             LeaderEndpoint(self.server_context, self.leaders)
@@ -780,6 +786,30 @@ class ShareGroups:
             RuntimeError(
                 f"table recovery made no progress for {stalled} ms with {remaining} changelog "
                 "records left (queueflow.leader.recovery.stall.ms); restart the worker"
+            )
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _auth_key_mismatch(self, evidence: str) -> None:
+        """This worker's key differs from its peers' (:mod:`queueflow.server.auth_health`):
+        say so and stop the worker, non-zero, so that its partitions move to the others."""
+        log.error(
+            "auth_key_mismatch",
+            evidence=evidence,
+            note="this worker's queueflow.auth.secret differs from the other workers' and "
+            "members': it can verify none of their messages and they none of its own. "
+            "Stopping it so that its partitions move to the other workers; give it the "
+            "app's secret and restart it",
+        )
+        self._key_mismatch_stop = asyncio.ensure_future(self._stop_for_key_mismatch())
+
+    async def _stop_for_key_mismatch(self) -> None:
+        # As for a stalled recovery: marked crashed, the worker exits non-zero; the SIGTERM
+        # stops it now (Faust acts on a crash only once it has started).
+        await self.app.crash(
+            RuntimeError(
+                "queueflow.auth.secret differs from the other workers' and members' (see the "
+                "auth_key_mismatch log line); give this worker the app's secret"
             )
         )
         os.kill(os.getpid(), signal.SIGTERM)

@@ -185,9 +185,11 @@ class LeaderEndpoint:
             request = protocol.decode_binary(self.auth.open(frame))
             self.auth.check_sender(request)
         except ShareGroupError as exc:
+            self.ctx.auth_health.refused(frame, getattr(exc, "reason", ""))
             log.error("undecodable_direct_request", error=str(exc))
             writer.close()  # no request id to answer with: the member times out and re-routes
             return
+        self.ctx.auth_health.verified(self.auth.last_sender)
         if isinstance(request, protocol.ShareFetchCancel):
             leader = self.leaders.get(request.topic)
             if leader is not None:
