@@ -44,6 +44,8 @@ def monitor(clock: Clock, fired: list[str], local: set[str] | None = None) -> Au
         is_local=lambda sender: sender in (local or set()),
         clock=clock,
         on_mismatch=fired.append,
+        window_ms=10_000,
+        threshold=20,
     )
 
 
@@ -117,6 +119,15 @@ def test_a_flood_of_junk_never_fires(prefix: bytes) -> None:
         assert reason is not None
         health.refused(junk, reason)
     assert not fired
+
+
+def test_the_defaults_fire_on_one_member_retrying_every_ten_seconds() -> None:
+    clock, fired = Clock(), []
+    health = AuthHealth(f"{APP}/", clock=clock, on_mismatch=fired.append)
+    for _ in range(10):
+        health.refused(envelope(THEIRS, "member-1"), "bad_signature")
+        clock.now += 10_000
+    assert len(fired) == 1
 
 
 def test_claimed_sender_of_envelopes_and_junk() -> None:
