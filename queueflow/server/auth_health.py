@@ -49,10 +49,11 @@ __all__ = [
 
 #: Refusals (for the signature, of well-formed messages from other processes) that, within
 #: :data:`AUTH_HEALTH_WINDOW_MS` and with none verified, make the monitor fire.
-AUTH_HEALTH_THRESHOLD = 10
+AUTH_HEALTH_THRESHOLD = 5
 #: The sliding window of :data:`AUTH_HEALTH_THRESHOLD`, in ms: long, because a member retries
-#: a request no leader answered only after ``queueflow.request.timeout.ms`` (10 s), so one
-#: member alone makes a wrongly keyed worker refuse about one message per 10 s.
+#: a request no leader answered only after ``queueflow.request.timeout.ms`` (10 s), and a
+#: joining member backs off further: one member alone makes a wrongly keyed worker refuse
+#: one message per 10 to 20 s.
 AUTH_HEALTH_WINDOW_MS = 120_000
 #: ``AuthenticationError.reason`` values that say "signed with another key" (``wrong_key``:
 #: the envelope names a key id that is not ours; ``bad_signature``: the MAC doesn't match).
