@@ -30,6 +30,7 @@ __all__ = [
     "admin_send_to_controller",
     "current_event_scope",
     "group_coordinator",
+    "mark_worker_failed",
     "on_heartbeat_ok",
     "refresh_consumer_metadata",
     "refresh_producer_metadata",
@@ -186,6 +187,29 @@ def add_service(app: Any, service: Any) -> None:
     instances in it as they are).
     """
     app._extra_services.append(service)
+
+
+def mark_worker_failed(app: Any, reason: BaseException) -> bool:
+    """Make the Faust worker that runs ``app`` exit non-zero (raising ``reason``) once it has
+    stopped, without crashing its services: stop it then (SIGTERM) and it stops gracefully,
+    committing its offsets and leaving its group, so its partitions move at once.
+
+    ``app.crash(reason)`` marks every service crashed instead, the consumer thread included:
+    a stop that must still commit offsets then waits for that thread for good.
+
+    Uses mode's beacon tree (``app.beacon.root.data`` is the ``mode.Worker``; Faust's worker
+    attaches the app's beacon under its own) and ``Worker.crash_reason``, which
+    ``mode.Worker._shutdown_loop`` re-raises after the loop closed (the process exits 1).
+
+    Returns:
+        False when ``app`` runs under no worker (nothing marked; crash it instead).
+    """
+    root = app.beacon.root
+    worker = None if root is None else root.data
+    if worker is None or worker is app or not hasattr(worker, "crash_reason"):
+        return False
+    worker.crash_reason = reason
+    return True
 
 
 def table_recovery(app: Any) -> tuple[bool, int]:

@@ -804,14 +804,15 @@ class ShareGroups:
         self._key_mismatch_stop = asyncio.ensure_future(self._stop_for_key_mismatch())
 
     async def _stop_for_key_mismatch(self) -> None:
-        # As for a stalled recovery: marked crashed, the worker exits non-zero; the SIGTERM
-        # stops it now (Faust acts on a crash only once it has started).
-        await self.app.crash(
-            RuntimeError(
-                "queueflow.auth.secret differs from the other workers' and members' (see the "
-                "auth_key_mismatch log line); give this worker the app's secret"
-            )
+        # Marked failed, the worker exits non-zero once the SIGTERM stopped it gracefully (its
+        # offsets committed, its group left: its partitions move at once). A crash would stop
+        # the consumer thread before the stop's commit, which then waits for it for good.
+        reason = RuntimeError(
+            "queueflow.auth.secret differs from the other workers' and members' (see the "
+            "auth_key_mismatch log line); give this worker the app's secret"
         )
+        if not _compat.mark_worker_failed(self.app, reason):
+            await self.app.crash(reason)
         os.kill(os.getpid(), signal.SIGTERM)
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import aiokafka.producer.message_accumulator as accumulator
+import aiokafka.producer.producer as producer_module
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
@@ -51,8 +52,11 @@ async def produce_with_bad_header(
 ) -> None:
     """``values`` to ``topic[0]`` in one batch; the record at ``bad_at`` has a header name
     that is not UTF-8."""
-    original = accumulator.DefaultRecordBatchBuilder
-    accumulator.DefaultRecordBatchBuilder = _DefaultRecordBatchBuilderPy  # type: ignore[misc]
+    # aiokafka's C builder refuses a str subclass; its Python builder calls encode() on it.
+    modules = (accumulator, producer_module)
+    originals = [m.DefaultRecordBatchBuilder for m in modules]
+    for module in modules:
+        module.DefaultRecordBatchBuilder = _DefaultRecordBatchBuilderPy  # type: ignore[misc]
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=200)
     try:
         await producer.start()
@@ -68,7 +72,8 @@ async def produce_with_bad_header(
         await asyncio.gather(*sends)
     finally:
         await producer.stop()
-        accumulator.DefaultRecordBatchBuilder = original  # type: ignore[misc]
+        for module, original in zip(modules, originals, strict=True):
+            module.DefaultRecordBatchBuilder = original  # type: ignore[misc]
 
 
 @pytest.fixture
