@@ -261,8 +261,8 @@ def tolerate_undecodable_records() -> None:
     Replaces ``aiokafka.consumer.fetcher.MemoryRecords`` (what the fetcher builds for each
     fetched partition) with a wrapper that keeps the fetched bytes and, only inside
     :func:`undecodable_records`, wraps each ``DefaultRecordBatch``: a batch whose iteration
-    raises ``UnicodeDecodeError`` is parsed again, from the record after the last one
-    returned, by a lenient subclass of ``aiokafka.record.default_records._DefaultRecordBatchPy``
+    raises ``UnicodeDecodeError`` is parsed again, from the record that failed on, by a
+    lenient subclass of ``aiokafka.record.default_records._DefaultRecordBatchPy``
     (its ``_read_msg``, ``_buffer``, ``_pos``). Elsewhere (another task, Faust's consumer
     thread) the batches are aiokafka's own, unchanged.
     """
@@ -287,11 +287,17 @@ def _tolerant_memory_records(inner: Any) -> Any:
     class LenientBatch(_DefaultRecordBatchPy):  # type: ignore[misc,unused-ignore]
         """A v2 batch whose undecodable header names become U+FFFD, the offsets noted."""
 
+        #: The last record read was undecodable.
+        lossy = False
+
         def _read_msg(self, decode_varint: Any = decode_varint) -> Any:
             start: int = self._pos  # type: ignore[has-type]
             try:
-                return super()._read_msg()
+                record = super()._read_msg()
+                self.lossy = False
+                return record
             except UnicodeDecodeError as exc:
+                self.lossy = True
                 self._pos = start
                 record = self.lossy_record()
                 seen = _UNDECODABLE.get()
@@ -326,15 +332,19 @@ def _tolerant_memory_records(inner: Any) -> Any:
                 headers,
             )
 
-    def lenient_records(data: bytes, base_offset: int, after: int) -> Iterator[Any]:
-        """The records after offset ``after`` of the batch at ``base_offset`` in ``data``."""
+    def lenient_records(data: bytes, base_offset: int) -> Iterator[Any]:
+        """The records of the batch at ``base_offset`` in ``data`` from its first undecodable
+        one on (aiokafka's parser returned those before it, then failed on it)."""
         pos = 0
         while pos + 12 <= len(data):
             offset, length = struct.unpack_from(">qi", data, pos)
             end = pos + 12 + length
             if offset == base_offset:
-                for record in LenientBatch(memoryview(data)[pos:end]):
-                    if record.offset > after:
+                batch = LenientBatch(memoryview(data)[pos:end])
+                started = False
+                for record in batch:
+                    started = started or batch.lossy
+                    if started:
                         yield record
                 return
             pos = end
@@ -354,15 +364,12 @@ def _tolerant_memory_records(inner: Any) -> Any:
             return next(self.batch)
 
         def __iter__(self) -> Iterator[Any]:
-            last = -1
             try:
-                for record in self.batch:
-                    last = record.offset
-                    yield record
+                yield from self.batch
                 return
             except UnicodeDecodeError:
                 pass
-            yield from lenient_records(self.data, self.batch.base_offset, last)
+            yield from lenient_records(self.data, self.batch.base_offset)
 
     class TolerantMemoryRecords:
         """aiokafka's ``MemoryRecords`` over ``data``, keeping ``data`` for a lenient parse."""

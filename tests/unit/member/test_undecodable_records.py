@@ -81,7 +81,9 @@ def test_a_share_agent_rejects_an_undecodable_record_and_goes_on(batch: bool) ->
     run(scenario())
 
 
-def bad_batch(base_offset: int, bad: set[int], records: int = 5) -> bytes:
+def bad_batch(
+    base_offset: int, bad: set[int], records: int = 5, compression_type: int = 0
+) -> bytes:
     """A v2 record batch (as fetched) whose records at ``bad`` have a non-UTF-8 header name."""
     from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
@@ -91,7 +93,7 @@ def bad_batch(base_offset: int, bad: set[int], records: int = 5) -> bytes:
 
     builder = _DefaultRecordBatchBuilderPy(
         magic=2,
-        compression_type=0,
+        compression_type=compression_type,
         is_transactional=0,
         producer_id=-1,
         producer_epoch=-1,
@@ -105,12 +107,19 @@ def bad_batch(base_offset: int, bad: set[int], records: int = 5) -> bytes:
     return struct.pack(">q", base_offset) + data[8:]
 
 
-def test_the_seam_reads_past_undecodable_records_only_when_asked() -> None:
+@pytest.mark.parametrize(
+    ("bad", "compression_type"),
+    [({1, 3}, 0), ({0}, 0), ({4}, 0), ({0, 1, 2, 3, 4}, 0), ({2}, 1)],
+    ids=["two", "first", "last", "all", "gzip"],
+)
+def test_the_seam_reads_past_undecodable_records_only_when_asked(
+    bad: set[int], compression_type: int
+) -> None:
     import aiokafka.consumer.fetcher as fetcher
 
     _compat.tolerate_undecodable_records()
     _compat.tolerate_undecodable_records()  # idempotent
-    data = bad_batch(100, {1, 3})
+    data = bad_batch(100, bad, compression_type=compression_type)
     batch = fetcher.MemoryRecords(data).next_batch()
     with pytest.raises(UnicodeDecodeError):  # aiokafka's own behaviour elsewhere
         list(batch)
@@ -120,5 +129,7 @@ def test_the_seam_reads_past_undecodable_records_only_when_asked() -> None:
         records = list(batch)
     assert [r.offset for r in records] == [100, 101, 102, 103, 104]
     assert [r.value for r in records] == [b"v0", b"v1", b"v2", b"v3", b"v4"]
-    assert records[1].headers == [("\ufffd\ufffdname", b"h")]
-    assert [offset for offset, _ in seen] == [101, 103]
+    for i, record in enumerate(records):
+        expected = [("\ufffd\ufffdname", b"h")] if i in bad else [("ok", b"1")]
+        assert record.headers == expected
+    assert [offset for offset, _ in seen] == sorted(100 + i for i in bad)
