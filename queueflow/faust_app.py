@@ -487,6 +487,7 @@ class ShareGroups:
             auth_health=AuthHealth(
                 f"{self.app_id}/",
                 is_local=lambda sender: any(a.member_id == sender for a in self.agents),
+                has_peers=self._has_peers,
                 on_mismatch=self._auth_key_mismatch,
             ),
         )
@@ -789,6 +790,18 @@ class ShareGroups:
             )
         )
         os.kill(os.getpid(), signal.SIGTERM)
+
+    def _has_peers(self) -> bool:
+        """Another worker of the app holds some of its control partitions (the coordinator
+        topic's, the request topics'): this one is not alone."""
+        controls = [(self._coordinator_topic, topics.COORDINATOR_PARTITIONS)]
+        controls += [(t, t.partitions or 0) for t in self._request_topics.values()]
+        wanted = {
+            TopicPartition(topic.get_topic_name(), p)
+            for topic, count in controls
+            for p in range(count)
+        }
+        return not wanted <= self._runtime.assigned()
 
     def _auth_key_mismatch(self, evidence: str) -> None:
         """This worker's key differs from its peers' (:mod:`queueflow.server.auth_health`):

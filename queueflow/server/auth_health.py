@@ -15,9 +15,11 @@ The rule, within a sliding window of ``window_ms``:
 * each of them was *well-formed*: a signed envelope whose (unverified) header decodes and
   names a sender (:func:`claimed_sender`), i.e. shaped as peers' messages are. Junk (unsigned,
   malformed, random bytes) never counts;
-* and **no** message from another process verified, ever since this worker started: one
+* **no** message from another process verified, ever since this worker started: one
   verified message proves the key right (keys don't change while a process runs), so the
-  monitor disarms for good.
+  monitor disarms for good;
+* and another worker holds some of the app's control partitions (``has_peers``): a worker
+  alone would give its partitions to nobody, so it never stops for this.
 
 "Another process" is a sender that is neither one of this process's server loops
 (``<app_id>/<role>``: every worker signs as those, so they prove nothing) nor one of its own
@@ -26,9 +28,9 @@ wrong key hears them all refused within seconds.
 
 Trade-off: an attacker who can write the internal topics (see docs/operations.md for the ACLs
 that prevent it) can forge well-formed envelopes with a bad MAC. That stops only a worker that
-has not verified a single message from another process since it started (a lone worker
-without members); a worker in a working app is immune. The stopped worker's supervisor
-restarts it.
+has peers and has not verified a single message from another process since it started (an app
+whose members have not reached it yet); a worker in a working app, or alone, is immune. The
+stopped worker's supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class AuthHealth:
         server_prefix: ``"<app_id>/"``: senders starting with it are server loops (any worker's,
             this one's included), which prove nothing either way.
         is_local: whether a sender is one of this process's own members.
+        has_peers: whether another worker of the app holds some of its control partitions.
         window_ms / threshold: the rule's window (ms) and count.
         clock: monotonic ms.
         on_mismatch: called once, with a description of the evidence, when the rule fires.
@@ -97,6 +100,7 @@ class AuthHealth:
         server_prefix: str | None = None,
         *,
         is_local: Callable[[str], bool] = lambda sender: False,
+        has_peers: Callable[[], bool] = lambda: True,
         window_ms: int = AUTH_HEALTH_WINDOW_MS,
         threshold: int = AUTH_HEALTH_THRESHOLD,
         clock: Callable[[], int] | None = None,
@@ -104,6 +108,7 @@ class AuthHealth:
     ) -> None:
         self.server_prefix = server_prefix
         self.is_local = is_local
+        self.has_peers = has_peers
         self.window_ms = window_ms
         self.threshold = threshold
         self._clock = clock
@@ -146,7 +151,7 @@ class AuthHealth:
         refused.append(now)
         while refused and now - refused[0] > self.window_ms:
             refused.popleft()
-        if len(refused) < self.threshold:
+        if len(refused) < self.threshold or not self.has_peers():
             return False
         self.fired = True
         if self.on_mismatch is not None:

@@ -135,3 +135,17 @@ def test_claimed_sender_of_envelopes_and_junk() -> None:
     assert claimed_sender(b"\xa1" + bytes(32) + b"\x94\x01\xa1x\x02\x03") == "x"
     for junk in (b"", b"{}", b"\xa1" * 40, b"\xa1" + bytes(32) + b"\x92\x01\x02"):
         assert claimed_sender(junk) is None
+
+
+def test_a_worker_alone_never_stops_and_one_with_peers_does() -> None:
+    clock, fired = Clock(), []
+    peers = {"present": False}
+    health = AuthHealth(
+        f"{APP}/", clock=clock, on_mismatch=fired.append, has_peers=lambda: peers["present"]
+    )
+    for _ in range(50):  # a lone worker: there is nobody to give its partitions to
+        health.refused(envelope(THEIRS, "member-1"), "bad_signature")
+    assert not fired
+    peers["present"] = True
+    assert health.refused(envelope(THEIRS, "member-1"), "bad_signature")
+    assert len(fired) == 1
