@@ -30,12 +30,15 @@ __all__ = [
     "admin_send_to_controller",
     "current_event_scope",
     "group_coordinator",
+    "mark_worker_failed",
     "on_heartbeat_ok",
     "refresh_consumer_metadata",
     "refresh_producer_metadata",
     "set_persisted_offset",
     "table_recovery",
     "table_store",
+    "tolerate_undecodable_records",
+    "undecodable_records",
 ]
 
 #: Distribution → the version range the canary tests cover (pyproject.toml pins the same).
@@ -186,6 +189,29 @@ def add_service(app: Any, service: Any) -> None:
     app._extra_services.append(service)
 
 
+def mark_worker_failed(app: Any, reason: BaseException) -> bool:
+    """Make the Faust worker that runs ``app`` exit non-zero (raising ``reason``) once it has
+    stopped, without crashing its services: stop it then (SIGTERM) and it stops gracefully,
+    committing its offsets and leaving its group, so its partitions move at once.
+
+    ``app.crash(reason)`` marks every service crashed instead, the consumer thread included:
+    a stop that must still commit offsets then waits for that thread for good.
+
+    Uses mode's beacon tree (``app.beacon.root.data`` is the ``mode.Worker``; Faust's worker
+    attaches the app's beacon under its own) and ``Worker.crash_reason``, which
+    ``mode.Worker._shutdown_loop`` re-raises after the loop closed (the process exits 1).
+
+    Returns:
+        False when ``app`` runs under no worker (nothing marked; crash it instead).
+    """
+    root = app.beacon.root
+    worker = None if root is None else root.data
+    if worker is None or worker is app or not hasattr(worker, "crash_reason"):
+        return False
+    worker.crash_reason = reason
+    return True
+
+
 def table_recovery(app: Any) -> tuple[bool, int]:
     """Whether a Faust app's table recovery is in progress, and how many changelog records its
     active tables have still to read (0 when not recovering).
@@ -197,6 +223,176 @@ def table_recovery(app: Any) -> tuple[bool, int]:
     if not recovery.in_recovery:
         return False, 0
     return True, int(recovery.active_remaining_total())
+
+
+# --- aiokafka's record parsing --------------------------------------------------------------
+
+#: The records a read in this context could not decode, ``[(offset, reason)]``, while
+#: :func:`undecodable_records` collects them; ``None`` elsewhere (aiokafka's own behaviour).
+_UNDECODABLE: ContextVar[list[tuple[int, str]] | None] = ContextVar(
+    "queueflow_undecodable_records", default=None
+)
+
+
+@contextlib.contextmanager
+def undecodable_records() -> Iterator[list[tuple[int, str]]]:
+    """Within the block, the aiokafka consumer reads of the current task (``getmany``) return
+    a record whose header name is not UTF-8 instead of raising ``UnicodeDecodeError`` for
+    good: its header names are decoded with U+FFFD replacement characters, and
+    ``(offset, reason)`` is appended to the list this yields, so the caller treats that record
+    as undecodable. Needs :func:`tolerate_undecodable_records` installed.
+
+    aiokafka decodes header names strictly while it iterates a fetched batch; the error ends
+    the iteration, the records before it in the fetch are not returned, and every later read
+    of the partition fetches the same batch and fails the same way (a consumer stuck for
+    good on one record).
+    """
+    seen: list[tuple[int, str]] = []
+    token = _UNDECODABLE.set(seen)
+    try:
+        yield seen
+    finally:
+        _UNDECODABLE.reset(token)
+
+
+def tolerate_undecodable_records() -> None:
+    """Install (once per process) the wrapper that lets :func:`undecodable_records` work.
+
+    Replaces ``aiokafka.consumer.fetcher.MemoryRecords`` (what the fetcher builds for each
+    fetched partition) with a wrapper that keeps the fetched bytes and, only inside
+    :func:`undecodable_records`, wraps each ``DefaultRecordBatch``: a batch whose iteration
+    raises ``UnicodeDecodeError`` is parsed again, from the record that failed on, by a
+    lenient subclass of ``aiokafka.record.default_records._DefaultRecordBatchPy``
+    (its ``_read_msg``, ``_buffer``, ``_pos``). Elsewhere (another task, Faust's consumer
+    thread) the batches are aiokafka's own, unchanged.
+    """
+    import aiokafka.consumer.fetcher as fetcher
+
+    if not getattr(fetcher.MemoryRecords, "queueflow_tolerant", False):
+        fetcher.MemoryRecords = _tolerant_memory_records(fetcher.MemoryRecords)
+
+
+def _tolerant_memory_records(inner: Any) -> Any:
+    import struct
+
+    from aiokafka.record.default_records import _DefaultRecordBatchPy, _DefaultRecordPy
+    from aiokafka.record.util import decode_varint
+
+    def read_bytes(buffer: Any, pos: int) -> tuple[bytes | None, int]:
+        size, pos = decode_varint(buffer, pos)
+        if size < 0:
+            return None, pos
+        return bytes(buffer[pos : pos + size]), pos + size
+
+    class LenientBatch(_DefaultRecordBatchPy):  # type: ignore[misc,unused-ignore]
+        """A v2 batch whose undecodable header names become U+FFFD, the offsets noted."""
+
+        #: The last record read was undecodable.
+        lossy = False
+
+        def _read_msg(self, decode_varint: Any = decode_varint) -> Any:
+            start: int = self._pos  # type: ignore[has-type]
+            try:
+                record = super()._read_msg()
+                self.lossy = False
+                return record
+            except UnicodeDecodeError as exc:
+                self.lossy = True
+                self._pos = start
+                record = self.lossy_record()
+                seen = _UNDECODABLE.get()
+                if seen is not None:
+                    seen.append((record.offset, f"a header name is not UTF-8 ({exc.reason})"))
+                return record
+
+        def lossy_record(self) -> Any:
+            buffer = self._buffer
+            length, pos = decode_varint(buffer, self._pos)
+            end = pos + length
+            _attributes, pos = decode_varint(buffer, pos)
+            ts_delta, pos = decode_varint(buffer, pos)
+            offset_delta, pos = decode_varint(buffer, pos)
+            key, pos = read_bytes(buffer, pos)
+            value, pos = read_bytes(buffer, pos)
+            count, pos = decode_varint(buffer, pos)
+            headers: list[tuple[str, bytes | None]] = []
+            for _ in range(max(count, 0)):
+                name, pos = read_bytes(buffer, pos)
+                header_value, pos = read_bytes(buffer, pos)
+                headers.append(((name or b"").decode("utf-8", "replace"), header_value))
+            self._pos = end
+            log_append = self.timestamp_type == self.LOG_APPEND_TIME
+            timestamp = self.max_timestamp if log_append else self.first_timestamp + ts_delta
+            return _DefaultRecordPy(
+                self.base_offset + offset_delta,
+                timestamp,
+                self.timestamp_type,
+                key,
+                value,
+                headers,
+            )
+
+    def lenient_records(data: bytes, base_offset: int) -> Iterator[Any]:
+        """The records of the batch at ``base_offset`` in ``data`` from its first undecodable
+        one on (aiokafka's parser returned those before it, then failed on it)."""
+        pos = 0
+        while pos + 12 <= len(data):
+            offset, length = struct.unpack_from(">qi", data, pos)
+            end = pos + 12 + length
+            if offset == base_offset:
+                batch = LenientBatch(memoryview(data)[pos:end])
+                started = False
+                for record in batch:
+                    started = started or batch.lossy
+                    if started:
+                        yield record
+                return
+            pos = end
+
+    class TolerantBatch:
+        """aiokafka's batch; parsed again leniently from where a header name failed."""
+
+        __slots__ = ("batch", "data")
+
+        def __init__(self, batch: Any, data: bytes) -> None:
+            self.batch, self.data = batch, data
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.batch, name)
+
+        def __next__(self) -> Any:
+            return next(self.batch)
+
+        def __iter__(self) -> Iterator[Any]:
+            try:
+                yield from self.batch
+                return
+            except UnicodeDecodeError:
+                pass
+            yield from lenient_records(self.data, self.batch.base_offset)
+
+    class TolerantMemoryRecords:
+        """aiokafka's ``MemoryRecords`` over ``data``, keeping ``data`` for a lenient parse."""
+
+        queueflow_tolerant = True
+
+        def __init__(self, data: bytes) -> None:
+            self.data = data
+            self.inner = inner(data)
+
+        def size_in_bytes(self) -> int:
+            return int(self.inner.size_in_bytes())
+
+        def has_next(self) -> bool:
+            return bool(self.inner.has_next())
+
+        def next_batch(self) -> Any:
+            batch = self.inner.next_batch()
+            if batch is None or _UNDECODABLE.get() is None or getattr(batch, "magic", 0) < 2:
+                return batch
+            return TolerantBatch(batch, self.data)
+
+    return TolerantMemoryRecords
 
 
 # --- aiokafka's admin client -----------------------------------------------------------------

@@ -56,6 +56,7 @@ from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptio
 from queueflow.member.context import MemberContext
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
+from queueflow.server.auth_health import AuthHealth
 from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
@@ -483,6 +484,12 @@ class ShareGroups:
             flush_state=self._flush_state,
             request_log=LogRangeReader(self.kafka),
             group_configs=self.group_configs,
+            auth_health=AuthHealth(
+                f"{self.app_id}/",
+                is_local=lambda sender: any(a.member_id == sender for a in self.agents),
+                has_peers=self._has_peers,
+                on_mismatch=self._auth_key_mismatch,
+            ),
         )
         self.endpoint = (
             LeaderEndpoint(self.server_context, self.leaders)
@@ -782,6 +789,43 @@ class ShareGroups:
                 "records left (queueflow.leader.recovery.stall.ms); restart the worker"
             )
         )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def _has_peers(self) -> bool:
+        """Another worker of the app holds some of its control partitions (the coordinator
+        topic's, the request topics'): this one is not alone."""
+        controls = [(self._coordinator_topic, topics.COORDINATOR_PARTITIONS)]
+        controls += [(t, t.partitions or 0) for t in self._request_topics.values()]
+        wanted = {
+            TopicPartition(topic.get_topic_name(), p)
+            for topic, count in controls
+            for p in range(count)
+        }
+        return not wanted <= self._runtime.assigned()
+
+    def _auth_key_mismatch(self, evidence: str) -> None:
+        """This worker's key differs from its peers' (:mod:`queueflow.server.auth_health`):
+        say so and stop the worker, non-zero, so that its partitions move to the others."""
+        log.error(
+            "auth_key_mismatch",
+            evidence=evidence,
+            note="this worker's queueflow.auth.secret differs from the other workers' and "
+            "members': it can verify none of their messages and they none of its own. "
+            "Stopping it so that its partitions move to the other workers; give it the "
+            "app's secret and restart it",
+        )
+        self._key_mismatch_stop = asyncio.ensure_future(self._stop_for_key_mismatch())
+
+    async def _stop_for_key_mismatch(self) -> None:
+        # Marked failed, the worker exits non-zero once the SIGTERM stopped it gracefully (its
+        # offsets committed, its group left: its partitions move at once). A crash would stop
+        # the consumer thread before the stop's commit, which then waits for it for good.
+        reason = RuntimeError(
+            "queueflow.auth.secret differs from the other workers' and members' (see the "
+            "auth_key_mismatch log line); give this worker the app's secret"
+        )
+        if not _compat.mark_worker_failed(self.app, reason):
+            await self.app.crash(reason)
         os.kill(os.getpid(), signal.SIGTERM)
 
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:

@@ -4,6 +4,9 @@ Members never receive payloads from leaders: a ShareFetch answer holds offset ra
 delivery counts only, and the member reads those offsets from Kafka through Kafka's own fetch
 path (:class:`KafkaRecordReader`). Offsets in a range that hold no record (transaction markers,
 compacted-away records) are reported as gaps, which the member acknowledges as ``GAP``.
+Records aiokafka can't decode (a header name that is not UTF-8) are reported apart, as
+*undecodable*, with their header names decoded with U+FFFD replacement characters; a
+ShareConsumer or share agent REJECTs them (docs/guide.md "Handler outcomes").
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
+from queueflow._compat import tolerate_undecodable_records, undecodable_records
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
@@ -30,9 +34,16 @@ __all__ = [
     "RELEASED_CACHE_RECORDS",
     "KafkaRecordReader",
     "PartitionReader",
+    "ReadResult",
     "RecordSource",
+    "Undecodable",
     "share_records",
 ]
+
+#: A record that could not be decoded, and why (see :func:`queueflow._compat.undecodable_records`).
+Undecodable = tuple[ShareRecord, str]
+#: What a read returns: (records in offset order, gap offsets, undecodable records).
+ReadResult = tuple[list[ShareRecord], list[int], list[Undecodable]]
 
 
 def share_records(
@@ -100,11 +111,12 @@ class RecordSource(Protocol):
 
     async def read(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
-    ) -> tuple[list[ShareRecord], list[int]]:
+    ) -> ReadResult:
         """Read the acquired ranges ``[(first, last, delivery_count), ...]`` of ``tp``.
 
         Returns:
-            (records in offset order, gap offsets: acquired offsets that hold no record).
+            (records in offset order, gap offsets: acquired offsets that hold no record,
+            undecodable records with the reason: left out of the records).
 
         Raises:
             ShareGroupError: ``REQUEST_TIMED_OUT`` when they can't be read in ``timeout_ms``.
@@ -145,7 +157,7 @@ class KafkaRecordReader:
 
     async def read(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
-    ) -> tuple[list[ShareRecord], list[int]]:
+    ) -> ReadResult:
         """See :meth:`RecordSource.read`.
 
         Raises:
@@ -202,6 +214,7 @@ class PartitionReader:
     """
 
     def __init__(self, kafka: KafkaClientConfig, topic: str, partition: int) -> None:
+        tolerate_undecodable_records()
         self.tp = KafkaTopicPartition(topic, partition)
         self.consumer = AIOKafkaConsumer(
             **kafka.client_kwargs(),
@@ -285,9 +298,7 @@ class PartitionReader:
                 await self._warming
         await stop_quietly("member record reader", self.consumer.stop)
 
-    async def read(
-        self, acquired: list[protocol.WireAcquired], timeout_ms: int
-    ) -> tuple[list[ShareRecord], list[int]]:
+    async def read(self, acquired: list[protocol.WireAcquired], timeout_ms: int) -> ReadResult:
         """Read the acquired ranges; see :meth:`RecordSource.read`.
 
         Raises:
@@ -313,11 +324,10 @@ class PartitionReader:
             self.consumer.unsubscribe()
             self._assigned = False
 
-    async def _read(
-        self, acquired: list[protocol.WireAcquired], timeout_ms: int
-    ) -> tuple[list[ShareRecord], list[int]]:
+    async def _read(self, acquired: list[protocol.WireAcquired], timeout_ms: int) -> ReadResult:
         records: list[ShareRecord] = []
         gaps: list[int] = []
+        bad: dict[int, str] = {}
         topic, partition = self.tp.topic, self.tp.partition
         deadline = time.monotonic() + timeout_ms / 1000
         for first, last, delivery_count in acquired:
@@ -328,9 +338,11 @@ class PartitionReader:
                 self.position = first
             expected = first
             while expected <= last:
-                batch = await self.consumer.getmany(
-                    self.tp, timeout_ms=200, max_records=last - expected + 1
-                )
+                with undecodable_records() as seen:
+                    batch = await self.consumer.getmany(
+                        self.tp, timeout_ms=200, max_records=last - expected + 1
+                    )
+                bad.update(seen)
                 messages = batch.get(self.tp, [])
                 expected = share_records(
                     messages, topic, partition, expected, last, delivery_count, records, gaps
@@ -349,4 +361,7 @@ class PartitionReader:
             self.position = last + 1
             if (await self.consumer.position(self.tp)) != self.position:
                 self.position = -1  # force a seek next time
-        return records, gaps
+        if not bad:
+            return records, gaps, []
+        undecodable = [(r, bad[r.offset]) for r in records if r.offset in bad]
+        return [r for r in records if r.offset not in bad], gaps, undecodable

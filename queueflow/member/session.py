@@ -27,7 +27,7 @@ import structlog
 from aiokafka.errors import KafkaError
 
 from queueflow.errors import ErrorCode, ShareGroupError
-from queueflow.logging import get_logger
+from queueflow.logging import SkipLogLimiter, get_logger
 from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient
@@ -86,6 +86,8 @@ class FetchResult:
         long_polled: the request went to a leader that holds empty polls (the direct path
             with ``fetch.max.wait.ms`` > 0; it answers at once only when it acquired records or
             the request carried acknowledgements), so an empty answer needs no back-off.
+        undecodable: acquired records that could not be decoded (REJECTed, not in
+            ``records``).
     """
 
     records: list[ShareRecord] = field(default_factory=list)
@@ -94,6 +96,7 @@ class FetchResult:
     acquired: int = 0
     lock_timeout_ms: int = 0
     long_polled: bool = False
+    undecodable: int = 0
 
 
 @dataclass(slots=True)
@@ -201,6 +204,9 @@ class ShareFetchSession:
             SESSION_TRANSITIONS,
         )
         self._source = ctx.io.record_source()
+        #: Records REJECTed because they could not be decoded (``_reject_undecodable``).
+        self.undecodable = 0
+        self._undecodable_log = SkipLogLimiter(lambda: int(ctx.clock.monotonic() * 1000))
         self._log = get_logger("queueflow.member.session", group=group, member_id=self.member_id)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -351,7 +357,9 @@ class ShareFetchSession:
             deadline = (
                 sent + response.lock_timeout_ms / 1000 if response.lock_timeout_ms else math.inf
             )
+            before = self.undecodable
             result.records = await self._read(tp, response.acquired, deadline)
+            result.undecodable = self.undecodable - before
         return result
 
     async def acquire(
@@ -421,7 +429,7 @@ class ShareFetchSession:
         """Read the acquired ranges; acknowledge gaps as GAP, and RELEASE every acquired offset
         if the read fails (rather than let the records sit until their locks expire)."""
         try:
-            records, gaps = await self._source.read(
+            records, gaps, undecodable = await self._source.read(
                 tp, acquired, self.ctx.settings.request_timeout_ms
             )
         except Exception:
@@ -431,12 +439,34 @@ class ShareFetchSession:
             raise
         for offset in gaps:
             self.acks.add(tp, offset, AcknowledgeType.GAP)
+        for record, reason in undecodable:
+            self._reject_undecodable(record, reason)
         now = self.ctx.clock.monotonic()
         for record in records:
             record.delivered_at = now
             if lock_deadline != math.inf:
                 record.lock_deadline = lock_deadline
         return records
+
+    def _reject_undecodable(self, record: ShareRecord, reason: str) -> None:
+        """REJECT a record that can't be decoded (it would fail the same way on every
+        delivery; docs/guide.md "Handler outcomes"), count it, log it (rate-limited)."""
+        tp = TopicPartition(record.topic, record.partition)
+        self.acks.add(tp, record.offset, AcknowledgeType.REJECT)
+        self.undecodable += 1
+        self.ctx.metrics.handler_errors.labels(self.group, record.topic, "undecodable").inc()
+        suppressed = self._undecodable_log.admit()
+        if suppressed is not None:
+            self._log.error(
+                "undecodable_record_rejected",
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                delivery_count=record.delivery_count,
+                error=reason,
+                suppressed=suppressed,
+                note="REJECTed before any handler saw it: it can't be decoded on any delivery",
+            )
 
     def _acknowledged(
         self,

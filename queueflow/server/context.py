@@ -17,6 +17,7 @@ from typing import Protocol
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.metrics import Metrics
 from queueflow.protocol.sealed_replies import ReplySealer
+from queueflow.server.auth_health import AuthHealth
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
 
@@ -176,6 +177,7 @@ class ServerContext:
         reply_sealer: seals replies to members' reply keys (``queueflow.auth.mode=hmac``): this
             process's X25519 key pair.
         group_configs: the app's per-group defaults of group configs.
+        auth_health: the monitor of refused signatures (:mod:`queueflow.server.auth_health`).
     """
 
     app_id: str
@@ -195,3 +197,5 @@ class ServerContext:
     #: validated ``share.*`` values (:func:`~queueflow.engine.group_config.validate_group_configs`).
     #: Values set with the admin win over them (:mod:`queueflow.server.group_configs`).
     group_configs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: Whether this worker's key matches its peers' (fed where control messages are opened).
+    auth_health: AuthHealth = field(default_factory=AuthHealth)

@@ -296,6 +296,7 @@ class LeaderEndpoint:
             request = protocol.decode_binary(self.auth.open(frame))
             self.auth.check_sender(request)
         except ShareGroupError as exc:
+            self.ctx.auth_health.refused(frame, getattr(exc, "reason", ""))
             if (suppressed := self._dropped_log.admit()) is not None:
                 log.error(
                     "undecodable_direct_request",
@@ -304,6 +305,7 @@ class LeaderEndpoint:
                     suppressed=suppressed,
                 )
             return None  # no request id to answer with: the member times out and re-routes
+        self.ctx.auth_health.verified(self.auth.last_sender)
         if not isinstance(request, protocol.ShareFetchRequest | protocol.ShareFetchCancel):
             if (suppressed := self._dropped_log.admit()) is not None:
                 log.error(

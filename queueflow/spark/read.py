@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from pyspark.sql.datasource import InputPartition
 
 from queueflow.member.reader import PartitionReader
@@ -32,6 +33,8 @@ __all__ = [
     "records_to_batch",
     "spark_schema",
 ]
+
+log = structlog.get_logger("queueflow.spark.read")
 
 #: The source's schema: that of Spark's Kafka source plus ``delivery_count``.
 SCHEMA_DDL = (
@@ -192,9 +195,19 @@ def read_partition(
     async def read() -> list[ShareRecord]:
         reader = PartitionReader(kafka, partition.topic, partition.partition)
         try:
-            records, _gaps = await reader.read(list(partition.ranges), timeout_ms)
+            records, _gaps, undecodable = await reader.read(list(partition.ranges), timeout_ms)
         finally:
             await reader.close()
+        if undecodable:  # rows all the same: the job chooses their outcome (docs/spark.md)
+            log.warning(
+                "undecodable_records_read",
+                topic=partition.topic,
+                partition=partition.partition,
+                offsets=[record.offset for record, _ in undecodable][:20],
+                error=undecodable[0][1],
+                note="their header names are given with U+FFFD replacement characters",
+            )
+            records = sorted([*records, *(r for r, _ in undecodable)], key=lambda r: r.offset)
         return records
 
     records = asyncio.run(read()) if partition.ranges else []

@@ -39,6 +39,7 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import Handler, ShareAgent
 from queueflow.member.consumer import ShareConsumer
 from queueflow.member.context import MemberContext
+from queueflow.member.reader import ReadResult, Undecodable
 from queueflow.member.transport import ReplyHandler
 from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
@@ -63,7 +64,8 @@ class StoredRecord:
     key: bytes | None
     value: bytes | None
     timestamp: int
-    headers: tuple[tuple[str, bytes], ...] = ()
+    #: A name given as ``bytes`` stands for a header name that is not UTF-8 (undecodable).
+    headers: tuple[tuple[str | bytes, bytes], ...] = ()
 
 
 class _Bus:
@@ -166,31 +168,39 @@ class _RecordSource:
 
     async def read(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
-    ) -> tuple[list[ShareRecord], list[int]]:
+    ) -> ReadResult:
         log = self.cluster.records[TopicPartition(*tp)]
         records: list[ShareRecord] = []
         gaps: list[int] = []
+        undecodable: list[Undecodable] = []
         for first, last, count in acquired:
             for offset in range(first, last + 1):
                 stored = log[offset]
                 if stored.value is None:
                     gaps.append(offset)
                     continue
-                records.append(
-                    ShareRecord(
-                        tp.topic,
-                        tp.partition,
-                        offset,
-                        stored.key,
-                        stored.value,
-                        stored.headers,
-                        stored.timestamp,
-                        count,
-                        stored.value,
-                        stored.key,
-                    )
+                # A header name given as bytes stands for one Kafka can't decode as UTF-8.
+                lossy = [
+                    (n.decode("utf-8", "replace") if isinstance(n, bytes) else n, v)
+                    for n, v in stored.headers
+                ]
+                record = ShareRecord(
+                    tp.topic,
+                    tp.partition,
+                    offset,
+                    stored.key,
+                    stored.value,
+                    lossy,
+                    stored.timestamp,
+                    count,
+                    stored.value,
+                    stored.key,
                 )
-        return records, gaps
+                if any(isinstance(n, bytes) for n, _ in stored.headers):
+                    undecodable.append((record, "a header name is not UTF-8"))
+                else:
+                    records.append(record)
+        return records, gaps, undecodable
 
     def remember_released(self, record: ShareRecord) -> None:
         pass
@@ -329,7 +339,7 @@ class InProcessCluster:
         *,
         key: bytes | None = None,
         partition: int = 0,
-        headers: tuple[tuple[str, bytes], ...] = (),
+        headers: tuple[tuple[str | bytes, bytes], ...] = (),
     ) -> int:
         """Append a record (``value`` None: an offset without a record); returns its offset."""
         log = self.records[TopicPartition(topic, partition)]

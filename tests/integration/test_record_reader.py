@@ -30,18 +30,18 @@ def test_a_prepared_reader_is_connected_and_paused_then_reads_acquired_ranges(
         assert reader._warming is not None
         await asyncio.wait_for(asyncio.shield(reader._warming), WAIT_S)
         assert reader._started and reader.consumer.assignment() == set()  # fetches nothing
-        records, gaps = await source.read(tp, [(1, 3, 2)], int(WAIT_S * 1000))
+        records, gaps, undecodable = await source.read(tp, [(1, 3, 2)], int(WAIT_S * 1000))
         assert [(r.offset, r.value, r.delivery_count) for r in records] == [
             (1, b"r1", 2),
             (2, b"r2", 2),
             (3, b"r3", 2),
         ]
-        assert gaps == [] and reader.consumer.assignment() == {reader.tp}
+        assert gaps == [] and undecodable == [] and reader.consumer.assignment() == {reader.tp}
         # Idle: the partition is given up (no prefetch, no fetch-routine wake-ups); the next
         # read takes it back and seeks.
         reader._pause_idle()
         assert reader.consumer.assignment() == set()
-        records, _ = await source.read(tp, [(4, 4, 1)], int(WAIT_S * 1000))
+        records, _, _ = await source.read(tp, [(4, 4, 1)], int(WAIT_S * 1000))
         assert [(r.offset, r.value) for r in records] == [(4, b"r4")]
         await source.drop(tp)
         await source.close()

@@ -293,6 +293,63 @@ def test_canary_faust_table_recovery(app: faust.App) -> None:
     )
 
 
+def test_canary_faust_worker_is_the_beacon_root_and_reraises_its_crash_reason(
+    app: faust.App,
+) -> None:
+    check(
+        "self.app.beacon.reattach(self.beacon)"
+        in inspect.getsource(faust.Worker.on_init_dependencies),
+        "faust-streaming",
+        "faust.Worker attaching the app's beacon under its own (app.beacon.root.data)",
+        "mark_worker_failed",
+    )
+    worker = mode.Service()  # stands for the worker: the root of the app's beacon
+    app.beacon.reattach(worker.beacon)
+    reason = RuntimeError("canary")
+    check(
+        _compat.mark_worker_failed(app, reason) and worker.crash_reason is reason,
+        "mode-streaming",
+        "Service.crash_reason, a settable property",
+        "mark_worker_failed",
+    )
+    check(
+        "raise self.crash_reason" in inspect.getsource(mode.Worker._shutdown_loop),
+        "mode-streaming",
+        "mode.Worker._shutdown_loop re-raising crash_reason after the loop closed",
+        "mark_worker_failed",
+    )
+    check(
+        not app._crashed.is_set() and not worker._crashed.is_set(),
+        "mode-streaming",
+        "a Worker's crash_reason set without crashing its services",
+        "mark_worker_failed",
+    )
+
+
+def test_mark_worker_failed_without_a_worker(app: faust.App) -> None:
+    assert not _compat.mark_worker_failed(app, RuntimeError("no worker"))
+
+
+def test_canary_aiokafka_fetcher_memory_records_and_python_batch() -> None:
+    import aiokafka.consumer.fetcher as fetcher
+    from aiokafka.record import default_records
+
+    _compat.tolerate_undecodable_records()
+    check(
+        getattr(fetcher.MemoryRecords, "queueflow_tolerant", False),
+        "aiokafka",
+        "aiokafka.consumer.fetcher.MemoryRecords (what the fetcher builds per partition)",
+        "tolerate_undecodable_records",
+    )
+    batch = getattr(default_records, "_DefaultRecordBatchPy", None)
+    check(
+        batch is not None and params(batch._read_msg)[0] == "self",
+        "aiokafka",
+        "aiokafka.record.default_records._DefaultRecordBatchPy._read_msg",
+        "tolerate_undecodable_records",
+    )
+
+
 @pytest.mark.parametrize(
     ("name", "signature"),
     [("_send_request", ["self", "request", "node_id"]), ("_send_to_controller", None)],

@@ -16,6 +16,13 @@ value can't be deserialized     REJECT, with an error log line
 runs past its deadline          cancelled; RELEASE, with an error log line
 ==============================  ==========================================================
 
+"Raises" is any exception: also a ``CancelledError`` the handler raises itself (not the
+agent's cancellation at a deadline or a stop), ``GeneratorExit`` or another ``BaseException``;
+only ``KeyboardInterrupt`` and ``SystemExit`` stop the process. A return value whose ``repr()``
+raises is named by its type. A record that can't be decoded at all (a header name that is not
+UTF-8) is REJECTed by the session before it is queued. No record and no handler result ends a
+handler task; one that ends anyway is logged and replaced.
+
 A handler call's deadline is its record's acquisition lock deadline minus a margin (a tenth of
 the lock duration, between two acknowledgement lingers and 1 s), or ``handler_timeout_ms``
 after it started when that is sooner. A call still running then is cancelled and its record

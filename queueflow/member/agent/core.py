@@ -22,7 +22,7 @@ from queueflow.logging import get_logger
 from queueflow.member.agent.deadlines import Deadlines
 from queueflow.member.agent.dispatch import Dispatcher
 from queueflow.member.agent.options import Decoder, Handler, ShareAgentOptions
-from queueflow.member.agent.results import AgentStats
+from queueflow.member.agent.results import AgentStats, safe_repr
 from queueflow.member.agent.runner import HandlerRunner
 from queueflow.member.context import MemberContext
 from queueflow.member.flow import FlowControl
@@ -163,6 +163,27 @@ class ShareAgent:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def spawn_handler_task(self, index: int) -> None:
+        """Start handler task ``index``; one that ends while the agent runs is logged and
+        started again (it never should: a handler's raise or cancellation costs its records
+        only, see :meth:`HandlerRunner.call`)."""
+        task = self.spawn(self.runner.worker(index))
+        task.add_done_callback(lambda done: self._handler_task_ended(index, done))
+
+    def _handler_task_ended(self, index: int, task: asyncio.Task[None]) -> None:
+        if self.stopping:
+            return
+        error = None if task.cancelled() else task.exception()
+        self.log.error(
+            "share_agent_handler_task_restarted",
+            task=index,
+            error="cancelled" if error is None and task.cancelled() else safe_repr(error),
+            exc_info=error,
+            note="a handler task ended while the agent runs; a new one takes its place",
+        )
+        self.deadlines.end_call(self.deadlines.calls[index])  # no deadline left behind
+        self.spawn_handler_task(index)
+
     async def start(self) -> None:
         """Join the share group and start the fetch loops and handler tasks.
 
@@ -206,9 +227,9 @@ class ShareAgent:
         if self.stopping:  # stopped while it joined: its tasks would end at once
             return
         self.lifecycle.move(AgentState.RUNNING)
-        runner, dispatch = self.runner, self.dispatch
+        dispatch = self.dispatch
         for index in range(self.concurrency):
-            self.spawn(runner.worker(index))
+            self.spawn_handler_task(index)
         self.spawn(dispatch.supervise())
         self.spawn(dispatch.send_acks_while_parked())
         self.spawn(self.deadlines.watch())

@@ -284,6 +284,9 @@ class Dispatcher:
             return -1
         if not result.acquired:
             return 0
+        if result.undecodable:  # REJECTed by the session, never queued
+            agent.stats.undecodable += result.undecodable
+            agent.stats.rejected += result.undecodable
         if result.lock_timeout_ms:
             agent.flow.lock_s = result.lock_timeout_ms / 1000
         records = result.records

@@ -30,6 +30,8 @@ __all__ = [
     "batch_outcomes",
     "judge",
     "outcome_of",
+    "safe_len",
+    "safe_repr",
 ]
 
 #: The acknowledge types a handler may return.
@@ -77,6 +79,27 @@ def batch_outcomes(result: Any, count: int) -> list[AcknowledgeType] | Acknowled
         else:
             return None
     return outcomes
+
+
+def safe_repr(value: object, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters, for a log line; never raises (a handler's
+    return value or exception may have a ``__repr__`` that raises: it is named instead)."""
+    try:
+        return repr(value)[:limit]
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # any failure of foreign code
+        return f"<{type(value).__name__} object; its repr() raised {type(exc).__name__}>"
+
+
+def safe_len(value: object) -> int | None:
+    """``len(value)`` of a sequence, else ``None``; never raises (for a log line)."""
+    try:
+        return len(value) if isinstance(value, Sequence) else None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # a foreign __len__ or __class__
+        return None
 
 
 class AgentStats:
@@ -127,9 +150,11 @@ class Returned:
 
 @dataclass(slots=True)
 class Raised:
-    """The handler raised ``error`` (an ``Exception``; a stop's cancellation is not judged)."""
+    """The handler raised ``error``: an ``Exception``, or a ``BaseException`` short of process
+    exit (``CancelledError`` the handler raised itself, ``GeneratorExit``, ...); a stop's
+    cancellation is not judged, ``KeyboardInterrupt`` and ``SystemExit`` end the process."""
 
-    error: Exception
+    error: BaseException
 
 
 @dataclass(slots=True)
@@ -197,7 +222,12 @@ def judge(ended: CallEnd, records: Sequence[ShareRecord], batch: bool) -> Handle
         case Raised():
             return HandlerResult(records, release, Failure.RAISED, ended, batch)
         case Returned(value=value):
-            outcomes = batch_outcomes(value, count) if batch else outcome_of(value)
+            try:
+                outcomes = batch_outcomes(value, count) if batch else outcome_of(value)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:  # a foreign __len__, __iter__, __class__ ...
+                outcomes = None
             if outcomes is None:
                 return HandlerResult(records, release, Failure.INVALID_OUTCOME, ended, batch)
             if isinstance(outcomes, AcknowledgeType):

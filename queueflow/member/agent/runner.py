@@ -26,6 +26,8 @@ from queueflow.member.agent.results import (
     Returned,
     TimedOut,
     judge,
+    safe_len,
+    safe_repr,
 )
 from queueflow.member.lifecycle import AGENT_STOPPING
 from queueflow.member.session import ranges_text
@@ -141,10 +143,29 @@ class HandlerRunner:
                 handlers_busy.set()
             try:
                 await self.run(records, call, margin_s)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a fault past the handler: this unit only
+                self.unit_failed(records, exc)
             finally:
                 self.busy -= 1
                 if agent.stopping and not self.busy:
                     self._idle.set()
+
+    def unit_failed(self, records: list[ShareRecord], exc: Exception) -> None:
+        """Applying a handler call's result failed (a fault in queueflow, not the handler's):
+        RELEASE its records, free their room and log it; the handler task goes on."""
+        agent = self.agent
+        for record in records:
+            self.acknowledge(record, _RELEASE)
+        agent.stats.released += len(records)
+        agent.dispatch.unreserve(len(records))
+        agent.log.error(
+            "handler_result_not_applied_records_released",
+            error=safe_repr(exc),
+            exc_info=exc,
+            **self.where_batch(records),
+        )
 
     def admit(self, unit: list[ShareRecord], margin_s: float | None = None) -> list[ShareRecord]:
         """The records of ``unit`` to pass to the handler: those whose lock expired (or ends
@@ -197,18 +218,26 @@ class HandlerRunner:
             asyncio.CancelledError: the agent is stopping (its records go back when the member
                 leaves); a cancellation at the call's deadline is returned as :class:`TimedOut`.
         """
-        deadlines = self.agent.deadlines
+        agent = self.agent
+        deadlines = agent.deadlines
         deadlines.arm(call, records, margin_s)
         try:
             # A batch handler gets a list of its own: whatever it does to it, every record is
             # acknowledged.
             value = await self._handler(records.copy() if self.batch else records[0])
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if deadlines.end_call(call):
                 return TimedOut()
-            self.agent.stats.released += len(records)
-            raise
-        except Exception as exc:
+            # cancel() requested (Python 3.11+ counts them): the agent's stop
+            cancelling = getattr(call.task, "cancelling", None)
+            if agent.stopping or (cancelling is not None and cancelling()):
+                agent.stats.released += len(records)
+                raise  # the agent's stop: its records go back when the member leaves
+            return Raised(exc)  # raised by the handler itself: a failure of these records
+        except (KeyboardInterrupt, SystemExit):
+            deadlines.end_call(call)
+            raise  # process-level: the worker exits
+        except BaseException as exc:  # GeneratorExit, a BaseException subclass
             deadlines.end_call(call)
             return Raised(exc)
         deadlines.end_call(call)
@@ -264,23 +293,23 @@ class HandlerRunner:
             case Raised(error=error) if result.batch:
                 agent.log.error(
                     "handler_raised_batch_released",
-                    error=repr(error),
+                    error=safe_repr(error),
                     exc_info=error,
                     **self.where_batch(records),
                 )
             case Raised(error=error):
                 agent.log.error(
                     "handler_raised_record_released",
-                    error=repr(error),
+                    error=safe_repr(error),
                     exc_info=error,
                     **self.where(records[0]),
                 )
             case Returned(value=value) if result.batch:
                 agent.log.error(
                     "batch_handler_returned_invalid_outcome_records_released",
-                    returned=repr(value)[:200],
+                    returned=safe_repr(value),
                     returned_type=type(value).__name__,
-                    returned_length=len(value) if isinstance(value, Sequence) else None,
+                    returned_length=safe_len(value),
                     expected=f"a sequence of {count} outcomes (one per record, in order: "
                     "queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None), or one "
                     "outcome for the whole batch",
@@ -289,7 +318,7 @@ class HandlerRunner:
             case Returned(value=value):
                 agent.log.error(
                     "handler_returned_invalid_outcome_record_released",
-                    returned=repr(value)[:200],
+                    returned=safe_repr(value),
                     expected="queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None",
                     **self.where(records[0]),
                 )
@@ -339,7 +368,7 @@ class HandlerRunner:
         agent.stats.undecodable += 1
         agent.stats.rejected += 1
         self._errors.labels(agent.group, record.topic, "undecodable").inc()
-        agent.log.error("undecodable_record_rejected", error=repr(exc), **self.where(record))
+        agent.log.error("undecodable_record_rejected", error=safe_repr(exc), **self.where(record))
         self._ack_counts[_REJECT] += 1
         self.acknowledge(record, _REJECT)
         agent.dispatch.unreserve(1)

@@ -172,10 +172,12 @@ class ShareGroupCoordinator:
             message = protocol.decode(self.auth.open(value))
             self.auth.check_sender(message)
         except ShareGroupError as exc:
+            self.ctx.auth_health.refused(value, getattr(exc, "reason", ""))
             suppressed = self.skipped.admit()
             if suppressed is not None:
                 log.error("undecodable_coordinator_request", error=str(exc), suppressed=suppressed)
             return
+        self.ctx.auth_health.verified(self.auth.last_sender)
         if isinstance(message, protocol.Fence):
             self.gate.on_fence(partition, message.leader_epoch)
             return

@@ -294,10 +294,12 @@ class ShareLeader:
             message = protocol.decode(self.auth.open(value))
             self.auth.check_sender(message)
         except ShareGroupError as exc:
+            self.ctx.auth_health.refused(value, getattr(exc, "reason", ""))
             fields = {"partition": partition, "error": str(exc)}
             undecodable = LogEvent("error", "undecodable_request", fields, limiter="skipped")
             await self._apply(LeaderResult(logs=(undecodable,)), partition)
             return False
+        self.ctx.auth_health.verified(self.auth.last_sender)
         result = await self._route(message, partition, offset, replayed)
         try:
             await self._apply(result, partition)
