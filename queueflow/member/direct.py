@@ -17,8 +17,8 @@ import structlog
 from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import ControlAuth
-from queueflow.protocol.sealed_replies import ReplyKey
+from queueflow.protocol.envelope import direct_dest, direct_reply_dest
+from queueflow.protocol.roles import ControlAuth
 from queueflow.settings import listener_address
 
 __all__ = ["CONNECT_TIMEOUT_S", "DirectClient", "DirectPathError"]
@@ -38,10 +38,9 @@ class DirectPathError(Exception):
 
 
 class _Connection:
-    def __init__(self, address: str, auth: ControlAuth, reply_key: ReplyKey | None) -> None:
+    def __init__(self, address: str, auth: ControlAuth) -> None:
         self.address = address
-        self.auth = auth
-        self.reply_key = reply_key
+        self.auth = auth.receiver()  # a replay guard of its own
         self.pending: dict[int, asyncio.Future[protocol.ShareFetchResponse]] = {}
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
@@ -60,9 +59,8 @@ class _Connection:
         try:
             while (frame := await framing.read_frame(reader)) is not None:
                 try:
-                    if self.reply_key is not None:
-                        frame = self.reply_key.open(frame)
-                    message = protocol.decode_binary(self.auth.open(frame))
+                    dest = direct_reply_dest(self.address)
+                    message = protocol.decode_binary(self.auth.open(frame, dest))
                 except ShareGroupError as exc:
                     log.error("undecodable_direct_reply", address=self.address, error=str(exc))
                     continue
@@ -93,7 +91,8 @@ class _Connection:
         )
         self.pending[request.request_id] = future
         try:
-            framing.write_frame(self.writer, self.auth.seal(protocol.encode_binary(request)))
+            body = protocol.encode_binary(request)
+            framing.write_frame(self.writer, self.auth.seal(body, direct_dest(self.address)))
             await self.writer.drain()
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
@@ -108,7 +107,8 @@ class _Connection:
         """Send a message that gets no answer of its own (a ShareFetchCancel)."""
         if self.writer is None or self.closed:
             return
-        framing.write_frame(self.writer, self.auth.seal(protocol.encode_binary(message)))
+        body = protocol.encode_binary(message)
+        framing.write_frame(self.writer, self.auth.seal(body, direct_dest(self.address)))
         try:
             await self.writer.drain()
         except OSError as exc:
@@ -126,14 +126,13 @@ class DirectClient:
     """Connections of one member to the leaders' endpoints, opened on first use.
 
     Args:
-        auth: signs frames and verifies answers (``queueflow.auth.mode``); ``None``: neither.
-        reply_key: opens answers sealed to the member's reply key (``hmac``;
-            :mod:`queueflow.protocol.sealed_replies`); ``None``: answers are not sealed.
+        auth: the member's :class:`~queueflow.protocol.roles.ControlAuth` (``role="member"``):
+            seals frames for the endpoint they go to and opens the answers sealed to the
+            member's key; ``None``: ``queueflow.auth.mode=none``.
     """
 
-    def __init__(self, auth: ControlAuth | None = None, reply_key: ReplyKey | None = None) -> None:
-        self.auth = auth or ControlAuth("none", "", "", "")
-        self.reply_key = reply_key
+    def __init__(self, auth: ControlAuth | None = None) -> None:
+        self.auth = auth or ControlAuth(None, role="member")
         self._connections: dict[str, _Connection] = {}
         self._opening: dict[str, asyncio.Future[_Connection]] = {}
 
@@ -170,7 +169,7 @@ class DirectClient:
                 self._opening.pop(address, None)
 
     async def _open(self, address: str) -> _Connection:
-        connection = _Connection(address, self.auth, self.reply_key)
+        connection = _Connection(address, self.auth)
         try:
             await connection.open()
         except (OSError, TimeoutError, ValueError) as exc:

@@ -13,9 +13,10 @@ Faust's consumer thread (docs/architecture.md, "The direct path"). Frames are
 * It announces itself: every :data:`ANNOUNCE_INTERVAL_S`, and whenever the partitions it is live
   on change, it sends a :class:`~queueflow.protocol.messages.LeaderAnnouncement` per led topic to
   the coordinator, which hands the addresses to members in heartbeat answers.
-* With ``queueflow.auth.mode=hmac`` frames are signed both ways and answers are sealed to the
-  member's reply key from its ticket (:mod:`queueflow.protocol.sealed_replies`), as on the
-  reply topic; requests travel signed but in plaintext (no TLS).
+* With ``queueflow.auth.mode=hmac`` requests are member envelopes encrypted to the workers' key
+  and bound to this endpoint's address (:mod:`queueflow.protocol.envelope`), and answers are
+  sealed by the workers to the member's key (:mod:`queueflow.protocol.sealed_replies`), as on
+  the reply topic: neither is readable on the wire (the framing itself is not TLS).
 
 Requests that came through the request topics are still served (by the stream path), so members
 that don't know the address, or lost their connection, are never stuck.
@@ -34,9 +35,11 @@ import structlog
 from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
+from queueflow.protocol.envelope import direct_dest, direct_reply_dest, topic_dest
+from queueflow.protocol.roles import refusal_labels
 from queueflow.server.context import ServerContext
 from queueflow.server.leader import ShareLeader
-from queueflow.server.transport import control_auth, not_leader, seal_reply
+from queueflow.server.transport import control_auth, not_leader
 from queueflow.settings import listener_address
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
@@ -82,6 +85,8 @@ class LeaderEndpoint:
         self._announced: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._announced_at = 0.0
         self.auth = control_auth(ctx, "endpoint")
+        #: The member key of each request being served: (member, request id, topic, partition).
+        self._serving: dict[tuple[str, int, str, int], bytes] = {}
 
     async def start(self) -> None:
         """Listen on ``queueflow.leader.listener`` and set :attr:`address` (``host:port``).
@@ -141,13 +146,26 @@ class LeaderEndpoint:
                 lag=leader.lag_report(live),
             )
             payload = protocol.encode(message)
+            coordinator = topics.coordinator_topic(self.ctx.app_id)
             for partition in range(topics.COORDINATOR_PARTITIONS):  # every group's coordinator
-                await self.ctx.sender.send(
-                    topics.coordinator_topic(self.ctx.app_id), partition, self.auth.seal(payload)
-                )
+                sealed = self.auth.seal(payload, topic_dest(coordinator, partition))
+                await self.ctx.sender.send(coordinator, partition, sealed)
             self._announced[topic] = (epoch, live)
         if due:
             self._announced_at = now
+
+    def _may_cancel(self, cancel: protocol.ShareFetchCancel, member_key: bytes) -> bool:
+        """A cancel ends a parked request only if it came with the request's member key."""
+        slot = (cancel.member_id, cancel.request_id, cancel.topic, cancel.partition)
+        key = self._serving.get(slot)
+        if key is not None and key != member_key:
+            log.error(
+                "undecodable_direct_request",
+                reason="wrong_member",
+                error=f"a cancel of member {cancel.member_id!r}'s request from another key",
+            )
+            return False
+        return True
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -182,15 +200,17 @@ class LeaderEndpoint:
         self, frame: bytes, writer: asyncio.StreamWriter, write_lock: asyncio.Lock
     ) -> None:
         try:
-            request = protocol.decode_binary(self.auth.open(frame))
-            self.auth.check_sender(request)
+            request = protocol.decode_binary(self.auth.open(frame, direct_dest(self.address)))
+            # open and check are synchronous: ``last`` is still this frame's
+            opened, leader = self.auth.last, self.leaders.get(getattr(request, "topic", ""))
+            self.auth.check_sender(request, None if leader is None else leader.tickets.bound_key)
         except ShareGroupError as exc:
-            log.error("undecodable_direct_request", error=str(exc))
+            log.error("undecodable_direct_request", reason=refusal_labels(exc)[0], error=str(exc))
             writer.close()  # no request id to answer with: the member times out and re-routes
             return
+        member_key = b"" if opened is None else opened.member_pub
         if isinstance(request, protocol.ShareFetchCancel):
-            leader = self.leaders.get(request.topic)
-            if leader is not None:
+            if leader is not None and self._may_cancel(request, member_key):
                 leader.end_long_poll(request)
             return  # no answer of its own: the parked request's answer is it
         if not isinstance(request, protocol.ShareFetchRequest):
@@ -212,14 +232,18 @@ class LeaderEndpoint:
         else:
             if lease_ms is not None and request.max_wait_ms > lease_ms:
                 request = msgspec.structs.replace(request, max_wait_ms=lease_ms)
-            response = await leader.serve(request)
-        frame = self.auth.seal(protocol.encode_binary(response))
-        if leader is not None:  # hmac: sealed to the member's reply key, as on the reply topic
+            slot = (request.member_id, request.request_id, request.topic, request.partition)
+            self._serving[slot] = member_key
             try:
-                frame = seal_reply(self.ctx, leader.tickets.reply_key(request.ticket), frame)
-            except ValueError as exc:
-                log.warning("reply_unsealable", member_id=request.member_id, error=str(exc))
-                return
+                response = await leader.serve(request)
+            finally:
+                self._serving.pop(slot, None)
+        body = protocol.encode_binary(response)
+        dest = direct_reply_dest(self.address)
+        # hmac: sealed by the workers to the key the request came with (= its ticket's)
+        frame = self.auth.seal_reply(member_key, body, dest) if member_key else body
+        if self.auth.enabled and not member_key:
+            frame = self.auth.seal(body, dest)  # a worker's request: a worker envelope
         async with write_lock:
             framing.write_frame(writer, frame)
             with contextlib.suppress(ConnectionError):
