@@ -164,10 +164,10 @@ class ShareFetchSession:
         auth = ControlAuth.from_settings(s, ctx.app_id, role="member")
         reply_key = auth.reply_key
         self._requester = Requester(
+            # hmac: requests and replies keyed by the pseudonym only, never the member id
             ctx.io.transport(
-                self.member_id,
+                self.member_id if reply_key is None else reply_route(reply_key.public),
                 client_id,
-                None if reply_key is None else reply_route(reply_key.public),
             ),
             ctx.app_id,
             ctx.settings.request_timeout_ms,

@@ -13,7 +13,7 @@ from queueflow.member.session import ShareFetchSession
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.credentials import Credentials, member_credential
-from queueflow.protocol.envelope import direct_dest, topic_dest
+from queueflow.protocol.envelope import topic_dest
 from queueflow.protocol.roles import ControlAuth
 from queueflow.structs import TopicPartition
 
@@ -29,6 +29,8 @@ def member(ns: str, secret: str = SECRET) -> ControlAuth:
 
 def worker(ns: str, secret: str) -> ControlAuth:
     return ControlAuth(Credentials.from_secret(secret, ns), f"{ns}/forger")
+
+
 AUTH = {"auth_mode": "hmac", "auth_secret": SECRET}
 TP0 = TopicPartition(TOPIC, 0)
 
@@ -142,7 +144,14 @@ def test_forged_and_replayed_requests_are_dropped() -> None:
     assert sum("(wrong_member)" in r for r in reasons) == 1
     assert sum("(replay)" in r for r in reasons) == 1
     logged = [e["reason"] for e in events(logs, "undecodable_request")]
-    assert sorted(logged) == ["replay", "unsigned", "unsigned", "wrong_key", "wrong_key", "wrong_member"]
+    assert sorted(logged) == [
+        "replay",
+        "unsigned",
+        "unsigned",
+        "wrong_key",
+        "wrong_key",
+        "wrong_member",
+    ]
     assert len(events(logs, "undecodable_coordinator_request")) == 1
     assert not events(logs, "leader_fenced") and not events(logs, "leader_stepped_down")
 

@@ -315,7 +315,7 @@ def test_forged_acknowledgements_under_a_live_members_id_change_nothing() -> Non
             return cluster, held, error, start
 
     with capture_logs() as logs:
-        cluster, held, error, start = run(scenario())
+        _cluster, held, error, start = run(scenario())
     assert held == 4  # the forgeries changed nothing
     assert error is None and start == 4  # the victim's own ACCEPTs applied
     # Without a ticket, or with another member's: the key they came with is not the one the
