@@ -555,10 +555,13 @@ SETTINGS: tuple[Setting, ...] = (
         "auth_mode",
         "queueflow.auth.mode",
         AuthMode.AUTO,
-        doc="hmac: every control message is signed with `queueflow.auth.secret` and unsigned, "
-        "forged, stale or replayed ones are dropped (docs/operations.md, threat model); none: "
-        "no authentication (a trusted cluster); auto: hmac when `queueflow.auth.secret` is set, "
-        "else none on a PLAINTEXT cluster and a refusal to start on a SASL or SSL one.",
+        doc="hmac: every control message is signed (workers with keys of "
+        "`queueflow.auth.secret`, members with their member credential; member requests also "
+        "encrypted to the workers) and bound to where it is sent; unsigned, forged, misaddressed, "
+        "stale or replayed ones are dropped (docs/operations.md, threat model); none: no "
+        "authentication (a trusted cluster); auto: hmac when `queueflow.auth.secret` or "
+        "`queueflow.auth.member.credential` is set, else none on a PLAINTEXT cluster and a "
+        "refusal to start on a SASL or SSL one.",
         read_by="every worker and member (same value everywhere)",
     ),
     Setting(

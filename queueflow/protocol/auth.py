@@ -25,6 +25,7 @@ epoch and assignment on every ShareFetch; here the proof travels with the reques
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import time
@@ -113,6 +114,7 @@ def derive_key(secret: str | bytes, app_id: str, purpose: str = "worker") -> byt
     return hmac.new(raw, label, hashlib.sha256).digest()
 
 
+@functools.lru_cache(maxsize=64)
 def key_id(key: bytes) -> bytes:
     """The 4-byte id of ``key``: the first bytes of HMAC-SHA256(key, ``b"key-id"``). Sent in
     the clear: it tells receivers which key signed, not the key."""
