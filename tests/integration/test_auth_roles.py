@@ -142,7 +142,9 @@ def test_signed_requests_copied_to_another_request_topic_are_refused(
             await producer.stop()
         return got, copied
 
-    worker = LeaderWorker(app_id, [a, b], kafka_bootstrap, tmp_path, LEADER_SETTINGS)
+    # no direct path: every ShareFetch travels as a record of a request topic
+    settings = {**LEADER_SETTINGS, "queueflow.leader.listener": ""}
+    worker = LeaderWorker(app_id, [a, b], kafka_bootstrap, tmp_path, settings)
     with worker.start():
         got, copied = asyncio.run(scenario())
     assert copied > 0

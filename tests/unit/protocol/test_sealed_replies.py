@@ -328,3 +328,90 @@ def test_credentials_of_one_secret_are_stable_and_secrets_differ() -> None:
     assert Credentials.from_secret(SECRET, "app").workers_public == WORKERS.workers_public
     assert other.workers_public != WORKERS.workers_public
     assert Credentials.from_secret(SECRET, "app2").member_key != WORKERS.member_key
+
+
+def test_a_heartbeat_for_a_live_member_id_from_another_key_is_a_refused_takeover() -> None:
+    """Another member credential holder that learnt a victim's member id heartbeats under it
+    with its own key (naming its own key as reply key, so the envelope check passes): the
+    coordinator bound the id to the victim's key at its first heartbeat, so it is refused
+    (``wrong_member``), and the victim keeps its assignment and fetches on."""
+    from inprocess_helpers import events
+    from structlog.testing import capture_logs
+
+    async def scenario() -> Any:
+        async with cluster_with(4, **HMAC) as cluster:
+            victim = ShareFetchSession(cluster.member_context, "g", [TOPIC], "victim")
+            await victim.start()
+            epoch = victim._membership.member_epoch
+            auth = ControlAuth(Credentials.from_secret(SECRET, cluster.app_id), role="member")
+            assert auth.reply_key is not None
+            takeover = protocol.HeartbeatRequest(
+                group="g",
+                member_id=victim.member_id,
+                member_epoch=0,
+                subscribed_topics=[TOPIC],
+                reply_partition=0,
+                request_id=1,
+                reply_key=auth.reply_key.public,
+            )
+            coordinator = topics.coordinator_topic(cluster.app_id)
+            sealed = auth.seal(protocol.encode(takeover), topic_dest(coordinator, 0))
+            await cluster.bus.send(coordinator, 0, sealed)
+            await cluster.bus.drain()
+            got = await victim.fetch(TP0, 4)
+            after = victim._membership.member_epoch
+            await victim.close()
+            return epoch, after, got
+
+    with capture_logs() as logs:
+        epoch, after, got = run(scenario())
+    assert got.error is None and got.acquired == 4
+    assert after == epoch  # no rejoin at epoch 0 took its place
+    reasons = [e["reason"] for e in events(logs, "undecodable_coordinator_request")]
+    assert reasons == ["wrong_member"]
+
+
+def test_member_keys_bind_first_and_unbind_on_leave() -> None:
+    from queueflow.server.coordinator.member_keys import MemberKeys
+
+    keys = MemberKeys(max_members=2)
+    assert keys.bind("g", "m", b"k1") and keys.bind("g", "m", b"k1")
+    assert not keys.bind("g", "m", b"k2")  # a takeover
+    assert not keys.bind("g", "m", b"k2", leaving=True)  # nor can another key make it leave
+    assert keys.bind("g", "m", b"k1", leaving=True) and keys.bind("g", "m", b"k2")
+    keys.bind("g", "a", b"x")
+    keys.bind("g", "b", b"y")  # bounded: the least recently used is forgotten
+    assert len(keys) == 2
+
+
+def test_a_member_whose_requests_get_no_answer_names_its_key_id() -> None:
+    """Item 8: a member with a credential the workers refuse (another app's or secret's key)
+    waits in vain; its error says a refused credential is one cause and names its key id, to
+    match with the workers' ``wrong_key`` log lines."""
+    import asyncio
+
+    from queueflow.member.transport import Requester
+    from queueflow.protocol.credentials import member_credential
+
+    class Silent:
+        reply_partition = 0
+
+        async def start(self, on_reply: Any) -> None:
+            pass
+
+        async def send(self, topic: str, partition: int, payload: bytes) -> None:
+            pass
+
+        async def close(self) -> None:
+            pass
+
+    creds = Credentials.from_member_credential(member_credential(SECRET, "app"), "app")
+    requester = Requester(Silent(), "app", 20, ControlAuth(creds, role="member"))
+
+    async def call() -> None:
+        await requester.call("app-share-coordinator", 0, 1, b"{}")
+
+    with pytest.raises(ShareGroupError) as info:
+        asyncio.run(call())
+    assert "credential" in str(info.value) and creds.member_key_id.hex() in str(info.value)
+    assert "wrong_key" in str(info.value)
