@@ -45,6 +45,15 @@ Leaders, counted as they happen:
 * ``queueflow_leader_step_downs_total{topic}``: request partitions a fenced or stalled leader
   stepped down from (:mod:`queueflow.engine.fencing`).
 
+Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
+
+* ``queueflow_direct_connections``: connections open now;
+* ``queueflow_direct_connections_refused_total{reason}``: connections closed at once
+  (``max_connections``, ``max_connections_per_ip``);
+* ``queueflow_direct_connections_dropped_total{reason}``: connections closed later
+  (``frame_too_large``, ``read_timeout``, ``unauthenticated_idle``, ``idle``,
+  ``write_timeout``, ``undecodable``).
+
 Coordinators: ``queueflow_share_group_members{group}``, ``queueflow_share_group_epoch{group}``,
 ``queueflow_share_group_rebalances_total{group}`` (group epoch bumps).
 """
@@ -261,6 +270,25 @@ class Metrics:
             "refused (receiver: leader, member; kind: ticket, release_member, "
             "reset_share_partition, heartbeat_response)",
             ("receiver", "kind"),
+            registry=reg,
+        )
+        self.direct_connections = Gauge(
+            "queueflow_direct_connections",
+            "Connections the leader's direct endpoint holds now",
+            registry=reg,
+        )
+        self.direct_connections_refused = Counter(
+            "queueflow_direct_connections_refused",
+            "Direct connections closed at once by a connection cap (reason: max_connections, "
+            "max_connections_per_ip)",
+            ("reason",),
+            registry=reg,
+        )
+        self.direct_connections_dropped = Counter(
+            "queueflow_direct_connections_dropped",
+            "Direct connections the endpoint closed (reason: frame_too_large, read_timeout, "
+            "unauthenticated_idle, idle, write_timeout, undecodable)",
+            ("reason",),
             registry=reg,
         )
         self.group_members = Gauge(

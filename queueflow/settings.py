@@ -526,6 +526,90 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader",
     ),
     Setting(
+        "direct_max_connections",
+        "queueflow.direct.max.connections",
+        1000,
+        1,
+        1_000_000,
+        doc="Connections the leader's direct endpoint holds at once (Kafka: max.connections); "
+        "at most half the process's open-file limit (RLIMIT_NOFILE) is used whatever the value; "
+        "more are closed at once and counted.",
+        read_by="leader",
+    ),
+    Setting(
+        "direct_max_connections_per_ip",
+        "queueflow.direct.max.connections.per.ip",
+        64,
+        1,
+        1_000_000,
+        doc="Connections the direct endpoint holds at once from one peer address (Kafka: "
+        "max.connections.per.ip); more are closed at once and counted.",
+        read_by="leader",
+    ),
+    Setting(
+        "direct_unauthenticated_max_frame_bytes",
+        "queueflow.direct.unauthenticated.max.frame.bytes",
+        65536,
+        1024,
+        16 * 1024 * 1024,
+        doc="The largest frame (bytes) the direct endpoint reads on a connection before one of "
+        "its frames was verified (signed by a member; auth mode none: decoded as a request); a "
+        "larger announced size closes the connection before its body is read (Kafka: "
+        "sasl.server.max.receive.size).",
+        read_by="leader",
+    ),
+    Setting(
+        "direct_max_frame_bytes",
+        "queueflow.direct.max.frame.bytes",
+        1024 * 1024,
+        1024,
+        16 * 1024 * 1024,
+        doc="The largest frame (bytes) the direct endpoint reads once a connection is verified "
+        "(a ShareFetch with 10,000 single-offset acknowledgements is about 210 KB).",
+        read_by="leader",
+    ),
+    Setting(
+        "direct_unauthenticated_idle_ms",
+        "queueflow.direct.unauthenticated.idle.ms",
+        10000,
+        100,
+        3600000,
+        doc="How long (ms) the direct endpoint waits for a new connection's first frame to start "
+        "before closing it.",
+        read_by="leader",
+    ),
+    Setting(
+        "direct_frame_read_timeout_ms",
+        "queueflow.direct.frame.read.timeout.ms",
+        10000,
+        100,
+        3600000,
+        doc="How long (ms) a frame may take to arrive once its first byte did; a slower one "
+        "closes the connection (slowloris).",
+        read_by="leader",
+    ),
+    Setting(
+        "direct_connections_max_idle_ms",
+        "queueflow.direct.connections.max.idle.ms",
+        600000,
+        1000,
+        86400000,
+        doc="How long (ms) a verified direct connection may go without a frame and without a "
+        "request under way before the endpoint closes it (Kafka: connections.max.idle.ms); "
+        "members reconnect on their next request.",
+        read_by="leader",
+    ),
+    Setting(
+        "direct_write_timeout_ms",
+        "queueflow.direct.write.timeout.ms",
+        10000,
+        100,
+        3600000,
+        doc="How long (ms) an answer may wait for the peer to read earlier ones (the socket's "
+        "send buffer full) before the endpoint closes the connection.",
+        read_by="leader",
+    ),
+    Setting(
         "state_durability",
         "queueflow.leader.state.durability",
         StateDurability.ACKED,
@@ -730,6 +814,16 @@ class ShareGroupSettings:
     fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")
     leader_listener: str = str_default("leader_listener")
     leader_advertised_host: str = str_default("leader_advertised_host")
+    direct_max_connections: int = int_default("direct_max_connections")
+    direct_max_connections_per_ip: int = int_default("direct_max_connections_per_ip")
+    direct_unauthenticated_max_frame_bytes: int = int_default(
+        "direct_unauthenticated_max_frame_bytes"
+    )
+    direct_max_frame_bytes: int = int_default("direct_max_frame_bytes")
+    direct_unauthenticated_idle_ms: int = int_default("direct_unauthenticated_idle_ms")
+    direct_frame_read_timeout_ms: int = int_default("direct_frame_read_timeout_ms")
+    direct_connections_max_idle_ms: int = int_default("direct_connections_max_idle_ms")
+    direct_write_timeout_ms: int = int_default("direct_write_timeout_ms")
     state_durability: StateDurability = choice_default("state_durability", StateDurability)
     renew_acknowledge_enable: bool = bool_default("renew_acknowledge_enable")
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")

@@ -5,6 +5,15 @@ share-partitions that leader serves; requests are pipelined and answers matched 
 A connection that fails is dropped and its waiting requests fail with
 :class:`DirectPathError`, after which the session re-routes (through the request topics) until
 the next heartbeat names a leader again.
+
+The leader bounds what a connection may cost (docs/operations.md, "The direct port's limits"):
+it closes connections idle for ``queueflow.direct.connections.max.idle.ms``, and reads at most
+``queueflow.direct.unauthenticated.max.frame.bytes`` until a connection delivered one verified
+frame. So a request whose connection the leader closed before it was read is sent once more on
+a new connection (transparently), and each connection opens with a small frame whatever the
+first request's size (a ShareFetch may carry thousands of acknowledgements after a reconnect): a
+:class:`~queueflow.protocol.messages.ShareFetchCancel` for no request (about 270 bytes signed),
+which the leader verifies and otherwise ignores.
 """
 
 from __future__ import annotations
@@ -28,6 +37,10 @@ log = structlog.get_logger("queueflow.member.direct")
 #: How long (s) a member waits to connect to a leader's endpoint before using the request topic.
 CONNECT_TIMEOUT_S = 2.0
 
+#: The request id of the small verified frame that opens each connection: never a real
+#: request's (those count up from 1), so the leader finds nothing parked to cancel.
+_HELLO_REQUEST_ID = -1
+
 
 class DirectPathError(Exception):
     """A request over the direct path got no answer (connection refused, reset or timed out).
@@ -35,6 +48,10 @@ class DirectPathError(Exception):
     The leader may or may not have applied it; the caller re-sends through the request topic
     (acknowledgements are atomic, so a repeat is refused harmlessly as stale).
     """
+
+
+class _ConnectionLost(DirectPathError):
+    """The connection ended (closed or reset by the leader) before the request's answer."""
 
 
 class _Connection:
@@ -46,6 +63,10 @@ class _Connection:
         self.reader_task: asyncio.Task[None] | None = None
         self.ready: asyncio.Future[None] | None = None
         self.closed = False
+        #: Frames written so far (the first one must fit the leader's pre-authentication limit).
+        self.frames_sent = 0
+        #: Whether the leader answered a request on this connection.
+        self.answered = False
 
     async def open(self) -> None:
         host, port = listener_address(self.address)
@@ -65,6 +86,7 @@ class _Connection:
                     log.error("undecodable_direct_reply", address=self.address, error=str(exc))
                     continue
                 if isinstance(message, protocol.ShareFetchResponse):
+                    self.answered = True
                     future = self.pending.pop(message.request_id, None)
                     if future is not None and not future.done():
                         future.set_result(message)
@@ -77,7 +99,7 @@ class _Connection:
         self.closed = True
         for future in self.pending.values():
             if not future.done():
-                future.set_exception(DirectPathError(f"{self.address}: {reason}"))
+                future.set_exception(_ConnectionLost(f"{self.address}: {reason}"))
         self.pending.clear()
         if self.writer is not None:
             self.writer.close()
@@ -91,28 +113,49 @@ class _Connection:
         )
         self.pending[request.request_id] = future
         try:
-            body = protocol.encode_binary(request)
-            framing.write_frame(self.writer, self.auth.seal(body, direct_dest(self.address)))
-            await self.writer.drain()
+            if self.closed:
+                raise _ConnectionLost(f"{self.address}: the connection was closed")
+            await self._write(request)
             return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             raise DirectPathError(f"{self.address}: no answer within {timeout_s:.1f} s") from None
         except OSError as exc:
             self.fail(repr(exc))
-            raise DirectPathError(f"{self.address}: {exc!r}") from exc
+            raise _ConnectionLost(f"{self.address}: {exc!r}") from exc
         finally:
             self.pending.pop(request.request_id, None)
 
-    async def send(self, message: protocol.Message) -> None:
+    async def send(self, message: protocol.ShareFetchCancel) -> None:
         """Send a message that gets no answer of its own (a ShareFetchCancel)."""
         if self.writer is None or self.closed:
             return
-        body = protocol.encode_binary(message)
-        framing.write_frame(self.writer, self.auth.seal(body, direct_dest(self.address)))
         try:
-            await self.writer.drain()
+            await self._write(message)
         except OSError as exc:
             self.fail(repr(exc))
+
+    async def _write(self, message: protocol.ShareFetchRequest | protocol.ShareFetchCancel) -> None:
+        """Sign and send ``message``; on a new connection, after a small verified frame (see
+        the module docstring).
+
+        Raises:
+            OSError: the connection failed.
+        """
+        assert self.writer is not None
+        dest = direct_dest(self.address)
+        frame = self.auth.seal(protocol.encode_binary(message), dest)
+        if self.frames_sent == 0:
+            hello = protocol.ShareFetchCancel(
+                member_id=message.member_id,
+                request_id=_HELLO_REQUEST_ID,
+                topic=message.topic,
+                partition=message.partition,
+            )
+            framing.write_frame(self.writer, self.auth.seal(protocol.encode_binary(hello), dest))
+            self.frames_sent += 1
+        framing.write_frame(self.writer, frame)
+        self.frames_sent += 1
+        await self.writer.drain()
 
     async def close(self) -> None:
         self.fail("closed")
@@ -145,6 +188,15 @@ class DirectClient:
         Raises:
             DirectPathError: could not connect, the connection failed, or no answer in time.
         """
+        connection = await self._connection(address)
+        try:
+            return await connection.call(request, timeout_s)
+        except _ConnectionLost:
+            if not connection.answered:
+                raise  # a connection that never served: the leader is gone or refuses it
+        # The leader closed a connection that had served before (idle for
+        # queueflow.direct.connections.max.idle.ms, or it restarted): once more on a new one.
+        # A repeat is as safe as the re-send through the request topic it replaces.
         connection = await self._connection(address)
         return await connection.call(request, timeout_s)
 

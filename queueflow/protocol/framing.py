@@ -3,8 +3,15 @@
 A frame is a 4-byte big-endian length followed by that many bytes: one message in the binary
 form of :func:`~queueflow.protocol.messages.encode_binary` (a format version byte, then
 MessagePack). Kafka's own protocol frames requests the same way
-(a 4-byte size, then the request). The size is bounded, so garbage on the socket (a port scanner,
-a client speaking another protocol) is refused after 4 bytes instead of being buffered.
+(a 4-byte size, then the request). The size is checked against the reader's limit before a byte
+of the body is read, so garbage on the socket (a port scanner, a client speaking another
+protocol, a huge announced size) is refused after 4 bytes instead of being buffered.
+
+A reader may also bound time: how long it waits for a frame's first byte (an idle connection,
+:class:`FrameIdleTimeout`) and how long a frame may take once its first byte arrived (a peer
+trickling bytes, "slowloris", :class:`FrameReadTimeout`). The leader's endpoint uses both, with
+a small size limit until a connection has delivered one authenticated frame
+(docs/operations.md, "The direct port's limits").
 """
 
 from __future__ import annotations
@@ -15,34 +22,82 @@ from typing import Final
 
 from queueflow.errors import InvalidRequestError
 
-__all__ = ["MAX_FRAME_BYTES", "read_frame", "write_frame"]
+__all__ = [
+    "MAX_FRAME_BYTES",
+    "FrameIdleTimeout",
+    "FrameReadTimeout",
+    "FrameTooLargeError",
+    "read_frame",
+    "write_frame",
+]
 
-#: The largest frame either side accepts (bytes). A ShareFetch of 10,000 single-offset
-#: acknowledgements is about 200 KB; anything near this limit is not queueflow talking.
+#: The largest frame the protocol allows (bytes), and the largest a member accepts from a
+#: leader. A leader's endpoint accepts at most ``queueflow.direct.max.frame.bytes`` (less).
 MAX_FRAME_BYTES: Final = 16 * 1024 * 1024
 
 _SIZE: Final = struct.Struct(">I")
 
 
-async def read_frame(reader: asyncio.StreamReader) -> bytes | None:
+class FrameTooLargeError(InvalidRequestError):
+    """A frame announced 0 bytes or more than the reader's limit; the peer does not speak this
+    protocol (or not yet authenticated: then the limit is the pre-authentication one). Close the
+    connection: nothing past the 4-byte length was read."""
+
+
+class FrameIdleTimeout(TimeoutError):
+    """No frame started (not one byte arrived) within the idle timeout; the connection is
+    intact, between frames."""
+
+
+class FrameReadTimeout(InvalidRequestError):
+    """A frame started but was not complete within the read timeout (a peer sending a few bytes
+    now and then); close the connection: the stream is inside a frame."""
+
+
+async def read_frame(
+    reader: asyncio.StreamReader,
+    max_bytes: int = MAX_FRAME_BYTES,
+    *,
+    idle_timeout_s: float | None = None,
+    read_timeout_s: float | None = None,
+) -> bytes | None:
     """Read one frame's payload; ``None`` at a clean end of stream (between frames).
 
+    Args:
+        reader: the connection's stream.
+        max_bytes: the largest payload accepted (bytes, at most :data:`MAX_FRAME_BYTES`).
+        idle_timeout_s: seconds to wait for the frame's first byte; ``None``: no limit.
+        read_timeout_s: seconds the whole frame may take from its first byte; ``None``: no
+            limit.
+
     Raises:
-        InvalidRequestError: the announced size is 0 or above :data:`MAX_FRAME_BYTES` (the
-            peer does not speak this protocol); the caller should close the connection.
+        FrameTooLargeError: the announced size is 0 or above ``max_bytes``.
+        FrameIdleTimeout: no byte within ``idle_timeout_s`` (nothing was consumed).
+        FrameReadTimeout: the frame was not complete within ``read_timeout_s``.
         asyncio.IncompleteReadError: the stream ended inside a frame.
     """
     try:
-        head = await reader.readexactly(_SIZE.size)
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise
-    (size,) = _SIZE.unpack(head)
-    if not 0 < size <= MAX_FRAME_BYTES:
-        raise InvalidRequestError(
-            f"frame of {size} bytes announced (allowed 1..{MAX_FRAME_BYTES}): the peer does "
+        first = await asyncio.wait_for(reader.readexactly(1), idle_timeout_s)
+    except asyncio.IncompleteReadError:
+        return None  # nothing of a frame was read
+    except asyncio.TimeoutError:  # (a TimeoutError only from Python 3.11)
+        raise FrameIdleTimeout(f"no frame within {idle_timeout_s} s") from None
+    try:
+        return await asyncio.wait_for(_rest(reader, first, max_bytes), read_timeout_s)
+    except asyncio.TimeoutError:
+        raise FrameReadTimeout(
+            f"a frame took longer than {read_timeout_s} s to arrive: too slow, or not "
+            "queueflow's direct protocol"
+        ) from None
+
+
+async def _rest(reader: asyncio.StreamReader, first: bytes, max_bytes: int) -> bytes:
+    (size,) = _SIZE.unpack(first + await reader.readexactly(_SIZE.size - 1))
+    if not 0 < size <= max_bytes:  # checked before a byte of the body is read
+        raise FrameTooLargeError(
+            f"frame of {size} bytes announced (allowed 1..{max_bytes}): the peer does "
             "not speak queueflow's direct protocol"
+            + ("" if max_bytes >= MAX_FRAME_BYTES else " or is not authenticated yet")
         )
     return await reader.readexactly(size)
 

@@ -33,13 +33,21 @@ import msgspec
 import structlog
 
 from queueflow.errors import ShareGroupError
+from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.envelope import direct_dest, direct_reply_dest, topic_dest
 from queueflow.protocol.roles import refusal_labels
+from queueflow.server.connections import (
+    MAX_IN_FLIGHT_REQUESTS,
+    ConnectionGate,
+    DirectLimits,
+    connection_cap,
+    peer_host,
+)
 from queueflow.server.context import ServerContext
 from queueflow.server.leader import ShareLeader
-from queueflow.server.transport import control_auth, not_leader
+from queueflow.server.transport import control_auth, monotonic_ms, not_leader
 from queueflow.settings import listener_address
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
@@ -49,6 +57,11 @@ log = structlog.get_logger("queueflow.server.endpoint")
 #: How often (s) a leader repeats its announcements (the coordinator keeps them in memory, so a
 #: new coordinator learns the addresses within this time).
 ANNOUNCE_INTERVAL_S = 2.0
+
+#: The high-water mark (bytes) of a connection's send buffer: above it an answer waits (up to
+#: ``queueflow.direct.write.timeout.ms``) for the peer to read, so a peer that never reads its
+#: answers holds at most this much (plus one answer) of the worker's memory.
+WRITE_BUFFER_BYTES = 256 * 1024
 
 
 def advertised_host(configured: str, bind_host: str) -> str:
@@ -87,6 +100,15 @@ class LeaderEndpoint:
         self.auth = control_auth(ctx, "endpoint")
         #: The member key of each request being served: (member, request id, topic, partition).
         self._serving: dict[tuple[str, int, str, int], bytes] = {}
+        settings = ctx.settings
+        self._limits = DirectLimits.from_settings(settings)
+        self._gate = ConnectionGate(
+            connection_cap(settings.direct_max_connections),
+            settings.direct_max_connections_per_ip,
+        )
+        # A flood of connections or junk frames logs a few lines, not one per connection.
+        self._refused_log = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
+        self._dropped_log = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
 
     async def start(self) -> None:
         """Listen on ``queueflow.leader.listener`` and set :attr:`address` (``host:port``).
@@ -107,7 +129,13 @@ class LeaderEndpoint:
         bound = self._server.sockets[0].getsockname()
         public = advertised_host(self.ctx.settings.leader_advertised_host, host)
         self.address = f"[{public}]:{bound[1]}" if ":" in public else f"{public}:{bound[1]}"
-        log.info("leader_endpoint_listening", address=self.address, listener=listener)
+        log.info(
+            "leader_endpoint_listening",
+            address=self.address,
+            listener=listener,
+            max_connections=self._gate.max_connections,
+            max_connections_per_ip=self._gate.max_per_ip,
+        )
 
     async def close(self) -> None:
         """Stop listening and drop every connection."""
@@ -159,65 +187,174 @@ class LeaderEndpoint:
         slot = (cancel.member_id, cancel.request_id, cancel.topic, cancel.partition)
         key = self._serving.get(slot)
         if key is not None and key != member_key:
-            log.error(
-                "undecodable_direct_request",
-                reason="wrong_member",
-                error=f"a cancel of member {cancel.member_id!r}'s request from another key",
-            )
+            if (suppressed := self._dropped_log.admit()) is not None:
+                log.error(
+                    "undecodable_direct_request",
+                    reason="wrong_member",
+                    error=f"a cancel of member {cancel.member_id!r}'s request from another key",
+                    verified=True,
+                    suppressed=suppressed,
+                )
             return False
         return True
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        host = peer_host(writer.get_extra_info("peername"))
+        refused = self._gate.admit(host)
+        if refused is not None:  # closed at once: no buffer, no task, fd released
+            writer.transport.abort()
+            self.ctx.metrics.direct_connections_refused.labels(refused).inc()
+            if (suppressed := self._refused_log.admit()) is not None:
+                log.warning(
+                    "direct_connection_refused",
+                    peer=host,
+                    reason=refused,
+                    held=self._gate.open,
+                    held_from_peer=self._gate.held(host),
+                    suppressed=suppressed,
+                )
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        peer = writer.get_extra_info("peername")
+        self.ctx.metrics.direct_connections.set(self._gate.open)
+        writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
         write_lock = asyncio.Lock()
         requests: set[asyncio.Task[None]] = set()
+        reason: str | None = "closing"
         try:
-            while True:
-                try:
-                    frame = await framing.read_frame(reader)
-                except (ShareGroupError, asyncio.IncompleteReadError, ConnectionError) as exc:
-                    log.warning("direct_connection_dropped", peer=str(peer), error=str(exc))
-                    return
-                if frame is None:
-                    return
-                request_task = asyncio.ensure_future(self._answer(frame, writer, write_lock))
-                requests.add(request_task)
-                request_task.add_done_callback(requests.discard)
+            reason = await self._read_requests(reader, writer, write_lock, requests)
+            if reason is not None:
+                self.ctx.metrics.direct_connections_dropped.labels(reason).inc()
         finally:
             for request_task in requests:
                 request_task.cancel()
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-            self._connections.discard(task)
+            try:
+                if reason is None:  # the peer left: flush what it is owed, within a bound
+                    writer.close()
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(writer.wait_closed(), self._limits.write_timeout_s)
+            finally:
+                writer.transport.abort()  # closed by a limit (or not flushed in time): at once
+                self._connections.discard(task)
+                self._gate.release(host)
+                self.ctx.metrics.direct_connections.set(self._gate.open)
 
-    async def _answer(
-        self, frame: bytes, writer: asyncio.StreamWriter, write_lock: asyncio.Lock
-    ) -> None:
+    async def _read_requests(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        write_lock: asyncio.Lock,
+        requests: set[asyncio.Task[None]],
+    ) -> str | None:
+        """Read frames until the peer leaves (``None``) or a limit closes the connection (the
+        reason, as the ``queueflow_direct_connections_dropped_total`` label). Until one frame
+        was verified the pre-authentication limits apply (:class:`DirectLimits`)."""
+        limits = self._limits
+        verified = False
+        while True:
+            if len(requests) >= MAX_IN_FLIGHT_REQUESTS:  # backpressure: read no more for now
+                await asyncio.wait(requests, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            try:
+                frame = await framing.read_frame(
+                    reader,
+                    limits.frame_bytes(verified),
+                    idle_timeout_s=limits.idle_timeout_s(verified),
+                    read_timeout_s=limits.frame_read_timeout_s,
+                )
+            except framing.FrameIdleTimeout as exc:
+                if verified and requests:
+                    continue  # a parked long poll: the peer is waiting, not idle
+                reason = "idle" if verified else "unauthenticated_idle"
+                return self._dropped(writer, reason, verified, str(exc))
+            except framing.FrameTooLargeError as exc:
+                return self._dropped(writer, "frame_too_large", verified, str(exc))
+            except framing.FrameReadTimeout as exc:
+                return self._dropped(writer, "read_timeout", verified, str(exc))
+            except (ShareGroupError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                self._dropped(writer, "broken", verified, str(exc))
+                return None  # the peer's doing, not a limit: not counted
+            if frame is None:
+                return None
+            opened = self._open_request(frame, verified)
+            if opened is None:
+                return "undecodable"
+            request, member_key = opened
+            # The frame opened (signature verified) and decoded as a request: the full limits
+            # apply from now on (auth mode none: a well-formed request is all there is to check).
+            verified = True
+            answer = self._answer(request, member_key, writer, write_lock)
+            request_task = asyncio.ensure_future(answer)
+            requests.add(request_task)
+            request_task.add_done_callback(requests.discard)
+
+    def _dropped(
+        self, writer: asyncio.StreamWriter, reason: str, verified: bool, error: str
+    ) -> str:
+        """Log (rate-limited) why a connection is closed; returns ``reason``."""
+        if (suppressed := self._dropped_log.admit()) is not None:
+            log.warning(
+                "direct_connection_dropped",
+                peer=self._peer(writer),
+                reason=reason,
+                verified=verified,
+                error=error,
+                suppressed=suppressed,
+            )
+        return reason
+
+    @staticmethod
+    def _peer(writer: asyncio.StreamWriter) -> str:
+        return str(writer.get_extra_info("peername"))
+
+    def _open_request(
+        self, frame: bytes, verified: bool
+    ) -> tuple[protocol.ShareFetchRequest | protocol.ShareFetchCancel, bytes] | None:
+        """The request in ``frame`` and the member key it came with, or ``None`` (logged,
+        rate-limited) if it is not signed right (``hmac``), not bound to the member it names,
+        or not a message."""
         try:
             request = protocol.decode_binary(self.auth.open(frame, direct_dest(self.address)))
             # open and check are synchronous: ``last`` is still this frame's
             opened, leader = self.auth.last, self.leaders.get(getattr(request, "topic", ""))
             self.auth.check_sender(request, None if leader is None else leader.tickets.bound_key)
         except ShareGroupError as exc:
-            log.error("undecodable_direct_request", reason=refusal_labels(exc)[0], error=str(exc))
-            writer.close()  # no request id to answer with: the member times out and re-routes
-            return
-        member_key = b"" if opened is None else opened.member_pub
+            if (suppressed := self._dropped_log.admit()) is not None:
+                log.error(
+                    "undecodable_direct_request",
+                    reason=refusal_labels(exc)[0],
+                    error=str(exc),
+                    verified=verified,
+                    suppressed=suppressed,
+                )
+            return None  # no request id to answer with: the member times out and re-routes
+        if not isinstance(request, protocol.ShareFetchRequest | protocol.ShareFetchCancel):
+            if (suppressed := self._dropped_log.admit()) is not None:
+                log.error(
+                    "unexpected_direct_message",
+                    kind=type(request).__name__,
+                    suppressed=suppressed,
+                )
+            return None
+        return request, b"" if opened is None else opened.member_pub
+
+    async def _answer(
+        self,
+        request: protocol.ShareFetchRequest | protocol.ShareFetchCancel,
+        member_key: bytes,
+        writer: asyncio.StreamWriter,
+        write_lock: asyncio.Lock,
+    ) -> None:
+        """Answer ``request`` on its connection; ``member_key``: the key it came with (its
+        answer is sealed to it; ``b""``: mode ``none`` or a worker's)."""
+        leader = self.leaders.get(request.topic)
         if isinstance(request, protocol.ShareFetchCancel):
             if leader is not None and self._may_cancel(request, member_key):
                 leader.end_long_poll(request)
             return  # no answer of its own: the parked request's answer is it
-        if not isinstance(request, protocol.ShareFetchRequest):
-            log.error("unexpected_direct_message", kind=type(request).__name__)
-            writer.close()
-            return
-        leader = self.leaders.get(request.topic)
         lease_ms = self.ctx.runtime.lease_remaining_ms()
         if leader is None:
             response = not_leader(
@@ -245,6 +382,16 @@ class LeaderEndpoint:
         if self.auth.enabled and not member_key:
             frame = self.auth.seal(body, dest)  # a worker's request: a worker envelope
         async with write_lock:
+            if writer.is_closing():
+                return
             framing.write_frame(writer, frame)
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
+            try:
+                await asyncio.wait_for(writer.drain(), self._limits.write_timeout_s)
+            except (
+                asyncio.TimeoutError
+            ):  # the peer reads nothing: don't hold its answers any longer
+                self.ctx.metrics.direct_connections_dropped.labels("write_timeout").inc()
+                self._dropped(writer, "write_timeout", True, "the peer does not read its answers")
+                writer.transport.abort()
+            except ConnectionError:
+                pass

@@ -182,7 +182,15 @@ def test_every_name_has_the_queueflow_prefix_and_a_unit_or_total() -> None:
         assert family.name.startswith("queueflow_"), family.name
         if family.type == "counter" or family.name.endswith("_created"):
             continue  # the parser strips _total; the exposition has it (checked above)
-        units = ("_seconds", "_records", "_offset", "_members", "_epoch", "_handlers")
+        units = (
+            "_seconds",
+            "_records",
+            "_offset",
+            "_members",
+            "_epoch",
+            "_handlers",
+            "_connections",
+        )
         assert family.name.endswith(units), family.name
 
 
