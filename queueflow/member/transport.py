@@ -50,7 +50,8 @@ class MemberTransport(Protocol):
         ...
 
     async def send(self, topic: str, partition: int, payload: bytes) -> None:
-        """Append one request record to ``topic[partition]``, keyed by the member id."""
+        """Append one request record to ``topic[partition]``, keyed by the transport's key (the
+        member id, or under ``hmac`` the pseudonym of its key)."""
         ...
 
     async def close(self) -> None:
