@@ -31,7 +31,6 @@ Member envelope (heartbeats, ShareFetches, cancels; any holder of the member key
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import struct
@@ -44,7 +43,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from queueflow.protocol.auth import AuthenticationError, ReplayGuard, key_id
-from queueflow.protocol.sealed_replies import PeerCiphers, canonical_public_key
+from queueflow.protocol.sealed_replies import PeerCiphers
 
 __all__ = [
     "MEMBER_FORMAT",
@@ -143,7 +142,7 @@ def seal_worker(key: bytes, sender: str, dest: str, body: bytes, now_ms: int) ->
         _WorkerRest(_VERSION, sender, dest, now_ms, os.urandom(_WORKER_NONCE), body)
     )
     prefix = bytes((WORKER_FORMAT,)) + key_id(key)
-    return prefix + hmac.new(key, prefix + rest, hashlib.sha256).digest() + rest
+    return prefix + hmac.digest(key, prefix + rest, "sha256") + rest
 
 
 def seal_member(
@@ -156,7 +155,7 @@ def seal_member(
     prefix = bytes((MEMBER_FORMAT,)) + key_id(key)
     clear = struct.pack(">H", len(head)) + head
     rest = clear + cipher.encrypt(nonce, body, prefix + clear)
-    return prefix + hmac.new(key, prefix + rest, hashlib.sha256).digest() + rest
+    return prefix + hmac.digest(key, prefix + rest, "sha256") + rest
 
 
 class EnvelopeOpener:
@@ -218,7 +217,7 @@ class EnvelopeOpener:
                 key_id=got.hex(),
             )
         rest = raw[_PREFIX:]
-        mac = hmac.new(key, raw[: 1 + _KEY_ID] + rest, hashlib.sha256).digest()
+        mac = hmac.digest(key, raw[: 1 + _KEY_ID] + rest, "sha256")
         if not hmac.compare_digest(raw[1 + _KEY_ID : _PREFIX], mac):
             raise AuthenticationError(
                 "bad_signature",
@@ -258,10 +257,8 @@ class EnvelopeOpener:
             raise AuthenticationError("malformed", f"envelope version {h.v}")
         self._check(h.dest, dest, h.ts_ms)
         assert self._ciphers is not None  # a member key is held only with the ciphers
-        if not canonical_public_key(h.member_pub):
-            raise AuthenticationError("bad_seal", "member key is not a canonical X25519 key")
         aad = raw[: 1 + _KEY_ID] + rest[: 2 + n]
-        try:
+        try:  # a non-canonical or low-order member key raises ValueError: never derived
             body = self._ciphers.get(h.member_pub)[0].decrypt(h.nonce, rest[2 + n :], aad)
         except (InvalidTag, ValueError):
             raise AuthenticationError(
