@@ -43,7 +43,9 @@ Leaders, counted as they happen:
   acquisition lock elapsed;
 * ``queueflow_state_writes_total{topic}``: deltas and snapshots written;
 * ``queueflow_leader_step_downs_total{topic}``: request partitions a fenced or stalled leader
-  stepped down from (:mod:`queueflow.engine.fencing`).
+  stepped down from (:mod:`queueflow.engine.fencing`);
+* ``queueflow_member_fences_total{group,topic,reason}``: members fenced from a share-partition
+  for abuse (``release``: RELEASEing without handling, ``share.member.release.abuse.*``).
 
 Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
 
@@ -250,6 +252,13 @@ class Metrics:
             "assignment ticket (reason: missing, bad_ticket, expired, wrong_member, wrong_group, "
             "removed, fenced_epoch, not_assigned)",
             ("topic", "reason"),
+            registry=reg,
+        )
+        self.member_fences = Counter(
+            "queueflow_member_fences",
+            "Members a leader fenced from a share-partition for abusing it (reason: release, "
+            "RELEASEing records without handling them; share.member.release.abuse.*)",
+            ("group", "topic", "reason"),
             registry=reg,
         )
         self.coordinator_step_downs = Counter(

@@ -627,6 +627,84 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader, share agent",
     ),
     Setting(
+        "record_lock_max_renewal_ms",
+        "share.record.lock.max.renewal.ms",
+        900000,
+        1000,
+        86400000,
+        doc="The longest (ms) a record may stay Acquired by one member through RENEWs "
+        "(KIP-1222), counted from its acquisition: a RENEW that can't extend the lock within it "
+        "is refused with INVALID_RECORD_STATE and the lock runs out as usual (default 15 minutes, "
+        "30x the default lock duration; keep it above a share agent's handler_timeout_ms).",
+        read_by="leader",
+    ),
+    Setting(
+        "member_max_in_flight_records",
+        "share.member.max.in.flight.records",
+        1000,
+        1,
+        10000,
+        doc="The most records one member may hold Acquired in one share-partition; a ShareFetch "
+        "beyond it acquires fewer or none (no error). Distinct from "
+        "`group.share.partition.max.record.locks`, which bounds the whole share-partition.",
+        read_by="leader",
+    ),
+    Setting(
+        "member_max_acquisition_rate",
+        "share.member.max.acquisition.rate",
+        20000,
+        0,
+        None,
+        doc="Records per second one member may acquire from one share-partition (a token "
+        "bucket holding one second's worth); a ShareFetch beyond it acquires fewer or none (no "
+        "error). 0: unlimited.",
+        read_by="leader",
+    ),
+    Setting(
+        "member_release_abuse_records",
+        "share.member.release.abuse.records",
+        200,
+        0,
+        None,
+        doc="A member that RELEASEs at least this many records of one share-partition on their "
+        "second delivery or later within `share.member.release.abuse.window.ms` while handling "
+        "(ACCEPT/REJECT) almost none "
+        "(`share.member.release.abuse.ratio.percent`) is fenced from it for the window and the "
+        "delivery counts its releases added are rolled back. 0: never.",
+        read_by="leader",
+    ),
+    Setting(
+        "member_release_abuse_ratio_percent",
+        "share.member.release.abuse.ratio.percent",
+        90,
+        1,
+        100,
+        doc="The share (percent) of RELEASEs among a member's acknowledged records in the window "
+        "at or above which `share.member.release.abuse.records` releases fence it.",
+        read_by="leader",
+    ),
+    Setting(
+        "member_release_abuse_window_ms",
+        "share.member.release.abuse.window.ms",
+        60000,
+        1000,
+        3600000,
+        doc="The window (ms) over which a member's RELEASEs are counted, and how long a member "
+        "fenced for releasing without handling stays refused by the share-partition.",
+        read_by="leader",
+    ),
+    Setting(
+        "member_join_grace_ms",
+        "share.member.join.grace.ms",
+        15000,
+        1000,
+        None,
+        doc="A member that joined but sent no heartbeat with its member epoch within this long "
+        "(ms; at least twice the heartbeat interval) is removed early; until that heartbeat it "
+        "is provisional and doesn't count toward `group.share.max.size`.",
+        read_by="coordinator",
+    ),
+    Setting(
         "lock_check_interval_ms",
         "queueflow.lock.check.interval.ms",
         250,
@@ -826,6 +904,13 @@ class ShareGroupSettings:
     direct_write_timeout_ms: int = int_default("direct_write_timeout_ms")
     state_durability: StateDurability = choice_default("state_durability", StateDurability)
     renew_acknowledge_enable: bool = bool_default("renew_acknowledge_enable")
+    record_lock_max_renewal_ms: int = int_default("record_lock_max_renewal_ms")
+    member_max_in_flight_records: int = int_default("member_max_in_flight_records")
+    member_max_acquisition_rate: int = int_default("member_max_acquisition_rate")
+    member_release_abuse_records: int = int_default("member_release_abuse_records")
+    member_release_abuse_ratio_percent: int = int_default("member_release_abuse_ratio_percent")
+    member_release_abuse_window_ms: int = int_default("member_release_abuse_window_ms")
+    member_join_grace_ms: int = int_default("member_join_grace_ms")
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")
     auth_mode: AuthMode = choice_default("auth_mode", AuthMode)
     auth_secret: str = dataclasses.field(default=str_default("auth_secret"), repr=False)

@@ -17,7 +17,13 @@ Rules implemented here:
 * epochs never go back: a heartbeat of a known member at an epoch above the group epoch (the
   durable metadata lost its last writes in a coordinator failover) moves the group epoch past it;
 * the group is EMPTY with no members, STABLE with members, DEAD once deleted;
-* ``group.share.max.size`` bounds the number of members (``GROUP_MAX_SIZE_REACHED``);
+* ``group.share.max.size`` bounds the number of members (``GROUP_MAX_SIZE_REACHED``); a member
+  is *provisional* from its join until its first heartbeat with the member epoch it was given
+  (every live member sends one within a heartbeat interval): provisional members don't count
+  toward the limit (a join that finds the group full of members removes the oldest provisional
+  one instead), and one that sends no such heartbeat within ``share.member.join.grace.ms`` is
+  removed early (:meth:`ShareGroup.expire_provisional`), so joins that never follow up can't
+  keep a real member out;
 * partitions added to a subscribed topic at runtime are noticed on the next heartbeat (a change
   of partition counts) and remembered (:attr:`ShareGroup.added_partitions`): their
   share-partitions start at the log start.
@@ -39,6 +45,7 @@ from queueflow.engine.assignors import (
     select_assignor,
 )
 from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.settings import int_default
 from queueflow.structs import TopicPartition
 
 #: Member and group epochs are Kafka int32s; a heartbeat claiming more is not believed.
@@ -70,6 +77,11 @@ class Member:
     assignors: tuple[str, ...] = ()
     #: Its rack (``client.rack``), ``""`` if unset.
     rack_id: str = ""
+    #: Joined, but has sent no heartbeat with its member epoch yet (not durable: a restored
+    #: member is confirmed).
+    provisional: bool = False
+    #: When it joined (ms).
+    joined_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +92,13 @@ class HeartbeatResult:
         member_epoch: the member's epoch after this heartbeat (-1 after a leave).
         assignment: the member's share-partitions.
         released: (member id, share-partitions) whose records the leaders must release.
+        evicted: provisional members removed to make room for this join.
     """
 
     member_epoch: int
     assignment: list[TopicPartition]
     released: list[tuple[str, list[TopicPartition]]]
+    evicted: tuple[str, ...] = ()
 
 
 class ShareGroup:
@@ -97,6 +111,9 @@ class ShareGroup:
         assignors: ``group.share.assignors``, most preferred first (registered names).
 
     Attributes:
+        join_grace_ms: ``share.member.join.grace.ms`` (the coordinator raises it to twice the
+            group's heartbeat interval): how long a member stays provisional before it is
+            removed (see :meth:`expire_provisional`).
         assignor: the assignor of the current assignment (persisted).
         selection: the last choice made and why (``None`` before the first rebalance).
         lag: share-partition → lag as its leader last reported it, set by the coordinator
@@ -114,6 +131,7 @@ class ShareGroup:
         self.group_id = group_id
         self.session_timeout_ms = session_timeout_ms
         self.max_size = max_size
+        self.join_grace_ms = int_default("share.member.join.grace.ms")
         self.assignor_preference: tuple[str, ...] = tuple(assignors)
         self.assignor = DEFAULT_ASSIGNOR
         self.selection: AssignorSelection | None = None
@@ -200,6 +218,7 @@ class ShareGroup:
             released = self.leave(member_id)
             return HeartbeatResult(-1, [], released)
         member = self.members.get(member_id)
+        evicted: list[tuple[str, list[TopicPartition]]] = []
         if member is None:
             if member_epoch != 0:
                 raise ShareGroupError(
@@ -207,16 +226,14 @@ class ShareGroup:
                     f"member {member_id} is not in share group {self.group_id!r} (it may have "
                     "timed out); rejoin with member epoch 0",
                 )
-            if len(self.members) >= self.max_size:
-                raise ShareGroupError(
-                    ErrorCode.GROUP_MAX_SIZE_REACHED,
-                    f"share group {self.group_id!r} has {len(self.members)} members, the "
-                    f"group.share.max.size limit",
-                )
+            evicted = self._make_room()
             member = Member(member_id, 0, tuple(sorted(subscribed_topics)))
+            member.provisional, member.joined_ms = True, now_ms
             self.members[member_id] = member
             changed = True
         else:
+            if member_epoch > 0:
+                member.provisional = False  # it follows up with its epoch: a live member
             topics = tuple(sorted(subscribed_topics))
             changed = topics != member.subscribed_topics
             member.subscribed_topics = topics
@@ -243,7 +260,56 @@ class ShareGroup:
                 self.added_partitions.setdefault(t, known)
         self.partitions.update(wanted)
         moved = self._rebalance() if changed else []
-        return HeartbeatResult(member.member_epoch, list(member.assignment), moved)
+        return HeartbeatResult(
+            member.member_epoch,
+            list(member.assignment),
+            evicted + moved,
+            tuple(m for m, _ in evicted),
+        )
+
+    def _make_room(self) -> list[tuple[str, list[TopicPartition]]]:
+        """Before a join: refuse it when ``max_size`` members are confirmed; else remove the
+        oldest provisional members until there is room. Returns what they held.
+
+        Raises:
+            ShareGroupError: ``GROUP_MAX_SIZE_REACHED``.
+        """
+        confirmed = sum(1 for m in self.members.values() if not m.provisional)
+        if confirmed >= self.max_size:
+            raise ShareGroupError(
+                ErrorCode.GROUP_MAX_SIZE_REACHED,
+                f"share group {self.group_id!r} has {confirmed} members, the "
+                f"group.share.max.size limit",
+            )
+        evicted: list[tuple[str, list[TopicPartition]]] = []
+        if len(self.members) >= self.max_size:
+            waiting = sorted(
+                (m for m in self.members.values() if m.provisional), key=lambda m: m.joined_ms
+            )
+            for m in waiting[: len(self.members) - self.max_size + 1]:
+                evicted.append((m.member_id, list(m.assignment)))
+                del self.members[m.member_id]
+        return evicted
+
+    def expire_provisional(self, now_ms: int) -> list[tuple[str, list[TopicPartition]]]:
+        """Remove provisional members that sent no heartbeat with their member epoch within
+        :attr:`join_grace_ms` of joining (joins nobody followed up: phantom members).
+
+        Returns:
+            (member id, its share-partitions) for each removed member.
+        """
+        expired = [
+            m
+            for m in self.members.values()
+            if m.provisional and now_ms - m.joined_ms > self.join_grace_ms
+        ]
+        released: list[tuple[str, list[TopicPartition]]] = []
+        for m in expired:
+            released.append((m.member_id, list(m.assignment)))
+            del self.members[m.member_id]
+        if expired:
+            released += self._rebalance()
+        return released
 
     def leave(self, member_id: str) -> list[tuple[str, list[TopicPartition]]]:
         """Remove a member that leaves; returns what the leaders must release."""
@@ -277,6 +343,8 @@ class ShareGroup:
         can't know when they last heartbeated)."""
         for m in self.members.values():
             m.last_heartbeat_ms = now_ms
+            if m.provisional:  # a fresh grace too: it may have followed up unseen
+                m.joined_ms = now_ms
 
     def select_assignor(self) -> AssignorSelection:
         """Choose the group's assignor now: the first of ``group.share.assignors`` that every

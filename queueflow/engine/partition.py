@@ -11,6 +11,11 @@ I/O, no Kafka, no clocks. Time is always passed in as ``now_ms`` (milliseconds);
 decides when to call :meth:`SharePartition.expire_locks` (see
 :meth:`SharePartition.next_lock_deadline`).
 
+Member abuse limits (docs/operations.md, "Member abuse limits") are enforced here too: the
+RENEW cap (``share.record.lock.max.renewal.ms``), per-member in-flight and acquisition-rate
+limits, and the fence of a member that RELEASEs without handling, with the rollback of the
+delivery counts it caused.
+
 Memory: records are kept as *runs* of consecutive offsets with equal (state, delivery count,
 owner, lock deadline), in a sorted list searched with :mod:`bisect`. A batch fetched and
 acknowledged together costs one run however many records it holds (KIP-932 "Batching").
@@ -21,6 +26,7 @@ from __future__ import annotations
 import heapq
 import sys
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -34,8 +40,10 @@ from queueflow.engine.state import (
 from queueflow.errors import (
     ConfigurationError,
     CorruptStateError,
+    ErrorCode,
     InvalidRecordStateError,
     InvalidRequestError,
+    ShareGroupError,
 )
 from queueflow.settings import bool_default, int_default, lookup
 from queueflow.structs import AcknowledgeType
@@ -44,6 +52,7 @@ __all__ = [
     "AcknowledgeType",
     "AcknowledgementBatch",
     "AcquiredRecords",
+    "MemberFence",
     "RecordState",
     "RecordView",
     "RunView",
@@ -53,6 +62,10 @@ __all__ = [
 ]
 
 _AVAILABLE = RecordState.AVAILABLE
+_ACCEPT = AcknowledgeType.ACCEPT
+_RELEASE = AcknowledgeType.RELEASE
+_RENEW = AcknowledgeType.RENEW
+_GAP = AcknowledgeType.GAP
 _ACQUIRED = RecordState.ACQUIRED
 _ACKNOWLEDGED = RecordState.ACKNOWLEDGED
 _ARCHIVED = RecordState.ARCHIVED
@@ -161,6 +174,20 @@ class SharePartitionConfig:
             1000..30000, default 1000 (Kafka's is 15000).
         renew_enabled: ``share.renew.acknowledge.enable``; when False a RENEW (KIP-1222) is
             refused. Default True.
+        max_renewal_ms: ``share.record.lock.max.renewal.ms``; the longest (ms) a record stays
+            Acquired by one member through RENEWs, from its acquisition. Default 900000.
+        member_max_in_flight_records: ``share.member.max.in.flight.records``; the most records
+            one member holds Acquired here (an acquisition beyond it gets fewer or none).
+            Default 1000.
+        member_max_acquisition_rate: ``share.member.max.acquisition.rate``; records per second
+            one member may acquire here (token bucket of one second's worth); 0: unlimited.
+            Default 20000.
+        release_abuse_records / release_abuse_ratio_percent / release_abuse_window_ms:
+            ``share.member.release.abuse.*``; a member that RELEASEs at least that many
+            redelivered records (or lets that many locks run out at ``max_renewal_ms``) within
+            the window (ms), those being at least that percent of its acknowledged records, is
+            fenced from this share-partition for the window (see
+            :meth:`SharePartition.acknowledge`). Defaults 200, 90, 60000; records 0: never.
 
     Raises:
         ConfigurationError: on construction (see :meth:`validate`).
@@ -173,6 +200,12 @@ class SharePartitionConfig:
     max_record_lock_duration_ms: int = int_default("group.share.max.record.lock.duration.ms")
     min_record_lock_duration_ms: int = int_default("group.share.min.record.lock.duration.ms")
     renew_enabled: bool = bool_default("share.renew.acknowledge.enable")
+    max_renewal_ms: int = int_default("share.record.lock.max.renewal.ms")
+    member_max_in_flight_records: int = int_default("share.member.max.in.flight.records")
+    member_max_acquisition_rate: int = int_default("share.member.max.acquisition.rate")
+    release_abuse_records: int = int_default("share.member.release.abuse.records")
+    release_abuse_ratio_percent: int = int_default("share.member.release.abuse.ratio.percent")
+    release_abuse_window_ms: int = int_default("share.member.release.abuse.window.ms")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -198,6 +231,12 @@ class SharePartitionConfig:
         _check_range("group.share.record.lock.duration.ms", self.record_lock_duration_ms)
         _check_range("group.share.max.record.lock.duration.ms", self.max_record_lock_duration_ms)
         _check_range("group.share.min.record.lock.duration.ms", self.min_record_lock_duration_ms)
+        _check_range("share.record.lock.max.renewal.ms", self.max_renewal_ms)
+        _check_range("share.member.max.in.flight.records", self.member_max_in_flight_records)
+        _check_range("share.member.max.acquisition.rate", self.member_max_acquisition_rate)
+        _check_range("share.member.release.abuse.records", self.release_abuse_records)
+        _check_range("share.member.release.abuse.ratio.percent", self.release_abuse_ratio_percent)
+        _check_range("share.member.release.abuse.window.ms", self.release_abuse_window_ms)
         low, high = self.min_record_lock_duration_ms, self.max_record_lock_duration_ms
         if low > high:
             raise ConfigurationError(
@@ -214,7 +253,10 @@ class SharePartitionConfig:
 
 @dataclass(slots=True, eq=False)
 class _Run:
-    """Consecutive records ``first..last`` with equal state, count, owner and lock deadline."""
+    """Consecutive records ``first..last`` with equal state, count, owner and lock deadline.
+
+    ``acquired``: when the current acquisition began (ms, Acquired only; the RENEW cap counts
+    from it; not durable)."""
 
     first: int
     last: int
@@ -222,6 +264,65 @@ class _Run:
     count: int
     member: str | None
     deadline: int | None
+    acquired: int | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _MemberUse:
+    """What one member does in one share-partition: the token bucket of its acquisitions, its
+    RELEASEd and handled (ACCEPT/REJECT) records over the current and previous window, and the
+    ranges it RELEASEd (``(ms, first, last)``, at most :data:`_MAX_RELEASE_RANGES`) and
+    Archived by a RELEASE at the limit, which a fence rolls back."""
+
+    tokens: float
+    tokens_ms: int
+    window_start: int
+    released: int = 0
+    handled: int = 0
+    prev_released: int = 0
+    prev_handled: int = 0
+    fenced_until: int | None = None
+    releases: deque[tuple[int, int, int]] = field(default_factory=deque)
+    archived: deque[tuple[int, int, int]] = field(default_factory=deque)
+
+
+#: At most this many RELEASEd ranges are remembered per member and share-partition.
+_MAX_RELEASE_RANGES = 4096
+
+
+def _remember(
+    into: deque[tuple[int, int, int]], ranges: list[tuple[int, int]], now_ms: int, since_ms: int
+) -> None:
+    """Append ``ranges`` at ``now_ms``; drop entries from before ``since_ms`` and the oldest
+    beyond :data:`_MAX_RELEASE_RANGES`."""
+    while into and into[0][0] < since_ms:
+        into.popleft()
+    for first, last in ranges:
+        into.append((now_ms, first, last))
+    while len(into) > _MAX_RELEASE_RANGES:
+        into.popleft()
+
+
+@dataclass(frozen=True, slots=True)
+class MemberFence:
+    """A member fenced from a share-partition for RELEASing records without handling them
+    (``share.member.release.abuse.*``; see :meth:`SharePartition.acknowledge`).
+
+    Attributes:
+        member_id: the member.
+        released: records it RELEASEd in the window (weighted, rounded down).
+        handled: records it ACCEPTed or REJECTed in the window (weighted, rounded down).
+        restored: in-flight records whose delivery counts its RELEASEs had raised, rolled back.
+        returned: records it held, made Available again without counting that delivery.
+        until_ms: when the fence ends (ms).
+    """
+
+    member_id: str
+    released: int
+    handled: int
+    restored: int
+    returned: int
+    until_ms: int
 
 
 @dataclass(slots=True, eq=False)
@@ -243,11 +344,20 @@ def _same(a: _Run, b: _Run) -> bool:
         and a.count == b.count
         and a.member == b.member
         and a.deadline == b.deadline
+        and a.acquired == b.acquired
     )
 
 
 # A transformation of one run: returns the new (state, count, member, deadline), or None to keep it.
 _Transform = Callable[[_Run], tuple[RecordState, int, str | None, int | None] | None]
+
+
+def _accept(r: _Run) -> tuple[RecordState, int, None, None]:
+    return (_ACKNOWLEDGED, r.count, None, None)
+
+
+def _archive(r: _Run) -> tuple[RecordState, int, None, None]:
+    return (_ARCHIVED, r.count, None, None)
 
 
 class SharePartition:
@@ -269,7 +379,9 @@ class SharePartition:
         "_config",
         "_dirty",
         "_end",
+        "_fences",
         "_heap",
+        "_held",
         "_hint",
         "_locks",
         "_n_acquired",
@@ -278,6 +390,7 @@ class SharePartition:
         "_runs",
         "_start",
         "_taken_start",
+        "_use",
     )
 
     def __init__(self, config: SharePartitionConfig, start_offset: int) -> None:
@@ -301,6 +414,10 @@ class SharePartition:
         self._reset_pending = False
         # Records moved to Archived by this object (REJECT, GAP, the delivery count limit).
         self._archived_total = 0
+        # Member -> records it holds Acquired here; member -> its use (rate, releases, fence).
+        self._held: dict[str, int] = {}
+        self._use: dict[str, _MemberUse] = {}
+        self._fences: list[MemberFence] = []
 
     # ----------------------------------------------------------------------------------------
     # Views
@@ -420,12 +537,19 @@ class SharePartition:
                 ``min_record_lock_duration_ms..max_record_lock_duration_ms``; None for
                 ``record_lock_duration_ms``.
 
+        A member acquires at most ``member_max_in_flight_records`` held at once here and
+        ``member_max_acquisition_rate`` records per second (a token bucket of one second's
+        worth): beyond them it gets fewer records or none, without an error (as Kafka bounds a
+        fetch by ``share.fetch.max.records`` and the share-partition's record locks).
+
         Returns:
             Acquired ranges of equal delivery count, in increasing offset order (maybe empty).
 
         Raises:
             InvalidRequestError: empty member id, ``max_records < 1`` or a lock duration out of
                 range. Nothing changes.
+            ShareGroupError: ``FENCED_MEMBER_EPOCH`` while the member is fenced from this
+                share-partition for releasing records without handling them.
 
         KIP-932 "Record delivery and acknowledgement", "In-flight records", "Batching".
         """
@@ -436,7 +560,10 @@ class SharePartition:
         cfg = self._config
         member = sys.intern(member_id)
         deadline = now_ms + self._lock_duration(lock_duration_ms)
-        remaining = max_records
+        self._check_fence(member, now_ms)
+        remaining = self.allowance(member, max_records, now_ms)
+        if remaining < 1:
+            return []
         ranges: list[tuple[int, int, int]] = []  # (first, last, delivery count)
         runs = self._runs
 
@@ -456,6 +583,7 @@ class SharePartition:
                         self._split_at(r.first + remaining)
                         n = remaining
                     self._retag(r, _ACQUIRED, r.count + 1, member, deadline)
+                    r.acquired = now_ms
                     ranges.append((r.first, r.last, r.count))
                     lock.ranges.append((r.first, r.last))
                     self._mark_dirty(r.first, r.last)
@@ -487,11 +615,14 @@ class SharePartition:
                 self._end = stop
                 # "The first time a record is acquired, its delivery count is 1."
                 self._retag(run, _ACQUIRED, 1, member, deadline)
+                run.acquired = now_ms
                 ranges.append((first, last, 1))
                 lock.ranges.append((first, last))
                 self._mark_dirty(first, last)
                 self._merge_window(len(runs) - 2, len(runs) - 1)
 
+        if ranges and cfg.member_max_acquisition_rate > 0:
+            self._spend(member, sum(last - first + 1 for first, last, _ in ranges))
         # Returned ranges are in increasing offset order (KIP-932 "Ordering").
         out: list[AcquiredRecords] = []
         for first, last, count in ranges:
@@ -500,6 +631,70 @@ class SharePartition:
             else:
                 out.append(AcquiredRecords(first, last, count))
         return out
+
+    def allowance(self, member_id: str, max_records: int, now_ms: int) -> int:
+        """How many of ``max_records`` ``member_id`` may acquire now: bounded by
+        ``member_max_in_flight_records`` minus what it holds, and by its token bucket of
+        ``member_max_acquisition_rate`` records per second (refilled to ``now_ms``). Read-only
+        apart from the refill."""
+        cfg = self._config
+        allowed = min(max_records, cfg.member_max_in_flight_records - self._held.get(member_id, 0))
+        rate = cfg.member_max_acquisition_rate
+        if rate > 0 and allowed > 0:
+            use = self._member_use(member_id, now_ms)
+            elapsed = max(0, now_ms - use.tokens_ms)
+            use.tokens = min(float(rate), use.tokens + elapsed * rate / 1000.0)
+            use.tokens_ms = max(use.tokens_ms, now_ms)
+            allowed = min(allowed, int(use.tokens))
+        return max(allowed, 0)
+
+    def held_by(self, member_id: str) -> int:
+        """Records ``member_id`` holds Acquired in this share-partition."""
+        return self._held.get(member_id, 0)
+
+    def _spend(self, member: str, n: int) -> None:
+        """Take ``n`` acquired records from ``member``'s token bucket."""
+        if n > 0:
+            use = self._use.get(member)
+            if use is not None:
+                use.tokens = max(0.0, use.tokens - n)
+
+    def _member_use(self, member: str, now_ms: int) -> _MemberUse:
+        use = self._use.get(member)
+        if use is None:
+            if len(self._use) >= 1024:
+                self._prune_use(now_ms)
+            rate = float(self._config.member_max_acquisition_rate)
+            use = self._use[member] = _MemberUse(rate, now_ms, now_ms)
+        return use
+
+    def _prune_use(self, now_ms: int) -> None:
+        """Forget members that hold nothing, aren't fenced and did nothing for two windows."""
+        stale = now_ms - 2 * self._config.release_abuse_window_ms
+        for member, use in list(self._use.items()):
+            if (
+                not self._held.get(member)
+                and (use.fenced_until is None or use.fenced_until <= now_ms)
+                and use.window_start <= stale
+                and use.tokens_ms <= now_ms - 1000
+            ):
+                del self._use[member]
+
+    def _check_fence(self, member: str, now_ms: int) -> None:
+        """Raise ``FENCED_MEMBER_EPOCH`` while ``member`` is fenced from this share-partition."""
+        use = self._use.get(member)
+        if use is None or use.fenced_until is None:
+            return
+        if now_ms >= use.fenced_until:
+            use.fenced_until = None
+            return
+        raise ShareGroupError(
+            ErrorCode.FENCED_MEMBER_EPOCH,
+            f"member {member!r} is fenced from this share-partition until "
+            f"{use.fenced_until} ms for RELEASing records without handling them "
+            "(share.member.release.abuse.records / .ratio.percent / .window.ms); "
+            "acknowledge records with ACCEPT or REJECT once handled",
+        )
 
     def _lock_duration(self, lock_duration_ms: int | None) -> int:
         """A consumer's own lock duration (ms), checked; the group's when ``None``."""
@@ -526,7 +721,7 @@ class SharePartition:
         batches: Sequence[AcknowledgementBatch],
         now_ms: int,
         lock_duration_ms: int | None = None,
-    ) -> None:
+    ) -> MemberFence | None:
         """Apply a consumer's acknowledgements atomically, then advance the SPSO.
 
         ``ACCEPT`` -> Acknowledged; ``REJECT`` -> Archived; ``GAP`` -> Archived (no record at that
@@ -548,37 +743,209 @@ class SharePartition:
                 last_offset``, a bad number of acknowledge types or an unknown type, offsets
                 outside SPSO..SPEO-1, a RENEW lock duration out of range, or a RENEW while
                 ``renew_enabled`` is False (``share.renew.acknowledge.enable=false``).
-            InvalidRecordStateError: an offset is not Acquired by ``member_id``.
+            InvalidRecordStateError: an offset is not Acquired by ``member_id``, or a RENEW
+                can't extend a lock any more: the record has been Acquired for
+                ``share.record.lock.max.renewal.ms`` since its acquisition (Kafka answers a
+                refused RENEW with ``INVALID_RECORD_STATE`` too).
+            ShareGroupError: ``FENCED_MEMBER_EPOCH`` while the member is fenced from this
+                share-partition (see below).
             On any error nothing changes.
 
+        Returns:
+            ``None``; or, when this request makes the member one that RELEASEs without handling
+            (at least ``release_abuse_records`` records RELEASEd on their second delivery or
+            later in the last ``release_abuse_window_ms``, and those RELEASEs at least
+            ``release_abuse_ratio_percent`` of what it acknowledged then), the
+            :class:`MemberFence`: the member is refused here
+            for the window, the delivery counts its RELEASEs raised on in-flight records are
+            rolled back (records it Archived at the limit that are still in flight come back),
+            and the records it holds become Available without that delivery counting. KIP-932
+            counts every RELEASE as a delivery; the rollback keeps a member from Archiving
+            healthy records by acquiring and releasing them in a loop.
+
         KIP-932 "Client programming interface": "the share-partition leader guarantees that
-        acknowledgements for the records in a batch are performed atomically".
+        acknowledgements for the records in a batch are performed atomically". RENEW:
+        KIP-1222.
         """
+        member = sys.intern(member_id)
+        self._check_fence(member, now_ms)
         plan = self._validate_acks(member_id, batches)
         renew_deadline: int | None = None
-        if any(ack is AcknowledgeType.RENEW for _, _, ack in plan):
+        released: list[tuple[int, int]] = []
+        handled = 0
+        renews = False
+        for first, last, ack in plan:
+            if ack is _RELEASE:
+                released.append((first, last))
+            elif ack is _RENEW:
+                renews = True
+            elif ack is not _GAP:
+                handled += last - first + 1
+        if renews:
             if not self._config.renew_enabled:
                 raise InvalidRequestError(
                     "RENEW is disabled for this share group (share.renew.acknowledge.enable="
                     "false): acknowledge with ACCEPT, RELEASE or REJECT before the lock elapses"
                 )
             renew_deadline = now_ms + self._lock_duration(lock_duration_ms)
+            self._check_renewals(plan)
         # Everything is valid: apply. Nothing below can fail. Other locks elapse only through
         # expire_locks(); see its docstring.
+        # Decided before applying: the RELEASEs that make it abusive must not Archive anything.
+        abusive = self._tally(
+            member, self._redelivered(released) if released else 0, handled, now_ms
+        )
+        archived: list[tuple[int, int]] = []
         for first, last, ack in plan:
-            if ack is AcknowledgeType.RENEW:
+            if ack is _RENEW:
                 assert renew_deadline is not None
                 self._renew(first, last, renew_deadline)
-            else:
-                self._apply(first, last, self._ack_transform(ack))
+            elif ack is not _RELEASE or abusive is None:
+                self._apply(first, last, self._ack_transform(ack, archived))
         self._advance()
+        if abusive is not None:  # its RELEASEs above stay held and are returned uncounted
+            return self._fence(member, self._use[member], abusive[0], abusive[1], now_ms)
+        if released:
+            use = self._use.get(member)
+            if use is not None:
+                since = now_ms - 2 * self._config.release_abuse_window_ms
+                _remember(use.releases, released, now_ms, since)
+                _remember(use.archived, archived, now_ms, since)
+        return None
+
+    def _check_renewals(self, plan: list[tuple[int, int, AcknowledgeType]]) -> None:
+        """Refuse a RENEW of records whose lock already reaches ``max_renewal_ms`` past their
+        acquisition (``share.record.lock.max.renewal.ms``)."""
+        capped = self._capped(plan)
+        if capped:
+            shown = ", ".join(f"{lo}..{hi}" for lo, hi in capped[:8])
+            raise InvalidRecordStateError(
+                f"RENEW refused for records {shown}: they have been Acquired for "
+                f"share.record.lock.max.renewal.ms={self._config.max_renewal_ms} ms since "
+                "their acquisition, the most a lock may be renewed; acknowledge them with "
+                "ACCEPT, RELEASE or REJECT before the lock elapses"
+            )
+
+    def _capped(self, plan: Iterable[tuple[int, int, AcknowledgeType]]) -> list[tuple[int, int]]:
+        """The Acquired offsets of ``plan``'s RENEWs whose lock can't be renewed any more."""
+        cap = self._config.max_renewal_ms
+        runs = self._runs
+        out: list[tuple[int, int]] = []
+        for first, last, ack in plan:
+            if ack is not AcknowledgeType.RENEW:
+                continue
+            first, last = max(first, self._start), min(last, self._end - 1)
+            i = self._index(first) if first <= last else len(runs)
+            while i < len(runs) and runs[i].first <= last:
+                r = runs[i]
+                i += 1
+                if r.state is not _ACQUIRED or r.acquired is None or r.deadline is None:
+                    continue
+                if r.acquired + cap <= r.deadline:
+                    out.append((max(r.first, first), min(r.last, last)))
+        return out
 
     def _renew(self, first: int, last: int, deadline: int) -> None:
-        """Move the locks of ``first..last`` (Acquired by one member, validated) to ``deadline``.
-        The new deadline is durable (a new leader keeps it)."""
-        group = self._lock_group(deadline)
-        group.ranges.append((first, last))
-        self._apply(first, last, lambda r: (_ACQUIRED, r.count, r.member, deadline))
+        """Move the locks of ``first..last`` (Acquired by one member, validated) to ``deadline``,
+        or to ``max_renewal_ms`` after a record's acquisition if that is sooner. The new deadline
+        is durable (a new leader keeps it)."""
+        cap = self._config.max_renewal_ms
+
+        def transform(r: _Run) -> tuple[RecordState, int, str | None, int | None]:
+            start = r.acquired if r.acquired is not None else deadline
+            d = min(deadline, start + cap)
+            self._lock_group(d).ranges.append((r.first, r.last))
+            return (_ACQUIRED, r.count, r.member, d)
+
+        self._apply(first, last, transform)
+
+    def _redelivered(self, ranges: list[tuple[int, int]]) -> int:
+        """How many records of ``ranges`` (Acquired, validated) are on their second delivery or
+        later: RELEASEs of those make a loop. Releasing first deliveries (what a member does
+        with the records it has not started on, at close or revocation) is not counted."""
+        runs = self._runs
+        n = 0
+        for first, last in ranges:
+            i = self._index(first)
+            while i < len(runs) and runs[i].first <= last:
+                r = runs[i]
+                i += 1
+                if r.count >= 2:
+                    n += min(r.last, last) - max(r.first, first) + 1
+        return n
+
+    def _tally(
+        self, member: str, released: int, handled: int, now_ms: int
+    ) -> tuple[int, int] | None:
+        """Add a request's RELEASEd and handled records to ``member``'s window; return its
+        (RELEASEd, handled) records in the window when that makes it a member that RELEASEs
+        without handling (see :meth:`acknowledge`), else ``None``."""
+        cfg = self._config
+        if cfg.release_abuse_records <= 0 or not (released or handled):
+            return None
+        use = self._member_use(member, now_ms)
+        window = cfg.release_abuse_window_ms
+        if now_ms >= use.window_start + 2 * window:
+            use.prev_released = use.prev_handled = use.released = use.handled = 0
+            use.window_start = now_ms
+        elif now_ms >= use.window_start + window:
+            use.prev_released, use.prev_handled = use.released, use.handled
+            use.released = use.handled = 0
+            use.window_start += window
+        use.released += released
+        use.handled += handled
+        weight = max(0.0, 1.0 - (now_ms - use.window_start) / window)
+        total_released = use.released + use.prev_released * weight
+        total_handled = use.handled + use.prev_handled * weight
+        if total_released < cfg.release_abuse_records:
+            return None
+        if total_released * 100 < cfg.release_abuse_ratio_percent * (
+            total_released + total_handled
+        ):
+            return None
+        return int(total_released), int(total_handled)
+
+    def _fence(
+        self, member: str, use: _MemberUse, released: int, handled: int, now_ms: int
+    ) -> MemberFence:
+        """Fence ``member`` here for the window and undo the delivery counts its RELEASEs and
+        its held records added (see :meth:`acknowledge`)."""
+        until = now_ms + self._config.release_abuse_window_ms
+        use.fenced_until = until
+        use.released = use.handled = use.prev_released = use.prev_handled = 0
+        use.window_start = now_ms
+        returned = 0
+        if self._held.get(member):
+            # Its current deliveries don't count either: the records were never handled.
+            returned = self._apply(
+                self._start,
+                self._end - 1,
+                lambda r: (
+                    (_AVAILABLE, max(r.count - 1, 0), None, None)
+                    if r.state is _ACQUIRED and r.member == member
+                    else None
+                ),
+            )
+        touched: set[int] = set()
+
+        def revive(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
+            # Archived at the limit by its RELEASE: Available again (the count is undone below).
+            return (_AVAILABLE, r.count, None, None) if r.state is _ARCHIVED else None
+
+        def undo(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
+            floor = 1 if r.state is _ACQUIRED else 0
+            if r.state is _ACKNOWLEDGED or r.state is _ARCHIVED or r.count <= floor:
+                return None
+            touched.update(range(r.first, r.last + 1))
+            return (r.state, r.count - 1, r.member, r.deadline)
+
+        for ranges, transform in ((use.archived, revive), (use.releases, undo)):
+            for _t, first, last in ranges:
+                first, last = max(first, self._start), min(last, self._end - 1)
+                if first <= last:
+                    self._apply(first, last, transform)
+            ranges.clear()
+        return MemberFence(member, released, handled, len(touched), returned, until)
 
     def _validate_acks(
         self, member_id: str, batches: Sequence[AcknowledgementBatch]
@@ -674,16 +1041,36 @@ class SharePartition:
                 i += 1
             if last >= self._end:
                 add(max(first, self._end), last)
-        return stale
+        renews = [
+            (b.first_offset, b.last_offset, AcknowledgeType.RENEW)
+            for b in batches
+            if AcknowledgeType.RENEW in b.acknowledge_types
+        ]
+        if not renews:
+            return stale
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(stale + self._capped(renews)):
+            if merged and merged[-1][1] + 1 >= lo:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        return merged
 
-    def _ack_transform(self, ack: AcknowledgeType) -> _Transform:
-        if ack is AcknowledgeType.ACCEPT:
-            return lambda r: (_ACKNOWLEDGED, r.count, None, None)
-        if ack is AcknowledgeType.RELEASE:
-            return self._release_transform
+    def _ack_transform(self, ack: AcknowledgeType, archived: list[tuple[int, int]]) -> _Transform:
+        if ack is _ACCEPT:
+            return _accept
+        if ack is _RELEASE:
+
+            def release(r: _Run) -> tuple[RecordState, int, None, None]:
+                new = self._release_transform(r)
+                if new[0] is _ARCHIVED:
+                    archived.append((r.first, r.last))
+                return new
+
+            return release
         # REJECT: "rejected by consumer as unprocessable" -> Archived. GAP: the offset holds no
         # record (KIP-932 "unmaterialized record batch" gaps) -> Archived.
-        return lambda r: (_ARCHIVED, r.count, None, None)
+        return _archive
 
     def _release_transform(self, r: _Run) -> tuple[RecordState, int, None, None]:
         # KIP-932 state diagram: a failed delivery attempt (released, or lock elapsed) goes back to
@@ -739,6 +1126,11 @@ class SharePartition:
         Args:
             now_ms: the current time in ms.
 
+        A lock that elapses at ``max_renewal_ms`` after its acquisition (the member RENEWed it
+        as long as it may and never settled the record) counts as a RELEASE without handling
+        by that member (see :meth:`acknowledge`); a member fenced for it is reported by
+        :meth:`take_fences`.
+
         Returns:
             The number of records whose lock elapsed.
 
@@ -746,6 +1138,9 @@ class SharePartition:
         """
         heap = self._heap
         expired = 0
+        cap = self._config.max_renewal_ms
+        # Member -> ranges whose lock ran out at the renewal cap, and those of them Archived.
+        capped: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
         while heap and heap[0] <= now_ms:
             deadline = heapq.heappop(heap)
             group = self._locks.get(deadline)
@@ -753,9 +1148,15 @@ class SharePartition:
                 continue  # stale heap entry: every record with this deadline was settled
 
             def transform(r: _Run, d: int = deadline) -> tuple[RecordState, int, None, None] | None:
-                if r.state is _ACQUIRED and r.deadline == d:
-                    return self._release_transform(r)
-                return None
+                if r.state is not _ACQUIRED or r.deadline != d:
+                    return None
+                new = self._release_transform(r)
+                if r.acquired is not None and r.member and d >= r.acquired + cap:
+                    held, archived = capped.setdefault(r.member, ([], []))
+                    held.append((r.first, r.last))
+                    if new[0] is _ARCHIVED:
+                        archived.append((r.first, r.last))
+                return new
 
             for first, last in list(group.ranges):
                 first = max(first, self._start)
@@ -765,7 +1166,35 @@ class SharePartition:
             self._locks.pop(deadline, None)  # already gone when its count reached 0
         if expired:
             self._advance()
+        for member, (held, archived) in capped.items():
+            self._held_to_cap(member, held, archived, now_ms)
         return expired
+
+    def _held_to_cap(
+        self,
+        member: str,
+        held: list[tuple[int, int]],
+        archived: list[tuple[int, int]],
+        now_ms: int,
+    ) -> None:
+        """Count locks of ``member`` that ran out at the renewal cap as RELEASEs without
+        handling; fence it when that makes it abusive (reported by :meth:`take_fences`)."""
+        n = sum(last - first + 1 for first, last in held)
+        abusive = self._tally(member, n, 0, now_ms)
+        use = self._use.get(member)
+        if use is None:
+            return
+        since = now_ms - 2 * self._config.release_abuse_window_ms
+        _remember(use.releases, held, now_ms, since)
+        _remember(use.archived, archived, now_ms, since)
+        if abusive is not None:
+            self._fences.append(self._fence(member, use, abusive[0], abusive[1], now_ms))
+
+    def take_fences(self) -> list[MemberFence]:
+        """Members fenced since the last call by :meth:`expire_locks` (a member that let locks
+        run out at ``max_renewal_ms`` in bulk); :meth:`acknowledge` returns its own."""
+        fences, self._fences = self._fences, []
+        return fences
 
     # ----------------------------------------------------------------------------------------
     # Admin reset (KIP-932 "Managing the SPSO and SPEO")
@@ -799,6 +1228,9 @@ class SharePartition:
         self._locks.clear()
         self._heap.clear()
         self._dirty.clear()
+        for use in self._use.values():  # those offsets mean other records from now on
+            use.releases.clear()
+            use.archived.clear()
         self._n_available = 0
         self._start = self._end = self._hint = offset
         self._reset_pending = True
@@ -916,7 +1348,12 @@ class SharePartition:
                 assert b.member_id is not None and b.lock_deadline_ms is not None
                 member, deadline = sys.intern(b.member_id), b.lock_deadline_ms
                 sp._lock_group(deadline).ranges.append((first, b.last_offset))
-                runs.append(_Run(first, b.last_offset, state, b.delivery_count, member, deadline))
+                # The acquisition time isn't durable: the RENEW cap counts from the restored
+                # lock's start (one lock duration before its deadline).
+                acquired = deadline - config.record_lock_duration_ms
+                runs.append(
+                    _Run(first, b.last_offset, state, b.delivery_count, member, deadline, acquired)
+                )
             else:
                 runs.append(_Run(first, b.last_offset, state, b.delivery_count, None, None))
             end = b.last_offset + 1
@@ -926,8 +1363,10 @@ class SharePartition:
                 sp._n_available += r.last - r.first + 1
             elif r.state is _ACQUIRED:
                 assert r.deadline is not None
+                assert r.member is not None
                 sp._n_acquired += r.last - r.first + 1
                 sp._locks[r.deadline].count += r.last - r.first + 1
+                sp._held[r.member] = sp._held.get(r.member, 0) + r.last - r.first + 1
         sp._merge_window(0, len(runs) - 1)
         archived_at_limit = bool(sp._dirty)
         sp._advance()
@@ -955,7 +1394,7 @@ class SharePartition:
         r = runs[i]
         if r.first == offset:
             return i
-        right = _Run(offset, r.last, r.state, r.count, r.member, r.deadline)
+        right = _Run(offset, r.last, r.state, r.count, r.member, r.deadline, r.acquired)
         if right.last == offset:
             right.last = offset  # share one int object for single-record runs
         r.last = offset - 1
@@ -1013,16 +1452,22 @@ class SharePartition:
         # The new state first: a RENEW to an unchanged deadline keeps the run in its lock
         # group, which must not be emptied (and dropped) on the way.
         if state is _ACQUIRED:
-            assert deadline is not None
+            assert deadline is not None and member is not None
             self._n_acquired += n
             self._locks[deadline].count += n
+            self._held[member] = self._held.get(member, 0) + n
         elif state is _AVAILABLE:
             self._n_available += n
             if r.first < self._hint:
                 self._hint = r.first
         if r.state is _ACQUIRED:
             self._n_acquired -= n
-            assert r.deadline is not None
+            assert r.deadline is not None and r.member is not None
+            left = self._held[r.member] - n
+            if left:
+                self._held[r.member] = left
+            else:
+                del self._held[r.member]
             group = self._locks[r.deadline]
             group.count -= n
             if group.count == 0:
@@ -1035,6 +1480,8 @@ class SharePartition:
         r.count = count
         r.member = member
         r.deadline = deadline
+        if state is not _ACQUIRED:
+            r.acquired = None
 
     def _lock_group(self, deadline: int) -> _LockGroup:
         group = self._locks.get(deadline)

@@ -71,6 +71,12 @@ def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePar
         max_record_lock_duration_ms=settings.max_record_lock_duration_ms,
         min_record_lock_duration_ms=settings.min_record_lock_duration_ms,
         renew_enabled=settings.renew_acknowledge_enable,
+        max_renewal_ms=settings.record_lock_max_renewal_ms,
+        member_max_in_flight_records=settings.member_max_in_flight_records,
+        member_max_acquisition_rate=settings.member_max_acquisition_rate,
+        release_abuse_records=settings.member_release_abuse_records,
+        release_abuse_ratio_percent=settings.member_release_abuse_ratio_percent,
+        release_abuse_window_ms=settings.member_release_abuse_window_ms,
     )
 
 

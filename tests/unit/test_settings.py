@@ -346,10 +346,23 @@ ENGINE_FIELDS = {
 }
 
 
+#: The member abuse limits (KIP-1222 RENEW cap and queueflow's per-member limits).
+LIMIT_FIELDS = {
+    "max_renewal_ms": "share.record.lock.max.renewal.ms",
+    "member_max_in_flight_records": "share.member.max.in.flight.records",
+    "member_max_acquisition_rate": "share.member.max.acquisition.rate",
+    "release_abuse_records": "share.member.release.abuse.records",
+    "release_abuse_ratio_percent": "share.member.release.abuse.ratio.percent",
+    "release_abuse_window_ms": "share.member.release.abuse.window.ms",
+}
+
+
 def test_engine_defaults_come_from_the_table() -> None:
     cfg = SharePartitionConfig()
-    assert {f.name for f in dataclasses.fields(cfg)} == set(ENGINE_FIELDS) | {"renew_enabled"}
-    for attr, name in ENGINE_FIELDS.items():
+    assert {f.name for f in dataclasses.fields(cfg)} == set(ENGINE_FIELDS) | set(LIMIT_FIELDS) | {
+        "renew_enabled"
+    }
+    for attr, name in {**ENGINE_FIELDS, **LIMIT_FIELDS}.items():
         assert getattr(cfg, attr) == BY_NAME[name].default, attr
     assert cfg.renew_enabled is BY_NAME["share.renew.acknowledge.enable"].default
 
@@ -513,3 +526,14 @@ def test_kip_names_show_config_text() -> None:
     assert names["queueflow.leader.state.durability"] == "acked"
     assert names["group.share.delivery.count.limit"] == 5
     assert show_value(True) == "true"
+
+
+@pytest.mark.parametrize(("attr", "name"), LIMIT_FIELDS.items())
+def test_limit_ranges_come_from_the_table(attr: str, name: str) -> None:
+    s = BY_NAME[name]
+    assert s.minimum is not None
+    bad = [s.minimum - 1] + ([] if s.maximum is None else [s.maximum + 1])
+    for value in bad:
+        with pytest.raises(ConfigurationError) as info:
+            SharePartitionConfig(**{attr: value})
+        assert f"{name}={value}" in str(info.value)

@@ -115,6 +115,51 @@ def expire_members(
     )
 
 
+def expire_provisional(
+    state: CoordinatorState, group: ShareGroup, now_ms: int
+) -> CoordinatorResult:
+    """Remove ``group``'s provisional members that sent no heartbeat with their member epoch
+    within ``share.member.join.grace.ms`` of joining (``ShareGroup.expire_provisional``; logged
+    ``provisional_member_expired``), store the group and release their records."""
+    if not any(m.provisional for m in group.members.values()):
+        return CoordinatorResult()
+    group.lag = state.directory.fresh_lag(group.group_id, now_ms)
+    released = group.expire_provisional(now_ms)
+    if not released:
+        return CoordinatorResult()
+    events = [
+        LogEvent.warning(
+            "provisional_member_expired",
+            group=group.group_id,
+            member_id=member_id,
+            reason="no heartbeat with its member epoch after joining",
+            setting=f"share.member.join.grace.ms={group.join_grace_ms}",
+        )
+        for member_id, _ in released
+    ]
+    record, logged = state.persist(group)
+    return CoordinatorResult(
+        events=(*events, *logged),
+        records=(record,),
+        to_leaders=releases(state, group, released, "provisional member expired"),
+    )
+
+
+def evicted_events(group: ShareGroup, evicted: tuple[str, ...]) -> tuple[LogEvent, ...]:
+    """``provisional_member_expired`` for each provisional member a join removed to make room
+    (``group.share.max.size``)."""
+    return tuple(
+        LogEvent.warning(
+            "provisional_member_expired",
+            group=group.group_id,
+            member_id=member_id,
+            reason="the group was full and a member joined",
+            setting=f"group.share.max.size={group.max_size}",
+        )
+        for member_id in evicted
+    )
+
+
 def refresh(state: CoordinatorState, group: ShareGroup, now_ms: int) -> CoordinatorResult:
     """Every ``queueflow.assignor.refresh.interval.ms``, recompute a group's assignment with
     the lag and racks known now, and rebalance if it changed (``ShareGroup.refresh``)."""
@@ -135,6 +180,7 @@ def handle_tick(state: CoordinatorState, now_ms: int) -> CoordinatorResult:
     result = CoordinatorResult()
     for group in list(state.groups.values()):
         result += expire_members(state, group, now_ms)
+        result += expire_provisional(state, group, now_ms)
         result += refresh(state, group, now_ms)
     return result
 
@@ -274,6 +320,7 @@ def handle_heartbeat(
     response.heartbeat_interval_ms = group_configs.effective(state.ctx, group).heartbeat_interval_ms
     epoch_before, members_before = group.group_epoch, len(group.members)
     to_leaders: tuple[ToLeader, ...] = ()
+    events: list[LogEvent] = []
     try:
         if isinstance(counts, ShareGroupError):
             raise counts
@@ -300,13 +347,14 @@ def handle_heartbeat(
             response.ticket = _ticket(state, message, group, result, now_ms)
         if result.released:
             to_leaders = releases(state, group, result.released, "member left")
+        events.extend(evicted_events(group, result.evicted))
     except ShareGroupError as exc:
         response.error, response.error_message = exc.code.value, exc.message
-    events: list[LogEvent] = []
     records: tuple[GroupRecord, ...] = ()
-    if group.group_epoch != epoch_before or len(group.members) != members_before:
-        record, events = state.persist(group, reason="membership")
+    if group.group_epoch != epoch_before or len(group.members) != members_before or events:
+        record, persisted = state.persist(group, reason="membership")
         records = (record,)
+        events.extend(persisted)
     return CoordinatorResult(
         events=tuple(events),
         records=records,

@@ -93,7 +93,10 @@ class CoordinatorState:
             self.logged_assignor[group_id] = group.assignor
         group.assignor_preference = self.assignors
         self.refreshed_at[group_id] = now_ms
-        group.session_timeout_ms = group_configs.effective(self.ctx, group).session_timeout_ms
+        effective = group_configs.effective(self.ctx, group)
+        group.session_timeout_ms = effective.session_timeout_ms
+        # A live member follows its join up within a heartbeat interval: grace for two.
+        group.join_grace_ms = max(s.member_join_grace_ms, 2 * effective.heartbeat_interval_ms)
         self.groups[group_id] = group
         self.epochs_counted[group_id] = group.group_epoch
         return group

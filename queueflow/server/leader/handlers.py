@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from queueflow.engine.partition import AcknowledgementBatch
+from queueflow.engine.partition import AcknowledgementBatch, MemberFence
 from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
 from queueflow.protocol import messages as protocol
 from queueflow.server.durable import DurableSharePartition
@@ -31,6 +31,7 @@ __all__ = [
     "acquire",
     "answer_from_log",
     "expire",
+    "fence_effects",
     "new_response",
     "refusal_effects",
     "refused_fetch",
@@ -107,7 +108,10 @@ def expire(durable: DurableSharePartition, now_ms: int) -> tuple[int, LeaderResu
     if not expired:
         return 0, NOTHING
     labels = (durable.group, durable.topic, str(durable.partition))
-    return expired, LeaderResult(metrics=(MetricIncrement("lock_expiries", labels, expired),))
+    result = LeaderResult(metrics=(MetricIncrement("lock_expiries", labels, expired),))
+    for fence in durable.engine.take_fences():  # locks held to the renewal cap in bulk
+        result = result + fence_effects(durable, fence)
+    return expired, result
 
 
 def share_fetch(
@@ -134,27 +138,63 @@ def share_fetch(
     _expired, effects = expire(durable, now_ms)
     engine = durable.engine
     if request.acks:
+        batches: list[AcknowledgementBatch] = []
         try:
-            engine.acknowledge(
-                request.member_id,
-                [
-                    AcknowledgementBatch(first, last, tuple(AcknowledgeType(t) for t in types))
-                    for first, last, types in request.acks
-                ],
-                now_ms,
-                request.lock_duration_ms,
-            )
+            batches = [
+                AcknowledgementBatch(first, last, tuple(AcknowledgeType(t) for t in types))
+                for first, last, types in request.acks
+            ]
+            fence = engine.acknowledge(request.member_id, batches, now_ms, request.lock_duration_ms)
+            if fence is not None:
+                effects = effects + fence_effects(durable, fence)
         except (ShareGroupError, ValueError) as exc:
             code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST
             response.ack_error, response.ack_error_message = code.value, str(exc)
+            # A RENEW past share.record.lock.max.renewal.ms is stale too (needs the types).
             response.ack_stale = engine.stale_acknowledgements(
                 request.member_id,
-                [AcknowledgementBatch(first, last, ()) for first, last, _ in request.acks],
+                batches
+                or [AcknowledgementBatch(first, last, ()) for first, last, _ in request.acks],
             )
     if acquire_from is not None:
         log_end, refusal = acquire_from
         effects = effects + acquire(durable, request, response, now_ms, log_end, refusal)
     return FetchResult(response, durable, effects)
+
+
+def fence_effects(durable: DurableSharePartition, fence: MemberFence) -> LeaderResult:
+    """A member fenced from a share-partition for RELEASing records without handling them:
+    logged ``member_fenced_release_abuse`` (naming the member, its counts and the settings)
+    and counted in ``queueflow_member_fences``; the share-partition's changes are written by
+    the caller."""
+    config = durable.engine.config
+    return LeaderResult(
+        metrics=(MetricIncrement("member_fences", (durable.group, durable.topic, "release")),),
+        logs=(
+            LogEvent(
+                "warning",
+                "member_fenced_release_abuse",
+                {
+                    "group": durable.group,
+                    "topic": durable.topic,
+                    "partition": durable.partition,
+                    "member_id": fence.member_id,
+                    "released": fence.released,
+                    "handled": fence.handled,
+                    "counts_restored": fence.restored,
+                    "records_returned": fence.returned,
+                    "fenced_until_ms": fence.until_ms,
+                    "setting": (
+                        f"share.member.release.abuse.records={config.release_abuse_records}, "
+                        "share.member.release.abuse.ratio.percent="
+                        f"{config.release_abuse_ratio_percent}, "
+                        "share.member.release.abuse.window.ms="
+                        f"{config.release_abuse_window_ms}"
+                    ),
+                },
+            ),
+        ),
+    )
 
 
 def acquire(

@@ -52,6 +52,7 @@ class MetricIncrement:
         "deliveries",
         "ticket_refusals",
         "stale_coordinator_refusals",
+        "member_fences",
     ]
     labels: tuple[str, ...]
     amount: int = 1

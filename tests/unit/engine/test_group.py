@@ -130,6 +130,9 @@ def test_group_max_size_reached() -> None:
     g = group(max_size=2)
     g.heartbeat("m1", 0, ["t"], 0, PARTS)
     g.heartbeat("m2", 0, ["t"], 0, PARTS)
+    # Confirmed members (a heartbeat with their epoch) count toward group.share.max.size.
+    g.heartbeat("m1", g.group_epoch, ["t"], 0, PARTS)
+    g.heartbeat("m2", g.group_epoch, ["t"], 0, PARTS)
     with pytest.raises(ShareGroupError) as info:
         g.heartbeat("m3", 0, ["t"], 0, PARTS)
     assert info.value.code is ErrorCode.GROUP_MAX_SIZE_REACHED

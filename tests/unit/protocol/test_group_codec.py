@@ -17,7 +17,12 @@ GID = "orders-group"
 
 def members_of(group: ShareGroup) -> dict[str, tuple[Any, ...]]:
     return {
-        mid: tuple(getattr(m, name) for name in Member.__slots__)
+        # provisional / joined_ms are not durable (a restored member is confirmed).
+        mid: tuple(
+            getattr(m, name)
+            for name in Member.__slots__
+            if name not in ("provisional", "joined_ms")
+        )
         for mid, m in group.members.items()
     }
 

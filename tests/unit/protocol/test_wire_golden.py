@@ -418,4 +418,9 @@ def test_group_golden_bytes() -> None:
 
 
 def vars_of(member: Any) -> tuple[Any, ...]:
-    return tuple(getattr(member, name) for name in member.__slots__)
+    # provisional / joined_ms are not durable (a restored member is confirmed).
+    return tuple(
+        getattr(member, name)
+        for name in member.__slots__
+        if name not in ("provisional", "joined_ms")
+    )

@@ -235,6 +235,9 @@ def test_a_group_at_its_max_size_refuses_another_member() -> None:
         async with cluster_with(0, partitions=2, max_size=1) as cluster:
             first = cluster.consumer("g")
             await first.subscribe([TOPIC])
+            # It counts toward the limit once it follows its join up (not provisional).
+            joined = cluster.coordinator.groups["g"].members[first.member_id]
+            await eventually(lambda: not joined.provisional, "the member's follow-up heartbeat")
             second = cluster.consumer("g")
             with pytest.raises(ShareGroupError) as refused:
                 await second.subscribe([TOPIC])
