@@ -152,7 +152,7 @@ def scenario_s1(ctx: Context) -> dict[str, Any]:
         "h",
         "queueflow share agent, queueflow.auth.mode=hmac",
         QUEUEFLOW_AUTH_MODE="hmac",
-        QUEUEFLOW_AUTH_SECRET="bench-secret-0123456789abcdef",
+        QUEUEFLOW_AUTH_SECRET="bench-7Hq2-Lm9x_Rt4Vn8Kp3Wz6Yc1Bd5Gf0Js",
     )
     if "a" in only and ctx.args.qf_layout != "leader":
         run(

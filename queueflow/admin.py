@@ -65,7 +65,8 @@ from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.envelope import reply_dest, topic_dest
+from queueflow.protocol.roles import ControlAuth
 from queueflow.protocol.state_codec import decode_state, parse_state_key
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
@@ -608,8 +609,9 @@ class ShareGroupAdmin:
         # answer (it is checked on the coordinator's ticks).
         request.deadline_ms = self._clock.now_ms() + self.timeout_ms * 3 // 4
         settings = self._settings if self._settings is not None else ShareGroupSettings.load()
-        mode = check_control_auth(settings, self.config)
-        auth = ControlAuth(mode, settings.auth_secret, self.app_id, self.admin_id)
+        check_control_auth(settings, self.config)
+        # Admin requests need the worker secret: a member credential can't make them.
+        auth = ControlAuth.from_settings(settings, self.app_id, self.admin_id)
         make = self._transport or (
             lambda admin_id: _KafkaAdminTransport(self.config, self.app_id, admin_id)
         )
@@ -617,9 +619,13 @@ class ShareGroupAdmin:
         request.reply_partition = transport.reply_partition
         answer: asyncio.Future[protocol.AdminResponse] = asyncio.get_running_loop().create_future()
 
+        reply_at = reply_dest(
+            topics.reply_topic(self.app_id), request.reply_partition, self.admin_id
+        )
+
         def on_reply(data: bytes) -> None:
             try:
-                reply = protocol.decode(auth.open(data))
+                reply = protocol.decode(auth.open(data, reply_at))
             except ShareGroupError:
                 return  # not for us, or forged: keep waiting
             if (
@@ -633,7 +639,8 @@ class ShareGroupAdmin:
         partition = topics.coordinator_partition(request.group)
         try:
             await asyncio.wait_for(transport.start(on_reply), self.timeout_ms / 1000)
-            await transport.send(coordinator, partition, auth.seal(protocol.encode(request)))
+            sealed = auth.seal(protocol.encode(request), topic_dest(coordinator, partition))
+            await transport.send(coordinator, partition, sealed)
             response = await asyncio.wait_for(answer, self.timeout_ms / 1000)
         except asyncio.TimeoutError:
             raise ShareGroupError(

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import os
 import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from queueflow.errors import ConfigurationError
 
@@ -716,19 +717,36 @@ SETTINGS: tuple[Setting, ...] = (
         "auth_mode",
         "queueflow.auth.mode",
         AuthMode.AUTO,
-        doc="hmac: every control message is signed with `queueflow.auth.secret` and unsigned, "
-        "forged, stale or replayed ones are dropped (docs/operations.md, threat model); none: "
-        "no authentication (a trusted cluster); auto: hmac when `queueflow.auth.secret` is set, "
-        "else none on a PLAINTEXT cluster and a refusal to start on a SASL or SSL one.",
+        doc="hmac: every control message is signed (workers with keys of "
+        "`queueflow.auth.secret`, members with their member credential; member requests also "
+        "encrypted to the workers) and bound to where it is sent; unsigned, forged, misaddressed, "
+        "stale or replayed ones are dropped (docs/operations.md, threat model); none: no "
+        "authentication (a trusted cluster); auto: hmac when `queueflow.auth.secret` or "
+        "`queueflow.auth.member.credential` is set, else none on a PLAINTEXT cluster and a "
+        "refusal to start on a SASL or SSL one.",
         read_by="every worker and member (same value everywhere)",
     ),
     Setting(
         "auth_secret",
         "queueflow.auth.secret",
         "",
-        doc="The secret the app's workers share for `queueflow.auth.mode=hmac` (same value on "
-        "every worker; never logged).",
-        read_by="every worker and member",
+        doc="The worker secret of `queueflow.auth.mode=hmac` (same value on every worker and "
+        "admin; never logged): at least 32 random characters, e.g. from "
+        '`python -c "import secrets; print(secrets.token_urlsafe(32))"`; shorter, common or '
+        "low-entropy secrets are refused at start. Members should get a member credential "
+        "instead (`queueflow.auth.member.credential`).",
+        read_by="every worker and admin (members: only if they also run workers)",
+    ),
+    Setting(
+        "auth_member_credential",
+        "queueflow.auth.member.credential",
+        "",
+        doc="A member credential (`qfm1.`..., from `queueflow auth member-credential --app-id "
+        "APP` on a machine holding `queueflow.auth.secret`): lets a member process join share "
+        "groups, fetch and acknowledge under `queueflow.auth.mode=hmac` without the worker "
+        "secret; it can't sign worker messages (fences, tickets, configs, announcements, "
+        "admin requests). Refused at start if made for another app id. Never logged.",
+        read_by="member",
     ),
     Setting(
         "auth_tickets",
@@ -896,6 +914,9 @@ class ShareGroupSettings:
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")
     auth_mode: AuthMode = choice_default("auth_mode", AuthMode)
     auth_secret: str = dataclasses.field(default=str_default("auth_secret"), repr=False)
+    auth_member_credential: str = dataclasses.field(
+        default=str_default("auth_member_credential"), repr=False
+    )
     auth_tickets: TicketPolicy = choice_default("auth_tickets", TicketPolicy)
     log_format: LogFormat = choice_default("log_format", LogFormat)
 
@@ -956,12 +977,14 @@ class ShareGroupSettings:
         """The authentication control messages use: :attr:`AuthMode.HMAC` or
         :attr:`AuthMode.NONE`.
 
-        ``queueflow.auth.mode=auto`` means ``hmac`` when ``queueflow.auth.secret`` is set, else
-        ``none``; :func:`queueflow.kafka.config.check_control_auth` refuses the latter on a
-        secured cluster.
+        ``queueflow.auth.mode=auto`` means ``hmac`` when ``queueflow.auth.secret`` or
+        ``queueflow.auth.member.credential`` is set, else ``none``;
+        :func:`queueflow.kafka.config.check_control_auth` refuses the latter on a secured
+        cluster.
         """
         if self.auth_mode is AuthMode.AUTO:
-            return AuthMode.HMAC if self.auth_secret else AuthMode.NONE
+            keyed = self.auth_secret or self.auth_member_credential
+            return AuthMode.HMAC if keyed else AuthMode.NONE
         return self.auth_mode
 
     def as_kip_names(self) -> dict[str, int | str]:
@@ -970,7 +993,7 @@ class ShareGroupSettings:
         out: dict[str, int | str] = {}
         for s in SETTINGS:
             value = getattr(self, s.attr)
-            if s.attr == "auth_secret" and self.auth_secret:
+            if s.attr in ("auth_secret", "auth_member_credential") and value:
                 out[s.name] = "***"
             elif isinstance(value, int) and not isinstance(value, bool):
                 out[s.name] = value
@@ -1025,11 +1048,20 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
         raise ConfigurationError(
             f"{show('heartbeat_interval_ms')} must be below {show('session_timeout_ms')}"
         )
-    if values["auth_mode"] is AuthMode.HMAC and not values["auth_secret"]:
+    if (
+        values["auth_mode"] is AuthMode.HMAC
+        and not values["auth_secret"]
+        and not values["auth_member_credential"]
+    ):
         raise ConfigurationError(
             f"{_BY_ATTR['auth_mode'].name}=hmac needs {_BY_ATTR['auth_secret'].name} (or "
-            f"${_BY_ATTR['auth_secret'].env}): set the same secret on every worker of the app"
+            f"${_BY_ATTR['auth_secret'].env}) on every worker of the app, and that or "
+            f"{_BY_ATTR['auth_member_credential'].name} on members"
         )
+    if values["auth_secret"]:
+        problem = secret_problem(values["auth_secret"])
+        if problem:
+            raise ConfigurationError(problem)
     for attr in ("assignors", "member_assignors"):
         problem = _name_list_problem(values[attr])
         if problem:
@@ -1042,6 +1074,68 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
             listener_address(values["leader_listener"])
         except ValueError as exc:
             raise ConfigurationError(f"{show('leader_listener')}: {exc}") from None
+
+
+#: Secrets refused whatever their length: the defaults of tutorials and of other tools.
+_COMMON_SECRETS: Final = frozenset(
+    {
+        "changeme",
+        "change-me",
+        "secret",
+        "password",
+        "passw0rd",
+        "letmein",
+        "hunter2",
+        "test-secret",
+        "default",
+        "admin",
+        "queueflow",
+        "kafka",
+        "123456",
+        "qwerty",
+    }
+)
+#: The minimum length (characters) of ``queueflow.auth.secret``.
+MIN_SECRET_CHARS: Final = 32
+#: The minimum estimated entropy (bits) of ``queueflow.auth.secret``.
+MIN_SECRET_BITS: Final = 128
+_GENERATE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+
+
+def secret_problem(secret: str) -> str:
+    """Why ``queueflow.auth.secret`` is too weak (``""``: strong enough).
+
+    Refused: fewer than :data:`MIN_SECRET_CHARS` characters, a common secret (or one repeated),
+    a repeat of a shorter string, fewer than 10 distinct characters, or an estimated entropy
+    (length times the Shannon entropy of its character frequencies) below
+    :data:`MIN_SECRET_BITS` bits. A secret from ``secrets.token_urlsafe(32)`` (43 characters,
+    256 bits) always passes.
+    """
+    how = (
+        f"generate one with `{_GENERATE}` and set it on every worker (members get a member "
+        "credential: `queueflow auth member-credential --app-id APP`)"
+    )
+    name = "queueflow.auth.secret"
+    if len(secret) < MIN_SECRET_CHARS:
+        return f"{name} is {len(secret)} characters; at least {MIN_SECRET_CHARS} are needed: {how}"
+    lowered = secret.lower()
+    for common in _COMMON_SECRETS:
+        if lowered.replace(common, "") == "" or lowered.strip("0123456789!_-. ") in (common,):
+            return f"{name} is a common secret ({common!r} or a repeat of it): {how}"
+    if secret in (secret + secret)[1:-1]:
+        return f"{name} repeats a shorter string: {how}"
+    distinct = len(set(secret))
+    if distinct < 10:
+        return f"{name} has only {distinct} distinct characters (at least 10 needed): {how}"
+    counts = [secret.count(c) for c in set(secret)]
+    n = len(secret)
+    bits = -n * sum(c / n * math.log2(c / n) for c in counts)
+    if bits < MIN_SECRET_BITS:
+        return (
+            f"{name} has an estimated entropy of {bits:.0f} bits (at least {MIN_SECRET_BITS} "
+            f"needed): {how}"
+        )
+    return ""
 
 
 _ASSIGNOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")

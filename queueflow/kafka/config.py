@@ -90,13 +90,16 @@ def check_control_auth(settings: ShareGroupSettings, kafka: KafkaClientConfig) -
         ConfigurationError: ``auto`` without a secret on a SASL or SSL cluster.
     """
     protocol = str(kafka.extra.get("security_protocol", "PLAINTEXT")).upper()
-    if settings.auth_mode == "auto" and not settings.auth_secret and protocol != "PLAINTEXT":
+    keyed = settings.auth_secret or settings.auth_member_credential
+    if settings.auth_mode == "auto" and not keyed and protocol != "PLAINTEXT":
         raise ConfigurationError(
             f"this app reaches Kafka over {protocol}, a secured cluster, but its control "
             "messages would not be authenticated (queueflow.auth.mode=auto and no "
             "queueflow.auth.secret): any principal allowed to write queueflow's internal topics "
             "could acquire, acknowledge or fence. Set queueflow.auth.secret (or "
-            "$QUEUEFLOW_AUTH_SECRET) to the same secret on every worker, member and admin of "
-            "the app, or set queueflow.auth.mode=none to accept that risk"
+            "$QUEUEFLOW_AUTH_SECRET) to the same secret on every worker and admin of the app, "
+            "and give members that or a member credential (queueflow.auth.member.credential, "
+            "from `queueflow auth member-credential --app-id APP`), or set "
+            "queueflow.auth.mode=none to accept that risk"
         )
     return settings.control_auth_mode

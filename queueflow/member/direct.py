@@ -26,8 +26,8 @@ import structlog
 from queueflow.errors import ShareGroupError
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import ControlAuth
-from queueflow.protocol.sealed_replies import ReplyKey
+from queueflow.protocol.envelope import direct_dest, direct_reply_dest
+from queueflow.protocol.roles import ControlAuth
 from queueflow.settings import listener_address
 
 __all__ = ["CONNECT_TIMEOUT_S", "DirectClient", "DirectPathError"]
@@ -55,10 +55,9 @@ class _ConnectionLost(DirectPathError):
 
 
 class _Connection:
-    def __init__(self, address: str, auth: ControlAuth, reply_key: ReplyKey | None) -> None:
+    def __init__(self, address: str, auth: ControlAuth) -> None:
         self.address = address
-        self.auth = auth
-        self.reply_key = reply_key
+        self.auth = auth.receiver()  # a replay guard of its own
         self.pending: dict[int, asyncio.Future[protocol.ShareFetchResponse]] = {}
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
@@ -81,9 +80,8 @@ class _Connection:
         try:
             while (frame := await framing.read_frame(reader)) is not None:
                 try:
-                    if self.reply_key is not None:
-                        frame = self.reply_key.open(frame)
-                    message = protocol.decode_binary(self.auth.open(frame))
+                    dest = direct_reply_dest(self.address)
+                    message = protocol.decode_binary(self.auth.open(frame, dest))
                 except ShareGroupError as exc:
                     log.error("undecodable_direct_reply", address=self.address, error=str(exc))
                     continue
@@ -144,7 +142,8 @@ class _Connection:
             OSError: the connection failed.
         """
         assert self.writer is not None
-        frame = self.auth.seal(protocol.encode_binary(message))
+        dest = direct_dest(self.address)
+        frame = self.auth.seal(protocol.encode_binary(message), dest)
         if self.frames_sent == 0:
             hello = protocol.ShareFetchCancel(
                 member_id=message.member_id,
@@ -152,7 +151,7 @@ class _Connection:
                 topic=message.topic,
                 partition=message.partition,
             )
-            framing.write_frame(self.writer, self.auth.seal(protocol.encode_binary(hello)))
+            framing.write_frame(self.writer, self.auth.seal(protocol.encode_binary(hello), dest))
             self.frames_sent += 1
         framing.write_frame(self.writer, frame)
         self.frames_sent += 1
@@ -170,14 +169,13 @@ class DirectClient:
     """Connections of one member to the leaders' endpoints, opened on first use.
 
     Args:
-        auth: signs frames and verifies answers (``queueflow.auth.mode``); ``None``: neither.
-        reply_key: opens answers sealed to the member's reply key (``hmac``;
-            :mod:`queueflow.protocol.sealed_replies`); ``None``: answers are not sealed.
+        auth: the member's :class:`~queueflow.protocol.roles.ControlAuth` (``role="member"``):
+            seals frames for the endpoint they go to and opens the answers sealed to the
+            member's key; ``None``: ``queueflow.auth.mode=none``.
     """
 
-    def __init__(self, auth: ControlAuth | None = None, reply_key: ReplyKey | None = None) -> None:
-        self.auth = auth or ControlAuth("none", "", "", "")
-        self.reply_key = reply_key
+    def __init__(self, auth: ControlAuth | None = None) -> None:
+        self.auth = auth or ControlAuth(None, role="member")
         self._connections: dict[str, _Connection] = {}
         self._opening: dict[str, asyncio.Future[_Connection]] = {}
 
@@ -223,7 +221,7 @@ class DirectClient:
                 self._opening.pop(address, None)
 
     async def _open(self, address: str) -> _Connection:
-        connection = _Connection(address, self.auth, self.reply_key)
+        connection = _Connection(address, self.auth)
         try:
             await connection.open()
         except (OSError, TimeoutError, ValueError) as exc:

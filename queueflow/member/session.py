@@ -36,9 +36,8 @@ from queueflow.member.membership import Membership
 from queueflow.member.routing import FetchRouter
 from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import ControlAuth
-from queueflow.protocol.sealed_replies import ReplyKey, reply_route
-from queueflow.settings import AuthMode
+from queueflow.protocol.roles import ControlAuth
+from queueflow.protocol.sealed_replies import reply_route
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 __all__ = [
@@ -162,20 +161,20 @@ class ShareFetchSession:
         self.acks_dropped = 0
         self.member_id = str(uuid.uuid4())
         s = ctx.settings
-        auth = ControlAuth(s.control_auth_mode, s.auth_secret, ctx.app_id, self.member_id)
-        # hmac: replies sealed to this member's own key, keyed by a pseudonym of it rather
-        # than the member id (queueflow.protocol.sealed_replies)
-        reply_key = ReplyKey() if s.control_auth_mode is AuthMode.HMAC else None
+        # hmac: requests encrypted to the workers' key with this member's own key pair, and
+        # replies sealed to it, keyed by a pseudonym of it rather than the member id
+        # (queueflow.protocol.envelope, queueflow.protocol.sealed_replies)
+        auth = ControlAuth.from_settings(s, ctx.app_id, role="member")
+        reply_key = auth.reply_key
         self._requester = Requester(
+            # hmac: requests and replies keyed by the pseudonym only, never the member id
             ctx.io.transport(
-                self.member_id,
+                self.member_id if reply_key is None else reply_route(reply_key.public),
                 client_id,
-                None if reply_key is None else reply_route(reply_key.public),
             ),
             ctx.app_id,
             ctx.settings.request_timeout_ms,
             auth,
-            reply_key,
         )
         self._membership = Membership(
             self._requester,
@@ -187,7 +186,7 @@ class ShareFetchSession:
             self.member_id,
             metrics=ctx.metrics,
         )
-        self._direct = DirectClient(auth.for_sender(self.member_id), reply_key)
+        self._direct = DirectClient(auth)
         #: Sends the ShareFetches (direct path or request topic, ticket refresh).
         self.router = FetchRouter(
             ctx,

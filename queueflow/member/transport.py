@@ -24,8 +24,9 @@ from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.logging import get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
-from queueflow.protocol.auth import ControlAuth
-from queueflow.protocol.sealed_replies import ReplyKey
+from queueflow.protocol.envelope import reply_dest, topic_dest
+from queueflow.protocol.roles import ControlAuth, check_values, refusal_labels
+from queueflow.protocol.sealed_replies import reply_route
 
 __all__ = ["KafkaMemberTransport", "MemberTransport", "ReplyHandler", "Requester"]
 
@@ -49,7 +50,8 @@ class MemberTransport(Protocol):
         ...
 
     async def send(self, topic: str, partition: int, payload: bytes) -> None:
-        """Append one request record to ``topic[partition]``, keyed by the member id."""
+        """Append one request record to ``topic[partition]``, keyed by the transport's key (the
+        member id, or under ``hmac`` the pseudonym of its key)."""
         ...
 
     async def close(self) -> None:
@@ -101,10 +103,9 @@ class Requester:
         transport: carries the requests and replies.
         app_id: the app id, for error messages.
         timeout_ms: how long to wait for an answer (``queueflow.request.timeout.ms``).
-        auth: signs requests and verifies replies (``queueflow.auth.mode``); ``None``: neither.
-        reply_key: this member's reply key pair (``hmac`` mode): its public key goes into the
-            heartbeats, and replies sealed to it are opened with it
-            (:mod:`queueflow.protocol.sealed_replies`); ``None``: replies are not sealed.
+        auth: the member's :class:`~queueflow.protocol.roles.ControlAuth` (``role="member"``):
+            seals requests in member envelopes and opens the replies sealed to its reply key
+            (whose public key goes into the heartbeats); ``None``: ``queueflow.auth.mode=none``.
     """
 
     def __init__(
@@ -113,11 +114,11 @@ class Requester:
         app_id: str,
         timeout_ms: int,
         auth: ControlAuth | None = None,
-        reply_key: ReplyKey | None = None,
     ) -> None:
         self.transport = transport
-        self.reply_key = reply_key
-        self.auth = auth or ControlAuth("none", "", app_id, "")
+        self.auth = auth or ControlAuth(None, role="member")
+        self.reply_key = self.auth.reply_key
+        self._route = "" if self.reply_key is None else reply_route(self.reply_key.public)
         self.app_id = app_id
         self.timeout_ms = timeout_ms
         self._next = 0
@@ -142,11 +143,11 @@ class Requester:
     def on_reply(self, data: bytes) -> None:
         """Resolve the pending request a reply answers; undecodable replies are logged."""
         try:
-            if self.reply_key is not None:
-                data = self.reply_key.open(data)
-            reply = protocol.decode(self.auth.open(data))
+            dest = reply_dest(internal.reply_topic(self.app_id), self.reply_partition, self._route)
+            reply = protocol.decode(self.auth.open(data, dest))
+            check_values(reply)
         except ShareGroupError as exc:
-            self._log.error("undecodable_reply", error=str(exc))
+            self._log.error("undecodable_reply", reason=refusal_labels(exc)[0], error=str(exc))
             return
         request_id = getattr(reply, "request_id", -1)
         fut = self._pending.get(request_id)
@@ -178,7 +179,8 @@ class Requester:
             self._accept[request_id] = accept
         try:
             try:
-                await self.transport.send(topic, partition, self.auth.seal(payload))
+                sealed = self.auth.seal(payload, topic_dest(topic, partition))
+                await self.transport.send(topic, partition, sealed)
             except UnknownTopicOrPartitionError:
                 raise ShareGroupError(
                     ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -191,11 +193,21 @@ class Requester:
             raise ShareGroupError(
                 ErrorCode.REQUEST_TIMED_OUT,
                 f"no answer from {topic}[{partition}] within {self.timeout_ms} ms; "
-                f"is a queueflow leader worker for app {self.app_id!r} running?",
+                f"is a queueflow leader worker for app {self.app_id!r} running?"
+                + self._credential_hint(),
             ) from None
         finally:
             self._pending.pop(request_id, None)
             self._accept.pop(request_id, None)
+
+    def _credential_hint(self) -> str:
+        if not self.auth.enabled:
+            return ""
+        return (
+            " Workers also drop requests signed with another key: check that this member's "
+            "queueflow.auth.member.credential (or secret) is this app's (its member key id is "
+            f"{self.auth.key_id}; workers log refused ones as reason wrong_key with the key id)"
+        )
 
     async def close(self) -> None:
         """Close the transport and cancel the requests still waiting."""

@@ -39,7 +39,7 @@ import collections
 import time
 from collections.abc import Callable
 
-import msgspec
+from queueflow.protocol.envelope import claimed_sender
 
 __all__ = [
     "AUTH_HEALTH_THRESHOLD",
@@ -60,25 +60,6 @@ AUTH_HEALTH_WINDOW_MS = 120_000
 #: ``AuthenticationError.reason`` values that say "signed with another key" (``wrong_key``:
 #: the envelope names a key id that is not ours; ``bad_signature``: the MAC doesn't match).
 KEY_REFUSALS = frozenset({"bad_signature", "wrong_key"})
-
-_ENVELOPE_PREFIX = 1 + 32  # format byte and MAC (queueflow.protocol.auth)
-_decoder = msgspec.msgpack.Decoder()
-
-
-def claimed_sender(raw: bytes | bytearray | memoryview) -> str | None:
-    """The sender an envelope *claims* (its header unverified), or ``None`` when ``raw`` is
-    not shaped as a signed envelope: a format byte and MAC, then a MessagePack array starting
-    with an integer version and holding a string sender. Never raises."""
-    data = bytes(raw)
-    if len(data) <= _ENVELOPE_PREFIX:
-        return None
-    try:
-        header = _decoder.decode(data[_ENVELOPE_PREFIX:])
-    except (msgspec.DecodeError, ValueError):
-        return None
-    if not isinstance(header, list) or len(header) < 4 or type(header[0]) is not int:
-        return None
-    return next((item for item in header[1:] if isinstance(item, str)), None)
 
 
 class AuthHealth:

@@ -16,7 +16,6 @@ from typing import Protocol
 
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.metrics import Metrics
-from queueflow.protocol.sealed_replies import ReplySealer
 from queueflow.server.auth_health import AuthHealth
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
@@ -174,8 +173,6 @@ class ServerContext:
             direct path's ``queueflow.leader.state.durability=acked``).
         request_log: reads request topics back (``None``: the host re-delivers every request
             a leader did not apply).
-        reply_sealer: seals replies to members' reply keys (``queueflow.auth.mode=hmac``): this
-            process's X25519 key pair.
         group_configs: the app's per-group defaults of group configs.
         auth_health: the monitor of refused signatures (:mod:`queueflow.server.auth_health`).
     """
@@ -192,7 +189,6 @@ class ServerContext:
     state_scope: StateScope = no_state_scope
     flush_state: Callable[[], Awaitable[None]] = no_flush
     request_log: RequestLog | None = None
-    reply_sealer: ReplySealer = field(default_factory=ReplySealer)
     #: The app's per-group defaults of group configs (``App(group_configs=...)``): group id ->
     #: validated ``share.*`` values (:func:`~queueflow.engine.group_config.validate_group_configs`).
     #: Values set with the admin win over them (:mod:`queueflow.server.group_configs`).

@@ -13,9 +13,10 @@ Faust's consumer thread (docs/architecture.md, "The direct path"). Frames are
 * It announces itself: every :data:`ANNOUNCE_INTERVAL_S`, and whenever the partitions it is live
   on change, it sends a :class:`~queueflow.protocol.messages.LeaderAnnouncement` per led topic to
   the coordinator, which hands the addresses to members in heartbeat answers.
-* With ``queueflow.auth.mode=hmac`` frames are signed both ways and answers are sealed to the
-  member's reply key from its ticket (:mod:`queueflow.protocol.sealed_replies`), as on the
-  reply topic; requests travel signed but in plaintext (no TLS).
+* With ``queueflow.auth.mode=hmac`` requests are member envelopes encrypted to the workers' key
+  and bound to this endpoint's address (:mod:`queueflow.protocol.envelope`), and answers are
+  sealed by the workers to the member's key (:mod:`queueflow.protocol.sealed_replies`), as on
+  the reply topic: neither is readable on the wire (the framing itself is not TLS).
 
 Requests that came through the request topics are still served (by the stream path), so members
 that don't know the address, or lost their connection, are never stuck.
@@ -35,6 +36,8 @@ from queueflow.errors import ShareGroupError
 from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
+from queueflow.protocol.envelope import direct_dest, direct_reply_dest, topic_dest
+from queueflow.protocol.roles import refusal_labels
 from queueflow.server.connections import (
     MAX_IN_FLIGHT_REQUESTS,
     ConnectionGate,
@@ -44,7 +47,7 @@ from queueflow.server.connections import (
 )
 from queueflow.server.context import ServerContext
 from queueflow.server.leader import ShareLeader
-from queueflow.server.transport import control_auth, monotonic_ms, not_leader, seal_reply
+from queueflow.server.transport import control_auth, monotonic_ms, not_leader
 from queueflow.settings import listener_address
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
@@ -95,6 +98,8 @@ class LeaderEndpoint:
         self._announced: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._announced_at = 0.0
         self.auth = control_auth(ctx, "endpoint")
+        #: The member key of each request being served: (member, request id, topic, partition).
+        self._serving: dict[tuple[str, int, str, int], bytes] = {}
         settings = ctx.settings
         self._limits = DirectLimits.from_settings(settings)
         self._gate = ConnectionGate(
@@ -169,13 +174,29 @@ class LeaderEndpoint:
                 lag=leader.lag_report(live),
             )
             payload = protocol.encode(message)
+            coordinator = topics.coordinator_topic(self.ctx.app_id)
             for partition in range(topics.COORDINATOR_PARTITIONS):  # every group's coordinator
-                await self.ctx.sender.send(
-                    topics.coordinator_topic(self.ctx.app_id), partition, self.auth.seal(payload)
-                )
+                sealed = self.auth.seal(payload, topic_dest(coordinator, partition))
+                await self.ctx.sender.send(coordinator, partition, sealed)
             self._announced[topic] = (epoch, live)
         if due:
             self._announced_at = now
+
+    def _may_cancel(self, cancel: protocol.ShareFetchCancel, member_key: bytes) -> bool:
+        """A cancel ends a parked request only if it came with the request's member key."""
+        slot = (cancel.member_id, cancel.request_id, cancel.topic, cancel.partition)
+        key = self._serving.get(slot)
+        if key is not None and key != member_key:
+            if (suppressed := self._dropped_log.admit()) is not None:
+                log.error(
+                    "undecodable_direct_request",
+                    reason="wrong_member",
+                    error=f"a cancel of member {cancel.member_id!r}'s request from another key",
+                    verified=True,
+                    suppressed=suppressed,
+                )
+            return False
+        return True
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -258,13 +279,15 @@ class LeaderEndpoint:
                 return None  # the peer's doing, not a limit: not counted
             if frame is None:
                 return None
-            request = self._open_request(frame, verified)
-            if request is None:
+            opened = self._open_request(frame, verified)
+            if opened is None:
                 return "undecodable"
+            request, member_key = opened
             # The frame opened (signature verified) and decoded as a request: the full limits
             # apply from now on (auth mode none: a well-formed request is all there is to check).
             verified = True
-            request_task = asyncio.ensure_future(self._answer(request, writer, write_lock))
+            answer = self._answer(request, member_key, writer, write_lock)
+            request_task = asyncio.ensure_future(answer)
             requests.add(request_task)
             request_task.add_done_callback(requests.discard)
 
@@ -289,17 +312,21 @@ class LeaderEndpoint:
 
     def _open_request(
         self, frame: bytes, verified: bool
-    ) -> protocol.ShareFetchRequest | protocol.ShareFetchCancel | None:
-        """The request in ``frame``, or ``None`` (logged, rate-limited) if it is not signed
-        right (``hmac``), not from the member it names, or not a message."""
+    ) -> tuple[protocol.ShareFetchRequest | protocol.ShareFetchCancel, bytes] | None:
+        """The request in ``frame`` and the member key it came with, or ``None`` (logged,
+        rate-limited) if it is not signed right (``hmac``), not bound to the member it names,
+        or not a message."""
         try:
-            request = protocol.decode_binary(self.auth.open(frame))
-            self.auth.check_sender(request)
+            request = protocol.decode_binary(self.auth.open(frame, direct_dest(self.address)))
+            # open and check are synchronous: ``last`` is still this frame's
+            opened, leader = self.auth.last, self.leaders.get(getattr(request, "topic", ""))
+            self.auth.check_sender(request, None if leader is None else leader.tickets.bound_key)
         except ShareGroupError as exc:
             self.ctx.auth_health.refused(frame, getattr(exc, "reason", ""))
             if (suppressed := self._dropped_log.admit()) is not None:
                 log.error(
                     "undecodable_direct_request",
+                    reason=refusal_labels(exc)[0],
                     error=str(exc),
                     verified=verified,
                     suppressed=suppressed,
@@ -314,20 +341,22 @@ class LeaderEndpoint:
                     suppressed=suppressed,
                 )
             return None
-        return request
+        return request, b"" if opened is None else opened.member_pub
 
     async def _answer(
         self,
         request: protocol.ShareFetchRequest | protocol.ShareFetchCancel,
+        member_key: bytes,
         writer: asyncio.StreamWriter,
         write_lock: asyncio.Lock,
     ) -> None:
+        """Answer ``request`` on its connection; ``member_key``: the key it came with (its
+        answer is sealed to it; ``b""``: mode ``none`` or a worker's)."""
+        leader = self.leaders.get(request.topic)
         if isinstance(request, protocol.ShareFetchCancel):
-            leader = self.leaders.get(request.topic)
-            if leader is not None:
+            if leader is not None and self._may_cancel(request, member_key):
                 leader.end_long_poll(request)
             return  # no answer of its own: the parked request's answer is it
-        leader = self.leaders.get(request.topic)
         lease_ms = self.ctx.runtime.lease_remaining_ms()
         if leader is None:
             response = not_leader(
@@ -342,14 +371,18 @@ class LeaderEndpoint:
         else:
             if lease_ms is not None and request.max_wait_ms > lease_ms:
                 request = msgspec.structs.replace(request, max_wait_ms=lease_ms)
-            response = await leader.serve(request)
-        frame = self.auth.seal(protocol.encode_binary(response))
-        if leader is not None:  # hmac: sealed to the member's reply key, as on the reply topic
+            slot = (request.member_id, request.request_id, request.topic, request.partition)
+            self._serving[slot] = member_key
             try:
-                frame = seal_reply(self.ctx, leader.tickets.reply_key(request.ticket), frame)
-            except ValueError as exc:
-                log.warning("reply_unsealable", member_id=request.member_id, error=str(exc))
-                return
+                response = await leader.serve(request)
+            finally:
+                self._serving.pop(slot, None)
+        body = protocol.encode_binary(response)
+        dest = direct_reply_dest(self.address)
+        # hmac: sealed by the workers to the key the request came with (= its ticket's)
+        frame = self.auth.seal_reply(member_key, body, dest) if member_key else body
+        if self.auth.enabled and not member_key:
+            frame = self.auth.seal(body, dest)  # a worker's request: a worker envelope
         async with write_lock:
             if writer.is_closing():
                 return

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
+from queueflow.protocol.envelope import topic_dest
 from queueflow.server.context import ServerContext
 from queueflow.server.leader import ShareLeader
 from queueflow.server.transport import control_auth
@@ -67,4 +68,5 @@ class LeaderTicker:
                 continue
             if tp.topic in names:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await self.ctx.sender.send(tp.topic, tp.partition, seal(payload))
+                    sealed = seal(payload, topic_dest(tp.topic, tp.partition))
+                    await self.ctx.sender.send(tp.topic, tp.partition, sealed)

@@ -250,6 +250,19 @@ class TicketGate:
                 return b""
         return verified.reply_key
 
+    def bound_key(self, ticket: bytes) -> bytes | None:
+        """The member key ``ticket`` binds its member id to (``b""``: none), or ``None`` when
+        the ticket is not valid (its request is refused by :meth:`check`, answered): what
+        :meth:`~queueflow.protocol.roles.ControlAuth.check_sender` compares with the key a
+        ShareFetch was sent with."""
+        verified = self._verified.get(ticket)
+        if verified is None:
+            try:
+                verified = self._verify(ticket)
+            except AuthenticationError:
+                return None
+        return verified.reply_key
+
     def verified(self, ticket: bytes) -> AssignmentTicket | None:
         """The ticket ``ticket`` once :meth:`check` verified it (``None``: not verified, or
         swept since): what the leader reads the group's configs from."""

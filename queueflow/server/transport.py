@@ -14,17 +14,16 @@ from queueflow.engine.fencing import PartitionFencing
 from queueflow.errors import ErrorCode
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.envelope import reply_dest, topic_dest
+from queueflow.protocol.roles import ControlAuth
 from queueflow.protocol.sealed_replies import reply_route
 from queueflow.server.context import ServerContext
-from queueflow.settings import AuthMode
 
 __all__ = [
     "FENCE_RESEND_MS",
     "control_auth",
     "monotonic_ms",
     "not_leader",
-    "seal_reply",
     "send_due_fences",
     "send_reply",
 ]
@@ -36,47 +35,56 @@ FENCE_RESEND_MS = 1000
 
 
 def control_auth(ctx: ServerContext, role: str) -> ControlAuth:
-    """The :class:`~queueflow.protocol.auth.ControlAuth` of one server loop (``role``: leader,
-    coordinator, ticker, endpoint) under ``queueflow.auth.mode``; each has its own replay cache."""
-    s = ctx.settings
-    return ControlAuth(s.control_auth_mode, s.auth_secret, ctx.app_id, f"{ctx.app_id}/{role}")
+    """The :class:`~queueflow.protocol.roles.ControlAuth` of one server loop (``role``: leader,
+    coordinator, ticker, endpoint) under ``queueflow.auth.mode``, signing as a worker; each has
+    its own replay guard.
+
+    Raises:
+        ConfigurationError: hmac without the worker secret, or a weak one.
+    """
+    return ControlAuth.from_settings(ctx.settings, ctx.app_id, f"{ctx.app_id}/{role}")
 
 
 async def send_reply(
     ctx: ServerContext,
-    member_id: str,
+    auth: ControlAuth,
+    recipient: str,
     reply_partition: int,
-    value: bytes,
+    body: bytes,
     reply_key: bytes = b"",
+    *,
+    member: bool = True,
 ) -> None:
-    """Answer a member on the reply topic partition it reads, keyed by its member id.
+    """Answer a member (or an admin) on the reply topic partition it reads.
 
-    With ``queueflow.auth.mode=hmac`` and the member's ``reply_key`` (its X25519 public key, from
-    its heartbeat or its ticket), the answer is sealed so that only that member can read it and
-    keyed by :func:`~queueflow.protocol.sealed_replies.reply_route` instead of the member id
-    (:mod:`queueflow.protocol.sealed_replies`); an answer to an invalid key is dropped (logged).
+    With ``queueflow.auth.mode=hmac`` and the member's ``reply_key`` (its X25519 public key,
+    from its heartbeat or its ticket), ``body`` is sealed by the workers so that only that
+    member can read it, keyed by :func:`~queueflow.protocol.sealed_replies.reply_route` (the
+    member id is not in the clear; :mod:`queueflow.protocol.sealed_replies`). Without a key, an
+    admin's answer goes in a worker envelope keyed by its id; a member's is dropped (it could
+    not open it), as is one to an invalid key (logged).
+
+    Args:
+        recipient: the member id or admin id.
+        body: the encoded message.
+        member: the recipient is a member (not an admin).
     """
-    key = member_id
-    if reply_key and ctx.settings.control_auth_mode is AuthMode.HMAC:
+    topic = topics.reply_topic(ctx.app_id)
+    if auth.enabled and reply_key:
+        route = reply_route(reply_key)
         try:
-            value = seal_reply(ctx, reply_key, value)
+            value = auth.seal_reply(reply_key, body, reply_dest(topic, reply_partition, route))
         except ValueError as exc:
-            log.warning("reply_unsealable", member_id=member_id, error=str(exc))
+            log.warning("reply_unsealable", member_id=recipient, error=str(exc))
             return
-        key = reply_route(reply_key)
-    await ctx.sender.send(topics.reply_topic(ctx.app_id), reply_partition, value, key.encode())
-
-
-def seal_reply(ctx: ServerContext, reply_key: bytes, value: bytes) -> bytes:
-    """``value`` sealed to the member's ``reply_key`` with ``queueflow.auth.mode=hmac``
-    (:mod:`queueflow.protocol.sealed_replies`); unchanged without a key or in ``none`` mode.
-
-    Raises:
-        ValueError: ``reply_key`` is not a valid X25519 public key.
-    """
-    if not reply_key or ctx.settings.control_auth_mode is not AuthMode.HMAC:
-        return value
-    return ctx.reply_sealer.seal(reply_key, value)
+        key = route
+    elif auth.enabled and member:
+        log.warning("reply_unsealable", member_id=recipient, error="no valid reply key")
+        return
+    else:
+        key = recipient
+        value = auth.seal(body, reply_dest(topic, reply_partition, key))
+    await ctx.sender.send(topic, reply_partition, value, key.encode())
 
 
 def not_leader(request: protocol.ShareFetchRequest, why: str) -> protocol.ShareFetchResponse:
@@ -114,6 +122,6 @@ async def send_due_fences(
     for p in fencing.fences_due(monotonic_ms(ctx.clock), FENCE_RESEND_MS):
         epoch = fencing.partitions[p].epoch
         fence = protocol.Fence(leader_epoch=epoch, sent_ms=ctx.clock.now_ms())
-        await ctx.sender.send(topic, p, auth.seal(protocol.encode(fence)))
+        await ctx.sender.send(topic, p, auth.seal(protocol.encode(fence), topic_dest(topic, p)))
         sent.append((p, epoch))
     return sent

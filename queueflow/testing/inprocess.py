@@ -466,6 +466,7 @@ class InProcessCluster:
         *,
         member_epoch: int = 1,
         ttl_ms: int | None = None,
+        reply_key: bytes = b"",
     ) -> bytes:
         """An assignment ticket as this cluster's coordinator would issue it, for tests that
         speak the wire protocol by hand (attach it as ``ShareFetchRequest.ticket``).
@@ -475,6 +476,8 @@ class InProcessCluster:
                 of every topic).
             member_epoch: the member epoch it proves.
             ttl_ms: its lifetime in ms (default ``session_timeout_ms``) from the clock's now.
+            reply_key: the member key it binds (``queueflow.auth.mode=hmac``: the key of the
+                member envelopes its requests come in, ``ControlAuth.reply_key.public``).
         """
         if partitions is None:
             partitions = [(t, p) for t, n in self.topics.items() for p in range(n)]
@@ -487,6 +490,7 @@ class InProcessCluster:
             ttl_ms=self.settings.session_timeout_ms if ttl_ms is None else ttl_ms,
             now_ms=self.clock.now_ms(),
             coordinator_epoch=self.coordinator.epoch(group),
+            reply_key=reply_key,
         )
 
     def share_partition(self, group: str, topic: str, partition: int) -> Any:

@@ -9,6 +9,7 @@ keyed by a pseudonym, not its member id)."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 import uuid
 from pathlib import Path
@@ -20,12 +21,15 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from queueflow import ShareConsumer, ShareRecord
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.protocol.auth import AuthenticationError, ControlAuth
+from queueflow.protocol.auth import AuthenticationError, ReplayGuard
+from queueflow.protocol.credentials import Credentials
+from queueflow.protocol.envelope import topic_dest
+from queueflow.protocol.roles import ControlAuth
 from queueflow.protocol.sealed_replies import SEALED_FORMAT, ReplyKey
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
 
-SECRET = f"flood-{uuid.uuid4().hex}"
+SECRET = f"flood-{secrets.token_urlsafe(32)}"
 AUTH = {"queueflow.auth.mode": "hmac", "queueflow.auth.secret": SECRET}
 LEADER_SETTINGS = {
     "share.auto.offset.reset": "earliest",
@@ -57,14 +61,15 @@ def forgeries(app_id: str, topic: str, partition: int, i: int) -> list[bytes]:
         deadline_ms=int(time.time() * 1000) + 60_000,
     )
     fence = protocol.Fence(leader_epoch=999999, sent_ms=int(time.time() * 1000))
-    guessed = ControlAuth("hmac", "guessed", app_id, "m-outsider")
+    guessed = ControlAuth(Credentials.from_secret(f"guessed-{SECRET}", app_id), "m-outsider")
+    dest = topic_dest(topics.request_topic(app_id, topic), partition)
     return [
         b"\x00garbage %d" % i,
         b'{"kind": "fetch", "group": null}',
         protocol.encode(fetch),
         protocol.encode(fence),
-        guessed.seal(protocol.encode(fetch)),
-        guessed.seal(protocol.encode(fence)),
+        guessed.seal(protocol.encode(fetch), dest),
+        guessed.seal(protocol.encode(fence), dest),
     ]
 
 
@@ -119,12 +124,12 @@ def test_a_flood_of_garbage_and_forgeries_loses_nothing(
     # What any reader of the reply topic saw (attack matrix row 10): every reply sealed, none
     # keyed by the member id, none readable with another member's key or as a plain message.
     assert replies and member_id
-    eavesdropper = ReplyKey()
+    eavesdropper = ReplyKey(Credentials.from_secret(SECRET, app_id).workers_public)
     for key, value in replies:
         assert key != member_id.encode() and value[0] == SEALED_FORMAT
         assert member_id.encode() not in value
         with pytest.raises(AuthenticationError):
-            eavesdropper.open(value)
+            eavesdropper.open(value, "", ReplayGuard())
     assert sent > 0
     assert sorted(r.value for r in got) == sorted(values)  # each exactly once
     assert {r.delivery_count for r in got} == {1}  # no forgery acquired (and let expire) any

@@ -38,7 +38,7 @@ PARTITIONS = 2
 DEADLINE_S = 60.0
 #: The app's shared secret: on a SASL/SSL cluster queueflow refuses to run unsigned unless told
 #: to (queueflow.auth.mode=auto), so the secured app signs its control messages.
-SECRET = "secured-app-secret"
+SECRET = "Sx3-secured-app-9QwErTy7uIoP2aSdFgHjKl0ZxCv"
 
 
 def admin_kwargs(broker: LocalBroker) -> dict[str, Any]:

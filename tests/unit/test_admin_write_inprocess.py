@@ -411,7 +411,11 @@ def test_signed_admin_requests_work_under_hmac() -> None:
         from inprocess_helpers import settings
 
         cluster = InProcessCluster(
-            {TOPIC: 1}, clock=FakeClock(), settings=settings(auth_mode="hmac", auth_secret="s")
+            {TOPIC: 1},
+            clock=FakeClock(),
+            settings=settings(
+                auth_mode="hmac", auth_secret="kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0"
+            ),
         )
         produce(cluster, 2)
         async with cluster:

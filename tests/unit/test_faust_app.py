@@ -454,7 +454,9 @@ def test_share_agent_service_starts_and_stops_its_agent(loop: asyncio.AbstractEv
     assert calls == ["start", "stop"]
 
 
-@pytest.mark.parametrize(("secret", "warned"), [(None, True), ("s" * 32, False)])
+@pytest.mark.parametrize(
+    ("secret", "warned"), [(None, True), ("kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0", False)]
+)
 def test_unsigned_control_messages_are_warned_about_at_start_not_when_built(
     secret: str | None,
     warned: bool,

@@ -33,6 +33,8 @@ def other_valid_value(s: Setting) -> int | str:
     """A valid value different from the default."""
     if s.choices:
         return next(c for c in s.choices if c != show_value(s.default))
+    if s.attr == "auth_secret":  # refused if weak
+        return "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0"
     if isinstance(s.default, str):  # free text: host names and listeners
         return "127.0.0.1:9100" if ":" in s.default else "leader-1.example"
     assert isinstance(s.default, int)
@@ -102,7 +104,11 @@ def test_kip_names_and_attribute_names_are_both_accepted() -> None:
 def test_every_setting_by_either_name(setting: Setting) -> None:
     value = other_valid_value(setting)
     # queueflow.auth.mode=hmac needs a secret (a cross-setting check).
-    extra = {"auth_secret": "s"} if setting.attr == "auth_mode" else {}
+    extra = (
+        {"auth_secret": "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0"}
+        if setting.attr == "auth_mode"
+        else {}
+    )
     expected = setting.parse(value, "test")
     assert getattr(load({setting.name: value, **extra}), setting.attr) == expected
     assert getattr(load({setting.attr: value, **extra}), setting.attr) == expected
@@ -134,7 +140,11 @@ def test_env_variable_names() -> None:
 @pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.attr)
 def test_every_setting_from_env(setting: Setting) -> None:
     value = other_valid_value(setting)
-    extra = {"QUEUEFLOW_AUTH_SECRET": "s"} if setting.attr == "auth_mode" else {}
+    extra = (
+        {"QUEUEFLOW_AUTH_SECRET": "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0"}
+        if setting.attr == "auth_mode"
+        else {}
+    )
     assert getattr(load(env={setting.env: str(value), **extra}), setting.attr) == setting.parse(
         value, "test"
     )
@@ -459,9 +469,16 @@ def test_auth_hmac_needs_a_secret_and_the_secret_is_never_shown() -> None:
     with pytest.raises(ConfigurationError) as info:
         load({"queueflow.auth.mode": "hmac"})
     assert "QUEUEFLOW_AUTH_SECRET" in str(info.value)
-    s = load({"queueflow.auth.mode": "hmac", "queueflow.auth.secret": "hunter2"})
-    assert "hunter2" not in repr(s) and "hunter2" not in str(s.as_kip_names())
-    assert s.auth_secret == "hunter2"
+    s = load(
+        {
+            "queueflow.auth.mode": "hmac",
+            "queueflow.auth.secret": "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0",
+        }
+    )
+    assert "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0" not in repr(
+        s
+    ) and "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0" not in str(s.as_kip_names())
+    assert s.auth_secret == "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -489,7 +506,10 @@ def test_choices_are_enum_members_equal_to_their_config_text() -> None:
     settings = load({"queueflow.leader.state.durability": "buffered"})
     assert settings.state_durability is StateDurability.BUFFERED
     assert settings.state_durability == "buffered" and f"{settings.state_durability}" == "buffered"
-    assert load({"auth_secret": "s"}).control_auth_mode is AuthMode.HMAC
+    assert (
+        load({"auth_secret": "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0"}).control_auth_mode
+        is AuthMode.HMAC
+    )
     assert load().control_auth_mode is AuthMode.NONE
 
 

@@ -21,11 +21,15 @@ from queueflow.errors import ShareGroupError
 from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
+from queueflow.protocol.auth import AuthenticationError
+from queueflow.protocol.envelope import topic_dest
+from queueflow.protocol.roles import refusal_labels
 from queueflow.server.context import ServerContext
 from queueflow.server.coordinator import admin, membership
 from queueflow.server.coordinator.admin_state import PendingAdmin, ResetRequest
 from queueflow.server.coordinator.announcements import handle_announcement
 from queueflow.server.coordinator.gate import CoordinatorGate
+from queueflow.server.coordinator.member_keys import MemberKeys
 from queueflow.server.coordinator.results import (
     CoordinatorResult,
     DeleteGroup,
@@ -63,6 +67,8 @@ class ShareGroupCoordinator:
         self.table = table
         self.request_topic = topics.coordinator_topic(ctx.app_id)
         self.auth = control_auth(ctx, "coordinator")
+        #: Member id -> member key bindings (hmac; refuses takeovers).
+        self.member_keys = MemberKeys()
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
         assignors = parse_names(ctx.settings.assignors, "group.share.assignors")
         check_known(assignors, "group.share.assignors")
@@ -169,13 +175,22 @@ class ShareGroupCoordinator:
 
     async def _dispatch(self, partition: int, value: bytes) -> None:
         try:
-            message = protocol.decode(self.auth.open(value))
+            message = protocol.decode(
+                self.auth.open(value, topic_dest(self.request_topic, partition))
+            )
             self.auth.check_sender(message)
+            self._bind_member(message)
         except ShareGroupError as exc:
             self.ctx.auth_health.refused(value, getattr(exc, "reason", ""))
             suppressed = self.skipped.admit()
             if suppressed is not None:
-                log.error("undecodable_coordinator_request", error=str(exc), suppressed=suppressed)
+                reason, _matches = refusal_labels(exc)
+                log.error(
+                    "undecodable_coordinator_request",
+                    reason=reason,
+                    error=str(exc),
+                    suppressed=suppressed,
+                )
             return
         self.ctx.auth_health.verified(self.auth.last_sender)
         if isinstance(message, protocol.Fence):
@@ -205,6 +220,28 @@ class ShareGroupCoordinator:
                 await self._heartbeat(message, now)
             case _:
                 log.error("unexpected_coordinator_message", kind=type(message).__name__)
+
+    def _bind_member(self, message: protocol.Message) -> None:
+        """Refuse a member's heartbeat for a member id bound to another member key (a
+        takeover; :mod:`queueflow.server.coordinator.member_keys`).
+
+        Raises:
+            AuthenticationError: ``wrong_member``.
+        """
+        opened = self.auth.last
+        if not isinstance(message, protocol.HeartbeatRequest) or opened is None:
+            return
+        if opened.role != "member":
+            return
+        leaving = message.member_epoch == -1
+        if not self.member_keys.bind(
+            message.group, message.member_id, opened.member_pub, leaving=leaving
+        ):
+            raise AuthenticationError(
+                "wrong_member",
+                f"member {message.member_id!r} of share group {message.group!r} is bound to "
+                "another member key: a heartbeat for it from this key is refused",
+            )
 
     async def _heartbeat(self, message: protocol.HeartbeatRequest, now: int) -> None:
         checked = membership.check_heartbeat(self.state, message, now)
@@ -272,16 +309,17 @@ class ShareGroupCoordinator:
                         del self.table[record.group_id.encode()]
                     metrics.group_members.labels(record.group_id).set(0)
         for sent in result.to_leaders:
-            await self.ctx.sender.send(
-                topics.request_topic(self.ctx.app_id, sent.message.topic),
-                sent.message.partition,
-                self.auth.seal(protocol.encode(sent.message)),
-            )
+            topic = topics.request_topic(self.ctx.app_id, sent.message.topic)
+            p = sent.message.partition
+            body = self.auth.seal(protocol.encode(sent.message), topic_dest(topic, p))
+            await self.ctx.sender.send(topic, p, body)
         for reply in result.replies:
             await send_reply(
                 self.ctx,
+                self.auth,
                 reply.recipient,
                 reply.reply_partition,
-                self.auth.seal(protocol.encode(reply.message)),
+                protocol.encode(reply.message),
                 reply.reply_key,
+                member=isinstance(reply.message, protocol.HeartbeatResponse),
             )

@@ -22,7 +22,7 @@ from queueflow.engine.fencing import FenceOutcome, PartitionFencing
 from queueflow.errors import ErrorCode, IllegalTransitionError, ShareGroupError
 from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.roles import ControlAuth
 from queueflow.server.context import ServerContext
 from queueflow.server.transport import monotonic_ms, send_due_fences
 

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from queueflow.logging import SkipLogLimiter, get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.envelope import topic_dest
+from queueflow.protocol.roles import ControlAuth
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition
 from queueflow.server.leader.cache import SharePartitionCache
@@ -87,17 +88,17 @@ class ResultApplier:
             request = reply.request
             await send_reply(
                 self.ctx,
+                self.auth,
                 request.member_id,
                 request.reply_partition,
-                self.auth.seal(protocol.encode(reply.response)),
+                protocol.encode(reply.response),
                 self.tickets.reply_key(request.ticket),
             )
         for answer in result.coordinator_replies:
-            await self.ctx.sender.send(
-                topics.coordinator_topic(self.ctx.app_id),
-                topics.coordinator_partition(answer.group),
-                self.auth.seal(protocol.encode(answer)),
-            )
+            coordinator = topics.coordinator_topic(self.ctx.app_id)
+            p = topics.coordinator_partition(answer.group)
+            body = self.auth.seal(protocol.encode(answer), topic_dest(coordinator, p))
+            await self.ctx.sender.send(coordinator, p, body)
         if result.step_down is not None:
             self._step_down(list(result.step_down[0]), result.step_down[1])
 

@@ -31,6 +31,8 @@ from queueflow.metrics import SharePartitionSample
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.auth import ticket_key
+from queueflow.protocol.envelope import topic_dest
+from queueflow.protocol.roles import refusal_labels
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable
 from queueflow.server.group_configs import LeaderGroupConfigs
@@ -291,11 +293,13 @@ class ShareLeader:
         answered that a new leader would not know of). A ``replayed`` request is answered only
         if its member still waits (before its ``deadline_ms``)."""
         try:
-            message = protocol.decode(self.auth.open(value))
-            self.auth.check_sender(message)
+            dest = topic_dest(self.request_topic, partition)
+            message = protocol.decode(self.auth.open(value, dest))
+            self.auth.check_sender(message, self.tickets.bound_key)
         except ShareGroupError as exc:
             self.ctx.auth_health.refused(value, getattr(exc, "reason", ""))
-            fields = {"partition": partition, "error": str(exc)}
+            reason = refusal_labels(exc)[0]
+            fields = {"partition": partition, "reason": reason, "error": str(exc)}
             undecodable = LogEvent("error", "undecodable_request", fields, limiter="skipped")
             await self._apply(LeaderResult(logs=(undecodable,)), partition)
             return False

@@ -187,10 +187,10 @@ def test_auto_without_a_secret_is_refused_on_a_secured_cluster(protocol: str) ->
     ("mode", "secret", "protocol", "expected"),
     [
         ("auto", "", "PLAINTEXT", "none"),
-        ("auto", "s", "PLAINTEXT", "hmac"),
-        ("auto", "s", "SASL_SSL", "hmac"),
+        ("auto", "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0", "PLAINTEXT", "hmac"),
+        ("auto", "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0", "SASL_SSL", "hmac"),
         ("none", "", "SASL_SSL", "none"),  # explicitly accepted
-        ("hmac", "s", "PLAINTEXT", "hmac"),
+        ("hmac", "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0", "PLAINTEXT", "hmac"),
     ],
 )
 def test_the_control_auth_mode_each_setting_resolves_to(

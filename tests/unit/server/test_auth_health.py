@@ -9,22 +9,28 @@ import os
 
 import pytest
 
-from queueflow.protocol.auth import AuthenticationError, ControlAuth
-from queueflow.server.auth_health import AuthHealth, claimed_sender
+from queueflow.protocol.auth import AuthenticationError
+from queueflow.protocol.credentials import Credentials
+from queueflow.protocol.envelope import claimed_sender, topic_dest
+from queueflow.protocol.roles import ControlAuth
+from queueflow.server.auth_health import AuthHealth
 
 APP = "app"
-OURS = "our-secret-0123456789abcdef0123456789"
-THEIRS = "their-secret-0123456789abcdef012345678"
+OURS = "oU7-our-secret-3Wq_Ze8Rx2Vn5Bm9Lc4Hj-0a1b2c"
+THEIRS = "tH9-their-secret-6Kp_Yd3Qw8Mn2Bv7Xc5Lf-4e5f6g"
+DEST = topic_dest("app-share-fetch-t", 0)
 
 
 def envelope(secret: str, sender: str) -> bytes:
-    return ControlAuth("hmac", secret, APP, sender).seal(b'{"kind":"tick","sent_ms":1}')
+    """A worker envelope signed with ``secret``'s key, naming ``sender``."""
+    auth = ControlAuth(Credentials.from_secret(secret, APP), sender)
+    return auth.seal(b'{"kind":"tick","sent_ms":1}', DEST)
 
 
 def reason_of(raw: bytes) -> str | None:
     """Open ``raw`` with our key: None if it verified, else the refusal's reason."""
     try:
-        ControlAuth("hmac", OURS, APP, f"{APP}/leader").open(raw)
+        ControlAuth(Credentials.from_secret(OURS, APP), f"{APP}/leader").open(raw, DEST)
     except AuthenticationError as exc:
         return exc.reason
     return None
@@ -56,7 +62,7 @@ def test_it_fires_once_on_peers_messages_all_refused_for_their_signature() -> No
     for i in range(25):
         raw = envelope(THEIRS, f"member-{i % 3}")
         reason = reason_of(raw)
-        assert reason == "bad_signature"
+        assert reason == "wrong_key"
         verdicts.append(health.refused(raw, reason))
         clock.now += 100
     assert verdicts.index(True) == 19 and verdicts.count(True) == 1
@@ -109,7 +115,7 @@ def test_wrong_key_counts_and_other_reasons_never_do() -> None:
     assert len(fired) == 1
 
 
-@pytest.mark.parametrize("prefix", [b"", b"\xa1"])
+@pytest.mark.parametrize("prefix", [b"", b"\xa1", b"\xa2", b"\xa3"])
 def test_a_flood_of_junk_never_fires(prefix: bytes) -> None:
     clock, fired = Clock(), []
     health = monitor(clock, fired)
@@ -132,8 +138,11 @@ def test_the_defaults_fire_on_one_member_retrying_every_twenty_seconds() -> None
 
 def test_claimed_sender_of_envelopes_and_junk() -> None:
     assert claimed_sender(envelope(THEIRS, "member-7")) == "member-7"
-    assert claimed_sender(b"\xa1" + bytes(32) + b"\x94\x01\xa1x\x02\x03") == "x"
-    for junk in (b"", b"{}", b"\xa1" * 40, b"\xa1" + bytes(32) + b"\x92\x01\x02"):
+    member = ControlAuth(Credentials.from_secret(THEIRS, APP), role="member")
+    sealed = member.seal(b'{"kind":"tick"}', DEST)
+    assert member.reply_key is not None
+    assert claimed_sender(sealed) == "member:" + member.reply_key.public.hex()
+    for junk in (b"", b"{}", b"\xa1" * 40, b"\xa2" * 40, b"\xa2" + bytes(36) + b"\x92\x01\x02"):
         assert claimed_sender(junk) is None
 
 

@@ -12,10 +12,25 @@ from structlog.testing import capture_logs
 from queueflow.member.session import ShareFetchSession
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
-from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.credentials import Credentials, member_credential
+from queueflow.protocol.envelope import topic_dest
+from queueflow.protocol.roles import ControlAuth
 from queueflow.structs import TopicPartition
 
-SECRET = "test-secret"
+SECRET = "aT4-inprocess-9Xq_Lm2Vb7Nc5Zr8Kw3Hy6Jd1Pf0Gs"
+GUESS = "gU3-guessed-secret-7Yt_Qw2Ex9Rz4Vb8Nm5Kc1Lp6"
+
+
+def member(ns: str, secret: str = SECRET) -> ControlAuth:
+    """A member's authenticator holding only the member credential of ``secret``."""
+    creds = Credentials.from_member_credential(member_credential(secret, ns), ns)
+    return ControlAuth(creds, role="member")
+
+
+def worker(ns: str, secret: str) -> ControlAuth:
+    return ControlAuth(Credentials.from_secret(secret, ns), f"{ns}/forger")
+
+
 AUTH = {"auth_mode": "hmac", "auth_secret": SECRET}
 TP0 = TopicPartition(TOPIC, 0)
 
@@ -60,20 +75,34 @@ def test_forged_and_replayed_requests_are_dropped() -> None:
             ns = cluster.app_id
             request_topic = topics.request_topic(ns, TOPIC)
             coordinator_topic = topics.coordinator_topic(ns)
-            guessed = ControlAuth("hmac", "guess", ns, "m-x")
-            insider = ControlAuth("hmac", SECRET, ns, "m-other")
-            valid = ControlAuth("hmac", SECRET, ns, "m-x")
-            # A genuine member's request: signed, with the ticket its heartbeat would bring.
-            ticket = cluster.ticket("g", "m-x")
+            guessed = member(ns, GUESS)
+            insider = member(ns)
+            valid = member(ns)
+            dest = topic_dest(request_topic, 0)
+            # A genuine member's request: sealed with its key, with the ticket binding it.
+            assert valid.reply_key is not None
+            ticket = cluster.ticket("g", "m-x", reply_key=valid.reply_key.public)
             replayed = valid.seal(
-                protocol.encode(forged_fetch("m-x", 7, cluster.clock.now_ms(), ticket))
+                protocol.encode(forged_fetch("m-x", 7, cluster.clock.now_ms(), ticket)), dest
             )
             attacks = [
                 (request_topic, protocol.encode(forged_fetch("m-x"))),
-                (request_topic, guessed.seal(protocol.encode(forged_fetch("m-x")))),
-                (request_topic, insider.seal(protocol.encode(forged_fetch("m-x")))),
+                (request_topic, guessed.seal(protocol.encode(forged_fetch("m-x")), dest)),
+                # another member, with m-x's ticket: bound to m-x's key, not its own
+                (
+                    request_topic,
+                    insider.seal(
+                        protocol.encode(forged_fetch("m-x", 8, cluster.clock.now_ms(), ticket)),
+                        dest,
+                    ),
+                ),
                 (request_topic, protocol.encode(protocol.Fence(leader_epoch=999999))),
-                (request_topic, guessed.seal(protocol.encode(protocol.Fence(leader_epoch=999999)))),
+                (
+                    request_topic,
+                    worker(ns, GUESS).seal(
+                        protocol.encode(protocol.Fence(leader_epoch=999999)), dest
+                    ),
+                ),
                 (
                     coordinator_topic,
                     protocol.encode(
@@ -111,9 +140,18 @@ def test_forged_and_replayed_requests_are_dropped() -> None:
     reasons = [e["error"] for e in events(logs, "undecodable_request")]
     assert len(reasons) == 6
     assert sum("(unsigned)" in r for r in reasons) == 2
-    assert sum("(bad_signature)" in r for r in reasons) == 2
-    assert sum("(bad_sender)" in r for r in reasons) == 1
+    assert sum("(wrong_key)" in r for r in reasons) == 2
+    assert sum("(wrong_member)" in r for r in reasons) == 1
     assert sum("(replay)" in r for r in reasons) == 1
+    logged = [e["reason"] for e in events(logs, "undecodable_request")]
+    assert sorted(logged) == [
+        "replay",
+        "unsigned",
+        "unsigned",
+        "wrong_key",
+        "wrong_key",
+        "wrong_member",
+    ]
     assert len(events(logs, "undecodable_coordinator_request")) == 1
     assert not events(logs, "leader_fenced") and not events(logs, "leader_stepped_down")
 
@@ -132,14 +170,15 @@ def test_direct_path_with_hmac_serves_signed_members_and_drops_forged_frames() -
             address = cluster.endpoint.address
             ns = cluster.app_id
             refused = []
+            m1_ticket = cluster.ticket("g", "m1", reply_key=member(ns).reply_key.public)  # type: ignore[union-attr]
             for auth in (
-                ControlAuth("none", "", ns, "m1"),
-                ControlAuth("hmac", "guess", ns, "m1"),
-                ControlAuth("hmac", SECRET, ns, "m-other"),
+                ControlAuth(None, role="member"),
+                member(ns, GUESS),
+                member(ns),  # another member, with m1's ticket (bound to m1's key)
             ):
                 client = DirectClient(auth)
                 try:
-                    await client.call(address, fetch("m1", 1), 0.5)
+                    await client.call(address, fetch("m1", 1, ticket=m1_ticket), 0.5)
                 except DirectPathError as exc:
                     refused.append(str(exc))
                 await client.close()
@@ -158,5 +197,5 @@ def test_direct_path_with_hmac_serves_signed_members_and_drops_forged_frames() -
     reasons = [e["error"] for e in events(logs, "undecodable_direct_request")]
     assert len(reasons) == 3
     assert any("(unsigned)" in r for r in reasons)
-    assert any("(bad_signature)" in r for r in reasons)
-    assert any("(bad_sender)" in r for r in reasons)
+    assert any("(wrong_key)" in r for r in reasons)
+    assert any("(wrong_member)" in r for r in reasons)

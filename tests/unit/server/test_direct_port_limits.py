@@ -20,7 +20,9 @@ from queueflow.errors import ErrorCode
 from queueflow.member.direct import DirectClient
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
-from queueflow.protocol.auth import ControlAuth
+from queueflow.protocol.credentials import Credentials
+from queueflow.protocol.envelope import direct_dest, direct_reply_dest
+from queueflow.protocol.roles import ControlAuth
 from queueflow.server.connections import ConnectionGate, DirectLimits, connection_cap
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType
@@ -142,6 +144,10 @@ def big_fetch(member: str, rid: int, acks: int) -> protocol.ShareFetchRequest:
     )
 
 
+def member_auth(app_id: str, secret: str = SECRET) -> ControlAuth:
+    return ControlAuth(Credentials.from_secret(secret, app_id), role="member")
+
+
 def test_before_a_verified_frame_the_small_limit_applies_after_it_the_full_one() -> None:
     """A frame above the pre-authentication limit closes a new connection before its body is
     read; the same frame after a verified one is served. Under hmac, a large frame signed
@@ -152,8 +158,9 @@ def test_before_a_verified_frame_the_small_limit_applies_after_it_the_full_one()
             records=1, direct_unauthenticated_max_frame_bytes=4096, **AUTH
         ) as cluster:
             host, port = address_of(cluster)
-            member = ControlAuth("hmac", SECRET, cluster.app_id, "m1")
-            large = member.seal(protocol.encode_binary(big_fetch("m1", 2, 2000)))
+            dest = direct_dest(cluster.endpoint.address)  # type: ignore[union-attr]
+            member = member_auth(cluster.app_id)
+            large = member.seal(protocol.encode_binary(big_fetch("m1", 2, 2000)), dest)
             assert 4096 < len(large) < framing.MAX_FRAME_BYTES
             # A new connection: only the 4-byte length of the large frame is read.
             reader, writer = await asyncio.open_connection(host, port)
@@ -163,23 +170,23 @@ def test_before_a_verified_frame_the_small_limit_applies_after_it_the_full_one()
             assert dropped(cluster, "frame_too_large") == 1
             # A small signed frame first: then the large one is read and served.
             reader, writer = await asyncio.open_connection(host, port)
-            small = member.seal(protocol.encode_binary(fetch("m1", 1, max_records=0)))
+            small = member.seal(protocol.encode_binary(fetch("m1", 1, max_records=0)), dest)
             framing.write_frame(writer, small)
             framing.write_frame(writer, large)
             await writer.drain()
-            opener = ControlAuth("hmac", SECRET, cluster.app_id, "m1")
             answers = []
+            reply_dest = direct_reply_dest(cluster.endpoint.address)  # type: ignore[union-attr]
             for _ in range(2):
                 frame = await framing.read_frame(reader, idle_timeout_s=WAIT_S)
                 assert frame is not None
-                answers.append(protocol.decode_binary(opener.open(frame)))
+                answers.append(protocol.decode_binary(member.open(frame, reply_dest)))
             assert sorted(a.request_id for a in answers) == [1, 2]
             await close(writer)
             # A frame signed with a guessed secret verifies nothing: the next large one is
             # still refused (the connection is closed at the bad frame already).
             reader, writer = await asyncio.open_connection(host, port)
-            guessed = ControlAuth("hmac", "guessed-" + SECRET, cluster.app_id, "m1")
-            framing.write_frame(writer, guessed.seal(protocol.encode_binary(fetch("m1", 3))))
+            guessed = member_auth(cluster.app_id, "guessed-" + SECRET)
+            framing.write_frame(writer, guessed.seal(protocol.encode_binary(fetch("m1", 3)), dest))
             writer.write(struct.pack(">I", len(large)))
             assert await closed_by_peer(reader)
             await close(writer)
@@ -221,10 +228,10 @@ def test_a_member_s_large_first_request_goes_after_a_small_verified_frame() -> N
             records=1, direct_unauthenticated_max_frame_bytes=4096, **AUTH
         ) as cluster:
             address = cluster.endpoint.address  # type: ignore[union-attr]
-            member = ControlAuth("hmac", SECRET, cluster.app_id, "m1")
+            member = member_auth(cluster.app_id)
             client = DirectClient(member)
             request = big_fetch("m1", 1, 4000)
-            assert len(member.seal(protocol.encode_binary(request))) > 4096
+            assert len(member.seal(protocol.encode_binary(request), direct_dest(address))) > 4096
             with capture_logs() as logs:
                 response = await client.call(address, request, WAIT_S)
             assert response.request_id == 1
