@@ -60,11 +60,15 @@ class ResultApplier:
         self._state_writes = ctx.metrics.state_writes.labels(topic)
         self._log = get_logger("queueflow.server.leader", topic=topic)
 
-    async def apply(self, result: LeaderResult, partition: int) -> None:
+    async def apply(self, result: LeaderResult, partition: int, sender_key: bytes = b"") -> None:
         """Perform ``result`` for request partition ``partition``. In order: state deletes,
         creations and writes (one delta per share-partition), the request position, the flush
         (``queueflow.leader.state.durability=acked``), metrics and log lines, replies to
         members and to the coordinator, and a step-down.
+
+        ``sender_key``: the member key the request was encrypted with (``hmac``; empty: none):
+        replies are sealed to it (check_sender made sure a valid ticket binds the same key), so
+        that a refusal of a ticket that binds none still reaches its member.
 
         Raises:
             FencedStateEpochError: a write was refused (the leader stepped down meanwhile);
@@ -92,7 +96,7 @@ class ResultApplier:
                 request.member_id,
                 request.reply_partition,
                 protocol.encode(reply.response),
-                self.tickets.reply_key(request.ticket),
+                sender_key or self.tickets.reply_key(request.ticket),
             )
         for answer in result.coordinator_replies:
             coordinator = topics.coordinator_topic(self.ctx.app_id)

@@ -304,9 +304,13 @@ class ShareLeader:
             await self._apply(LeaderResult(logs=(undecodable,)), partition)
             return False
         self.ctx.auth_health.verified(self.auth.last_sender)
+        # Captured before any await (``last`` is this leader's, shared by its partitions): the
+        # key this request was encrypted with, so that a refusal of an invalid ticket (which
+        # binds no key) still reaches its member, readable by it alone.
+        sender_key = b"" if self.auth.last is None else self.auth.last.member_pub
         result = await self._route(message, partition, offset, replayed)
         try:
-            await self._apply(result, partition)
+            await self._apply(result, partition, sender_key)
         except ShareGroupError as exc:
             if not isinstance(message, protocol.ResetSharePartition):
                 raise
@@ -449,6 +453,6 @@ class ShareLeader:
         if result.flush and self.ctx.settings.state_durability is StateDurability.ACKED:
             await self.ctx.flush_state()
 
-    async def _apply(self, result: LeaderResult, partition: int) -> None:
+    async def _apply(self, result: LeaderResult, partition: int, sender_key: bytes = b"") -> None:
         """Perform ``result`` (:meth:`~queueflow.server.leader.applier.ResultApplier.apply`)."""
-        await self.applier.apply(result, partition)
+        await self.applier.apply(result, partition, sender_key)

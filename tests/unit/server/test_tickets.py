@@ -483,14 +483,20 @@ def test_random_tickets_on_the_request_topic_never_acquire_nor_create_state(
     assert cluster.share_partition("g", TOPIC, 0) is None and not cluster.tables[TOPIC]
 
 
-def test_a_member_whose_ticket_expired_heartbeats_and_resends_once() -> None:
+@pytest.mark.parametrize(
+    "auth",
+    [{}, {"auth_mode": "hmac", "auth_secret": "eX5-expired-ticket-8Kq_Wm3Zb6Nr2Vt9Lc4Hy7"}],
+    ids=["none", "hmac"],
+)
+def test_a_member_whose_ticket_expired_heartbeats_and_resends_once(auth: dict[str, str]) -> None:
     """A member that had no heartbeat answer for a session timeout (here the clock jumps; in
     life a coordinator outage) is refused once, heartbeats at once and gets its records with
-    the new ticket."""
+    the new ticket. Under ``hmac`` the refusal, whose ticket binds no key any more, is sealed to
+    the key the request came with, so the member reads it (not a request timeout)."""
     clock = FakeClock()
 
     async def scenario() -> Any:
-        async with cluster_with(4, clock=clock) as cluster:
+        async with cluster_with(4, clock=clock, **auth) as cluster:
             session = ShareFetchSession(cluster.member_context, "g", [TOPIC], "test")
             await session.start()
             tp = TopicPartition(TOPIC, 0)
