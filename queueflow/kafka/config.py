@@ -60,6 +60,15 @@ class KafkaClientConfig:
         """Build from a Faust broker URL (or list of them); keywords as for the class."""
         return cls(bootstrap_servers(broker), **kwargs)
 
+    @property
+    def principal(self) -> str:
+        """The Kafka principal the clients authenticate as where that is known here: SASL
+        PLAIN/SCRAM's ``User:<username>``; ``""`` otherwise (PLAINTEXT, SSL: the broker derives
+        the principal from the certificate, GSSAPI, OAUTHBEARER)."""
+        protocol = str(self.extra.get("security_protocol", "PLAINTEXT"))
+        user = self.extra.get("sasl_plain_username")
+        return f"User:{user}" if protocol.startswith("SASL") and user else ""
+
     def client_kwargs(self, client_id: str | None = None) -> dict[str, Any]:
         """Keyword arguments for an aiokafka producer, consumer or admin client."""
         return {

@@ -49,6 +49,12 @@ class MemberIO(Protocol):
         """
         ...
 
+    @property
+    def principal(self) -> str:
+        """The Kafka principal the member's clients authenticate as (``User:<name>`` with SASL
+        PLAIN/SCRAM; ``""``: not known), bound into its assignment tickets."""
+        ...
+
     def transport(
         self, member_id: str, client_id: str, reply_route: str | None = None
     ) -> MemberTransport:
@@ -74,6 +80,11 @@ class KafkaMemberIO:
     def __init__(self, kafka: KafkaClientConfig, app_id: str) -> None:
         self.kafka = kafka
         self.app_id = app_id
+
+    @property
+    def principal(self) -> str:
+        """See :attr:`MemberIO.principal`."""
+        return self.kafka.principal
 
     async def partition_counts(self, topics: list[str]) -> dict[str, int]:
         """See :meth:`MemberIO.partition_counts`."""

@@ -67,8 +67,11 @@ class Membership:
         client_id: str,
         member_id: str | None = None,
         metrics: Metrics | None = None,
+        principal: str = "",
     ) -> None:
         self.requester = requester
+        #: The Kafka principal sent in heartbeats (bound into the tickets; "": not known).
+        self.principal = principal
         self.metrics = metrics
         #: The newest coordinator epoch heard from: answers of older coordinators are dropped.
         self.coordinators = CoordinatorEpochs(settings.session_timeout_ms)
@@ -206,6 +209,7 @@ class Membership:
             assignors=[] if leave else self.assignors,
             rack_id="" if leave else self.rack_id,
             reply_key=self.requester.reply_key.public if self.requester.reply_key else b"",
+            principal=self.principal,
         )
         response = await self.requester.call(
             internal.coordinator_topic(self.app_id),

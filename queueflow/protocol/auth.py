@@ -225,8 +225,10 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     "Group configs") and their version, so that a leader learns them from the same unforgeable
     proof;
     ``added_partitions``: ``(topic, first partition added at runtime)`` pairs of the group's
-    topics that grew (those share-partitions start at the log start). The last three are
-    optional trailing fields: tickets without them decode with none.
+    topics that grew (those share-partitions start at the log start);
+    ``principal``: the Kafka principal the member declared in its heartbeat (``User:<name>``
+    with SASL; empty: not known), authenticated by its member credential, not checked against
+    the broker. The trailing optional fields decode with their defaults when absent.
     """
 
     group: str
@@ -239,6 +241,7 @@ class AssignmentTicket(msgspec.Struct, array_like=True, frozen=True):
     config_version: int = 0
     configs: tuple[tuple[str, str], ...] = ()
     added_partitions: tuple[tuple[str, int], ...] = ()
+    principal: str = ""
 
     def covers(self, topic: str, partition: int) -> bool:
         """Whether the ticket assigns ``topic``-``partition`` to its member."""
@@ -262,6 +265,7 @@ def issue_ticket(
     config_version: int = 0,
     configs: Iterable[tuple[str, str]] = (),
     added_partitions: Iterable[tuple[str, int]] = (),
+    principal: str = "",
 ) -> bytes:
     """Sign an :class:`AssignmentTicket` valid for ``ttl_ms`` (about the session timeout).
 
@@ -284,6 +288,7 @@ def issue_ticket(
             config_version,
             tuple(sorted(configs)),
             tuple(sorted(added_partitions)),
+            principal,
         )
     )
     return hmac.new(key, body, hashlib.sha256).digest() + body

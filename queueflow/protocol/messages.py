@@ -257,7 +257,9 @@ class HeartbeatRequest(_Message, tag="heartbeat"):
     coordinator can answer rather than drop the request. ``assignors`` are the share-group
     assignors the member supports (``queueflow.member.assignors``; absent: an older member,
     which supports ``simple`` only) and ``rack_id`` its rack (``client.rack``; KIP-848's
-    RackId); see :mod:`queueflow.engine.assignors`.
+    RackId); see :mod:`queueflow.engine.assignors`. ``principal`` is the Kafka principal the
+    member's clients authenticate as (``User:<name>`` with SASL; empty: not known), which the
+    coordinator binds into the member's assignment tickets.
     """
 
     kind: ClassVar[str] = "heartbeat"
@@ -274,6 +276,7 @@ class HeartbeatRequest(_Message, tag="heartbeat"):
     assignors: list[str] = msgspec.field(default_factory=list)
     rack_id: str = ""
     reply_key: bytes = b""
+    principal: str = ""
 
 
 class HeartbeatResponse(_Message, tag="heartbeat_response"):

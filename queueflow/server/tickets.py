@@ -32,6 +32,7 @@ request until its next heartbeat answer). Pure and synchronous: no I/O, time pas
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Final
 
@@ -62,6 +63,8 @@ class TicketRefusal:
     code: ErrorCode
     reason: str
     message: str
+    #: The Kafka principal the (verified) ticket binds, for the refusal's log line ("": none).
+    principal: str = ""
 
 
 class TicketGate:
@@ -132,8 +135,9 @@ class TicketGate:
                     "queueflow.auth.secret, or altered)",
                 )
             self._remember(ticket, verified, now_ms)
+        refusal: TicketRefusal | None
         if acquiring and now_ms >= verified.expires_ms:
-            return TicketRefusal(
+            refusal = TicketRefusal(
                 ErrorCode.UNKNOWN_MEMBER_ID,
                 "expired",
                 f"assignment ticket of member {member_id!r} expired at {verified.expires_ms} ms "
@@ -141,9 +145,13 @@ class TicketGate:
                 "session timeout; it must heartbeat (is the share-group coordinator running?) "
                 "or rejoin",
             )
-        return _whose(verified, group, member_id) or self._current(
-            verified, group, member_id, now_ms, topic, partition, acquiring
-        )
+        else:
+            refusal = _whose(verified, group, member_id) or self._current(
+                verified, group, member_id, now_ms, topic, partition, acquiring
+            )
+        if refusal is not None and verified.principal:
+            refusal = dataclasses.replace(refusal, principal=verified.principal)
+        return refusal
 
     def _verify(self, ticket: bytes) -> AssignmentTicket:
         """Verify ``ticket``'s MAC and decode it (expiry is checked by the caller, and for

@@ -215,6 +215,8 @@ class _RecordSource:
 class _MemberIO:
     def __init__(self, cluster: InProcessCluster) -> None:
         self.cluster = cluster
+        #: The principal members claim (tests set it; a real cluster's comes from SASL).
+        self.principal = ""
 
     async def partition_counts(self, topics: list[str]) -> dict[str, int]:
         counts = self.cluster.topics

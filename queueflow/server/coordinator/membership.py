@@ -280,6 +280,7 @@ def _ticket(
         config_version=group.config_version,
         configs=group_configs.ticket_configs(state.ctx, group),
         added_partitions=sorted(group.added_partitions.items()),
+        principal=message.principal,
     )
 
 

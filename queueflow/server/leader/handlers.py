@@ -69,6 +69,7 @@ def refusal_effects(
                     "group": request.group,
                     "partition": partition,
                     "member_id": request.member_id,
+                    "principal": refusal.principal,
                     "code": refusal.code.value,
                     "reason": refusal.reason,
                     "detail": refusal.message,

@@ -175,6 +175,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "assignors",
         "rack_id",
         "reply_key",
+        "principal",
     ),
     HeartbeatResponse: (
         "member_id",

@@ -19,6 +19,7 @@ from structlog.testing import capture_logs
 
 from queueflow.engine.group import ShareGroup
 from queueflow.errors import ErrorCode
+from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.session import ShareFetchSession
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
@@ -531,3 +532,36 @@ def test_with_optional_tickets_a_member_without_one_is_served_and_a_bad_one_is_n
     served, forged = run(scenario())
     assert served.error == ErrorCode.NONE.value and served.acquired == [(0, 1, 1)]
     assert forged.error == ErrorCode.UNKNOWN_MEMBER_ID.value and forged.acquired == []
+
+
+def test_the_members_sasl_principal_is_bound_into_its_ticket_and_named_in_refusals() -> None:
+    """Where the member's Kafka connection uses SASL its principal goes into its heartbeats; the
+    coordinator binds it into the ticket, and a leader's refusal of that ticket names it."""
+    clock = FakeClock()
+
+    async def scenario() -> Any:
+        async with cluster_with(4, clock=clock) as cluster:
+            cluster.member_context.io.principal = "User:alice"  # type: ignore[attr-defined]
+            session = ShareFetchSession(cluster.member_context, "g", [TOPIC], "test")
+            await session.start()
+            tp = TopicPartition(TOPIC, 0)
+            await session.fetch(tp, 2)
+            ticket = session._membership.ticket
+            clock.advance(cluster.settings.session_timeout_ms + 1)
+            await session.fetch(tp, 2)  # refused once as expired, then resent
+            await session.close()
+            return cluster, ticket
+
+    with capture_logs() as logs:
+        cluster, ticket = run(scenario())
+    key = ticket_key("none", "", cluster.app_id)
+    assert verify_ticket(key, ticket, now_ms=0).principal == "User:alice"
+    [refused] = events(logs, "share_fetch_refused")
+    assert refused["reason"] == "expired" and refused["principal"] == "User:alice"
+
+
+def test_the_principal_of_a_kafka_config_is_the_sasl_user_only() -> None:
+    sasl = {"security_protocol": "SASL_SSL", "sasl_plain_username": "alice"}
+    assert KafkaClientConfig(["b:9092"], extra=sasl).principal == "User:alice"
+    assert KafkaClientConfig(["b:9092"], extra={"security_protocol": "SSL"}).principal == ""
+    assert KafkaClientConfig(["b:9092"]).principal == ""
