@@ -45,6 +45,10 @@ Leaders, counted as they happen:
 * ``queueflow_leader_step_downs_total{topic}``: request partitions a fenced or stalled leader
   stepped down from (:mod:`queueflow.engine.fencing`).
 
+Leaders, coordinators and members: ``queueflow_control_messages_dropped_total{receiver,reason}``:
+junk on an internal topic dropped after a look at its first bytes
+(:mod:`queueflow.protocol.prefilter`; ``reason``: empty, unknown_format, too_short).
+
 Coordinators: ``queueflow_share_group_members{group}``, ``queueflow_share_group_epoch{group}``,
 ``queueflow_share_group_rebalances_total{group}`` (group epoch bumps).
 """
@@ -114,7 +118,7 @@ class Metrics:
     Attributes are the metrics listed in the module docstring, named in lower case: counters
     ``delivered``, ``redelivered``, ``acknowledgements``, ``handler_errors``,
     ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``state_writes``,
-    ``leader_step_downs``, ``acquisitions``, ``deliveries``, ``archived``, ``lock_expiries``,
+    ``leader_step_downs``, ``control_messages_dropped``, ``acquisitions``, ``deliveries``, ``archived``, ``lock_expiries``,
     ``group_rebalances``; histograms ``share_fetch_seconds`` and ``ack_latency_seconds``
     (seconds); gauges ``drain_seconds`` (seconds), ``group_members``, ``group_epoch``. The
     share-partition gauges have no attribute: they are read at each scrape from the sources
@@ -227,6 +231,13 @@ class Metrics:
             "queueflow_state_writes",
             "Durable state writes (deltas and snapshots)",
             ("topic",),
+            registry=reg,
+        )
+        self.control_messages_dropped = Counter(
+            "queueflow_control_messages_dropped",
+            "Control messages dropped after a look at their first bytes (junk: an unknown format "
+            "or too short), by receiver (leader, coordinator, member)",
+            ("receiver", "reason"),
             registry=reg,
         )
         self.leader_step_downs = Counter(

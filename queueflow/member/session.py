@@ -173,6 +173,7 @@ class ShareFetchSession:
             ctx.settings.request_timeout_ms,
             auth,
             reply_key,
+            metrics=ctx.metrics,
         )
         self._membership = Membership(
             self._requester,

@@ -32,6 +32,7 @@ from queueflow.server.coordinator.results import (
     PersistGroup,
 )
 from queueflow.server.coordinator.state import CoordinatorState
+from queueflow.server.junk import JunkGate
 from queueflow.server.durable import StateTable
 from queueflow.server.transport import control_auth, monotonic_ms, send_reply
 from queueflow.structs import TopicPartition
@@ -64,6 +65,8 @@ class ShareGroupCoordinator:
         self.request_topic = topics.coordinator_topic(ctx.app_id)
         self.auth = control_auth(ctx, "coordinator")
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
+        #: Junk is dropped by its first bytes before any decode or await.
+        self.junk = JunkGate(ctx, self.auth, "coordinator", self.request_topic, log)
         assignors = parse_names(ctx.settings.assignors, "group.share.assignors")
         check_known(assignors, "group.share.assignors")
         self.gate = CoordinatorGate(ctx, self.auth, self.request_topic, self._forget)
@@ -162,6 +165,8 @@ class ShareGroupCoordinator:
 
         Never raises: a bad or failed request is logged and skipped.
         """
+        if self.junk.is_junk(partition, value):
+            return
         try:
             await self._dispatch(partition, value)
         except Exception:
