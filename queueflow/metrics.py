@@ -118,7 +118,8 @@ class Metrics:
     Attributes are the metrics listed in the module docstring, named in lower case: counters
     ``delivered``, ``redelivered``, ``acknowledgements``, ``handler_errors``,
     ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``state_writes``,
-    ``leader_step_downs``, ``control_messages_dropped``, ``acquisitions``, ``deliveries``, ``archived``, ``lock_expiries``,
+    ``leader_step_downs``, ``control_messages_dropped``, ``acquisitions``, ``deliveries``,
+    ``archived``, ``lock_expiries``,
     ``group_rebalances``; histograms ``share_fetch_seconds`` and ``ack_latency_seconds``
     (seconds); gauges ``drain_seconds`` (seconds), ``group_members``, ``group_epoch``. The
     share-partition gauges have no attribute: they are read at each scrape from the sources

@@ -32,8 +32,8 @@ from queueflow.server.coordinator.results import (
     PersistGroup,
 )
 from queueflow.server.coordinator.state import CoordinatorState
-from queueflow.server.junk import JunkGate
 from queueflow.server.durable import StateTable
+from queueflow.server.junk import JunkGate
 from queueflow.server.transport import control_auth, monotonic_ms, send_reply
 from queueflow.structs import TopicPartition
 
