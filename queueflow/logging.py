@@ -399,13 +399,20 @@ class JunkDrops:
         """Every junk record dropped so far."""
         return self.limiter.total
 
-    def drop(self, reason: str, **fields: Any) -> None:
-        """Count one dropped record (``reason``: why) and log it unless over the rate."""
+    def drop(self, reason: str, count: int = 1, **fields: Any) -> None:
+        """Count ``count`` dropped records (``reason``: why) and log them in one line
+        (``records=count`` when more than one) unless over the rate."""
         if self._counter is not None:
             child = self._children.get(reason)
             if child is None:
                 child = self._children[reason] = self._counter.labels(self._receiver, reason)
-            child.inc()
-        suppressed = self.limiter.admit()
-        if suppressed is not None:
-            self._log.warning(self._event, reason=reason, suppressed=suppressed, **fields)
+            child.inc(count)
+        limiter = self.limiter
+        suppressed = limiter.admit()
+        limiter.total += count - 1
+        if suppressed is None:
+            limiter.suppressed += count - 1
+            return
+        if count > 1:
+            fields["records"] = count
+        self._log.warning(self._event, reason=reason, suppressed=suppressed, **fields)

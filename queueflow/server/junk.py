@@ -9,7 +9,9 @@ no decode and no await.
 
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeVar
 
 from queueflow.logging import JunkDrops
 from queueflow.protocol.auth import ControlAuth
@@ -17,7 +19,17 @@ from queueflow.protocol.prefilter import request_prefilter
 from queueflow.server.context import ServerContext
 from queueflow.server.transport import monotonic_ms
 
-__all__ = ["JunkGate"]
+__all__ = ["JunkGate", "Record"]
+
+
+class Record(Protocol):
+    """A fetched record (aiokafka's ``ConsumerRecord``): only its value is looked at."""
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
+_R = TypeVar("_R", bound=Record)
 
 
 class JunkGate:
@@ -52,3 +64,23 @@ class JunkGate:
             return False
         self.drops.drop(reason, topic=self.topic, partition=partition)
         return True
+
+    def keep(self, partition: int, records: Sequence[_R]) -> list[_R]:
+        """The records of a fetched batch of ``partition`` that are not junk, in order; the
+        junk is counted, and logged once per reason per batch at most (rate-limited, with
+        ``records=n``). For the host's consumer, before records become stream events."""
+        reject = self.prefilter.reject
+        kept: list[_R] = []
+        dropped: Counter[str] | None = None
+        for record in records:
+            reason = reject(record.value)
+            if reason is None:
+                kept.append(record)
+            else:
+                if dropped is None:
+                    dropped = Counter()
+                dropped[reason] += 1
+        if dropped:
+            for reason, count in dropped.items():
+                self.drops.drop(reason, count, topic=self.topic, partition=partition)
+        return kept

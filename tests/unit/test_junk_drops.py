@@ -52,3 +52,27 @@ def test_without_a_counter_only_the_log_is_limited() -> None:
     for _ in range(5):
         drops.drop("bad_seal")
     assert drops.total == 5 and len(log.lines) == 2
+
+
+def test_a_junk_gate_keeps_the_messages_of_a_batch_in_order_and_counts_the_rest() -> None:
+    from dataclasses import dataclass
+
+    from types import SimpleNamespace
+
+    from queueflow.protocol.auth import ControlAuth
+    from queueflow.server.junk import JunkGate
+
+    @dataclass
+    class Rec:
+        value: bytes | None
+
+    ctx: Any = SimpleNamespace(metrics=Metrics(), clock=SimpleNamespace(monotonic=lambda: 0.0))
+    auth = ControlAuth("hmac", "z" * 43, "app", "m")
+    log = Log()
+    gate = JunkGate(ctx, auth, "leader", "app-share-fetch-t", log)
+    good = [Rec(auth.seal(b'{"kind":"tick"}')) for _ in range(3)]
+    batch = [Rec(b"junk")] * 5000 + [good[0], Rec(None), good[1], Rec(b"\xa1x"), good[2]]
+    assert gate.keep(0, batch) == good
+    assert gate.drops.total == 5002
+    assert [f["reason"] for _e, f in log.lines] == ["unknown_format", "empty", "too_short"]
+    assert log.lines[0][1]["records"] == 5000
