@@ -56,7 +56,6 @@ def test_without_a_counter_only_the_log_is_limited() -> None:
 
 def test_a_junk_gate_keeps_the_messages_of_a_batch_in_order_and_counts_the_rest() -> None:
     from dataclasses import dataclass
-
     from types import SimpleNamespace
 
     from queueflow.protocol.auth import ControlAuth
