@@ -716,7 +716,13 @@ class ShareGroups:
         and ACLs"). Faust commits past the dropped offsets with the next record it processes;
         what it re-delivers after a restart is dropped again."""
         gate = self._junk_gates.get(tp.topic)
-        return records if gate is None else gate.keep(tp.partition, records)
+        if gate is None:
+            return records
+        try:
+            return gate.keep(tp.partition, records)
+        except Exception:  # never stop Faust's consumer: the agents drop junk one by one
+            log.exception("junk_filter_failed", topic=tp.topic, partition=tp.partition)
+            return records
 
     async def _watch_partitions(self) -> None:
         """Partitions added to a source topic at runtime (``kafka-topics.sh --alter
