@@ -29,6 +29,7 @@ __all__ = [
     "admin_send_request",
     "admin_send_to_controller",
     "current_event_scope",
+    "filter_consumer_records",
     "group_coordinator",
     "mark_worker_failed",
     "on_heartbeat_ok",
@@ -393,6 +394,48 @@ def _tolerant_memory_records(inner: Any) -> Any:
             return TolerantBatch(batch, self.data)
 
     return TolerantMemoryRecords
+
+
+def filter_consumer_records(
+    app: Any, keep: Callable[[Any, list[Any]], list[Any]], marker: str
+) -> bool:
+    """Make a Faust app's consumer pass each fetched batch through ``keep(tp, records)`` (the
+    records it returns go on to the agents; the others are never turned into events). Idempotent
+    per ``marker``; False if the consumer does not exist yet.
+
+    Uses ``faust.transport.consumer.Consumer.scheduler`` (the instance of the
+    ``ConsumerScheduler`` setting, a public extension point, whose ``iterate(records)`` Faust
+    calls with each fetched ``{tp: [ConsumerRecord, ...]}``) and ``app._consumer`` (so that the
+    consumer is not created early). Faust commits past the offsets ``keep`` leaves out as gaps
+    once a later record of the partition is processed (``Consumer._add_gap``).
+    """
+    consumer = app._consumer
+    if consumer is None:
+        return False
+    scheduler = consumer.scheduler
+    if getattr(scheduler, "queueflow_marker", None) == marker:
+        return True
+    consumer.scheduler = _FilteringScheduler(scheduler, keep, marker)
+    return True
+
+
+class _FilteringScheduler:
+    """A Faust ``SchedulingStrategyT`` that drops records before delegating (see
+    :func:`filter_consumer_records`)."""
+
+    def __init__(
+        self, inner: Any, keep: Callable[[Any, list[Any]], list[Any]], marker: str
+    ) -> None:
+        self.inner = inner
+        self.keep = keep
+        self.queueflow_marker = marker
+
+    def iterate(self, records: Any) -> Any:
+        keep = self.keep
+        return self.inner.iterate({tp: keep(tp, batch) for tp, batch in records.items()})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 # --- aiokafka's admin client -----------------------------------------------------------------

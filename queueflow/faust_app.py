@@ -60,6 +60,7 @@ from queueflow.server.auth_health import AuthHealth
 from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
+from queueflow.server.junk import JunkGate
 from queueflow.server.leader import ShareLeader
 from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
@@ -454,6 +455,9 @@ class ShareGroups:
         self.leaders: dict[str, ShareLeader] = {}
         self._request_topics: dict[str, Any] = {}
         self._tables: dict[str, Any] = {}
+        #: Request and coordinator topic name -> its server's junk gate: junk is dropped from
+        #: each fetched batch before Faust makes stream events of it (see _drop_junk).
+        self._junk_gates: dict[str, JunkGate] = {}
         self.coordinator: ShareGroupCoordinator | None = None
         #: The leaders' direct endpoint (``queueflow.leader.listener``); None on members.
         self.endpoint: LeaderEndpoint | None = None
@@ -504,6 +508,7 @@ class ShareGroups:
             raw_table(app, topics.GROUPS_TABLE, partitions=topics.COORDINATOR_PARTITIONS),
         )
         serve(app, self._coordinator_topic, "share-group-coordinator", self.coordinator.handle)
+        self._junk_gates[topics.coordinator_topic(self.app_id)] = self.coordinator.junk
         self._ticker = LeaderTicker(self.server_context, self.leaders)
         app.timer(self.settings.lock_check_interval_ms / 1000, name="queueflow-ticker")(
             self._ticker.tick
@@ -632,6 +637,7 @@ class ShareGroups:
                 self.server_context, topic, LeaderStateTable(table, self._changelog_writer)
             )
             serve(self.app, request_topic, f"share-leader-{topic}", leader.handle)
+            self._junk_gates[leader.request_topic] = leader.junk
             self.leaders[topic] = leader
             self._request_topics[topic] = request_topic
             self._tables[topic] = table
@@ -701,12 +707,29 @@ class ShareGroups:
         self._check_stalls()  # as in _on_revoked: a stall is seen before the partitions move
         epoch = self.app.consumer_generation_id
         self._runtime.watch_heartbeats()
+        _compat.filter_consumer_records(self.app, self._drop_junk, "queueflow-junk")
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()
             leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
         if self.coordinator is not None:  # the coordinator epoch: see engine.fencing
             name = self._coordinator_topic.get_topic_name()
             self.coordinator.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
+
+    def _drop_junk(self, tp: Any, records: list[Any]) -> list[Any]:
+        """The records of a fetched batch of ``tp`` to make stream events of: on a request or
+        the coordinator topic, junk by its first bytes is dropped, counted and logged here
+        (:meth:`~queueflow.server.junk.JunkGate.keep`), so that a flood costs a few hundred ns
+        a record rather than Faust's per-event work (docs/operations.md "Junk floods, quotas
+        and ACLs"). Faust commits past the dropped offsets with the next record it processes;
+        what it re-delivers after a restart is dropped again."""
+        gate = self._junk_gates.get(tp.topic)
+        if gate is None:
+            return records
+        try:
+            return gate.keep(tp.partition, records)
+        except Exception:  # never stop Faust's consumer: the agents drop junk one by one
+            log.exception("junk_filter_failed", topic=tp.topic, partition=tp.partition)
+            return records
 
     async def _watch_partitions(self) -> None:
         """Partitions added to a source topic at runtime (``kafka-topics.sh --alter

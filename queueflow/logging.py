@@ -57,6 +57,7 @@ from queueflow.settings import lookup
 __all__ = [
     "FORMAT_ENV",
     "ROOT_LOGGER",
+    "JunkDrops",
     "RepeatLimiter",
     "SkipLogLimiter",
     "configure",
@@ -360,3 +361,58 @@ class SkipLogLimiter:
         self._count += 1
         suppressed, self.suppressed = self.suppressed, 0
         return suppressed
+
+
+class JunkDrops:
+    """Counts and logs, rate-limited, the junk one receiver drops before decoding it
+    (:mod:`queueflow.protocol.prefilter`): a flood costs a counter increment per record and at
+    most ``burst`` log lines per ``period_ms`` (the next one says how many were suppressed).
+
+    Args:
+        log: the receiver's structlog logger.
+        event: the log event (documented in docs/operations.md "Monitoring: log events").
+        clock: monotonic ms.
+        counter: ``queueflow_control_messages_dropped`` (a labelled prometheus counter) or None.
+        receiver: its ``receiver`` label (``leader``, ``coordinator``, ``member``).
+    """
+
+    def __init__(
+        self,
+        log: Any,
+        event: str,
+        clock: Callable[[], int],
+        counter: Any = None,
+        receiver: str = "",
+        *,
+        burst: int = 20,
+        period_ms: int = 10_000,
+    ) -> None:
+        self._log = log
+        self._event = event
+        self._counter = counter
+        self._receiver = receiver
+        self._children: dict[str, Any] = {}
+        self.limiter = SkipLogLimiter(clock, burst=burst, period_ms=period_ms)
+
+    @property
+    def total(self) -> int:
+        """Every junk record dropped so far."""
+        return self.limiter.total
+
+    def drop(self, reason: str, count: int = 1, **fields: Any) -> None:
+        """Count ``count`` dropped records (``reason``: why) and log them in one line
+        (``records=count`` when more than one) unless over the rate."""
+        if self._counter is not None:
+            child = self._children.get(reason)
+            if child is None:
+                child = self._children[reason] = self._counter.labels(self._receiver, reason)
+            child.inc(count)
+        limiter = self.limiter
+        suppressed = limiter.admit()
+        limiter.total += count - 1
+        if suppressed is None:
+            limiter.suppressed += count - 1
+            return
+        if count > 1:
+            fields["records"] = count
+        self._log.warning(self._event, reason=reason, suppressed=suppressed, **fields)

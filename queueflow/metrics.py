@@ -56,6 +56,10 @@ Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
   (``frame_too_large``, ``read_timeout``, ``unauthenticated_idle``, ``idle``,
   ``write_timeout``, ``undecodable``).
 
+Leaders, coordinators and members: ``queueflow_control_messages_dropped_total{receiver,reason}``:
+junk on an internal topic dropped after a look at its first bytes
+(:mod:`queueflow.protocol.prefilter`; ``reason``: empty, unknown_format, too_short).
+
 Coordinators: ``queueflow_share_group_members{group}``, ``queueflow_share_group_epoch{group}``,
 ``queueflow_share_group_rebalances_total{group}`` (group epoch bumps).
 """
@@ -125,7 +129,8 @@ class Metrics:
     Attributes are the metrics listed in the module docstring, named in lower case: counters
     ``delivered``, ``redelivered``, ``acknowledgements``, ``handler_errors``,
     ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``state_writes``,
-    ``leader_step_downs``, ``acquisitions``, ``deliveries``, ``archived``, ``lock_expiries``,
+    ``leader_step_downs``, ``control_messages_dropped``, ``acquisitions``, ``deliveries``,
+    ``archived``, ``lock_expiries``,
     ``group_rebalances``; histograms ``share_fetch_seconds`` and ``ack_latency_seconds``
     (seconds); gauges ``drain_seconds`` (seconds), ``group_members``, ``group_epoch``. The
     share-partition gauges have no attribute: they are read at each scrape from the sources
@@ -238,6 +243,13 @@ class Metrics:
             "queueflow_state_writes",
             "Durable state writes (deltas and snapshots)",
             ("topic",),
+            registry=reg,
+        )
+        self.control_messages_dropped = Counter(
+            "queueflow_control_messages_dropped",
+            "Control messages dropped after a look at their first bytes (junk: an unknown format "
+            "or too short), by receiver (leader, coordinator, member)",
+            ("receiver", "reason"),
             registry=reg,
         )
         self.leader_step_downs = Counter(

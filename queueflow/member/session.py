@@ -175,6 +175,7 @@ class ShareFetchSession:
             ctx.app_id,
             ctx.settings.request_timeout_ms,
             auth,
+            metrics=ctx.metrics,
         )
         self._membership = Membership(
             self._requester,

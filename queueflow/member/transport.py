@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -21,10 +22,12 @@ from aiokafka.errors import UnknownTopicOrPartitionError
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
-from queueflow.logging import get_logger
+from queueflow.logging import JunkDrops, get_logger
+from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.protocol.envelope import reply_dest, topic_dest
+from queueflow.protocol.prefilter import reply_prefilter
 from queueflow.protocol.roles import ControlAuth, check_values, refusal_labels
 from queueflow.protocol.sealed_replies import reply_route
 
@@ -106,6 +109,8 @@ class Requester:
         auth: the member's :class:`~queueflow.protocol.roles.ControlAuth` (``role="member"``):
             seals requests in member envelopes and opens the replies sealed to its reply key
             (whose public key goes into the heartbeats); ``None``: ``queueflow.auth.mode=none``.
+        metrics: where dropped junk replies are counted
+            (``queueflow_control_messages_dropped_total{receiver="member"}``); None: not counted.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class Requester:
         app_id: str,
         timeout_ms: int,
         auth: ControlAuth | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.transport = transport
         self.auth = auth or ControlAuth(None, role="member")
@@ -125,6 +131,16 @@ class Requester:
         self._pending: dict[int, asyncio.Future[protocol.Message]] = {}
         self._accept: dict[int, Callable[[protocol.Message], bool]] = {}
         self._log = get_logger("queueflow.member.transport", app_id=app_id)
+        # Whatever others write to the reply topic under this member's key costs a look at its
+        # first bytes (then the crypto), a counter and a rate-limited log line: never a stall.
+        self.prefilter = reply_prefilter(self.auth.enabled)
+        self.junk = JunkDrops(
+            self._log,
+            "undecodable_reply",
+            lambda: time.monotonic_ns() // 1_000_000,
+            None if metrics is None else metrics.control_messages_dropped,
+            "member",
+        )
 
     @property
     def reply_partition(self) -> int:
@@ -141,13 +157,18 @@ class Requester:
         return self._next
 
     def on_reply(self, data: bytes) -> None:
-        """Resolve the pending request a reply answers; undecodable replies are logged."""
+        """Resolve the pending request a reply answers; junk and undecodable replies are
+        dropped, counted and logged rate-limited (``undecodable_reply``)."""
+        reason = self.prefilter.reject(data)
+        if reason is not None:
+            self.junk.drop(reason)
+            return
         try:
             dest = reply_dest(internal.reply_topic(self.app_id), self.reply_partition, self._route)
             reply = protocol.decode(self.auth.open(data, dest))
             check_values(reply)
         except ShareGroupError as exc:
-            self._log.error("undecodable_reply", reason=refusal_labels(exc)[0], error=str(exc))
+            self.junk.drop(refusal_labels(exc)[0], error=str(exc))
             return
         request_id = getattr(reply, "request_id", -1)
         fut = self._pending.get(request_id)

@@ -46,6 +46,7 @@ from queueflow.protocol.auth import AuthenticationError, ReplayGuard, key_id
 from queueflow.protocol.sealed_replies import PeerCiphers
 
 __all__ = [
+    "ENVELOPE_PREFIX",
     "MEMBER_FORMAT",
     "MEMBER_KINDS",
     "V1_FORMAT",
@@ -73,7 +74,9 @@ MEMBER_KINDS: Final = frozenset({"fetch", "heartbeat", "fetch_cancel"})
 _VERSION: Final = 2
 _KEY_ID: Final = 4
 _MAC: Final = 32
-_PREFIX: Final = 1 + _KEY_ID + _MAC
+#: Format byte, key id and MAC: what an envelope starts with.
+ENVELOPE_PREFIX: Final = 1 + _KEY_ID + _MAC
+_PREFIX: Final = ENVELOPE_PREFIX
 _WORKER_NONCE: Final = 16
 _MEMBER_NONCE: Final = 12
 

@@ -10,15 +10,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from queueflow.devtools.broker import LocalBroker, find_free_ports
-from queueflow.devtools.broker.acls import AclBinding
+from queueflow.devtools.broker.acls import role_acls
 from queueflow.devtools.broker.secure import BrokerSecurity
-from queueflow.protocol import topics as qf_topics
 
 #: SASL users of the secured broker, ``{name: password}``.
 USERS = {
@@ -49,56 +48,6 @@ def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBr
         yield broker
     finally:
         broker.stop()
-
-
-def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) -> list[AclBinding]:
-    """The minimal ALLOW ACLs of ``role`` for app ``app_id`` on source topics ``sources``: exactly
-    the table of docs/operations.md ("Secured clusters"). DESCRIBE is never listed: Kafka implies
-    it from READ and WRITE.
-
-    Args:
-        role: ``all``, ``leader``, ``member``, or ``consumer`` (a ShareConsumer).
-        principal: e.g. ``"User:alice"`` or ``"User:CN=alice"``.
-        app_id: the queueflow app id (Faust app id).
-        sources: the source topics.
-
-    Raises:
-        ValueError: an unknown role.
-    """
-    if role not in ("all", "leader", "member", "consumer"):
-        raise ValueError(f"unknown role {role!r}")
-    serves = role in ("all", "leader")
-    handles = role in ("all", "member", "consumer")
-    topic_ops: dict[str, set[str]] = {}
-
-    def grant(topic: str, *ops: str) -> None:
-        topic_ops.setdefault(topic, set()).update(ops)
-
-    coordinator, replies = qf_topics.coordinator_topic(app_id), qf_topics.reply_topic(app_id)
-    for source in sources:
-        grant(source, "read")
-        fetch = qf_topics.request_topic(app_id, source)
-        if serves:
-            grant(fetch, "create", "read", "write")
-            grant(f"{app_id}-{qf_topics.state_table(source)}-changelog", "create", "read", "write")
-        if handles:
-            grant(fetch, "write")
-    if serves:
-        grant(coordinator, "create", "read", "write")
-        grant(replies, "create", "write")
-        grant(f"{app_id}-share-groups-changelog", "create", "read", "write")
-        grant(f"{app_id}-__assignor-__leader", "create", "read")
-    if handles:
-        grant(coordinator, "write")
-        grant(replies, "create", "read")
-    acls = [
-        AclBinding(principal, "topic", topic, op)
-        for topic, ops in topic_ops.items()
-        for op in sorted(ops)
-    ]
-    if serves:
-        acls.append(AclBinding(principal, "group", app_id, "read"))
-    return acls
 
 
 __all__ = ["JVM_OPTS", "USERS", "role_acls", "secured_broker"]

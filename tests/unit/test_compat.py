@@ -640,3 +640,46 @@ def test_the_confinement_check_catches(code: str) -> None:
 )
 def test_the_confinement_check_lets_through(code: str) -> None:
     assert private_uses(code, "queueflow/x.py") == []
+
+
+def test_canary_faust_consumer_scheduler_iterates_fetched_records(app: faust.App) -> None:
+    """``filter_consumer_records``: Faust's consumer passes each fetched ``{tp: [record]}``
+    through ``Consumer.scheduler.iterate`` (faust/transport/consumer.py ``getmany``), and
+    ``App._consumer`` holds the consumer once created."""
+    import inspect
+
+    import faust.transport.consumer as faust_consumer
+
+    assert not _compat.filter_consumer_records(app, lambda tp, rs: rs, "m")  # not created yet
+    consumer = app.consumer
+    thread = getattr(consumer, "_thread", None)
+    if isinstance(thread, mode.threads.ServiceThread):
+        thread.thread_loop.close()
+    source = inspect.getsource(faust_consumer.Consumer.getmany)
+    check(
+        "self.scheduler.iterate(records)" in source and app._consumer is consumer,
+        "faust-streaming",
+        "faust.transport.consumer.Consumer.getmany calls self.scheduler.iterate(records)",
+        "filter_consumer_records",
+    )
+
+
+def test_filter_consumer_records_drops_what_keep_leaves_out_and_is_idempotent(
+    app: faust.App,
+) -> None:
+    from faust.types import TP
+
+    consumer = app.consumer
+    thread = getattr(consumer, "_thread", None)
+    if isinstance(thread, mode.threads.ServiceThread):
+        thread.thread_loop.close()
+
+    def keep(tp: Any, records: list[Any]) -> list[Any]:
+        return [r for r in records if r != "junk"] if tp.topic == "req" else records
+
+    assert _compat.filter_consumer_records(app, keep, "qf")
+    wrapped = consumer.scheduler
+    assert _compat.filter_consumer_records(app, keep, "qf")
+    assert consumer.scheduler is wrapped  # not wrapped twice
+    records = {TP("req", 0): ["a", "junk", "b"], TP("other", 0): ["junk"]}
+    assert sorted(r for _tp, r in consumer.scheduler.iterate(records)) == ["a", "b", "junk"]

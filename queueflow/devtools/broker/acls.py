@@ -29,8 +29,9 @@ from aiokafka.protocol.types import (
 from queueflow._compat import admin_send_to_controller
 from queueflow.devtools.broker.blocking import run_blocking
 from queueflow.errors import BrokerError
+from queueflow.protocol import topics as qf_topics
 
-__all__ = ["OPERATIONS", "RESOURCE_TYPES", "AclBinding", "create_acls"]
+__all__ = ["OPERATIONS", "RESOURCE_TYPES", "AclBinding", "app_acls", "create_acls", "role_acls"]
 
 _API_KEY: Final = 30  # CreateAcls
 #: Kafka's ``ResourceType`` codes by name.
@@ -187,3 +188,72 @@ async def _create(client_kwargs: dict[str, Any], rows: list[tuple[Any, ...]]) ->
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
+
+
+def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) -> list[AclBinding]:
+    """The minimal ALLOW ACLs of ``role`` for app ``app_id`` on source topics ``sources``: exactly
+    the table of docs/operations.md ("Secured clusters"). DESCRIBE is never listed: Kafka implies
+    it from READ and WRITE.
+
+    Args:
+        role: ``all``, ``leader``, ``member``, or ``consumer`` (a ShareConsumer).
+        principal: e.g. ``"User:alice"`` or ``"User:CN=alice"``.
+        app_id: the queueflow app id (Faust app id).
+        sources: the source topics.
+
+    Raises:
+        ValueError: an unknown role.
+    """
+    if role not in ("all", "leader", "member", "consumer"):
+        raise ValueError(f"unknown role {role!r}")
+    serves = role in ("all", "leader")
+    handles = role in ("all", "member", "consumer")
+    topic_ops: dict[str, set[str]] = {}
+
+    def grant(topic: str, *ops: str) -> None:
+        topic_ops.setdefault(topic, set()).update(ops)
+
+    coordinator, replies = qf_topics.coordinator_topic(app_id), qf_topics.reply_topic(app_id)
+    for source in sources:
+        grant(source, "read")
+        fetch = qf_topics.request_topic(app_id, source)
+        if serves:
+            grant(fetch, "create", "read", "write")
+            grant(f"{app_id}-{qf_topics.state_table(source)}-changelog", "create", "read", "write")
+        if handles:
+            grant(fetch, "write")
+    if serves:
+        grant(coordinator, "create", "read", "write")
+        grant(replies, "create", "write")
+        grant(f"{app_id}-share-groups-changelog", "create", "read", "write")
+        grant(f"{app_id}-__assignor-__leader", "create", "read")
+    if handles:
+        grant(coordinator, "write")
+        grant(replies, "create", "read")
+    acls = [
+        AclBinding(principal, "topic", topic, op)
+        for topic, ops in topic_ops.items()
+        for op in sorted(ops)
+    ]
+    if serves:
+        acls.append(AclBinding(principal, "group", app_id, "read"))
+    return acls
+
+
+def app_acls(
+    app_id: str,
+    sources: Iterable[str],
+    leader_principals: Iterable[str],
+    member_principals: Iterable[str],
+) -> list[AclBinding]:
+    """The minimal ACLs of an app (docs/operations.md "Minimal ACLs"): the ``leader`` column
+    for each leader principal, the ``member`` column for each member principal (a
+    ``ShareConsumer`` needs the same). Only these principals may write the internal topics once
+    the broker refuses what no ACL allows (``allow.everyone.if.no.acl.found=false``)."""
+    names = list(sources)
+    out: list[AclBinding] = []
+    for principal in leader_principals:
+        out += role_acls("leader", principal, app_id, names)
+    for principal in member_principals:
+        out += role_acls("member", principal, app_id, names)
+    return sorted(set(out), key=lambda b: (b.principal, b.resource_name, b.operation))

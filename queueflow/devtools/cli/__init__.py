@@ -18,7 +18,7 @@ def cli() -> None:
 
 # Subcommand modules: import each one here so that it registers itself on `cli`, e.g.
 # `from queueflow.devtools.cli import broker, worker, groups`.
-from queueflow.devtools.cli import auth, broker, configs, leader, share_groups  # noqa: E402
+from queueflow.devtools.cli import acls, auth, broker, configs, leader, share_groups  # noqa: E402
 
 
 def main() -> None:
@@ -31,4 +31,4 @@ def main() -> None:
     cli()
 
 
-__all__ = ["auth", "broker", "cli", "configs", "leader", "main", "share_groups"]
+__all__ = ["acls", "auth", "broker", "cli", "configs", "leader", "main", "share_groups"]

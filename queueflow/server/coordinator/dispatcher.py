@@ -37,6 +37,7 @@ from queueflow.server.coordinator.results import (
 )
 from queueflow.server.coordinator.state import CoordinatorState
 from queueflow.server.durable import StateTable
+from queueflow.server.junk import JunkGate
 from queueflow.server.transport import control_auth, monotonic_ms, send_reply
 from queueflow.structs import TopicPartition
 
@@ -70,6 +71,8 @@ class ShareGroupCoordinator:
         #: Member id -> member key bindings (hmac; refuses takeovers).
         self.member_keys = MemberKeys()
         self.skipped = SkipLogLimiter(lambda: monotonic_ms(ctx.clock))
+        #: Junk is dropped by its first bytes before any decode or await.
+        self.junk = JunkGate(ctx, self.auth, "coordinator", self.request_topic, log)
         assignors = parse_names(ctx.settings.assignors, "group.share.assignors")
         check_known(assignors, "group.share.assignors")
         self.gate = CoordinatorGate(ctx, self.auth, self.request_topic, self._forget)
@@ -168,6 +171,8 @@ class ShareGroupCoordinator:
 
         Never raises: a bad or failed request is logged and skipped.
         """
+        if self.junk.is_junk(partition, value):
+            return
         try:
             await self._dispatch(partition, value)
         except Exception:

@@ -36,6 +36,7 @@ from queueflow.protocol.roles import refusal_labels
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition, StateTable
 from queueflow.server.group_configs import LeaderGroupConfigs
+from queueflow.server.junk import JunkGate
 from queueflow.server.leader import fencing, handlers, reports, resets
 from queueflow.server.leader.applier import ResultApplier
 from queueflow.server.leader.cache import SharePartitionCache, initial_offset
@@ -85,6 +86,8 @@ class ShareLeader:
         #: share.auto.offset.reset), from the tickets of its requests.
         self.group_configs = LeaderGroupConfigs(ctx.settings, ctx.group_configs)
         self.auth = control_auth(ctx, "leader")
+        #: Junk is dropped by its first bytes before any lock, decode or await.
+        self.junk = JunkGate(ctx, self.auth, "leader", self.request_topic, log)
         s = ctx.settings
         #: Membership, member epoch and assignment of each request, from its assignment
         #: ticket (KIP-932 checks them on every ShareFetch; see queueflow.server.tickets).
@@ -225,7 +228,8 @@ class ShareLeader:
         """
         if not self.positions.known(partition):
             await self._replay_skipped(partition, offset)
-        await self._handle_safely(partition, offset, value)
+        if not self.junk.is_junk(partition, value):
+            await self._handle_safely(partition, offset, value)
 
     async def _handle_safely(
         self, partition: int, offset: int, value: bytes, replayed: bool = False
@@ -259,7 +263,8 @@ class ShareLeader:
             )
             return
         for skipped, value in records:
-            await self._handle_safely(partition, skipped, value, replayed=True)
+            if not self.junk.is_junk(partition, value):
+                await self._handle_safely(partition, skipped, value, replayed=True)
         self._log.info(
             "skipped_requests_replayed",
             partition=partition,

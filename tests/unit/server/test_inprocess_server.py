@@ -298,8 +298,11 @@ def test_garbage_on_the_coordinator_topic_is_logged_and_skipped() -> None:
     with capture_logs() as logs:
         joined = run(scenario())
     assert joined.error == "NONE" and joined.member_epoch == 1
+    # Not JSON: dropped by its first byte; JSON of an unknown kind: refused by the decoder.
+    dropped = events(logs, "control_message_dropped")
+    assert [e["reason"] for e in dropped] == ["unknown_format"]
     undecodable = events(logs, "undecodable_coordinator_request")
-    assert len(undecodable) == 2
+    assert len(undecodable) == 1
     assert all("undecodable queueflow control message" in e["error"] for e in undecodable)
     assert not events(logs, "coordinator_request_failed")
 
@@ -368,9 +371,11 @@ def test_garbage_on_a_request_topic_is_logged_and_skipped() -> None:
     with capture_logs() as logs:
         response = run(scenario())
     assert response.error == "NONE" and response.acquired == [(0, 1, 1)]
+    dropped = events(logs, "control_message_dropped")
+    assert [(e["partition"], e["reason"]) for e in dropped] == [(0, "unknown_format")]
     undecodable = events(logs, "undecodable_request")
-    assert [e["partition"] for e in undecodable] == [0, 0]
-    assert "$.group" in undecodable[1]["error"]
+    assert [e["partition"] for e in undecodable] == [0]
+    assert "$.group" in undecodable[0]["error"]
     assert not events(logs, "leader_request_failed")
 
 
