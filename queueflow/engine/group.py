@@ -303,13 +303,7 @@ class ShareGroup:
             for m in self.members.values()
             if m.provisional and now_ms - m.joined_ms > self.join_grace_ms
         ]
-        released: list[tuple[str, list[TopicPartition]]] = []
-        for m in expired:
-            released.append((m.member_id, list(m.assignment)))
-            del self.members[m.member_id]
-        if expired:
-            released += self._rebalance()
-        return released
+        return self._remove(expired)
 
     def leave(self, member_id: str) -> list[tuple[str, list[TopicPartition]]]:
         """Remove a member that leaves; returns what the leaders must release."""
@@ -330,13 +324,7 @@ class ShareGroup:
             for m in self.members.values()
             if now_ms - m.last_heartbeat_ms > self.session_timeout_ms
         ]
-        released: list[tuple[str, list[TopicPartition]]] = []
-        for m in expired:
-            released.append((m.member_id, list(m.assignment)))
-            del self.members[m.member_id]
-        if expired:
-            released += self._rebalance()
-        return released
+        return self._remove(expired)
 
     def touch_all(self, now_ms: int) -> None:
         """Give every member a fresh session (after coordinator failover: the new coordinator
@@ -388,6 +376,16 @@ class ShareGroup:
             return False
         self._rebalance()
         return True
+
+    def _remove(self, gone: list[Member]) -> list[tuple[str, list[TopicPartition]]]:
+        """Remove ``gone`` and rebalance once if any; returns what the leaders must release:
+        (member id, its share-partitions) of each."""
+        released = [(m.member_id, list(m.assignment)) for m in gone]
+        for m in gone:
+            del self.members[m.member_id]
+        if gone:
+            released += self._rebalance()
+        return released
 
     def _rebalance(self) -> list[tuple[str, list[TopicPartition]]]:
         self.group_epoch += 1
