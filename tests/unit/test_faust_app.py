@@ -504,3 +504,18 @@ def test_a_revocation_after_a_pause_longer_than_the_session_steps_down_first(
     events = [e["event"] for e in logs]
     assert "leader_stepped_down" in events and "coordinator_stepped_down" in events
     assert not leader.fencing.partitions and not coordinator.gate.fencing.partitions
+
+
+def test_a_member_worker_runs_on_a_member_credential_alone_and_a_leader_worker_does_not() -> None:
+    """A process running only share agents needs a member credential, not the worker secret;
+    a worker hosting the coordinator or leaders with a credential alone is refused at once."""
+    from queueflow.protocol.credentials import member_credential
+
+    secret = "mW7-member-worker-secret-2Kq_Wm9Zb4Nr6Vt1Lc8Hy"
+    credential = member_credential(secret, "qf-unit")
+    share_settings = {"queueflow.auth.member.credential": credential}
+    app = make_app(role="member", share_settings=share_settings)
+    app.share_agent("jobs", group="g")(handler)
+    assert app.share_groups.settings.control_auth_mode.value == "hmac"
+    with pytest.raises(ConfigurationError, match=r"queueflow\.auth\.secret"):
+        make_app(role="leader", share_settings=share_settings)
