@@ -490,7 +490,6 @@ class ShareGroups:
             group_configs=self.group_configs,
             auth_health=AuthHealth(
                 f"{self.app_id}/",
-                is_local=lambda sender: any(a.member_id == sender for a in self.agents),
                 has_peers=self._has_peers,
                 on_mismatch=self._auth_key_mismatch,
             ),

@@ -140,14 +140,7 @@ class ControlAuth:
         if role == "member":
             self.reply_key = ReplyKey(creds.workers_public)
         else:
-            sealer = _sealer(creds)
-            self._opener = EnvelopeOpener(
-                worker_key=creds.worker_key,
-                member_key=creds.member_key,
-                ciphers=sealer.ciphers,
-                window_ms=window_ms,
-                clock=clock,
-            )
+            self._opener = self._new_opener(creds)
 
     @classmethod
     def from_settings(
@@ -167,14 +160,18 @@ class ControlAuth:
         twin.last = None
         twin._guard = ReplayGuard(window_ms=self._window, clock=self._clock)
         if self._opener is not None and self.creds is not None:
-            twin._opener = EnvelopeOpener(
-                worker_key=self.creds.worker_key,
-                member_key=self.creds.member_key,
-                ciphers=_sealer(self.creds).ciphers,
-                window_ms=self._window,
-                clock=self._clock,
-            )
+            twin._opener = self._new_opener(self.creds)
         return twin
+
+    def _new_opener(self, creds: Credentials) -> EnvelopeOpener:
+        """An envelope opener with these keys and a replay guard of its own."""
+        return EnvelopeOpener(
+            worker_key=creds.worker_key,
+            member_key=creds.member_key,
+            ciphers=_sealer(creds).ciphers,
+            window_ms=self._window,
+            clock=self._clock,
+        )
 
     @property
     def last_sender(self) -> str:

@@ -128,12 +128,11 @@ def expire_provisional(
     if not released:
         return CoordinatorResult()
     events = [
-        LogEvent.warning(
-            "provisional_member_expired",
-            group=group.group_id,
-            member_id=member_id,
-            reason="no heartbeat with its member epoch after joining",
-            setting=f"share.member.join.grace.ms={group.join_grace_ms}",
+        _provisional_expired(
+            group,
+            member_id,
+            "no heartbeat with its member epoch after joining",
+            f"share.member.join.grace.ms={group.join_grace_ms}",
         )
         for member_id, _ in released
     ]
@@ -149,14 +148,24 @@ def evicted_events(group: ShareGroup, evicted: tuple[str, ...]) -> tuple[LogEven
     """``provisional_member_expired`` for each provisional member a join removed to make room
     (``group.share.max.size``)."""
     return tuple(
-        LogEvent.warning(
-            "provisional_member_expired",
-            group=group.group_id,
-            member_id=member_id,
-            reason="the group was full and a member joined",
-            setting=f"group.share.max.size={group.max_size}",
+        _provisional_expired(
+            group,
+            member_id,
+            "the group was full and a member joined",
+            f"group.share.max.size={group.max_size}",
         )
         for member_id in evicted
+    )
+
+
+def _provisional_expired(group: ShareGroup, member_id: str, reason: str, setting: str) -> LogEvent:
+    """``provisional_member_expired``: a provisional member removed, why, and the setting."""
+    return LogEvent.warning(
+        "provisional_member_expired",
+        group=group.group_id,
+        member_id=member_id,
+        reason=reason,
+        setting=setting,
     )
 
 
