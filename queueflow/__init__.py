@@ -11,6 +11,10 @@ Public API::
         ...
         return queueflow.ACCEPT          # or RELEASE / REJECT; None means ACCEPT
 
+    @app.share_agent(app.topic("jobs"), group="resizers", sink=[app.topic("thumbs")])
+    async def resize(record):
+        yield make_thumbnail(record.value)  # published to every sink, if the record is ACCEPTed
+
 The names below are imported lazily (PEP 562), so ``import queueflow.engine`` loads neither
 Faust nor aiokafka.
 """
@@ -32,6 +36,13 @@ if TYPE_CHECKING:
     )
     from queueflow.faust_app import App, ShareGroups, attach
     from queueflow.member.agent import ShareAgent
+    from queueflow.member.agent.outputs import (
+        COPY_OF_RECORD,
+        USE_RECORD_KEY,
+        DeadLetter,
+        Result,
+        Send,
+    )
     from queueflow.member.consumer import IllegalStateError, ShareConsumer
     from queueflow.settings import ShareGroupSettings
     from queueflow.structs import ShareRecord, TopicPartition
@@ -54,6 +65,11 @@ _LAZY = {
     "ShareGroups": "queueflow.faust_app",
     "attach": "queueflow.faust_app",
     "ShareAgent": "queueflow.member.agent",
+    "Send": "queueflow.member.agent.outputs",
+    "DeadLetter": "queueflow.member.agent.outputs",
+    "Result": "queueflow.member.agent.outputs",
+    "USE_RECORD_KEY": "queueflow.member.agent.outputs",
+    "COPY_OF_RECORD": "queueflow.member.agent.outputs",
     "ShareConsumer": "queueflow.member.consumer",
     "IllegalStateError": "queueflow.member.consumer",
     "ShareRecord": "queueflow.structs",

@@ -27,7 +27,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import faust
@@ -590,6 +590,9 @@ class ShareGroups:
         batch: bool = False,
         batch_size: int | None = None,
         handler_timeout_ms: int | None = None,
+        sink: Sequence[Any] = (),
+        dead_letter: Any = None,
+        processing_guarantee: str | None = None,
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent; see :meth:`App.share_agent` (same arguments, same errors).
         The arguments after ``group`` are the fields of :class:`ShareAgentOptions`, checked
@@ -604,6 +607,9 @@ class ShareGroups:
                 batch=batch,
                 batch_size=batch_size,
                 handler_timeout_ms=handler_timeout_ms,
+                sink=sink,
+                dead_letter=dead_letter,
+                processing_guarantee=processing_guarantee,
             )
             agent = ShareAgent(
                 self.member_context,
@@ -939,6 +945,9 @@ class App(faust.App):
         batch: bool = False,
         batch_size: int | None = None,
         handler_timeout_ms: int | None = None,
+        sink: Sequence[Any] = (),
+        dead_letter: Any = None,
+        processing_guarantee: str | None = None,
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent: ``handler(record)`` runs once per delivery of each record
         (with ``batch=True``, ``handler(records)`` once per batch of deliveries).
@@ -967,7 +976,8 @@ class App(faust.App):
 
         Raises:
             ConfigurationError: concurrency < 1, batch_size < 1 or without ``batch=True``,
-                handler_timeout_ms < 1, or a lock duration out of range (the checks of
+                handler_timeout_ms < 1, an unknown processing_guarantee, or a lock duration
+                out of range (the checks of
                 :class:`~queueflow.member.agent.ShareAgentOptions`, whose fields the arguments
                 after ``group`` are).
         """
@@ -980,6 +990,9 @@ class App(faust.App):
             batch=batch,
             batch_size=batch_size,
             handler_timeout_ms=handler_timeout_ms,
+            sink=sink,
+            dead_letter=dead_letter,
+            processing_guarantee=processing_guarantee,
         )
 
     async def on_first_start(self) -> None:

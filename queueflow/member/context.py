@@ -15,6 +15,7 @@ from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.kafka.admin import partition_counts
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.startup import wait_for_broker, wait_for_topics
+from queueflow.member.producer import KafkaResultProducer, ResultProducer
 from queueflow.member.reader import KafkaRecordReader, RecordSource
 from queueflow.member.transport import KafkaMemberTransport, MemberTransport
 from queueflow.metrics import Metrics
@@ -68,6 +69,16 @@ class MemberIO(Protocol):
         """A new reader of acquired records for one member."""
         ...
 
+    def result_producer(
+        self,
+        client_id: str,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
+    ) -> ResultProducer:
+        """A new (not started) producer of a share agent's results (acks=all); transactional
+        when ``transactional_id`` is given (``exactly_once``)."""
+        ...
+
 
 class KafkaMemberIO:
     """:class:`MemberIO` over a Kafka cluster.
@@ -77,9 +88,12 @@ class KafkaMemberIO:
         app_id: the app id whose leaders serve the members.
     """
 
-    def __init__(self, kafka: KafkaClientConfig, app_id: str) -> None:
+    def __init__(
+        self, kafka: KafkaClientConfig, app_id: str, request_timeout_ms: int = 30_000
+    ) -> None:
         self.kafka = kafka
         self.app_id = app_id
+        self.request_timeout_ms = request_timeout_ms
 
     @property
     def principal(self) -> str:
@@ -110,6 +124,22 @@ class KafkaMemberIO:
         """See :meth:`MemberIO.record_source`."""
         return KafkaRecordReader(self.kafka)
 
+    def result_producer(
+        self,
+        client_id: str,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
+    ) -> ResultProducer:
+        """See :meth:`MemberIO.result_producer`; every wait bounded by
+        ``queueflow.request.timeout.ms``."""
+        return KafkaResultProducer(
+            self.kafka,
+            client_id,
+            self.request_timeout_ms,
+            transactional_id,
+            transaction_timeout_ms,
+        )
+
 
 @dataclass(slots=True)
 class MemberContext:
@@ -138,4 +168,5 @@ class MemberContext:
         metrics: Metrics | None = None,
     ) -> MemberContext:
         """The context of members on a Kafka cluster."""
-        return cls(app_id, settings, KafkaMemberIO(kafka, app_id), metrics=metrics or Metrics())
+        io = KafkaMemberIO(kafka, app_id, settings.request_timeout_ms)
+        return cls(app_id, settings, io, metrics=metrics or Metrics())

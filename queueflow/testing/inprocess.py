@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 from queueflow.admin import ShareGroupAdmin
 from queueflow.clock import SYSTEM_CLOCK, Clock
@@ -39,6 +42,7 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import Handler, ShareAgent
 from queueflow.member.consumer import ShareConsumer
 from queueflow.member.context import MemberContext
+from queueflow.member.producer import Headers
 from queueflow.member.reader import ReadResult, Undecodable
 from queueflow.member.transport import ReplyHandler
 from queueflow.metrics import Metrics
@@ -212,6 +216,43 @@ class _RecordSource:
         pass
 
 
+class _Producer:
+    """A share agent's :class:`~queueflow.member.producer.ResultProducer` on the in-memory
+    topics: results are appended to the cluster's partitions at once (so share agents
+    subscribed to a sink topic get them) and listed by :meth:`InProcessCluster.sink_records`;
+    a topic the cluster doesn't have fails as on Kafka (unknown topic)."""
+
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+
+    async def start(self) -> None:
+        pass
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: Headers,
+        partition: int | None,
+    ) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_result(self.cluster.publish(topic, value, key, tuple(headers), partition))
+        return fut
+
+    async def begin(self) -> None:
+        raise ConfigurationError("the in-process cluster has no transactions (exactly_once)")
+
+    async def commit(self) -> None:
+        raise ConfigurationError("the in-process cluster has no transactions (exactly_once)")
+
+    async def abort(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
 class _MemberIO:
     def __init__(self, cluster: InProcessCluster) -> None:
         self.cluster = cluster
@@ -235,6 +276,14 @@ class _MemberIO:
 
     def record_source(self) -> _RecordSource:
         return _RecordSource(self.cluster)
+
+    def result_producer(
+        self,
+        client_id: str,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
+    ) -> _Producer:
+        return _Producer(self.cluster)
 
 
 class _Runtime:
@@ -332,6 +381,8 @@ class InProcessCluster:
         #: The leaders' direct endpoint (with ``direct=True``), listening once started.
         self.endpoint: LeaderEndpoint | None = None
         self._end_waiters: list[asyncio.Future[None]] = []
+        #: What share agents published, by topic, in order (:meth:`sink_records`).
+        self.published: dict[str, list[StoredRecord]] = {}
 
     # -- source topics ---------------------------------------------------------------------
     def produce(
@@ -351,6 +402,36 @@ class InProcessCluster:
                 waiter.set_result(None)
         self._end_waiters = []
         return len(log) - 1
+
+    def publish(
+        self,
+        topic: str,
+        value: bytes | None,
+        key: bytes | None,
+        headers: tuple[tuple[str, bytes], ...] = (),
+        partition: int | None = None,
+    ) -> int:
+        """Append a share agent's result to ``topic`` (``partition`` None: by the key's CRC-32,
+        partition 0 without a key) and list it in :meth:`sink_records`; returns its offset.
+
+        Raises:
+            UnknownTopicOrPartitionError: the cluster has no such topic or partition (as Kafka).
+        """
+        count = self.topics.get(topic)
+        if count is None or (partition is not None and not 0 <= partition < count):
+            raise UnknownTopicOrPartitionError(f"{topic}[{partition}] (in-process cluster)")
+        if partition is None:
+            partition = 0 if key is None else zlib.crc32(key) % count
+        stored = StoredRecord(key, value, self.clock.now_ms(), headers)
+        self.published.setdefault(topic, []).append(stored)
+        if value is None:  # a tombstone: kept in the list, not as a record to share
+            return -1
+        return self.produce(topic, value, key=key, partition=partition, headers=headers)
+
+    def sink_records(self, topic: str) -> list[StoredRecord]:
+        """The records share agents published to ``topic`` (results, dead letters), in the
+        order they were published (a copy)."""
+        return list(self.published.get(topic, []))
 
     # LogOffsetsSource
     def cached_end(self, tp: TopicPartition) -> int | None:

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, cast
 
 import structlog
 
-from queueflow.errors import ErrorCode, ShareGroupError
+from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.logging import get_logger
 from queueflow.member.agent.deadlines import Deadlines
 from queueflow.member.agent.dispatch import Dispatcher
 from queueflow.member.agent.options import Decoder, Handler, ShareAgentOptions
+from queueflow.member.agent.publishing import Encoder, PlainEncoder, Publisher
 from queueflow.member.agent.results import AgentStats, safe_repr
 from queueflow.member.agent.runner import HandlerRunner
 from queueflow.member.context import MemberContext
@@ -51,15 +53,17 @@ class ShareAgent:
         group: the share group id.
         options: how it runs the handler (:class:`ShareAgentOptions`; default: its defaults).
         decode: decodes each record before the handler sees it (None: raw bytes).
+        encode: names the destinations of results and encodes them (None:
+            :class:`~queueflow.member.agent.publishing.PlainEncoder`, topic names only).
         client_id: the Kafka client id (defaults to the agent's name).
         **fields: :class:`ShareAgentOptions` fields (``concurrency=``, ``name=``,
             ``lock_duration_ms=``, ``batch=``, ``batch_size=``, ``handler_timeout_ms=``), on top
             of ``options``.
 
     Raises:
-        ConfigurationError: an invalid option (see :class:`ShareAgentOptions`) or a lock
-            duration out of the group's range (at declaration); an unknown topic (at
-            :meth:`start`).
+        ConfigurationError: an invalid option (see :class:`ShareAgentOptions`), a lock
+            duration out of the group's range, or an async generator handler with
+            ``batch=True`` (at declaration); an unknown topic (at :meth:`start`).
         TypeError: an unknown option field.
     """
 
@@ -72,6 +76,7 @@ class ShareAgent:
         options: ShareAgentOptions | None = None,
         *,
         decode: Decoder | None = None,
+        encode: Encoder | None = None,
         client_id: str | None = None,
         **fields: Any,
     ) -> None:
@@ -79,6 +84,11 @@ class ShareAgent:
         if fields:
             options = dataclasses.replace(options, **fields)
         options.check_lock_duration(ctx.settings)
+        if options.batch and inspect.isasyncgenfunction(handler):
+            raise ConfigurationError(
+                f"share agent {options.agent_name(handler)}: an async generator handler can't "
+                "be a batch handler (batch=True); return one queueflow.Result per record instead"
+            )
         self.ctx = ctx
         self.handler = handler
         self.options = options
@@ -103,6 +113,8 @@ class ShareAgent:
         self.dispatch = Dispatcher(self)
         self.deadlines = Deadlines(self)
         self.runner = HandlerRunner(self)
+        #: Publishes results (its producer opens on first use: none for agents without any).
+        self.publisher = Publisher(self, encode or PlainEncoder())
 
     # -- options ---------------------------------------------------------------------------
     @property
@@ -226,6 +238,9 @@ class ShareAgent:
         )
         if self.stopping:  # stopped while it joined: its tasks would end at once
             return
+        await self.publisher.check_destinations()
+        if self.stopping:
+            return
         self.lifecycle.move(AgentState.RUNNING)
         dispatch = self.dispatch
         for index in range(self.concurrency):
@@ -270,6 +285,7 @@ class ShareAgent:
             _, abandoned = await asyncio.wait(tasks, timeout=STOP_TASKS_TIMEOUT_S)
             if abandoned:  # handlers that ignore cancellation: their locks expire
                 self.log.error("share_agent_tasks_abandoned", tasks=len(abandoned))
+        await self.publisher.close()
         drain_s = clock.monotonic() - started
         self.ctx.metrics.drain_seconds.labels(self.group, self.name).set(drain_s)
         if self.session is not None:

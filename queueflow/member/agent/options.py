@@ -7,7 +7,7 @@ this one dataclass, checked here and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from queueflow.settings import ShareGroupSettings
 from queueflow.structs import ShareRecord
 
 __all__ = [
+    "PROCESSING_GUARANTEES",
     "BatchHandler",
     "Decoder",
     "Handler",
@@ -30,6 +31,8 @@ RecordHandler = Callable[[ShareRecord], Awaitable[Any]]
 BatchHandler = Callable[[list[ShareRecord]], Awaitable[Any]]
 #: What a share agent runs: a :data:`RecordHandler`, or a :data:`BatchHandler` with ``batch=True``.
 Handler = RecordHandler | BatchHandler
+#: The values of ``processing_guarantee=`` (and of ``queueflow.processing.guarantee``).
+PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 #: Replaces ``record.value`` (and ``record.key``) by their decoded form; raises if it can't.
 Decoder = Callable[[ShareRecord], None]
 
@@ -53,11 +56,20 @@ class ShareAgentOptions:
             it started; ``None``: only when its records' acquisition lock is about to expire.
             When set and the group allows RENEW (``share.renew.acknowledge.enable``), the
             records' locks are renewed (KIP-1222) while the call runs, up to this timeout.
+        sink: where the handler's plain results (and ``Send(to=None)``) go: topic names, Faust
+            topics or Faust agents (one, or a list); published before the ACCEPT is recorded
+            (docs/guide.md "Producing results").
+        dead_letter: the topic of ``DeadLetter`` items without ``to=``; with it, a REJECT
+            without a ``DeadLetter`` publishes a copy of the record there (its raw key, value
+            and headers plus ``queueflow.dead_letter.*`` headers).
+        processing_guarantee: ``"at_least_once"`` or ``"exactly_once"`` (results and the
+            acknowledgement in one Kafka transaction); ``None``: the app's
+            ``queueflow.processing.guarantee``.
 
     Raises:
-        ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``, or
-            handler_timeout_ms < 1 (when built); a lock duration out of range
-            (:meth:`check_lock_duration`).
+        ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``,
+            handler_timeout_ms < 1, or an unknown processing_guarantee (when built); a lock
+            duration out of range (:meth:`check_lock_duration`).
     """
 
     concurrency: int = 1
@@ -66,8 +78,24 @@ class ShareAgentOptions:
     batch: bool = False
     batch_size: int | None = None
     handler_timeout_ms: int | None = None
+    sink: Sequence[Any] = ()
+    dead_letter: Any = None
+    processing_guarantee: str | None = None
 
     def __post_init__(self) -> None:
+        sink = self.sink
+        if sink is None:
+            sink = ()
+        elif not isinstance(sink, (list, tuple)):
+            sink = (sink,)  # one destination
+        object.__setattr__(self, "sink", tuple(sink))
+        guarantee = self.processing_guarantee
+        if guarantee is not None and guarantee not in PROCESSING_GUARANTEES:
+            raise ConfigurationError(
+                f"share_agent processing_guarantee={guarantee!r}; allowed: "
+                f"{', '.join(map(repr, PROCESSING_GUARANTEES))}, or None for the app's "
+                "queueflow.processing.guarantee"
+            )
         timeout = self.handler_timeout_ms
         if timeout is not None and timeout < 1:
             raise ConfigurationError(

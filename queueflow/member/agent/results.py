@@ -16,6 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from queueflow.member.agent.outputs import (
+    InvalidResult,
+    Outbound,
+    Routes,
+    Yielded,
+    generator_outcome,
+    result_parts,
+    sort_outputs,
+)
 from queueflow.structs import AcknowledgeType, ShareRecord
 
 __all__ = [
@@ -173,6 +182,8 @@ class Failure(enum.Enum):
 
     RAISED = "raised"
     INVALID_OUTCOME = "invalid_outcome"
+    #: an outcome with results that can't be published as given (``HandlerResult.detail``)
+    INVALID_RESULT = "invalid_result"
     TIMED_OUT = "timeout"
 
 
@@ -187,6 +198,10 @@ class HandlerResult(NamedTuple):
         failure: why every record is RELEASEd, or ``None`` when the handler gave the outcomes.
         ended: how the call ended (what was returned or raised, for the log line).
         batch: the handler is a batch handler (its failures are logged per batch).
+        outputs: per record (same order), the records to publish before its outcome is
+            recorded (:func:`~queueflow.member.agent.outputs.sort_outputs`); ``None`` when no
+            record has any (the common case: nothing to publish).
+        detail: why the results are invalid (with ``Failure.INVALID_RESULT``).
     """
 
     records: Sequence[ShareRecord]
@@ -194,25 +209,68 @@ class HandlerResult(NamedTuple):
     failure: Failure | None = None
     ended: CallEnd | None = None
     batch: bool = False
+    outputs: tuple[tuple[Outbound, ...], ...] | None = None
+    detail: str | None = None
 
     @property
     def handler_errors(self) -> int:
-        """Records counted as handler errors (a raise or an invalid return value)."""
-        failed = self.failure is Failure.RAISED or self.failure is Failure.INVALID_OUTCOME
+        """Records counted as handler errors (a raise, an invalid return value or results)."""
+        failed = self.failure is not None and self.failure is not Failure.TIMED_OUT
         return len(self.records) if failed else 0
 
 
-def judge(ended: CallEnd, records: Sequence[ShareRecord], batch: bool) -> HandlerResult:
-    """The outcome of each of ``records`` after a handler call that ended as ``ended``.
+_NO_ROUTES = Routes()
+
+
+def _parts(value: Any, count: int, batch: bool) -> list[tuple[AcknowledgeType, Sequence[Any]]] | None:
+    """Each record's outcome and results from a handler's return value; ``None``: not valid.
+
+    Raises:
+        InvalidResult: a :class:`~queueflow.member.agent.outputs.Result` or what a generator
+            yielded is invalid (the message says why).
+    """
+    if not batch:
+        if type(value) is Yielded:
+            return [generator_outcome(value)]
+        single = result_parts(value)
+        return None if single is None else [single]
+    outcome = outcome_of(value)
+    if outcome is not None:
+        return [(outcome, ())] * count
+    if not isinstance(value, Sequence) or isinstance(value, (str, bytes, bytearray)):
+        return None
+    if len(value) != count:
+        return None
+    parts: list[tuple[AcknowledgeType, Sequence[Any]]] = []
+    for item in value:
+        one = result_parts(item)
+        if one is None:
+            return None
+        parts.append(one)
+    return parts
+
+
+def judge(
+    ended: CallEnd, records: Sequence[ShareRecord], batch: bool, routes: Routes | None = None
+) -> HandlerResult:
+    """The outcome of each of ``records``, and what each publishes, after a handler call that
+    ended as ``ended``.
 
     A record handler (``batch=False``, one record) returns ``ACCEPT``/``RELEASE``/``REJECT``
-    or ``None`` (:func:`outcome_of`); a batch handler one outcome per record or one for all
-    (:func:`batch_outcomes`). A raise, a timeout or any other return value RELEASEs every
-    record. Pure: never raises, does no I/O.
+    or ``None`` (:func:`outcome_of`), or a :class:`~queueflow.member.agent.outputs.Result`;
+    an async generator handler's yields come as a
+    :class:`~queueflow.member.agent.outputs.Yielded`; a batch handler returns one of those per
+    record or one outcome for all (:func:`batch_outcomes`). A raise, a timeout or any other
+    return value RELEASEs every record, and so do results that can't be routed
+    (``Failure.INVALID_RESULT``); what is published follows
+    :func:`~queueflow.member.agent.outputs.sort_outputs` with ``routes`` (the agent's
+    ``sink=``/``dead_letter=``; ``None``: neither). Pure: never raises, does no I/O.
     """
     if not batch and type(ended) is Returned:  # the common case, first
         outcome = outcome_of(ended.value)
-        if outcome is not None:
+        if outcome is not None and (
+            routes is None or routes.dead_letter is None or outcome is not AcknowledgeType.REJECT
+        ):
             return HandlerResult(records, (outcome,), None, ended, False)
     count = len(records)
     release = (AcknowledgeType.RELEASE,) * count
@@ -223,13 +281,23 @@ def judge(ended: CallEnd, records: Sequence[ShareRecord], batch: bool) -> Handle
             return HandlerResult(records, release, Failure.RAISED, ended, batch)
         case Returned(value=value):
             try:
-                outcomes = batch_outcomes(value, count) if batch else outcome_of(value)
+                parts = _parts(value, count, batch)
+                if parts is None:
+                    return HandlerResult(records, release, Failure.INVALID_OUTCOME, ended, batch)
+                routes = routes or _NO_ROUTES
+                outputs = tuple(
+                    sort_outputs(outcome, values, record, routes) if values or routes.dead_letter
+                    else ()
+                    for (outcome, values), record in zip(parts, records, strict=True)
+                )
+            except InvalidResult as exc:
+                return HandlerResult(
+                    records, release, Failure.INVALID_RESULT, ended, batch, None, str(exc)
+                )
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException:  # a foreign __len__, __iter__, __class__ ...
-                outcomes = None
-            if outcomes is None:
                 return HandlerResult(records, release, Failure.INVALID_OUTCOME, ended, batch)
-            if isinstance(outcomes, AcknowledgeType):
-                return HandlerResult(records, (outcomes,) * count, None, ended, batch)
-            return HandlerResult(records, tuple(outcomes), None, ended, batch)
+            outcomes = tuple(outcome for outcome, _ in parts)
+            published = outputs if any(outputs) else None
+            return HandlerResult(records, outcomes, None, ended, batch, published)

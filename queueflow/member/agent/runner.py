@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Awaitable, Callable, Sequence
+import inspect
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from queueflow.member.agent.deadlines import HandlerCall
+from queueflow.member.agent.failures import log_failure
+from queueflow.member.agent.outputs import Routes, Yielded
 from queueflow.member.agent.results import (
     OUTCOMES,
     CallEnd,
@@ -26,7 +29,6 @@ from queueflow.member.agent.results import (
     Returned,
     TimedOut,
     judge,
-    safe_len,
     safe_repr,
 )
 from queueflow.member.lifecycle import AGENT_STOPPING
@@ -36,10 +38,29 @@ from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 if TYPE_CHECKING:
     from queueflow.member.agent.core import ShareAgent
 
-__all__ = ["HandlerRunner"]
+__all__ = ["HandlerRunner", "collect_yields"]
 
 _RELEASE = AcknowledgeType.RELEASE
 _REJECT = AcknowledgeType.REJECT
+
+
+def collect_yields(handler: Callable[[Any], Any]) -> Callable[[Any], Awaitable[Yielded]]:
+    """Make an async generator handler a coroutine handler returning what it yielded (a
+    :class:`~queueflow.member.agent.outputs.Yielded`), so that it runs under the same deadline
+    and cancellation as any call: a raise or a cancellation mid-generator ends the call with
+    nothing returned (so nothing published), and the generator is closed."""
+
+    async def collect(arg: Any) -> Yielded:
+        generator = cast(AsyncGenerator[Any, None], handler(arg))
+        items = Yielded()
+        try:
+            async for item in generator:
+                items.append(item)
+        finally:
+            await generator.aclose()
+        return items
+
+    return collect
 
 
 class HandlerRunner:
@@ -53,7 +74,13 @@ class HandlerRunner:
         self.agent = agent
         self.batch = agent.batch
         self.batch_size = agent.batch_size
-        self._handler = cast(Callable[[Any], Awaitable[Any]], agent.handler)
+        handler = cast(Callable[[Any], Any], agent.handler)
+        self._handler = collect_yields(handler) if inspect.isasyncgenfunction(handler) else handler
+        options = agent.options
+        #: Where results go by default; None: no sink= and no dead_letter= (judge's fast path).
+        self.routes: Routes | None = None
+        if options.sink or options.dead_letter is not None:
+            self.routes = Routes(options.sink, options.dead_letter, agent.group)
         # Units waiting for a handler; workers wait on _queued when it is empty (a deque and
         # an event: asyncio.Queue's per-item wake-ups cost more than a no-op handler).
         self._queue: collections.deque[list[ShareRecord]] = collections.deque()
@@ -204,7 +231,9 @@ class HandlerRunner:
         clock = self.agent.ctx.clock
         started = clock.monotonic()
         ended = await self.call(records, call, margin_s)
-        result = judge(ended, records, self.batch)
+        result = judge(ended, records, self.batch, self.routes)
+        if result.outputs is not None:  # published (acks=all) before the outcomes are recorded
+            result = await self.agent.publisher.publish(result)
         # FlowControl thinks in records: feed it the time per record.
         self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
         self.apply(result)
@@ -268,7 +297,7 @@ class HandlerRunner:
     def _failed(self, result: HandlerResult) -> None:
         """Count and log a call whose records are all RELEASEd (``result.failure``)."""
         agent = self.agent
-        records, stats, ended = result.records, agent.stats, result.ended
+        records, stats = result.records, agent.stats
         count = len(records)
         failure = result.failure
         assert failure is not None
@@ -279,49 +308,7 @@ class HandlerRunner:
             stats.handler_timeouts += count
         else:
             stats.handler_errors += count
-        match ended:
-            case TimedOut():
-                agent.log.error(
-                    "handler_timed_out_records_released",
-                    records=count,
-                    handler_timeout_ms=agent.handler_timeout_ms,
-                    note="cancelled before the acquisition lock expired; raise "
-                    "handler_timeout_ms or group.share.record.lock.duration.ms if the handler "
-                    "needs longer",
-                    **(self.where(records[0]) if count == 1 else self.where_batch(records)),
-                )
-            case Raised(error=error) if result.batch:
-                agent.log.error(
-                    "handler_raised_batch_released",
-                    error=safe_repr(error),
-                    exc_info=error,
-                    **self.where_batch(records),
-                )
-            case Raised(error=error):
-                agent.log.error(
-                    "handler_raised_record_released",
-                    error=safe_repr(error),
-                    exc_info=error,
-                    **self.where(records[0]),
-                )
-            case Returned(value=value) if result.batch:
-                agent.log.error(
-                    "batch_handler_returned_invalid_outcome_records_released",
-                    returned=safe_repr(value),
-                    returned_type=type(value).__name__,
-                    returned_length=safe_len(value),
-                    expected=f"a sequence of {count} outcomes (one per record, in order: "
-                    "queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None), or one "
-                    "outcome for the whole batch",
-                    **self.where_batch(records),
-                )
-            case Returned(value=value):
-                agent.log.error(
-                    "handler_returned_invalid_outcome_record_released",
-                    returned=safe_repr(value),
-                    expected="queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT or None",
-                    **self.where(records[0]),
-                )
+        log_failure(agent, result)
 
     def acknowledge(self, record: ShareRecord, kind: AcknowledgeType) -> None:
         """Record ``kind`` for ``record`` in the session (it leaves with the next request of
