@@ -53,6 +53,7 @@ from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
 from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
+from queueflow.member.agent.outputs import Outbound
 from queueflow.member.context import MemberContext
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
@@ -357,6 +358,60 @@ def faust_decoder(app: faust.App, topic: Any) -> Decoder | None:
     return decode
 
 
+class FaustEncoder:
+    """Encodes share-agent results for their destinations with Faust's serializers (a
+    :class:`~queueflow.member.agent.publishing.Encoder`): a Faust topic or agent with that
+    channel's own key/value types and serializers, a topic name with the app's defaults
+    (``key_serializer``, ``value_serializer``); ``bytes`` pass through."""
+
+    def __init__(self, app: faust.App) -> None:
+        self.app = app
+
+    @staticmethod
+    def _channel(to: Any) -> Any:
+        channel = getattr(to, "channel", None)  # a Faust agent: its topic
+        return to if channel is None or isinstance(to, str) else channel
+
+    def topic_name(self, to: Any) -> str:
+        """See :meth:`Encoder.topic_name`.
+
+        Raises:
+            TypeError: ``to`` is neither a topic name nor a Faust topic or agent.
+        """
+        if isinstance(to, str):
+            return to
+        name = getattr(self._channel(to), "get_topic_name", None)
+        if name is None:
+            raise TypeError(
+                f"a destination is a topic name, a Faust topic or a Faust agent; got "
+                f"{type(to).__name__}"
+            )
+        return str(name())
+
+    def encode(self, out: Outbound) -> tuple[bytes | None, bytes | None]:
+        """See :meth:`Encoder.encode`."""
+        if out.raw:
+            return out.key, out.value
+        serializers = self.app.serializers
+        if isinstance(out.to, str):
+            key_type = value_type = key_serializer = value_serializer = None
+        else:
+            channel = self._channel(out.to)
+            key_type, value_type = channel.key_type, channel.value_type
+            key_serializer, value_serializer = channel.key_serializer, channel.value_serializer
+        key = (
+            None
+            if out.key is None
+            else serializers.dumps_key(key_type, out.key, serializer=key_serializer)
+        )
+        value = (
+            None
+            if out.value is None
+            else serializers.dumps_value(value_type, out.value, serializer=value_serializer)
+        )
+        return key, value
+
+
 class ShareAgentService(mode.Service):
     """Starts and stops a :class:`ShareAgent` with the Faust worker (after table recovery)."""
 
@@ -618,6 +673,7 @@ class ShareGroups:
                 group,
                 options,
                 decode=faust_decoder(self.app, topic),
+                encode=FaustEncoder(self.app),
                 client_id=f"{self.app_id}:{options.agent_name(handler)}",
             )
             self.agents.append(agent)

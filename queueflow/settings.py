@@ -38,6 +38,7 @@ __all__ = [
     "AutoOffsetReset",
     "Choice",
     "LogFormat",
+    "ProcessingGuarantee",
     "Setting",
     "ShareGroupSettings",
     "StateDurability",
@@ -101,6 +102,14 @@ class LogFormat(Choice):
     AUTO = "auto"
     JSON = "json"
     CONSOLE = "console"
+
+
+class ProcessingGuarantee(Choice):
+    """``queueflow.processing.guarantee``: how a share agent's outcome and results commit
+    (docs/guide.md "Producing results")."""
+
+    AT_LEAST_ONCE = "at_least_once"
+    EXACTLY_ONCE = "exactly_once"
 
 
 #: The type of a setting's value.
@@ -767,6 +776,27 @@ SETTINGS: tuple[Setting, ...] = (
         "line), console (human-readable), auto (console when stderr is a terminal, else json).",
         read_by="every worker and member (each process its own)",
     ),
+    Setting(
+        "processing_guarantee",
+        "queueflow.processing.guarantee",
+        ProcessingGuarantee.AT_LEAST_ONCE,
+        doc="The default processing_guarantee of the app's share agents: at_least_once "
+        "(results acknowledged by the brokers before the outcome is recorded) or exactly_once "
+        "(each outcome and its results in one Kafka transaction; leaders apply "
+        "acknowledgements from the ack topic, read_committed).",
+        read_by="every worker and member",
+    ),
+    Setting(
+        "transaction_timeout_ms",
+        "queueflow.transaction.timeout.ms",
+        10000,
+        1000,
+        900000,
+        doc="transaction.timeout.ms of an exactly_once share agent's transactional producer: "
+        "the brokers abort a transaction open longer; at most the brokers' "
+        "transaction.max.timeout.ms.",
+        read_by="share agent",
+    ),
 )
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}
@@ -919,6 +949,10 @@ class ShareGroupSettings:
     )
     auth_tickets: TicketPolicy = choice_default("auth_tickets", TicketPolicy)
     log_format: LogFormat = choice_default("log_format", LogFormat)
+    processing_guarantee: ProcessingGuarantee = choice_default(
+        "processing_guarantee", ProcessingGuarantee
+    )
+    transaction_timeout_ms: int = int_default("transaction_timeout_ms")
 
     @classmethod
     def load(

@@ -6,6 +6,7 @@ For an app with id ``A``:
 topic                              partitions         carries
 =================================  =================  ============================================
 ``A-share-fetch-<topic>``          as ``<topic>``     ShareFetch/ShareAcknowledge requests, ticks
+``A-share-ack-<topic>``            as ``<topic>``     exactly_once acknowledgements (transactional)
 ``A-share-coordinator``            1                  ShareGroupHeartbeat requests, ticks
 ``A-share-replies``                16                 responses, keyed by member id
 ``A-share-state-<topic>-changelog``  as ``<topic>``   share-partition state (Faust table)
@@ -50,6 +51,13 @@ def request_topic(app_id: str, topic: str) -> str:
     """The request topic of the share-partition leaders of ``topic``: ``<app>-share-fetch-<topic>``
     (ShareFetch requests with their acknowledgements, fences, ticks)."""
     return f"{app_id}-share-fetch-{topic}"
+
+
+def ack_topic(app_id: str, topic: str) -> str:
+    """The ack topic of ``topic``'s share-partition leaders: ``<app>-share-ack-<topic>``
+    (exactly_once share agents' acknowledgements, written inside their transactions and read
+    read_committed by the leaders; partitioned as ``<topic>``)."""
+    return f"{app_id}-share-ack-{topic}"
 
 
 def coordinator_topic(app_id: str) -> str:
