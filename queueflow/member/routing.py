@@ -19,6 +19,7 @@ from queueflow.member.membership import Membership
 from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
+from queueflow.protocol.envelope import topic_dest
 from queueflow.structs import TopicPartition
 
 __all__ = ["FetchRouter"]
@@ -161,6 +162,32 @@ class FetchRouter:
                 f"{type(reply).__name__}",
             )
         return reply, False
+
+    def acknowledge_message(
+        self, tp: TopicPartition, acks: list[protocol.WireAck], topic: str, key: bytes
+    ) -> tuple[bytes, bytes]:
+        """The key and value of a standalone ShareAcknowledge of ``tp`` carrying ``acks`` (a
+        ShareFetch acquiring nothing), exactly as :meth:`send` would produce it to the request
+        topic (same member, request id sequence, ticket, envelope and ``key``), but sealed
+        for ``topic[tp.partition]``: an ``exactly_once`` agent writes it to the ack topic
+        inside its transaction, and the leaders apply it from there."""
+        requester = self.requester
+        request = protocol.ShareFetchRequest(
+            group=self.group,
+            topic=tp.topic,
+            partition=tp.partition,
+            member_id=self.member_id,
+            request_id=requester.next_id(),
+            reply_partition=requester.reply_partition,
+            max_records=0,
+            acks=acks,
+            lock_duration_ms=None,
+            deadline_ms=self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms,
+            max_wait_ms=0,
+            ticket=self.membership.ticket,
+        )
+        sealed = requester.auth.seal(protocol.encode(request), topic_dest(topic, tp.partition))
+        return key, sealed
 
     async def end_long_polls(self, tp: TopicPartition) -> None:
         """Have the leader answer this member's parked ShareFetches of ``tp`` now, with nothing

@@ -166,12 +166,10 @@ class ShareFetchSession:
         # (queueflow.protocol.envelope, queueflow.protocol.sealed_replies)
         auth = ControlAuth.from_settings(s, ctx.app_id, role="member")
         reply_key = auth.reply_key
+        # hmac: requests and replies keyed by the pseudonym only, never the member id
+        self._request_key = self.member_id if reply_key is None else reply_route(reply_key.public)
         self._requester = Requester(
-            # hmac: requests and replies keyed by the pseudonym only, never the member id
-            ctx.io.transport(
-                self.member_id if reply_key is None else reply_route(reply_key.public),
-                client_id,
-            ),
+            ctx.io.transport(self._request_key, client_id),
             ctx.app_id,
             ctx.settings.request_timeout_ms,
             auth,
@@ -289,6 +287,12 @@ class ShareFetchSession:
         with :meth:`acquire`; it leaves with the next request of ``tp`` (or :meth:`flush`)."""
         for offset in range(first, last + 1):
             self.acks.add(tp, offset, kind)
+
+    def acknowledge_message(
+        self, tp: TopicPartition, acks: list[protocol.WireAck], topic: str
+    ) -> tuple[bytes, bytes]:
+        """See :meth:`FetchRouter.acknowledge_message` (keyed as this member's requests)."""
+        return self.router.acknowledge_message(tp, acks, topic, self._request_key.encode())
 
     def remember_released(self, record: ShareRecord) -> None:
         """Keep a RELEASEd record so that its redelivery to this member needs no Kafka read."""

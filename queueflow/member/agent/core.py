@@ -26,6 +26,7 @@ from queueflow.member.agent.options import Decoder, Handler, ShareAgentOptions
 from queueflow.member.agent.publishing import Encoder, PlainEncoder, Publisher
 from queueflow.member.agent.results import AgentStats, safe_repr
 from queueflow.member.agent.runner import HandlerRunner
+from queueflow.member.agent.transactions import TransactionalPublisher
 from queueflow.member.context import MemberContext
 from queueflow.member.flow import FlowControl
 from queueflow.member.lifecycle import AGENT_STOPPING, AGENT_TRANSITIONS, AgentState, Lifecycle
@@ -84,9 +85,10 @@ class ShareAgent:
         if fields:
             options = dataclasses.replace(options, **fields)
         options.check_lock_duration(ctx.settings)
+        name = options.agent_name(handler)
         if options.batch and inspect.isasyncgenfunction(handler):
             raise ConfigurationError(
-                f"share agent {options.agent_name(handler)}: an async generator handler can't "
+                f"share agent {name}: an async generator handler can't "
                 "be a batch handler (batch=True); return one queueflow.Result per record instead"
             )
         self.ctx = ctx
@@ -115,6 +117,13 @@ class ShareAgent:
         self.runner = HandlerRunner(self)
         #: Publishes results (its producer opens on first use: none for agents without any).
         self.publisher = Publisher(self, encode or PlainEncoder())
+        #: ``processing_guarantee``, resolved (None: the app's
+        #: ``queueflow.processing.guarantee``).
+        self.processing_guarantee = str(
+            options.processing_guarantee or ctx.settings.processing_guarantee
+        )
+        #: The exactly_once commit path (set at start), or None.
+        self.transactions: TransactionalPublisher | None = None
 
     # -- options ---------------------------------------------------------------------------
     @property
@@ -239,6 +248,8 @@ class ShareAgent:
         if self.stopping:  # stopped while it joined: its tasks would end at once
             return
         await self.publisher.check_destinations()
+        if self.processing_guarantee == "exactly_once":
+            await self._start_transactions(self.session.member_id)
         if self.stopping:
             return
         self.lifecycle.move(AgentState.RUNNING)
@@ -248,12 +259,37 @@ class ShareAgent:
         self.spawn(dispatch.supervise())
         self.spawn(dispatch.send_acks_while_parked())
         self.spawn(self.deadlines.watch())
+        if self.transactions is not None:
+            self.spawn(self.transactions.run())
         self.log.info(
             "share_agent_started",
             concurrency=self.concurrency,
             batch=self.batch,
             batch_size=self.batch_size,
         )
+
+    async def _start_transactions(self, member_id: str) -> None:
+        """Open the exactly_once agent's transactional producer.
+
+        Raises:
+            ConfigurationError: it could not start (no transactions on the cluster, or the
+                member's principal lacks the transactional-id ACLs); the error names why.
+        """
+        transactions = TransactionalPublisher(self)
+        try:
+            await transactions.start(member_id)
+        except Exception as exc:
+            assert self.session is not None
+            await self.session.close(leave=True)
+            raise ConfigurationError(
+                f"share agent {self.name}: processing_guarantee='exactly_once' needs Kafka "
+                f"transactions, and its transactional producer could not start: {exc!r}. "
+                "The brokers need transaction.state.log.* set up (a replication factor they "
+                "can meet); the member's principal needs Write and Describe on the "
+                f"transactional-id prefix {self.ctx.app_id}-share-txn- and IdempotentWrite on "
+                'the cluster (docs/operations.md "ACLs")'
+            ) from exc
+        self.transactions = transactions
 
     async def stop(self) -> None:
         """Graceful drain: stop fetching, let running handlers finish within
@@ -275,6 +311,8 @@ class ShareAgent:
                 # when the member leaves.
                 self.log.warning("drain_timeout", unfinished=runner.busy, timeout_s=timeout)
         runner.release_queued()  # records of a ShareFetch that completed meanwhile
+        if self.transactions is not None:
+            await self.transactions.flush()
         await dispatch.flush_all()
         if self.session is not None:
             await self.session.close(leave=True)
@@ -286,6 +324,8 @@ class ShareAgent:
             if abandoned:  # handlers that ignore cancellation: their locks expire
                 self.log.error("share_agent_tasks_abandoned", tasks=len(abandoned))
         await self.publisher.close()
+        if self.transactions is not None:
+            await self.transactions.close()
         drain_s = clock.monotonic() - started
         self.ctx.metrics.drain_seconds.labels(self.group, self.name).set(drain_s)
         if self.session is not None:

@@ -32,7 +32,7 @@ def log_failure(agent: ShareAgent, result: HandlerResult) -> None:
             returned_type=type(result.ended.value).__name__
             if isinstance(result.ended, Returned)
             else None,
-            note="nothing published; see docs/guide.md \"Producing results\"",
+            note='nothing published; see docs/guide.md "Producing results"',
             **(where(records[0]) if count == 1 else where_batch(records)),
         )
         return
@@ -80,4 +80,3 @@ def log_failure(agent: ShareAgent, result: HandlerResult) -> None:
                 "queueflow.Result",
                 **where(records[0]),
             )
-

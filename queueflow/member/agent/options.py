@@ -7,7 +7,7 @@ this one dataclass, checked here and nowhere else.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ __all__ = [
     "PROCESSING_GUARANTEES",
     "BatchHandler",
     "Decoder",
+    "GeneratorHandler",
     "Handler",
     "RecordHandler",
     "ShareAgentOptions",
@@ -29,8 +30,12 @@ RecordHandler = Callable[[ShareRecord], Awaitable[Any]]
 #: ``async def handler(records) -> Sequence[ACCEPT | RELEASE | REJECT | None]`` (one per record,
 #: in order) or one ``ACCEPT | RELEASE | REJECT | None`` for the whole batch (``batch=True``).
 BatchHandler = Callable[[list[ShareRecord]], Awaitable[Any]]
-#: What a share agent runs: a :data:`RecordHandler`, or a :data:`BatchHandler` with ``batch=True``.
-Handler = RecordHandler | BatchHandler
+#: ``async def handler(record): yield result ...; [yield outcome]``: results alongside the
+#: outcome (:mod:`queueflow.member.agent.outputs`).
+GeneratorHandler = Callable[[ShareRecord], AsyncIterator[Any]]
+#: What a share agent runs: a :data:`RecordHandler` or :data:`GeneratorHandler`, or a
+#: :data:`BatchHandler` with ``batch=True``.
+Handler = RecordHandler | GeneratorHandler | BatchHandler
 #: The values of ``processing_guarantee=`` (and of ``queueflow.processing.guarantee``).
 PROCESSING_GUARANTEES = ("at_least_once", "exactly_once")
 #: Replaces ``record.value`` (and ``record.key``) by their decoded form; raises if it can't.

@@ -222,7 +222,9 @@ class HandlerResult(NamedTuple):
 _NO_ROUTES = Routes()
 
 
-def _parts(value: Any, count: int, batch: bool) -> list[tuple[AcknowledgeType, Sequence[Any]]] | None:
+def _parts(
+    value: Any, count: int, batch: bool
+) -> list[tuple[AcknowledgeType, Sequence[Any]]] | None:
     """Each record's outcome and results from a handler's return value; ``None``: not valid.
 
     Raises:
@@ -286,7 +288,8 @@ def judge(
                     return HandlerResult(records, release, Failure.INVALID_OUTCOME, ended, batch)
                 routes = routes or _NO_ROUTES
                 outputs = tuple(
-                    sort_outputs(outcome, values, record, routes) if values or routes.dead_letter
+                    sort_outputs(outcome, values, record, routes)
+                    if values or routes.dead_letter
                     else ()
                     for (outcome, values), record in zip(parts, records, strict=True)
                 )

@@ -80,7 +80,7 @@ class HandlerRunner:
         #: Where results go by default; None: no sink= and no dead_letter= (judge's fast path).
         self.routes: Routes | None = None
         if options.sink or options.dead_letter is not None:
-            self.routes = Routes(options.sink, options.dead_letter, agent.group)
+            self.routes = Routes(tuple(options.sink), options.dead_letter, agent.group)
         # Units waiting for a handler; workers wait on _queued when it is empty (a deque and
         # an event: asyncio.Queue's per-item wake-ups cost more than a no-op handler).
         self._queue: collections.deque[list[ShareRecord]] = collections.deque()
@@ -232,7 +232,10 @@ class HandlerRunner:
         started = clock.monotonic()
         ended = await self.call(records, call, margin_s)
         result = judge(ended, records, self.batch, self.routes)
-        if result.outputs is not None:  # published (acks=all) before the outcomes are recorded
+        transactions = self.agent.transactions
+        if transactions is not None:  # exactly_once: ACCEPT/REJECT and results in a transaction
+            result = transactions.submit(result)
+        elif result.outputs is not None:  # published (acks=all) before the outcomes are recorded
             result = await self.agent.publisher.publish(result)
         # FlowControl thinks in records: feed it the time per record.
         self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
@@ -293,6 +296,11 @@ class HandlerRunner:
             if outcome is _RELEASE and session is not None:
                 session.remember_released(record)
         agent.dispatch.unreserve(len(records))
+
+    def counted(self, kind: AcknowledgeType) -> None:
+        """Count one outcome recorded outside :meth:`apply` (an exactly_once commit)."""
+        self._ack_counts[kind] += 1
+        self.agent.stats.count(kind)
 
     def _failed(self, result: HandlerResult) -> None:
         """Count and log a call whose records are all RELEASEd (``result.failure``)."""

@@ -138,7 +138,9 @@ def test_judge_ties_results_to_the_outcome() -> None:
     assert invalid.failure is Failure.INVALID_RESULT and invalid.outputs is None
     assert "no sink=" in (invalid.detail or "")
     assert invalid.handler_errors == 1
-    assert judge(Returned(Result(ACCEPT, "abc")), r, False, ROUTES).failure is Failure.INVALID_RESULT
+    assert (
+        judge(Returned(Result(ACCEPT, "abc")), r, False, ROUTES).failure is Failure.INVALID_RESULT
+    )
     assert judge(Returned(Result("yes", [])), r, False, ROUTES).failure is Failure.INVALID_RESULT  # type: ignore[arg-type]
     assert judge(Returned(Result(None, [1])), r, False, ROUTES).outcomes == (ACCEPT,)
 

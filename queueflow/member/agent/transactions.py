@@ -1,0 +1,260 @@
+"""Exactly-once publishing: a share agent's outcomes and results in one Kafka transaction.
+
+An ``exactly_once`` agent (``processing_guarantee="exactly_once"``) has one transactional
+producer (``transactional_id = <app>-share-txn-<group>-<member id>``, its
+``transaction.timeout.ms`` the setting ``queueflow.transaction.timeout.ms``). Its ACCEPTs and
+REJECTs are collected for at most ``share.acknowledgement.linger`` and committed together:
+
+1. records whose acquisition lock ends within the lock margin are left out (RELEASEd on the
+   normal path: their outcome could reach the leader after the lock elapsed);
+2. ``begin``; produce every result; produce ONE message per share-partition to the ack topic
+   (:func:`queueflow.protocol.topics.ack_topic`, same partition), whose bytes are the standalone
+   ShareAcknowledge the member would send to the request topic, sealed for the ack topic
+   (:meth:`~queueflow.member.session.ShareFetchSession.acknowledge_message`);
+3. every produce must be acknowledged by the brokers, and before the earliest lock deadline of
+   the batch (minus the margin), else abort; then ``commit``.
+
+After an abort or a failed commit the records are RELEASEd on the normal path and one error is
+logged (``share_agent_transaction_aborted``). RELEASE outcomes never enter a transaction. The
+leaders apply the committed acknowledgements from the ack topic (read_committed), so a record's
+outcome and its results become visible together or not at all (docs/guide.md "Producing
+results").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from queueflow.member.acks import to_wire
+from queueflow.member.agent.publishing import Encoded, PublishError, encode_all
+from queueflow.member.agent.results import HandlerResult, safe_repr
+from queueflow.member.producer import ResultProducer
+from queueflow.protocol import topics as internal
+from queueflow.protocol.messages import WireAck
+from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
+
+if TYPE_CHECKING:
+    from queueflow.member.agent.core import ShareAgent
+
+__all__ = ["Pending", "TransactionalPublisher", "ack_batches", "split_late", "transactional_id"]
+
+_RELEASE = AcknowledgeType.RELEASE
+
+
+def transactional_id(app_id: str, group: str, member_id: str) -> str:
+    """The transactional id of a member's share agent: ``<app>-share-txn-<group>-<member>``
+    (ACLs: transactional-id Write/Describe on the prefix ``<app>-share-txn-``)."""
+    return f"{app_id}-share-txn-{group}-{member_id}"
+
+
+@dataclass(slots=True)
+class Pending:
+    """One record waiting for a transaction: its outcome (ACCEPT or REJECT) and its results,
+    encoded."""
+
+    record: ShareRecord
+    outcome: AcknowledgeType
+    encoded: list[Encoded]
+
+
+def split_late(
+    pending: Sequence[Pending], now: float, margin_s: float
+) -> tuple[list[Pending], list[Pending]]:
+    """``pending`` split into those that may enter a transaction now (their lock ends more
+    than ``margin_s`` after monotonic ``now``) and those too late for one."""
+    ready: list[Pending] = []
+    late: list[Pending] = []
+    for item in pending:
+        (ready if item.record.lock_deadline - now > margin_s else late).append(item)
+    return ready, late
+
+
+def ack_batches(pending: Sequence[Pending]) -> dict[TopicPartition, list[WireAck]]:
+    """The acknowledgements of ``pending`` per share-partition, as wire ranges."""
+    outcomes: dict[TopicPartition, dict[int, AcknowledgeType]] = defaultdict(dict)
+    for item in pending:
+        record = item.record
+        outcomes[TopicPartition(record.topic, record.partition)][record.offset] = item.outcome
+    return {tp: to_wire(by_offset) for tp, by_offset in outcomes.items()}
+
+
+class TransactionalPublisher:
+    """Commits one ``exactly_once`` share agent's outcomes with their results (see the module
+    docstring).
+
+    Args:
+        agent: the share agent (started: its session knows the member id).
+    """
+
+    def __init__(self, agent: ShareAgent) -> None:
+        self.agent = agent
+        self._pending: list[Pending] = []
+        self._wake = asyncio.Event()
+        self._producer: ResultProducer | None = None
+        self._lock = asyncio.Lock()  # one transaction at a time
+        #: Transactions committed and aborted (for tests and the drain log).
+        self.committed = 0
+        self.aborted = 0
+
+    async def start(self, member_id: str) -> None:
+        """Open the transactional producer (fencing an older one of the same id).
+
+        Raises:
+            Exception: the producer could not start (no transactions on the cluster, or no
+                transactional-id ACL: aiokafka's error).
+        """
+        agent = self.agent
+        ctx = agent.ctx
+        producer = ctx.io.result_producer(
+            f"{agent.client_id}:txn",
+            transactional_id(ctx.app_id, agent.group, member_id),
+            ctx.settings.transaction_timeout_ms,
+        )
+        await producer.start()
+        self._producer = producer
+
+    def submit(self, result: HandlerResult) -> HandlerResult:
+        """Take the ACCEPTs and REJECTs of ``result`` into the next transaction; returns what
+        the runner applies on the normal path now (its RELEASEs; all of ``result`` when the
+        call failed)."""
+        if result.failure is not None:
+            return result
+        outputs = result.outputs
+        records, outcomes = result.records, result.outcomes
+        encoder = self.agent.publisher.encoder
+        try:  # encoded now: a value the serializer refuses costs its own call's records only
+            encoded = [
+                encode_all(encoder, [outputs[i]]) if outputs else [] for i in range(len(records))
+            ]
+        except PublishError as exc:
+            self.agent.publisher.not_published(result, exc)
+            return result._replace(outcomes=(_RELEASE,) * len(records), outputs=None)
+        released: list[ShareRecord] = []
+        for record, outcome, mine in zip(records, outcomes, encoded, strict=True):
+            if outcome is _RELEASE:
+                released.append(record)
+            else:
+                self._pending.append(Pending(record, outcome, mine))
+        self._wake.set()
+        return result._replace(records=released, outcomes=(_RELEASE,) * len(released), outputs=None)
+
+    async def run(self) -> None:
+        """The agent's commit loop: a transaction every ``share.acknowledgement.linger`` while
+        outcomes wait (a task of the agent, until cancelled)."""
+        linger_s = max(self.agent.ctx.settings.acknowledgement_linger_ms / 1000, 0.005)
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(linger_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Commit what waits now, in one transaction; never raises."""
+        async with self._lock:
+            await self._flush()
+
+    async def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        self._wake.clear()
+        if not pending:
+            return
+        agent = self.agent
+        now = agent.ctx.clock.monotonic()
+        ready, late = split_late(pending, now, agent.deadlines.lock_margin_s())
+        for item in late:
+            agent.runner.lock_expired_unhandled(item.record)  # RELEASE, counted and logged
+        if not ready:
+            return
+        try:
+            await self.commit(ready)
+        except Exception as exc:
+            self.aborted += 1
+            await self._abort(ready, exc)
+            return
+        self.committed += 1
+        runner = agent.runner
+        for item in ready:
+            runner.counted(item.outcome)
+        agent.dispatch.unreserve(len(ready))
+
+    async def commit(self, ready: list[Pending]) -> None:
+        """One transaction: results and the ack messages of ``ready``, committed only if every
+        produce was acknowledged before the batch's earliest lock deadline minus the margin.
+
+        Raises:
+            PublishError: a result could not be encoded or produced.
+            Exception: the transaction failed (its records are RELEASEd by the caller).
+        """
+        producer = self._producer
+        if producer is None:
+            raise RuntimeError("the transactional producer was not started")
+        agent = self.agent
+        clock, session = agent.ctx.clock, agent.session
+        assert session is not None
+        records: list[Encoded] = [one for p in ready for one in p.encoded]
+        ack_topic = internal.ack_topic(agent.ctx.app_id, agent.topic_name)
+        for tp, acks in ack_batches(ready).items():
+            key, value = session.acknowledge_message(tp, acks, ack_topic)
+            records.append((ack_topic, value, key, (), tp.partition))
+        limit = min(p.record.lock_deadline for p in ready) - agent.deadlines.lock_margin_s()
+        await producer.begin()
+        sent: list[tuple[str, asyncio.Future[Any]]] = []
+
+        async def produce_all() -> None:
+            for topic, value, key, headers, partition in records:
+                sent.append((topic, await producer.send(topic, value, key, headers, partition)))
+            for topic, fut in sent:
+                try:
+                    await fut
+                except Exception as exc:
+                    raise PublishError(topic, exc) from exc
+
+        try:
+            await asyncio.wait_for(produce_all(), max(limit - clock.monotonic(), 0.001))
+        except asyncio.TimeoutError:
+            raise PublishError(
+                records[0][0], "not acknowledged before the records' lock deadline"
+            ) from None
+        finally:
+            for _, fut in sent:
+                if fut.done() and not fut.cancelled():
+                    fut.exception()
+        if clock.monotonic() >= limit:
+            raise PublishError(ack_topic, "acknowledged after the records' lock deadline")
+        await producer.commit()
+
+    async def _abort(self, ready: list[Pending], exc: Exception) -> None:
+        """Abort the transaction; RELEASE ``ready`` on the normal path and log one error."""
+        agent = self.agent
+        producer = self._producer
+        if producer is not None:
+            with contextlib.suppress(Exception):  # a failed commit may have aborted already
+                await producer.abort()
+        runner = agent.runner
+        for item in ready:
+            runner.acknowledge(item.record, _RELEASE)
+            if agent.session is not None:
+                agent.session.remember_released(item.record)
+        agent.stats.released += len(ready)
+        agent.dispatch.unreserve(len(ready))
+        error = exc.error if isinstance(exc, PublishError) else exc
+        records = [item.record for item in ready]
+        agent.log.error(
+            "share_agent_transaction_aborted",
+            sink_topic=exc.topic if isinstance(exc, PublishError) else None,
+            error=safe_repr(error),
+            note="records RELEASEd on the normal path; nothing of the transaction is visible "
+            "to read_committed consumers",
+            **runner.where_batch(records),
+        )
+
+    async def close(self) -> None:
+        """Commit what waits, then close the producer."""
+        if self._producer is not None:
+            await self.flush()
+            producer, self._producer = self._producer, None
+            await producer.close()
