@@ -11,10 +11,19 @@ returns ``None`` or ``ACCEPT``  ACCEPT: the record is Acknowledged
 returns ``RELEASE``             RELEASE: delivered again (Archived at the delivery limit)
 returns ``REJECT``              REJECT: Archived, never delivered again
 raises                          RELEASE, with an error log line naming the record
+returns ``Result(outcome, [..])``  that outcome; its results published with it (below)
+yields results (async generator)  the outcome yielded (none: ACCEPT); results published
 returns anything else           RELEASE, with an error log line saying what was returned
 value can't be deserialized     REJECT, with an error log line
 runs past its deadline          cancelled; RELEASE, with an error log line
 ==============================  ==========================================================
+
+Results (``sink=``, ``dead_letter=``, :class:`~queueflow.member.agent.outputs.Send`,
+:class:`~queueflow.member.agent.outputs.DeadLetter`) are tied to the outcome: a RELEASE publishes
+nothing, an ACCEPT its results, a REJECT its dead letters only
+(:mod:`~queueflow.member.agent.outputs`); at-least-once they are acknowledged by the brokers
+before the outcome is recorded (:mod:`~queueflow.member.agent.publishing`), exactly-once they
+commit with it in one transaction (:mod:`~queueflow.member.agent.transactions`).
 
 "Raises" is any exception: also a ``CancelledError`` the handler raises itself (not the
 agent's cancellation at a deadline or a stop), ``GeneratorExit`` or another ``BaseException``;
@@ -75,6 +84,10 @@ The package, by concern:
 * :mod:`~queueflow.member.agent.dispatch`: fetch loops, reservations, acknowledgement sends;
 * :mod:`~queueflow.member.agent.runner`: the one runner of record and batch handlers;
 * :mod:`~queueflow.member.agent.results`: what a call yields (:class:`HandlerResult`, pure);
+* :mod:`~queueflow.member.agent.outputs`: results and dead letters, the rules (pure);
+* :mod:`~queueflow.member.agent.publishing`: at-least-once publishing, encoders;
+* :mod:`~queueflow.member.agent.transactions`: the exactly_once commit path;
+* :mod:`~queueflow.member.agent.failures`: the log line of a failed call;
 * :mod:`~queueflow.member.agent.deadlines`: call deadlines, lock renewal, stuck handlers.
 """
 
@@ -87,6 +100,13 @@ from queueflow.member.agent.options import (
     Handler,
     RecordHandler,
     ShareAgentOptions,
+)
+from queueflow.member.agent.outputs import (
+    COPY_OF_RECORD,
+    USE_RECORD_KEY,
+    DeadLetter,
+    Result,
+    Send,
 )
 from queueflow.member.agent.results import (
     AgentStats,
@@ -103,6 +123,7 @@ from queueflow.member.agent.results import (
 from queueflow.member.lifecycle import AgentState, HandlersHealth
 
 __all__ = [
+    "COPY_OF_RECORD",
     "FETCHES_IN_FLIGHT",
     "HANDLER_WATCH_INTERVAL_S",
     "STOP_TASKS_TIMEOUT_S",
@@ -110,6 +131,7 @@ __all__ = [
     "AgentStats",
     "BatchHandler",
     "CallEnd",
+    "DeadLetter",
     "Decoder",
     "Failure",
     "Handler",
@@ -117,10 +139,13 @@ __all__ = [
     "HandlersHealth",
     "Raised",
     "RecordHandler",
+    "Result",
     "Returned",
+    "Send",
     "ShareAgent",
     "ShareAgentOptions",
     "TimedOut",
+    "USE_RECORD_KEY",
     "batch_outcomes",
     "judge",
     "outcome_of",

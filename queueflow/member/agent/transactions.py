@@ -204,21 +204,24 @@ class TransactionalPublisher:
         await producer.begin()
         sent: list[tuple[str, asyncio.Future[Any]]] = []
 
+        current = [ack_topic]  # the topic being sent or awaited, for the error
+
         async def produce_all() -> None:
             for topic, value, key, headers, partition in records:
+                current[0] = topic
                 sent.append((topic, await producer.send(topic, value, key, headers, partition)))
             for topic, fut in sent:
-                try:
-                    await fut
-                except Exception as exc:
-                    raise PublishError(topic, exc) from exc
+                current[0] = topic
+                await fut
 
         try:
             await asyncio.wait_for(produce_all(), max(limit - clock.monotonic(), 0.001))
         except asyncio.TimeoutError:
             raise PublishError(
-                records[0][0], "not acknowledged before the records' lock deadline"
+                current[0], "not acknowledged before the records' lock deadline"
             ) from None
+        except Exception as exc:
+            raise PublishError(current[0], exc) from exc
         finally:
             for _, fut in sent:
                 if fut.done() and not fut.cancelled():
