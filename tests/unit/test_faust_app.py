@@ -31,6 +31,7 @@ from queueflow.faust_app import (
     raw_table,
 )
 from queueflow.member.agent import ShareAgent
+from queueflow.member.agent.outputs import Outbound
 from queueflow.protocol import topics
 from queueflow.server.transport import monotonic_ms
 from queueflow.settings import ShareGroupSettings
@@ -519,3 +520,57 @@ def test_a_member_worker_runs_on_a_member_credential_alone_and_a_leader_worker_d
     assert app.share_groups.settings.control_auth_mode.value == "hmac"
     with pytest.raises(ConfigurationError, match=r"queueflow\.auth\.secret"):
         make_app(role="leader", share_settings=share_settings)
+
+
+# --- results: sink=, dead_letter=, processing_guarantee=, FaustEncoder ------------------------
+
+
+def test_share_agent_passes_sink_dead_letter_and_guarantee_and_checks_the_guarantee() -> None:
+    app = make_app()
+    out = app.topic("out", value_serializer="json")
+    agent = app.share_agent("jobs", group="g", sink=out, dead_letter="dlq")(handler)
+    assert agent.options.sink == (out,) and agent.options.dead_letter == "dlq"
+    assert agent.processing_guarantee == "at_least_once"  # the app's default
+    assert agent.runner.routes is not None and agent.runner.routes.sinks == (out,)
+    eos = app.share_agent("jobs", group="h", processing_guarantee="exactly_once")(handler)
+    assert eos.processing_guarantee == "exactly_once"
+    with pytest.raises(ConfigurationError, match="'at_least_once', 'exactly_once'"):
+        app.share_agent("jobs", group="g", processing_guarantee="exactly-once")(handler)
+    app.share_groups.agents.clear()
+
+
+def test_the_app_setting_sets_the_default_guarantee() -> None:
+    app = make_app(share_settings={"queueflow.processing.guarantee": "exactly_once"})
+    assert app.share_agent("jobs", group="g")(handler).processing_guarantee == "exactly_once"
+
+
+def test_an_async_generator_handler_cant_be_a_batch_handler() -> None:
+    async def generator(record: Any) -> Any:
+        yield 1
+
+    with pytest.raises(ConfigurationError, match="async generator handler can't be a batch"):
+        make_app().share_agent("jobs", group="g", batch=True)(generator)
+
+
+def test_faust_encoder_uses_each_destinations_serializers() -> None:
+    app = make_app()
+    encoder = faust_app.FaustEncoder(app)
+    raw = app.topic("raw", key_type=str, value_serializer="raw")
+    js = app.topic("js", value_serializer="json")
+
+    @app.agent(js)
+    async def consumer(stream: Any) -> None:
+        async for _ in stream:
+            pass
+
+    assert encoder.topic_name("name") == "name"
+    assert encoder.topic_name(raw) == "raw" and encoder.topic_name(consumer) == "js"
+    assert encoder.encode(Outbound(raw, "k", b"v")) == (b"k", b"v")
+    assert encoder.encode(Outbound(js, b"k", {"a": 1})) == (b"k", b'{"a":1}')
+    assert encoder.encode(Outbound(consumer, None, [1])) == (None, b"[1]")
+    assert encoder.encode(Outbound("name", b"k", {"a": 1})) == (b"k", b'{"a":1}')  # app default
+    assert encoder.encode(Outbound(js, b"k", b"\xff raw", raw=True)) == (b"k", b"\xff raw")
+    with pytest.raises(TypeError):
+        encoder.encode(Outbound(js, b"k", object()))
+    with pytest.raises(TypeError, match="a topic name, a Faust topic or a Faust agent"):
+        encoder.topic_name(42)
