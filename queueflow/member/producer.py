@@ -140,7 +140,7 @@ class KafkaResultProducer:
         await self._producer.abort_transaction()
 
     async def close(self) -> None:
-        """See :meth:`ResultProducer.close`."""
+        """See :meth:`ResultProducer.close` (also after a failed :meth:`start`)."""
         if self._started and not self._closed:
             self._closed = True
             await stop_quietly("result producer", self._producer.stop)

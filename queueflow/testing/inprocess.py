@@ -220,13 +220,16 @@ class _Producer:
     """A share agent's :class:`~queueflow.member.producer.ResultProducer` on the in-memory
     topics: results are appended to the cluster's partitions at once (so share agents
     subscribed to a sink topic get them) and listed by :meth:`InProcessCluster.sink_records`;
-    a topic the cluster doesn't have fails as on Kafka (unknown topic)."""
+    a topic the cluster doesn't have fails as on Kafka (unknown topic). It has no transactions:
+    a transactional one refuses to start (an ``exactly_once`` agent is refused)."""
 
-    def __init__(self, cluster: InProcessCluster) -> None:
+    def __init__(self, cluster: InProcessCluster, transactional: bool = False) -> None:
         self.cluster = cluster
+        self.transactional = transactional
 
     async def start(self) -> None:
-        pass
+        if self.transactional:
+            raise ConfigurationError("the in-process cluster has no transactions (exactly_once)")
 
     async def send(
         self,
@@ -283,7 +286,7 @@ class _MemberIO:
         transactional_id: str | None = None,
         transaction_timeout_ms: int = 60_000,
     ) -> _Producer:
-        return _Producer(self.cluster)
+        return _Producer(self.cluster, transactional_id is not None)
 
 
 class _Runtime:

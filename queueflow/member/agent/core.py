@@ -286,8 +286,8 @@ class ShareAgent:
                 f"transactions, and its transactional producer could not start: {exc!r}. "
                 "The brokers need transaction.state.log.* set up (a replication factor they "
                 "can meet); the member's principal needs Write and Describe on the "
-                f"transactional-id prefix {self.ctx.app_id}-share-txn- and IdempotentWrite on "
-                'the cluster (docs/operations.md "ACLs")'
+                f"transactional-id prefix {self.ctx.app_id}-share-txn- and Write on the ack "
+                'topic (docs/operations.md "Minimal ACLs")'
             ) from exc
         self.transactions = transactions
 

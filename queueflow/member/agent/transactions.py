@@ -105,8 +105,9 @@ class TransactionalPublisher:
         """Open the transactional producer (fencing an older one of the same id).
 
         Raises:
-            Exception: the producer could not start (no transactions on the cluster, or no
-                transactional-id ACL: aiokafka's error).
+            Exception: the producer could not start within ``queueflow.member.join.timeout.ms``
+                (no transactions on the cluster, or no transactional-id ACL: aiokafka's error,
+                or ``asyncio.TimeoutError``).
         """
         agent = self.agent
         ctx = agent.ctx
@@ -115,7 +116,11 @@ class TransactionalPublisher:
             transactional_id(ctx.app_id, agent.group, member_id),
             ctx.settings.transaction_timeout_ms,
         )
-        await producer.start()
+        try:  # bounded: a cluster without a transaction coordinator would be waited on
+            await asyncio.wait_for(producer.start(), ctx.settings.join_timeout_ms / 1000)
+        except BaseException:
+            await producer.close()
+            raise
         self._producer = producer
 
     def submit(self, result: HandlerResult) -> HandlerResult:

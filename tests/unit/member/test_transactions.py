@@ -5,9 +5,11 @@ leaves to the normal path. The transactions themselves run on the real broker
 
 from __future__ import annotations
 
+import pytest
 from inprocess_helpers import TOPIC, cluster_with, events, run
 from structlog.testing import capture_logs
 
+from queueflow.errors import ConfigurationError
 from queueflow.member.agent import ShareAgent
 from queueflow.member.agent.outputs import Outbound
 from queueflow.member.agent.results import Failure, HandlerResult, Returned
@@ -110,3 +112,20 @@ def test_records_too_late_for_a_transaction_are_released_without_one() -> None:
     run(scenario())
     assert (transactions.committed, transactions.aborted) == (0, 0)
     assert a.stats.lock_expired == 1 and a.stats.accepted == 0
+
+
+def test_an_exactly_once_agent_is_refused_at_start_without_transactions() -> None:
+    """The in-process cluster has no transactions, as a cluster whose principal lacks the
+    transactional-id ACLs: the agent's start fails naming why, and it leaves the group."""
+    c = cluster_with(1)
+
+    async def handler(r: ShareRecord) -> None:
+        return None
+
+    async def scenario() -> None:
+        async with c:
+            with pytest.raises(ConfigurationError, match="needs Kafka transactions") as caught:
+                await c.agent(handler, TOPIC, "g", processing_guarantee="exactly_once")
+            assert "share-txn-" in str(caught.value) and "no transactions" in str(caught.value)
+
+    run(scenario())
