@@ -168,7 +168,11 @@ class Publisher:
         if self._producer is None:
             agent = self.agent
             producer = agent.ctx.io.result_producer(f"{agent.client_id}:results")
-            await producer.start()
+            try:
+                await producer.start()
+            except BaseException:
+                await producer.close()
+                raise
             self._producer = producer
         return self._producer
 
@@ -187,7 +191,10 @@ class Publisher:
                 if now - found < MISSING_TOPIC_RECHECK_S:
                     raise PublishError(topic, UnknownTopicOrPartitionError(topic))
                 del self._missing[topic]
-        producer = await self.producer()
+        try:
+            producer = await self.producer()
+        except Exception as exc:  # the broker unreachable: tried again on the next publish
+            raise PublishError(records[0][0], exc) from exc
         timeout_s = self.agent.ctx.settings.request_timeout_ms / 1000
         sent: list[tuple[str, asyncio.Future[Any]]] = []
         current = [records[0][0]]  # the topic being sent or awaited

@@ -215,3 +215,37 @@ def test_an_agent_without_results_opens_no_producer() -> None:
             assert agent.publisher._producer is None
 
     run(scenario())
+
+
+def test_a_batch_handler_publishes_each_records_results_with_its_outcome() -> None:
+    clock = FakeClock()
+    c = cluster({"jobs": 1, "out": 1, "dlq": 1}, clock)
+    for i in range(6):
+        c.produce("jobs", str(i).encode(), key=f"k{i}".encode())
+
+    async def handler(records: list[ShareRecord]) -> list[Any]:
+        out: list[Any] = []
+        for r in records:
+            i = int(r.value)
+            if i == 4:
+                out.append(REJECT)  # the dead-letter copy
+            elif i == 5 and r.delivery_count == 1:
+                out.append(Result(RELEASE, [b"never"]))
+            else:
+                out.append(Result(ACCEPT, [r.value + b"!"]))
+        return out
+
+    async def scenario() -> None:
+        async with c:
+            agent = await c.agent(handler, "jobs", "g", batch=True, sink="out", dead_letter="dlq")
+            await until(lambda: agent.stats.accepted == 5, "five accepted", clock)
+
+    run(scenario())
+    assert sorted(r.value or b"" for r in c.sink_records("out")) == [
+        b"0!",
+        b"1!",
+        b"2!",
+        b"3!",
+        b"5!",
+    ]
+    assert [(r.key, r.value) for r in c.sink_records("dlq")] == [(b"k4", b"4")]
