@@ -50,6 +50,15 @@ class ResultProducer(Protocol):
         """
         ...
 
+    async def check_topic(self, topic: str) -> None:
+        """Make sure ``topic`` exists before anything is produced to it (metadata, cached).
+
+        Raises:
+            aiokafka.errors.UnknownTopicOrPartitionError: no such topic (after the request
+                timeout on Kafka).
+        """
+        ...
+
     async def begin(self) -> None:
         """Begin a transaction (transactional producers only)."""
         ...
@@ -126,6 +135,10 @@ class KafkaResultProducer:
             topic, value, key=key, headers=list(headers), partition=partition
         )
         return fut
+
+    async def check_topic(self, topic: str) -> None:
+        """See :meth:`ResultProducer.check_topic`."""
+        await self._producer.partitions_for(topic)
 
     async def begin(self) -> None:
         """See :meth:`ResultProducer.begin`."""

@@ -243,6 +243,10 @@ class _Producer:
         fut.set_result(self.cluster.publish(topic, value, key, tuple(headers), partition))
         return fut
 
+    async def check_topic(self, topic: str) -> None:
+        if topic not in self.cluster.topics:
+            raise UnknownTopicOrPartitionError(f"{topic} (in-process cluster)")
+
     async def begin(self) -> None:
         raise ConfigurationError("the in-process cluster has no transactions (exactly_once)")
 

@@ -200,6 +200,11 @@ class Publisher:
         current = [records[0][0]]  # the topic being sent or awaited
 
         async def send_all() -> None:
+            # Every topic looked up first: a missing one fails the call before anything of it
+            # is produced (nothing half-published).
+            for topic in dict.fromkeys(topic for topic, *_ in records):
+                current[0] = topic
+                await producer.check_topic(topic)
             for topic, value, key, headers, partition in records:
                 current[0] = topic
                 sent.append((topic, await producer.send(topic, value, key, headers, partition)))

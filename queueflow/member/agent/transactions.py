@@ -212,6 +212,9 @@ class TransactionalPublisher:
         current = [ack_topic]  # the topic being sent or awaited, for the error
 
         async def produce_all() -> None:
+            for topic in dict.fromkeys(topic for topic, *_ in records):
+                current[0] = topic
+                await producer.check_topic(topic)
             for topic, value, key, headers, partition in records:
                 current[0] = topic
                 sent.append((topic, await producer.send(topic, value, key, headers, partition)))

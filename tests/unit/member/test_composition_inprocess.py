@@ -123,11 +123,14 @@ def test_a_reject_with_dead_letter_publishes_the_copy_with_headers() -> None:
 
 
 def test_a_missing_sink_topic_releases_the_record_and_names_the_topic() -> None:
+    """The result for an existing topic is not published either: every topic of a call is
+    looked up before anything is produced."""
     clock = FakeClock()
-    c = cluster({"jobs": 1}, clock)
+    c = cluster({"jobs": 1, "out": 1}, clock)
     c.produce("jobs", b"x")
 
     async def handler(record: ShareRecord) -> Any:
+        yield Send("out", b"first")
         yield b"result"
 
     async def scenario() -> None:
@@ -143,6 +146,7 @@ def test_a_missing_sink_topic_releases_the_record_and_names_the_topic() -> None:
 
     run(scenario())
     assert not settled(c, "jobs", 0)
+    assert c.sink_records("out") == []  # nothing half-published
 
 
 def test_a_value_the_serializer_cant_encode_releases_the_record() -> None:
@@ -249,3 +253,24 @@ def test_a_batch_handler_publishes_each_records_results_with_its_outcome() -> No
         b"5!",
     ]
     assert [(r.key, r.value) for r in c.sink_records("dlq")] == [(b"k4", b"4")]
+
+
+def test_nothing_of_a_call_is_published_when_one_of_its_topics_is_missing() -> None:
+    clock = FakeClock()
+    c = cluster({"jobs": 1, "out": 1}, clock)
+    c.produce("jobs", b"x")
+
+    async def handler(record: ShareRecord) -> Any:
+        yield Send("out", b"first")
+        yield Send("elsewhere", b"second")  # not a sink: not looked up at start
+
+    async def scenario() -> None:
+        async with c:
+            with capture_logs() as logs:
+                agent = await c.agent(handler, "jobs", "g")
+                await until(lambda: agent.stats.released >= 2, "released twice", clock)
+        failed = events(logs, "share_agent_results_not_published")
+        assert {e["sink_topic"] for e in failed} == {"elsewhere"}
+
+    run(scenario())
+    assert c.sink_records("out") == []
