@@ -140,7 +140,8 @@ class Publisher:
     def destinations(self) -> list[str]:
         """The topic names of the agent's ``sink=`` and ``dead_letter=``."""
         options = self.agent.options
-        found = [*options.sink, *([options.dead_letter] if options.dead_letter else [])]
+        dead_letter = [] if options.dead_letter is None else [options.dead_letter]
+        found = [*options.sink, *dead_letter]
         return list(dict.fromkeys(self.encoder.topic_name(to) for to in found))
 
     async def check_destinations(self) -> list[str]:
