@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from queueflow.member.agent.deadlines import HandlerCall
 from queueflow.member.agent.failures import log_failure
-from queueflow.member.agent.outputs import Routes, Yielded
+from queueflow.member.agent.outputs import DeadLetter, Routes, Yielded, sort_outputs
 from queueflow.member.agent.results import (
     OUTCOMES,
     CallEnd,
@@ -358,15 +358,33 @@ class HandlerRunner:
             )
 
     def undecodable(self, record: ShareRecord, exc: Exception) -> None:
-        """REJECT a record the decoder refused (it is never passed to the handler)."""
+        """REJECT a record the decoder refused (it is never passed to the handler); with
+        ``dead_letter=``, its copy is published there first (:meth:`settle`)."""
         agent = self.agent
         agent.stats.undecodable += 1
-        agent.stats.rejected += 1
         self._errors.labels(agent.group, record.topic, "undecodable").inc()
         agent.log.error("undecodable_record_rejected", error=safe_repr(exc), **self.where(record))
+        routes = self.routes
+        if routes is not None and routes.dead_letter is not None:
+            letter = DeadLetter(reason=f"undecodable: {safe_repr(exc)}")
+            outputs = (sort_outputs(_REJECT, [letter], record, routes),)
+            agent.spawn(
+                self.settle(HandlerResult([record], (_REJECT,), None, None, False, outputs))
+            )
+            return
+        agent.stats.rejected += 1
         self._ack_counts[_REJECT] += 1
         self.acknowledge(record, _REJECT)
         agent.dispatch.unreserve(1)
+
+    async def settle(self, result: HandlerResult) -> None:
+        """Publish (or commit, exactly_once) and apply a result made outside a handler call."""
+        transactions = self.agent.transactions
+        if transactions is not None:
+            result = transactions.submit(result)
+        elif result.outputs is not None:
+            result = await self.agent.publisher.publish(result)
+        self.apply(result)
 
     # -- log fields ------------------------------------------------------------------------
     def where(self, record: ShareRecord) -> dict[str, Any]:

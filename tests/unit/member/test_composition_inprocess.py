@@ -274,3 +274,28 @@ def test_nothing_of_a_call_is_published_when_one_of_its_topics_is_missing() -> N
 
     run(scenario())
     assert c.sink_records("out") == []
+
+
+def test_an_undecodable_record_is_dead_lettered_before_its_reject() -> None:
+    clock = FakeClock()
+    c = cluster({"jobs": 1, "dlq": 1}, clock)
+    c.produce("jobs", b"\xff not json", key=b"k")
+    c.produce("jobs", b"{}")
+
+    def decode(record: ShareRecord) -> None:
+        record.value = json.loads(record.raw_value or b"")
+
+    async def handler(record: ShareRecord) -> None:
+        return None
+
+    async def scenario() -> None:
+        async with c:
+            agent = await c.agent(handler, "jobs", "g", decode=decode, dead_letter="dlq")
+            await until(lambda: agent.stats.rejected == 1, "rejected", clock)
+            assert agent.stats.undecodable == 1 and agent.stats.accepted == 1
+
+    run(scenario())
+    (letter,) = c.sink_records("dlq")
+    assert (letter.key, letter.value) == (b"k", b"\xff not json")
+    reason = dict(letter.headers)[DEAD_LETTER_HEADER + "reason"].decode()
+    assert reason.startswith("undecodable: UnicodeDecodeError")
