@@ -38,6 +38,7 @@ __all__ = [
     "AutoOffsetReset",
     "Choice",
     "LogFormat",
+    "ProcessingGuarantee",
     "Setting",
     "ShareGroupSettings",
     "StateDurability",
@@ -76,6 +77,14 @@ class StateDurability(Choice):
 
     ACKED = "acked"
     BUFFERED = "buffered"
+
+
+class ProcessingGuarantee(Choice):
+    """``queueflow.processing.guarantee``: how a share agent's outcome and its results commit
+    (docs/architecture.md "Exactly-once: transactional acknowledgements")."""
+
+    AT_LEAST_ONCE = "at_least_once"
+    EXACTLY_ONCE = "exactly_once"
 
 
 class AuthMode(Choice):
@@ -619,6 +628,29 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader",
     ),
     Setting(
+        "processing_guarantee",
+        "queueflow.processing.guarantee",
+        ProcessingGuarantee.AT_LEAST_ONCE,
+        doc="at_least_once: a share agent's results are published before its outcome is "
+        "recorded (a crash in between publishes them again); exactly_once: its ACCEPTs and "
+        "results commit in one Kafka transaction, and leaders read the acknowledgements "
+        'read_committed from the ack topic (docs/architecture.md "Exactly-once: transactional '
+        'acknowledgements").',
+        read_by="leader, share agent",
+    ),
+    Setting(
+        "transaction_timeout_ms",
+        "queueflow.transaction.timeout.ms",
+        10000,
+        1000,
+        900000,
+        doc="With exactly_once: the transaction timeout (ms) of the share agents' "
+        "transactional producers (Kafka: transaction.timeout.ms, at most the broker's "
+        "transaction.max.timeout.ms, default 900000); a transaction left open by a dead "
+        "member delays lock expiries on its partitions by up to this long.",
+        read_by="leader, share agent",
+    ),
+    Setting(
         "renew_acknowledge_enable",
         "share.renew.acknowledge.enable",
         True,
@@ -903,6 +935,10 @@ class ShareGroupSettings:
     direct_connections_max_idle_ms: int = int_default("direct_connections_max_idle_ms")
     direct_write_timeout_ms: int = int_default("direct_write_timeout_ms")
     state_durability: StateDurability = choice_default("state_durability", StateDurability)
+    processing_guarantee: ProcessingGuarantee = choice_default(
+        "processing_guarantee", ProcessingGuarantee
+    )
+    transaction_timeout_ms: int = int_default("transaction_timeout_ms")
     renew_acknowledge_enable: bool = bool_default("renew_acknowledge_enable")
     record_lock_max_renewal_ms: int = int_default("record_lock_max_renewal_ms")
     member_max_in_flight_records: int = int_default("member_max_in_flight_records")
