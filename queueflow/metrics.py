@@ -48,9 +48,9 @@ Leaders, counted as they happen:
   for abuse (``release``: RELEASEing without handling, ``share.member.release.abuse.*``).
 * ``queueflow_transactional_acks_total{topic}``: transactional acknowledgements applied from
   the ack topic (``queueflow.processing.guarantee=exactly_once``);
-* ``queueflow_ack_reader_lag_ms{topic,partition}``: how far the lock clock of an exactly-once
-  leader trails the wall clock (ms; -1 until its ack reader caught up once): lock expiries and
-  releases on that partition wait this long.
+* ``queueflow_ack_reader_lag_seconds{topic,partition}``: how far the lock clock of an
+  exactly-once leader trails the wall clock (-1 until its ack reader caught up once): lock
+  expiries and releases on that partition wait this long.
 
 Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
 
@@ -139,7 +139,7 @@ class Metrics:
     ``archived``, ``lock_expiries``,
     ``group_rebalances``; histograms ``share_fetch_seconds`` and ``ack_latency_seconds``
     (seconds); gauges ``drain_seconds`` (seconds), ``group_members``, ``group_epoch``,
-    ``ack_reader_lag_ms``. The
+    ``ack_reader_lag_seconds``. The
     share-partition gauges have no attribute: they are read at each scrape from the sources
     given to :meth:`add_partition_source`. KIP-932 has no metric names; they follow the KIP's
     terms (SPSO, SPEO, in-flight) and, where Kafka has an equivalent (KIP-1103, KIP-1226), its
@@ -265,10 +265,10 @@ class Metrics:
             ("topic",),
             registry=reg,
         )
-        self.ack_reader_lag_ms = Gauge(
-            "queueflow_ack_reader_lag_ms",
-            "How far an exactly-once leader's lock clock trails the wall clock (ms; -1: its ack "
-            "reader has not caught up yet)",
+        self.ack_reader_lag_seconds = Gauge(
+            "queueflow_ack_reader_lag_seconds",
+            "How far an exactly-once leader's lock clock trails the wall clock (seconds; -1: its "
+            "ack reader has not caught up yet)",
             ("topic", "partition"),
             registry=reg,
         )

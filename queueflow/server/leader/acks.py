@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from queueflow.errors import CorruptStateError, ShareGroupError
+from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
 from queueflow.logging import get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
@@ -162,7 +162,7 @@ class AckApplier:
             durable, request, now, acquire_from=None, expire_ms=expire_ms
         )
         effects = effects + fetched.effects
-        if fetched.response.ack_error:
+        if fetched.response.ack_error != ErrorCode.NONE.value:
             effects = effects + self._lost(request, partition, fetched.response.ack_error_message)
         else:
             self._applied.labels(leader.topic).inc()

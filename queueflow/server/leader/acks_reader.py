@@ -65,7 +65,7 @@ class AckReader:
         self._led: dict[int, int] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._lag = leader.ctx.metrics.ack_reader_lag_ms
+        self._lag = leader.ctx.metrics.ack_reader_lag_seconds
         self._log = get_logger("queueflow.server.leader", topic=leader.topic)
 
     async def start(self) -> None:
@@ -136,7 +136,7 @@ class AckReader:
             if p in self._led:
                 self.clock.advanced(p, await consumer.position(tp))
             lag = self.clock.lag_ms(p, now)
-            self._lag.labels(self.leader.topic, str(p)).set(-1 if lag is None else lag)
+            self._lag.labels(self.leader.topic, str(p)).set(-1 if lag is None else lag / 1000)
 
     async def _follow(self, consumer: AIOKafkaConsumer) -> None:
         """Read the partitions the leader is live on, each from right after the last message
