@@ -709,7 +709,10 @@ class ShareGroups:
         ack_topics = [topics.ack_topic(self.app_id, name) for name in self.leaders]
         for name, ack_topic in zip(self.leaders, ack_topics, strict=True):
             await ensure_topic(self.kafka, ack_topic, counts[name], topics.CONTROL_TOPIC_CONFIG)
-        await check_ack_topics_readable(self.kafka, ack_topics)
+        await check_ack_topics_readable(
+            self.kafka,
+            {ack: counts[name] for name, ack in zip(self.leaders, ack_topics, strict=True)},
+        )
         for reader in self._ack_readers.values():
             await reader.start()
 
@@ -787,6 +790,9 @@ class ShareGroups:
                 # The changelog first: a rebalance in between leaves a changelog partition
                 # without a request partition for a moment, never the other way round.
                 await ensure_partitions(self.kafka, table.changelog_topic.get_topic_name(), count)
+                if self.exactly_once:  # before the request topic: as the changelog
+                    ack_topic = topics.ack_topic(self.app_id, name)
+                    await ensure_partitions(self.kafka, ack_topic, count)
                 await ensure_partitions(self.kafka, request_topic.get_topic_name(), count)
                 old = request_topic.partitions
                 request_topic.partitions = table.partitions = count

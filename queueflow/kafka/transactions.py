@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kafka_errors
@@ -75,27 +75,24 @@ async def check_transactions(
 
 
 async def check_ack_topics_readable(
-    kafka: KafkaClientConfig, ack_topics: Iterable[str], timeout_s: float = 30.0
+    kafka: KafkaClientConfig, ack_topics: Mapping[str, int], timeout_s: float = 30.0
 ) -> None:
-    """Ask for the last stable offsets of every partition of ``ack_topics`` (read_committed),
-    as a leader's ack reader will.
+    """Ask for the last stable offsets of every partition of ``ack_topics`` (name ->
+    partition count), read_committed, as a leader's ack reader will.
 
     Raises:
-        ConfigurationError: this principal may not read an ack topic (naming the topic and the
+        ConfigurationError: this principal may not read an ack topic (naming the topics and the
             ACL), or the broker did not answer.
     """
-    names = list(ack_topics)
+    names = sorted(ack_topics)
     if not names:
         return
     consumer = AIOKafkaConsumer(
         **kafka.client_kwargs(), group_id=None, isolation_level="read_committed"
     )
+    tps = [TopicPartition(name, p) for name in names for p in range(ack_topics[name])]
     try:
-        await consumer.start()
-        tps = []
-        for name in names:
-            partitions = await asyncio.wait_for(consumer.partitions_for_topic(name), timeout_s)
-            tps += [TopicPartition(name, p) for p in sorted(partitions or ())]
+        await asyncio.wait_for(consumer.start(), timeout_s)
         await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
     except kafka_errors.TopicAuthorizationFailedError as exc:
         raise ConfigurationError(

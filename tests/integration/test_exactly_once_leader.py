@@ -123,9 +123,10 @@ async def second_look(app_id: str, bootstrap: str, topic: str, wait_s: float) ->
     deadline = time.monotonic() + wait_s
     try:
         while time.monotonic() < deadline:
-            got += await other.poll(timeout_ms=300)
-            for record in got:
+            batch = await other.poll(timeout_ms=300)
+            for record in batch:
                 other.acknowledge(record, AcknowledgeType.ACCEPT)
+            got += batch
             if len(got) > RECORDS:
                 break
     finally:
