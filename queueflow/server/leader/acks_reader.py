@@ -24,6 +24,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
@@ -118,11 +119,11 @@ class AckReader:
         if not self._led:
             await asyncio.sleep(ROUND_WAIT_MS / 1000)
             return
-        tps = {p: TopicPartition(self.ack_topic, p) for p in self._led}
+        tps = {p: KafkaTopicPartition(self.ack_topic, p) for p in self._led}
         at_ms = self.leader.ctx.clock.now_ms()  # before the request: its answer is as new
-        ends = await self.offsets.log_ends(list(tps.values()))
+        ends = await self.offsets.log_ends([TopicPartition(*tp) for tp in tps.values()])
         for p, tp in tps.items():
-            self.clock.sampled(p, at_ms, ends[tp])
+            self.clock.sampled(p, at_ms, ends[TopicPartition(*tp)])
         batches = await consumer.getmany(*tps.values(), timeout_ms=ROUND_WAIT_MS)
         for tp, messages in batches.items():
             try:
@@ -155,7 +156,7 @@ class AckReader:
             if self._led.get(p) != epoch:
                 self.clock.reset(p)
                 positions.forget(p)
-        tps = {p: TopicPartition(self.ack_topic, p) for p in wanted}
+        tps = {p: KafkaTopicPartition(self.ack_topic, p) for p in wanted}
         consumer.assign(list(tps.values()))
         for p, tp in tps.items():
             with self.leader.ctx.state_scope(self.leader.request_topic, p):
