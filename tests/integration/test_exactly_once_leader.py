@@ -51,6 +51,8 @@ MEMBER_SETTINGS = {
     **AUTH,
 }
 RECORDS = 5
+#: A SIGKILLed leader's partitions move to the next one after Faust's session timeout (s).
+FAUST_ENV = {"BROKER_SESSION_TIMEOUT": "6", "BROKER_HEARTBEAT_INTERVAL": "1"}
 
 
 def member(app_id: str, bootstrap: str) -> ShareConsumer:
@@ -270,7 +272,9 @@ def test_a_committed_acknowledgement_a_killed_leader_never_applied_is_applied_by
     kafka_bootstrap: str, topic_factory: Any, tmp_path: Path
 ) -> None:
     topic, app_id = setup(kafka_bootstrap, topic_factory, "kill")
-    first = LeaderWorker(app_id, [topic], kafka_bootstrap, tmp_path / "a", WORKER_SETTINGS)
+    first = LeaderWorker(
+        app_id, [topic], kafka_bootstrap, tmp_path / "a", WORKER_SETTINGS, env=FAUST_ENV
+    )
 
     async def scenario() -> list[ShareRecord]:
         holder = member(app_id, kafka_bootstrap)
@@ -282,7 +286,9 @@ def test_a_committed_acknowledgement_a_killed_leader_never_applied_is_applied_by
                 body = sealed_ack(holder, app_id, topic, held)
                 await producer.send_and_wait(topics.ack_topic(app_id, topic), body, partition=0)
                 await producer.commit_transaction()
-            second = LeaderWorker(app_id, [topic], kafka_bootstrap, tmp_path / "b", WORKER_SETTINGS)
+            second = LeaderWorker(
+                app_id, [topic], kafka_bootstrap, tmp_path / "b", WORKER_SETTINGS, env=FAUST_ENV
+            )
             with second.start():
                 later = await second_look(app_id, kafka_bootstrap, topic, LOCK_MS / 1000 + 4)
                 assert metric(second, "queueflow_transactional_acks_total") == 1
