@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kafka_errors
 
 from queueflow.errors import ConfigurationError
+from queueflow.kafka.admin import admin_client
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.protocol import topics
@@ -77,8 +78,8 @@ async def check_transactions(
 async def check_ack_topics_readable(
     kafka: KafkaClientConfig, ack_topics: Mapping[str, int], timeout_s: float = 30.0
 ) -> None:
-    """Ask for the last stable offsets of every partition of ``ack_topics`` (name ->
-    partition count), read_committed, as a leader's ack reader will.
+    """Describe ``ack_topics`` (name -> partition count) and ask for the last stable offsets
+    of their partitions read_committed, as a leader's ack reader will.
 
     Raises:
         ConfigurationError: this principal may not read an ack topic (naming the topics and the
@@ -87,6 +88,25 @@ async def check_ack_topics_readable(
     names = sorted(ack_topics)
     if not names:
         return
+    unreadable = ConfigurationError(
+        "queueflow.processing.guarantee=exactly_once: leaders need READ on the ack topics "
+        f"{names} (queueflow acls apply --exactly-once); the broker refused "
+        "TopicAuthorizationFailed"
+    )
+    admin = admin_client(kafka)
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        described = await asyncio.wait_for(admin.describe_topics(names), timeout_s)
+    except (TimeoutError, kafka_errors.KafkaError) as exc:
+        raise ConfigurationError(
+            f"queueflow.processing.guarantee=exactly_once: the ack topics {names} can't be "
+            f"described: {exc!r}"
+        ) from None
+    finally:
+        with contextlib.suppress(Exception):
+            await admin.close()
+    if any(_error(topic) is kafka_errors.TopicAuthorizationFailedError for topic in described):
+        raise unreadable
     consumer = AIOKafkaConsumer(
         **kafka.client_kwargs(), group_id=None, isolation_level="read_committed"
     )
@@ -94,11 +114,8 @@ async def check_ack_topics_readable(
     try:
         await asyncio.wait_for(consumer.start(), timeout_s)
         await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
-    except kafka_errors.TopicAuthorizationFailedError as exc:
-        raise ConfigurationError(
-            "queueflow.processing.guarantee=exactly_once: leaders need READ on the ack topics "
-            f"{names} (queueflow acls apply --exactly-once): {exc!r}"
-        ) from None
+    except kafka_errors.TopicAuthorizationFailedError:
+        raise unreadable from None
     except (TimeoutError, kafka_errors.KafkaError) as exc:
         raise ConfigurationError(
             f"queueflow.processing.guarantee=exactly_once: the ack topics {names} can't be "
@@ -106,3 +123,9 @@ async def check_ack_topics_readable(
         ) from None
     finally:
         await stop_quietly("ack topic check consumer", consumer.stop)
+
+
+def _error(topic: object) -> type[Exception] | None:
+    """The error class of one topic of a DescribeTopics (Metadata) answer."""
+    code = topic.get("error_code", 0) if isinstance(topic, dict) else 0
+    return kafka_errors.for_code(code) if code else None

@@ -24,6 +24,11 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from queueflow import ShareConsumer, ShareRecord
+from queueflow.devtools.broker import create_topic
+from queueflow.devtools.broker.acls import create_acls, role_acls
+from queueflow.errors import ConfigurationError
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.transactions import check_ack_topics_readable, check_transactions
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.envelope import topic_dest
@@ -303,3 +308,41 @@ def test_a_committed_acknowledgement_a_killed_leader_never_applied_is_applied_by
     finally:
         first.stop()
     assert values(later) == [b"sentinel"]
+
+
+def test_exactly_once_is_refused_at_start_naming_the_missing_acl(secured_broker: Any) -> None:
+    """On a cluster with ACLs: a principal without the transactional-id ACLs is refused
+    naming them, a leader without READ on the ack topic is refused naming it; with the ACLs of
+    ``queueflow acls apply --exactly-once`` both checks pass."""
+    security = secured_broker.security
+    app_id = f"qf-eos-acl-{uuid.uuid4().hex[:6]}"
+    source = f"{app_id}-src"
+    ack_topic = topics.ack_topic(app_id, source)
+    admin = {"bootstrap_servers": secured_broker.sasl_bootstrap, **security.sasl_kwargs("admin")}
+    for name in (source, ack_topic):
+        create_topic(secured_broker.bootstrap, name, 1, client_kwargs=admin, timeout_s=30)
+
+    def config(user: str) -> KafkaClientConfig:
+        return KafkaClientConfig(secured_broker.sasl_bootstrap, extra=security.sasl_kwargs(user))
+
+    async def refusals() -> list[str]:
+        errors = []
+        for check in (
+            check_transactions(config("qf-member"), app_id, 10_000, timeout_s=20),
+            check_ack_topics_readable(config("qf-leader"), {ack_topic: 1}, timeout_s=20),
+        ):
+            try:
+                await check
+                errors.append("")
+            except ConfigurationError as exc:
+                errors.append(str(exc))
+        return errors
+
+    create_acls(admin, role_acls("member", "User:qf-member", app_id, [source]))
+    create_acls(admin, role_acls("leader", "User:qf-leader", app_id, [source]))
+    txn, read = asyncio.run(refusals())
+    assert "TransactionalIdAuthorizationFailed" in txn and f"{app_id}-share-txn-" in txn, txn
+    assert "READ on the ack topics" in read and ack_topic in read, read
+    for role, user in (("member", "qf-member"), ("leader", "qf-leader")):
+        create_acls(admin, role_acls(role, f"User:{user}", app_id, [source], exactly_once=True))
+    assert asyncio.run(refusals()) == ["", ""]

@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
 from queueflow.devtools.broker.acls import AclBinding, app_acls, role_acls
+from queueflow.devtools.cli import cli
 from queueflow.engine.group_config import GroupConfig
 from queueflow.errors import ConfigurationError
 from queueflow.protocol import topics
@@ -61,3 +63,13 @@ def test_exactly_once_acls_add_the_ack_topic_and_the_members_transactions() -> N
     assert AclBinding("User:m", "cluster", "kafka-cluster", "idempotent_write") in member
     plain = app_acls("A", ["T"], ["User:l"], ["User:m"])
     assert not any("share-ack" in b.resource_name or b.pattern == "prefixed" for b in plain)
+
+
+def test_acls_apply_exactly_once_prints_the_ack_topic_and_transaction_acls() -> None:
+    argv = ["acls", "apply", "--app", "A", "--topic", "T", "--member-principal", "User:m"]
+    plain = CliRunner().invoke(cli, [*argv, "--dry-run"])
+    eos = CliRunner().invoke(cli, [*argv, "--exactly-once", "--dry-run"])
+    assert plain.exit_code == 0 and eos.exit_code == 0, eos.output
+    assert "share-ack" not in plain.output
+    assert "ALLOW User:m WRITE topic A-share-ack-T" in eos.output
+    assert "ALLOW User:m WRITE transactional_id A-share-txn-" in eos.output

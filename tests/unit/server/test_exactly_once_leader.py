@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from inprocess_helpers import TOPIC, RawMember, cluster_with, events, run
 from structlog.testing import capture_logs
 
 from queueflow.engine import RecordState
@@ -19,7 +20,6 @@ from queueflow.server.leader.acks import AckApplier, check_ack
 from queueflow.structs import AcknowledgeType
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
-from tests.unit.inprocess_helpers import TOPIC, RawMember, cluster_with, events, run
 
 ACCEPT = int(AcknowledgeType.ACCEPT)
 LOCK_MS = 30_000
