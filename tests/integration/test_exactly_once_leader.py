@@ -53,6 +53,7 @@ MEMBER_SETTINGS = {
     "group.share.heartbeat.interval.ms": 500,
     "group.share.session.timeout.ms": 30_000,
     "fetch.max.wait.ms": 500,
+    "queueflow.request.timeout.ms": 3000,  # requests lost with the killed leader time out soon
     **AUTH,
 }
 RECORDS = 5
