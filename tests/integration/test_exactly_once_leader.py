@@ -202,8 +202,11 @@ def test_a_committed_acknowledgement_is_applied_and_its_records_are_not_delivere
     with worker.start():
         held, later = asyncio.run(scenario())
         applied = metric(worker, "queueflow_transactional_acks_total")
+        lag_s = metric(worker, "queueflow_ack_reader_lag_seconds")
         healthy(worker)
+    print(f"committed acknowledgement applied; ack reader lag at the end {lag_s * 1000:.0f} ms")
     assert applied == 1
+    assert 0 <= lag_s < 2
     assert len(held) == RECORDS
     assert values(later) == [b"sentinel"]
 
