@@ -280,37 +280,55 @@ def test_an_open_transaction_holds_lock_expiries_until_the_broker_aborts_it(
 def test_a_committed_acknowledgement_a_killed_leader_never_applied_is_applied_by_the_next(
     kafka_bootstrap: str, topic_factory: Any, tmp_path: Path
 ) -> None:
+    """The first leader applies a committed acknowledgement of records 0..1 and is SIGKILLed;
+    one of records 2..4 is committed while no leader runs. The next leader resumes its ack
+    reader right after the first one (its position persisted in the state table): it applies
+    the second acknowledgement once and not the first again, and no record comes again."""
     topic, app_id = setup(kafka_bootstrap, topic_factory, "kill")
+    ack_topic = topics.ack_topic(app_id, topic)
     first = LeaderWorker(
         app_id, [topic], kafka_bootstrap, tmp_path / "a", WORKER_SETTINGS, env=FAUST_ENV
     )
 
-    async def scenario() -> list[ShareRecord]:
+    async def commit(holder: ShareConsumer, records: list[ShareRecord]) -> None:
+        async with transaction(kafka_bootstrap) as producer:
+            await producer.begin_transaction()
+            body = sealed_ack(holder, app_id, topic, records)
+            await producer.send_and_wait(ack_topic, body, partition=0)
+            await producer.commit_transaction()
+
+    async def applied(worker: LeaderWorker, count: int) -> None:
+        deadline = time.monotonic() + 10
+        name = "queueflow_transactional_acks_total"
+        while await asyncio.to_thread(metric, worker, name) < count:
+            assert time.monotonic() < deadline, f"{worker.log_tail()}"
+            await asyncio.sleep(0.1)
+
+    async def scenario() -> tuple[list[ShareRecord], float]:
         holder = member(app_id, kafka_bootstrap)
         try:
-            held = await acquire_all(holder, topic)
-            first.kill()  # SIGKILL: the next leader restores the locks from the changelog
-            async with transaction(kafka_bootstrap) as producer:
-                await producer.begin_transaction()
-                body = sealed_ack(holder, app_id, topic, held)
-                await producer.send_and_wait(topics.ack_topic(app_id, topic), body, partition=0)
-                await producer.commit_transaction()
+            held = sorted(await acquire_all(holder, topic), key=lambda r: r.offset)
+            await commit(holder, held[:2])
+            await applied(first, 1)
+            first.kill()  # SIGKILL: the next leader restores locks and positions from the table
+            await commit(holder, held[2:])
             second = LeaderWorker(
                 app_id, [topic], kafka_bootstrap, tmp_path / "b", WORKER_SETTINGS, env=FAUST_ENV
             )
             with second.start():
                 later = await second_look(app_id, kafka_bootstrap, topic, LOCK_MS / 1000 + 4)
-                assert metric(second, "queueflow_transactional_acks_total") == 1
-                healthy(second)
-                return later
+                count = metric(second, "queueflow_transactional_acks_total")
+                healthy(second)  # no acknowledgement applied twice (refused as stale)
+                return later, count
         finally:
             await holder.close()
 
     first.start()
     try:
-        later = asyncio.run(scenario())
+        later, count = asyncio.run(scenario())
     finally:
         first.stop()
+    assert count == 1
     assert values(later) == [b"sentinel"]
 
 

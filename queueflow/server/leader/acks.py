@@ -94,13 +94,13 @@ class AckApplier:
         leader = self.leader
         if not self.positions.admit(partition, offset):
             return  # applied before, here or by the previous leader
-        result = NOTHING
+        result, applied = NOTHING, False
         message = self._open(partition, value)
         async with leader._lock(partition):
             leader.fencing.check(partition)
             with leader.ctx.state_scope(leader.request_topic, partition):
                 if isinstance(message, protocol.ShareFetchRequest):
-                    result = await self._acknowledge(message, partition)
+                    result, applied = await self._acknowledge(message, partition)
                 elif message is not None:
                     result = message
                 await leader.applier.apply(replace(result, flush=False), partition)
@@ -108,6 +108,8 @@ class AckApplier:
         settings = leader.ctx.settings
         if result.flush and settings.state_durability is StateDurability.ACKED:
             await leader.ctx.flush_state()
+        if applied:  # counted once durable (with durability acked)
+            self._applied.labels(leader.topic).inc()
         if result.changed:
             leader.long_polls.notify(partition)
 
@@ -141,32 +143,33 @@ class AckApplier:
 
     async def _acknowledge(
         self, request: protocol.ShareFetchRequest, partition: int
-    ) -> LeaderResult:
+    ) -> tuple[LeaderResult, bool]:
         """Apply ``request``'s acknowledgements (no answer); the share-partition's change is
-        written by the caller."""
+        written by the caller. Returns what to perform and whether they were applied."""
         leader = self.leader
         now = leader.ctx.clock.now_ms()
         fetcher = leader.fetcher
         refusal, effects = fetcher.check_ticket(request, partition, now, acquiring=False)
         if refusal is not None and refusal.reason != _REMOVED:
             refused = handlers.refused_fetch(request, leader.topic, partition, refusal)
-            return effects + refused.effects + self._lost(request, partition, refusal.message)
+            lost = self._lost(request, partition, refusal.message)
+            return effects + refused.effects + lost, False
         try:
             durable = await leader.cache.existing(request.group, partition)
         except CorruptStateError as exc:
-            return effects + self._lost(request, partition, str(exc))
+            return effects + self._lost(request, partition, str(exc)), False
         if durable is None:
-            return effects + self._lost(request, partition, "the share-partition has no state")
+            lost = self._lost(request, partition, "the share-partition has no state")
+            return effects + lost, False
         expire_ms = fetcher.expiry_ms(partition, now)
         fetched = handlers.share_fetch(
             durable, request, now, acquire_from=None, expire_ms=expire_ms
         )
         effects = effects + fetched.effects
-        if fetched.response.ack_error != ErrorCode.NONE.value:
+        ok = fetched.response.ack_error == ErrorCode.NONE.value
+        if not ok:
             effects = effects + self._lost(request, partition, fetched.response.ack_error_message)
-        else:
-            self._applied.labels(leader.topic).inc()
-        return effects + LeaderResult(writes=(durable,), changed=True, flush=True)
+        return effects + LeaderResult(writes=(durable,), changed=True, flush=True), ok
 
     def _lost(
         self, request: protocol.ShareFetchRequest, partition: int, error: str
