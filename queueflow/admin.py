@@ -950,7 +950,7 @@ def _state_by_partition(table: Mapping[bytes, bytes], group_id: str) -> dict[int
             kind, group, partition, delta = parse_state_key(key)
         except (ValueError, UnicodeDecodeError):
             continue  # not share-partition state (the leader refuses such keys the same way)
-        if kind == "R" or group != group_id:
+        if kind in ("R", "A") or group != group_id:
             continue
         entries = by_partition[partition]
         if delta is None:

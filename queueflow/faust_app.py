@@ -52,6 +52,7 @@ from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
+from queueflow.kafka.transactions import check_ack_topics_readable, check_transactions
 from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.agent.outputs import Outbound
 from queueflow.member.context import MemberContext
@@ -63,10 +64,11 @@ from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
 from queueflow.server.junk import JunkGate
 from queueflow.server.leader import ShareLeader
+from queueflow.server.leader.acks_reader import AckReader
 from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
 from queueflow.server.transport import monotonic_ms
-from queueflow.settings import ShareGroupSettings
+from queueflow.settings import ProcessingGuarantee, ShareGroupSettings
 from queueflow.structs import ShareRecord, TopicPartition
 
 __all__ = ["LEADER_GROUP_DEFAULTS", "ROLES", "App", "ShareGroups", "attach"]
@@ -517,6 +519,8 @@ class ShareGroups:
         #: The leaders' direct endpoint (``queueflow.leader.listener``); None on members.
         self.endpoint: LeaderEndpoint | None = None
         self._changelog: ChangelogWriter | None = None  # needs the running loop: see lead()
+        #: exactly_once: each leader's reader of its ack topic (started in prepare()).
+        self._ack_readers: dict[str, AckReader] = {}
         self._expose_metrics()
         self._expose_dashboard()
         if role == "member":
@@ -702,6 +706,8 @@ class ShareGroups:
             self.leaders[topic] = leader
             self._request_topics[topic] = request_topic
             self._tables[topic] = table
+            if self.exactly_once:
+                self._ack_readers[topic] = AckReader(leader, self.kafka, self._offsets)
         return self.leaders[topic]
 
     async def prepare(self) -> None:
@@ -737,8 +743,40 @@ class ShareGroups:
                 topics.REPLY_PARTITIONS,
                 topics.CONTROL_TOPIC_CONFIG,
             )
+        if self.exactly_once:
+            await self._prepare_exactly_once()
         if self.endpoint is not None and self.leaders:
             await self.endpoint.start()
+
+    @property
+    def exactly_once(self) -> bool:
+        """``queueflow.processing.guarantee=exactly_once`` (docs/architecture.md
+        "Exactly-once: transactional acknowledgements")."""
+        return self.settings.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE
+
+    async def _prepare_exactly_once(self) -> None:
+        """Create the ack topics (co-partitioned with their source topics, configured as the
+        request topics), check this worker can run transactions (one that runs share agents)
+        and read the ack topics (a leader), and start the ack readers.
+
+        Raises:
+            ConfigurationError: naming the missing ACL or broker setting.
+        """
+        s = self.settings
+        if self.role != "leader":
+            await check_transactions(self.kafka, self.app_id, s.transaction_timeout_ms)
+        if not self.leaders:
+            return
+        counts = await partition_counts(self.kafka, list(self.leaders))
+        ack_topics = [topics.ack_topic(self.app_id, name) for name in self.leaders]
+        for name, ack_topic in zip(self.leaders, ack_topics, strict=True):
+            await ensure_topic(self.kafka, ack_topic, counts[name], topics.CONTROL_TOPIC_CONFIG)
+        await check_ack_topics_readable(
+            self.kafka,
+            {ack: counts[name] for name, ack in zip(self.leaders, ack_topics, strict=True)},
+        )
+        for reader in self._ack_readers.values():
+            await reader.start()
 
     @property
     def _changelog_writer(self) -> ChangelogWriter:
@@ -757,7 +795,9 @@ class ShareGroups:
             await agent.stop()
 
     async def close(self) -> None:
-        """Close the leaders' endpoint and metadata clients."""
+        """Close the leaders' endpoint, ack readers and metadata clients."""
+        for reader in self._ack_readers.values():
+            await reader.stop()
         if self.leads:
             if self.endpoint is not None:
                 await self.endpoint.close()
@@ -812,6 +852,9 @@ class ShareGroups:
                 # The changelog first: a rebalance in between leaves a changelog partition
                 # without a request partition for a moment, never the other way round.
                 await ensure_partitions(self.kafka, table.changelog_topic.get_topic_name(), count)
+                if self.exactly_once:  # before the request topic: as the changelog
+                    ack_topic = topics.ack_topic(self.app_id, name)
+                    await ensure_partitions(self.kafka, ack_topic, count)
                 await ensure_partitions(self.kafka, request_topic.get_topic_name(), count)
                 old = request_topic.partitions
                 request_topic.partitions = table.partitions = count

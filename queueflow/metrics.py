@@ -46,6 +46,11 @@ Leaders, counted as they happen:
   stepped down from (:mod:`queueflow.engine.fencing`);
 * ``queueflow_member_fences_total{group,topic,reason}``: members fenced from a share-partition
   for abuse (``release``: RELEASEing without handling, ``share.member.release.abuse.*``).
+* ``queueflow_transactional_acks_total{topic}``: transactional acknowledgements applied from
+  the ack topic (``queueflow.processing.guarantee=exactly_once``);
+* ``queueflow_ack_reader_lag_seconds{topic,partition}``: how far the lock clock of an
+  exactly-once leader trails the wall clock (-1 until its ack reader caught up once): lock
+  expiries and releases on that partition wait this long.
 
 Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
 
@@ -129,10 +134,12 @@ class Metrics:
     Attributes are the metrics listed in the module docstring, named in lower case: counters
     ``delivered``, ``redelivered``, ``acknowledgements``, ``handler_errors``,
     ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``state_writes``,
-    ``leader_step_downs``, ``control_messages_dropped``, ``acquisitions``, ``deliveries``,
+    ``leader_step_downs``, ``transactional_acks``, ``control_messages_dropped``,
+    ``acquisitions``, ``deliveries``,
     ``archived``, ``lock_expiries``,
     ``group_rebalances``; histograms ``share_fetch_seconds`` and ``ack_latency_seconds``
-    (seconds); gauges ``drain_seconds`` (seconds), ``group_members``, ``group_epoch``. The
+    (seconds); gauges ``drain_seconds`` (seconds), ``group_members``, ``group_epoch``,
+    ``ack_reader_lag_seconds``. The
     share-partition gauges have no attribute: they are read at each scrape from the sources
     given to :meth:`add_partition_source`. KIP-932 has no metric names; they follow the KIP's
     terms (SPSO, SPEO, in-flight) and, where Kafka has an equivalent (KIP-1103, KIP-1226), its
@@ -250,6 +257,19 @@ class Metrics:
             "Control messages dropped after a look at their first bytes (junk: an unknown format "
             "or too short), by receiver (leader, coordinator, member)",
             ("receiver", "reason"),
+            registry=reg,
+        )
+        self.transactional_acks = Counter(
+            "queueflow_transactional_acks",
+            "Transactional acknowledgements applied from the ack topic (exactly_once)",
+            ("topic",),
+            registry=reg,
+        )
+        self.ack_reader_lag_seconds = Gauge(
+            "queueflow_ack_reader_lag_seconds",
+            "How far an exactly-once leader's lock clock trails the wall clock (seconds; -1: its "
+            "ack reader has not caught up yet)",
+            ("topic", "partition"),
             registry=reg,
         )
         self.leader_step_downs = Counter(

@@ -79,6 +79,14 @@ class StateDurability(Choice):
     BUFFERED = "buffered"
 
 
+class ProcessingGuarantee(Choice):
+    """``queueflow.processing.guarantee``: how a share agent's outcome and its results commit
+    (docs/architecture.md "Exactly-once: transactional acknowledgements")."""
+
+    AT_LEAST_ONCE = "at_least_once"
+    EXACTLY_ONCE = "exactly_once"
+
+
 class AuthMode(Choice):
     """``queueflow.auth.mode``: how control messages are authenticated (docs/operations.md
     "Threat model and attack matrix"). :attr:`ShareGroupSettings.control_auth_mode` resolves
@@ -102,14 +110,6 @@ class LogFormat(Choice):
     AUTO = "auto"
     JSON = "json"
     CONSOLE = "console"
-
-
-class ProcessingGuarantee(Choice):
-    """``queueflow.processing.guarantee``: how a share agent's outcome and results commit
-    (docs/guide.md "Producing results")."""
-
-    AT_LEAST_ONCE = "at_least_once"
-    EXACTLY_ONCE = "exactly_once"
 
 
 #: The type of a setting's value.
@@ -628,6 +628,29 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader",
     ),
     Setting(
+        "processing_guarantee",
+        "queueflow.processing.guarantee",
+        ProcessingGuarantee.AT_LEAST_ONCE,
+        doc="at_least_once: a share agent's results are published before its outcome is "
+        "recorded (a crash in between publishes them again); exactly_once: its ACCEPTs and "
+        "results commit in one Kafka transaction, and leaders read the acknowledgements "
+        'read_committed from the ack topic (docs/architecture.md "Exactly-once: transactional '
+        'acknowledgements").',
+        read_by="leader, share agent",
+    ),
+    Setting(
+        "transaction_timeout_ms",
+        "queueflow.transaction.timeout.ms",
+        10000,
+        1000,
+        900000,
+        doc="With exactly_once: the transaction timeout (ms) of the share agents' "
+        "transactional producers (Kafka: transaction.timeout.ms, at most the broker's "
+        "transaction.max.timeout.ms, default 900000); a transaction left open by a dead "
+        "member delays lock expiries on its partitions by up to this long.",
+        read_by="leader, share agent",
+    ),
+    Setting(
         "renew_acknowledge_enable",
         "share.renew.acknowledge.enable",
         True,
@@ -776,27 +799,6 @@ SETTINGS: tuple[Setting, ...] = (
         "line), console (human-readable), auto (console when stderr is a terminal, else json).",
         read_by="every worker and member (each process its own)",
     ),
-    Setting(
-        "processing_guarantee",
-        "queueflow.processing.guarantee",
-        ProcessingGuarantee.AT_LEAST_ONCE,
-        doc="The default processing_guarantee of the app's share agents: at_least_once "
-        "(results acknowledged by the brokers before the outcome is recorded) or exactly_once "
-        "(each outcome and its results in one Kafka transaction; leaders apply "
-        "acknowledgements from the ack topic, read_committed).",
-        read_by="every worker and member",
-    ),
-    Setting(
-        "transaction_timeout_ms",
-        "queueflow.transaction.timeout.ms",
-        10000,
-        1000,
-        900000,
-        doc="transaction.timeout.ms of an exactly_once share agent's transactional producer: "
-        "the brokers abort a transaction open longer; at most the brokers' "
-        "transaction.max.timeout.ms.",
-        read_by="share agent",
-    ),
 )
 
 _BY_ATTR = {s.attr: s for s in SETTINGS}
@@ -933,6 +935,10 @@ class ShareGroupSettings:
     direct_connections_max_idle_ms: int = int_default("direct_connections_max_idle_ms")
     direct_write_timeout_ms: int = int_default("direct_write_timeout_ms")
     state_durability: StateDurability = choice_default("state_durability", StateDurability)
+    processing_guarantee: ProcessingGuarantee = choice_default(
+        "processing_guarantee", ProcessingGuarantee
+    )
+    transaction_timeout_ms: int = int_default("transaction_timeout_ms")
     renew_acknowledge_enable: bool = bool_default("renew_acknowledge_enable")
     record_lock_max_renewal_ms: int = int_default("record_lock_max_renewal_ms")
     member_max_in_flight_records: int = int_default("member_max_in_flight_records")
@@ -949,10 +955,6 @@ class ShareGroupSettings:
     )
     auth_tickets: TicketPolicy = choice_default("auth_tickets", TicketPolicy)
     log_format: LogFormat = choice_default("log_format", LogFormat)
-    processing_guarantee: ProcessingGuarantee = choice_default(
-        "processing_guarantee", ProcessingGuarantee
-    )
-    transaction_timeout_ms: int = int_default("transaction_timeout_ms")
 
     @classmethod
     def load(

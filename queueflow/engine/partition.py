@@ -188,6 +188,13 @@ class SharePartitionConfig:
             the window (ms), those being at least that percent of its acknowledged records, is
             fenced from this share-partition for the window (see
             :meth:`SharePartition.acknowledge`). Defaults 200, 90, 60000; records 0: never.
+        release_by_lock_end: ``queueflow.processing.guarantee=exactly_once``: a release by
+            member (:meth:`SharePartition.release_member`, a fence) ends the member's locks
+            now instead of releasing its records, so they are released by
+            :meth:`SharePartition.expire_locks`, which the leader calls with the time up to
+            which the member's transactional acknowledgements are known; a fenced member may
+            still acknowledge the records it holds (docs/architecture.md "Exactly-once:
+            transactional acknowledgements"). Default False.
 
     Raises:
         ConfigurationError: on construction (see :meth:`validate`).
@@ -206,6 +213,7 @@ class SharePartitionConfig:
     release_abuse_records: int = int_default("share.member.release.abuse.records")
     release_abuse_ratio_percent: int = int_default("share.member.release.abuse.ratio.percent")
     release_abuse_window_ms: int = int_default("share.member.release.abuse.window.ms")
+    release_by_lock_end: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -768,7 +776,8 @@ class SharePartition:
         KIP-1222.
         """
         member = sys.intern(member_id)
-        self._check_fence(member, now_ms)
+        if not self._config.release_by_lock_end:  # else: settling what it holds is allowed
+            self._check_fence(member, now_ms)
         plan = self._validate_acks(member_id, batches)
         renew_deadline: int | None = None
         released: list[tuple[int, int]] = []
@@ -915,7 +924,9 @@ class SharePartition:
         use.released = use.handled = use.prev_released = use.prev_handled = 0
         use.window_start = now_ms
         returned = 0
-        if self._held.get(member):
+        if self._held.get(member) and self._config.release_by_lock_end:
+            returned = self._end_locks(member, now_ms)  # released by expire_locks
+        elif self._held.get(member):
             # Its current deliveries don't count either: the records were never handled.
             returned = self._apply(
                 self._start,
@@ -1089,19 +1100,25 @@ class SharePartition:
         Used when a member leaves or is removed from the share group. Records go back to
         Available, or to Archived at the delivery count limit; then the SPSO advances.
 
+        With ``config.release_by_lock_end`` the member's locks end at ``now_ms`` instead (where
+        later): :meth:`expire_locks` releases the records once called with a time at or after
+        it, and the member may acknowledge them until then.
+
         Args:
             member_id: the member.
-            now_ms: the current time in ms (unused: release does not depend on time).
+            now_ms: the current time in ms (used only with ``release_by_lock_end``).
 
         Returns:
-            The number of records released (Available or Archived).
+            The number of records released (Available or Archived), or with
+            ``release_by_lock_end`` the number whose locks ended.
 
         KIP-932 "Record delivery and acknowledgement"; "Client programming interface":
         ``close()`` "releases any remaining acquired records". Cost: O(runs).
         """
-        del now_ms
         if not self._n_acquired:
             return 0
+        if self._config.release_by_lock_end:
+            return self._end_locks(member_id, now_ms)
         targets = [
             (r.first, r.last) for r in self._runs if r.state is _ACQUIRED and r.member == member_id
         ]
@@ -1116,6 +1133,25 @@ class SharePartition:
             released += self._apply(first, last, transform)
         self._advance()
         return released
+
+    def _end_locks(self, member_id: str, now_ms: int) -> int:
+        """End the locks of the records ``member_id`` holds at ``now_ms`` (those ending later);
+        return how many records' locks moved. Durable, like a RENEW's new deadline."""
+        targets = [
+            (r.first, r.last)
+            for r in self._runs
+            if r.state is _ACQUIRED and r.member == member_id and (r.deadline or 0) > now_ms
+        ]
+
+        def transform(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
+            if r.state is not _ACQUIRED or r.member != member_id or (r.deadline or 0) <= now_ms:
+                return None
+            self._lock_group(now_ms).ranges.append((r.first, r.last))
+            return (_ACQUIRED, r.count, r.member, now_ms)
+
+        ended = sum(self._apply(first, last, transform) for first, last in targets)
+        self._drop_if_unused(now_ms)
+        return ended
 
     def expire_locks(self, now_ms: int) -> int:
         """Release every Acquired record whose lock deadline is at or before ``now_ms``.

@@ -41,6 +41,7 @@ __all__ = [
     "STATE_FORMAT_JSON_VERSION",
     "STATE_FORMAT_LOCKS_VERSION",
     "STATE_FORMAT_VERSION",
+    "ack_position_key",
     "decode_request_position",
     "decode_snapshot",
     "decode_state",
@@ -787,17 +788,28 @@ def decode_request_position(data: _Buffer, *, where: str) -> int:
     return int(offset)
 
 
+def ack_position_key(partition: int) -> bytes:
+    """Table key of the offset of the last message of partition ``partition`` of the ack topic
+    (``queueflow.processing.guarantee=exactly_once``) whose acknowledgements the leader applied:
+    ``A/<partition>``; its value is encoded like a request position
+    (:func:`encode_request_position`). A new leader's ack reader resumes right after it, so a
+    committed acknowledgement is applied once (docs/architecture.md "Exactly-once:
+    transactional acknowledgements")."""
+    return f"A/{partition}".encode()
+
+
 def parse_state_key(key: bytes) -> tuple[str, str, int, tuple[int, int, int] | None]:
     """``(kind, group, partition, (state epoch, snapshot epoch, index) or None)`` of a table key
     written by :func:`snapshot_key` (kind ``"S"``), :func:`delta_key` (kind ``"D"``) or
-    :func:`request_position_key` (kind ``"R"``, group ``""``).
+    :func:`request_position_key` (kind ``"R"``, group ``""``) or :func:`ack_position_key`
+    (kind ``"A"``, group ``""``).
 
     Raises:
         ValueError: the key is of none of these forms.
     """
     text = key.decode()
-    if text.startswith("R/"):
-        return "R", "", int(text[2:]), None
+    if text.startswith("R/") or text.startswith("A/"):
+        return text[0], "", int(text[2:]), None
     if text.startswith("S/"):
         group, partition = text[2:].rsplit("/", 1)
         return "S", group, int(partition), None

@@ -6,7 +6,7 @@ For an app with id ``A``:
 topic                              partitions         carries
 =================================  =================  ============================================
 ``A-share-fetch-<topic>``          as ``<topic>``     ShareFetch/ShareAcknowledge requests, ticks
-``A-share-ack-<topic>``            as ``<topic>``     exactly_once acknowledgements (transactional)
+``A-share-ack-<topic>``            as ``<topic>``     transactional acknowledgements (exactly_once)
 ``A-share-coordinator``            1                  ShareGroupHeartbeat requests, ticks
 ``A-share-replies``                16                 responses, keyed by member id
 ``A-share-state-<topic>-changelog``  as ``<topic>``   share-partition state (Faust table)
@@ -54,10 +54,17 @@ def request_topic(app_id: str, topic: str) -> str:
 
 
 def ack_topic(app_id: str, topic: str) -> str:
-    """The ack topic of ``topic``'s share-partition leaders: ``<app>-share-ack-<topic>``
-    (exactly_once share agents' acknowledgements, written inside their transactions and read
-    read_committed by the leaders; partitioned as ``<topic>``)."""
+    """The ack topic of ``topic``'s leaders: ``<app>-share-ack-<topic>``, co-partitioned with
+    ``topic``. With ``queueflow.processing.guarantee=exactly_once`` members write their
+    ShareAcknowledges here inside the Kafka transaction of their results, and the leader of
+    request partition ``p`` reads partition ``p`` read_committed (docs/architecture.md
+    "Exactly-once: transactional acknowledgements")."""
     return f"{app_id}-share-ack-{topic}"
+
+
+def transactional_id_prefix(app_id: str) -> str:
+    """The prefix of the members' transactional ids: ``<app>-share-txn-``."""
+    return f"{app_id}-share-txn-"
 
 
 def coordinator_topic(app_id: str) -> str:

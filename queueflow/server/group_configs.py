@@ -31,7 +31,7 @@ from queueflow.engine.partition import SharePartitionConfig
 from queueflow.errors import ConfigurationError
 from queueflow.protocol.auth import AssignmentTicket
 from queueflow.server.context import ServerContext
-from queueflow.settings import ShareGroupSettings
+from queueflow.settings import ProcessingGuarantee, ShareGroupSettings
 
 __all__ = ["LeaderGroupConfigs", "describe", "effective", "engine_config", "ticket_configs"]
 
@@ -77,6 +77,7 @@ def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePar
         release_abuse_records=settings.member_release_abuse_records,
         release_abuse_ratio_percent=settings.member_release_abuse_ratio_percent,
         release_abuse_window_ms=settings.member_release_abuse_window_ms,
+        release_by_lock_end=settings.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE,
     )
 
 

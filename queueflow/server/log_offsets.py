@@ -87,6 +87,13 @@ class LogOffsets:
         consumer = await self._client()
         return self._raise_end(tp, (await consumer.end_offsets([tp]))[tp])
 
+    async def log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Refresh and return the high watermarks of ``tps`` (read_uncommitted ListOffsets,
+        one round trip per broker)."""
+        consumer = await self._client()
+        ends = await consumer.end_offsets(list(tps))
+        return {tp: self._raise_end(tp, ends[tp]) for tp in tps}
+
     def _raise_end(self, tp: TopicPartition, end: int) -> int:
         """Record a high watermark seen for ``tp``; returns the highest seen. Never lowers it:
         a ListOffsets answer can be older than what an arrivals consumer read meanwhile, and

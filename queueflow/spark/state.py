@@ -184,8 +184,8 @@ def state_rows(
                 log.warning("state_corrupt", topic=topic, key=repr(key), error=error)
                 yield _error_row(view, None, topic, None, error)
             continue
-        if kind == "R" or (group is not None and g != group):
-            continue  # "R": a leader's request-log position, not share-partition state
+        if kind in ("R", "A") or (group is not None and g != group):
+            continue  # "R"/"A": a leader's request-log / ack-log position, not state
         entries = by_sp[(g, partition)]
         if delta is None:
             entries.snapshot = value

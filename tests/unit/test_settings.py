@@ -360,8 +360,10 @@ LIMIT_FIELDS = {
 def test_engine_defaults_come_from_the_table() -> None:
     cfg = SharePartitionConfig()
     assert {f.name for f in dataclasses.fields(cfg)} == set(ENGINE_FIELDS) | set(LIMIT_FIELDS) | {
-        "renew_enabled"
+        "renew_enabled",
+        "release_by_lock_end",  # from queueflow.processing.guarantee (group_configs)
     }
+    assert cfg.release_by_lock_end is False
     for attr, name in {**ENGINE_FIELDS, **LIMIT_FIELDS}.items():
         assert getattr(cfg, attr) == BY_NAME[name].default, attr
     assert cfg.renew_enabled is BY_NAME["share.renew.acknowledge.enable"].default

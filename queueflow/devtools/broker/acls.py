@@ -190,7 +190,13 @@ async def _create(client_kwargs: dict[str, Any], rows: list[tuple[Any, ...]]) ->
             await admin.close()
 
 
-def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) -> list[AclBinding]:
+def role_acls(
+    role: str,
+    principal: str,
+    app_id: str,
+    sources: Iterable[str],
+    exactly_once: bool = False,
+) -> list[AclBinding]:
     """The minimal ALLOW ACLs of ``role`` for app ``app_id`` on source topics ``sources``: exactly
     the table of docs/operations.md ("Secured clusters"). DESCRIBE is never listed: Kafka implies
     it from READ and WRITE.
@@ -200,6 +206,10 @@ def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) ->
         principal: e.g. ``"User:alice"`` or ``"User:CN=alice"``.
         app_id: the queueflow app id (Faust app id).
         sources: the source topics.
+        exactly_once: the app runs ``queueflow.processing.guarantee=exactly_once``: leaders
+            create and read the ack topics, members write them inside transactions (WRITE and
+            DESCRIBE on the transactional ids ``<app>-share-txn-*``, IDEMPOTENT_WRITE on the
+            cluster).
 
     Raises:
         ValueError: an unknown role.
@@ -222,6 +232,12 @@ def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) ->
             grant(f"{app_id}-{qf_topics.state_table(source)}-changelog", "create", "read", "write")
         if handles:
             grant(fetch, "write")
+        if exactly_once:
+            ack = qf_topics.ack_topic(app_id, source)
+            if serves:
+                grant(ack, "create", "read")
+            if handles:
+                grant(ack, "write")
     if serves:
         grant(coordinator, "create", "read", "write")
         grant(replies, "create", "write")
@@ -237,6 +253,13 @@ def role_acls(role: str, principal: str, app_id: str, sources: Iterable[str]) ->
     ]
     if serves:
         acls.append(AclBinding(principal, "group", app_id, "read"))
+    if exactly_once and role != "consumer" and handles:
+        txn = qf_topics.transactional_id_prefix(app_id)
+        acls += [
+            AclBinding(principal, "transactional_id", txn, "write", "prefixed"),
+            AclBinding(principal, "transactional_id", txn, "describe", "prefixed"),
+            AclBinding(principal, "cluster", "kafka-cluster", "idempotent_write"),
+        ]
     return acls
 
 
@@ -245,15 +268,17 @@ def app_acls(
     sources: Iterable[str],
     leader_principals: Iterable[str],
     member_principals: Iterable[str],
+    exactly_once: bool = False,
 ) -> list[AclBinding]:
     """The minimal ACLs of an app (docs/operations.md "Minimal ACLs"): the ``leader`` column
     for each leader principal, the ``member`` column for each member principal (a
     ``ShareConsumer`` needs the same). Only these principals may write the internal topics once
-    the broker refuses what no ACL allows (``allow.everyone.if.no.acl.found=false``)."""
+    the broker refuses what no ACL allows (``allow.everyone.if.no.acl.found=false``).
+    ``exactly_once``: see :func:`role_acls`."""
     names = list(sources)
     out: list[AclBinding] = []
     for principal in leader_principals:
-        out += role_acls("leader", principal, app_id, names)
+        out += role_acls("leader", principal, app_id, names, exactly_once)
     for principal in member_principals:
-        out += role_acls("member", principal, app_id, names)
+        out += role_acls("member", principal, app_id, names, exactly_once)
     return sorted(set(out), key=lambda b: (b.principal, b.resource_name, b.operation))

@@ -66,6 +66,12 @@ def _client_kwargs(
     default=None,
     help="Kafka's request_percentage quota of each member principal.",
 )
+@click.option(
+    "--exactly-once",
+    is_flag=True,
+    help="The app runs queueflow.processing.guarantee=exactly_once: add the ack topics' and "
+    "the members' transactional ACLs.",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would be applied; apply nothing.")
 @click.option(
     "--security-protocol",
@@ -85,6 +91,7 @@ def apply(
     member_principal: tuple[str, ...],
     member_producer_byte_rate: int | None,
     member_request_percentage: float | None,
+    exactly_once: bool,
     dry_run: bool,
     security_protocol: str,
     sasl_mechanism: str | None,
@@ -97,7 +104,7 @@ def apply(
     internal topics) and set the member principals' producer quotas."""
     if not leader_principal and not member_principal:
         raise click.UsageError("give --leader-principal and/or --member-principal")
-    bindings = app_acls(app_id, topics, leader_principal, member_principal)
+    bindings = app_acls(app_id, topics, leader_principal, member_principal, exactly_once)
     quotas: dict[str, float] = {}
     if member_producer_byte_rate is not None:
         quotas["producer_byte_rate"] = member_producer_byte_rate

@@ -12,6 +12,7 @@ from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition
 from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.server.leader import handlers
+from queueflow.server.leader.ack_clock import AckClock
 from queueflow.server.leader.cache import SharePartitionCache
 from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
 from queueflow.server.tickets import TicketGate, TicketRefusal
@@ -48,6 +49,14 @@ class ShareFetcher:
         self.tickets = tickets
         self.configs = configs
         self.cache = cache
+        #: The lock clock of an exactly-once leader (set by its ack reader), else ``None``.
+        self.lock_clock: AckClock | None = None
+
+    def expiry_ms(self, partition: int, now: int) -> int:
+        """The time to expire locks of ``partition`` as of: ``now``, or on an exactly-once
+        leader ``min(now, ack_safe_ms)`` (:mod:`~queueflow.server.leader.ack_clock`)."""
+        clock = self.lock_clock
+        return now if clock is None else clock.expiry_ms(partition, now)
 
     def check_ticket(
         self, request: protocol.ShareFetchRequest, partition: int, now: int, *, acquiring: bool
@@ -107,7 +116,13 @@ class ShareFetcher:
         if acquire and request.max_records > 0 and now < request.deadline_ms:
             acquire_from, more = await self.acquire_from(request, durable, now)
             effects = effects + more
-        fetched = handlers.share_fetch(durable, request, now, acquire_from=acquire_from)
+        fetched = handlers.share_fetch(
+            durable,
+            request,
+            now,
+            acquire_from=acquire_from,
+            expire_ms=self.expiry_ms(partition, now),
+        )
         return replace(fetched, effects=effects + fetched.effects)
 
     async def acquire_from(

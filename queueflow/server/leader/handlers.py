@@ -121,6 +121,7 @@ def share_fetch(
     now_ms: int,
     *,
     acquire_from: tuple[int | None, TicketRefusal | None] | None,
+    expire_ms: int | None = None,
 ) -> FetchResult:
     """Apply a request's acknowledgements atomically, then acquire (KIP-932 "ShareFetch API":
     expire elapsed locks first).
@@ -131,12 +132,14 @@ def share_fetch(
         now_ms: wall-clock ms.
         acquire_from: ``None`` to acquire nothing; else ``(log_end, refusal)``: the high
             watermark to acquire below and the ticket's refusal for acquiring (or ``None``).
+        expire_ms: the time to expire locks as of (default ``now_ms``; an exactly-once
+            leader's ``min(now, ack_safe_ms)``: :mod:`~queueflow.server.leader.ack_clock`).
 
     Returns:
         The answer and the share-partition (the caller writes its changes).
     """
     response = new_response(request, durable.topic, durable.partition)
-    _expired, effects = expire(durable, now_ms)
+    _expired, effects = expire(durable, now_ms if expire_ms is None else expire_ms)
     engine = durable.engine
     if request.acks:
         batches: list[AcknowledgementBatch] = []
@@ -275,7 +278,9 @@ def release_member(
     offset: int,
 ) -> LeaderResult:
     """Release every record the departed member holds in ``holder`` (KIP-932 "Share group
-    membership"; ``None``: the share-partition has no state, nothing to release)."""
+    membership"; ``None``: the share-partition has no state, nothing to release). On an
+    exactly-once app the engine ends the member's locks at ``now_ms`` instead (they elapse as
+    of the lock clock: :mod:`~queueflow.server.leader.ack_clock`)."""
     released = 0 if holder is None else holder.engine.release_member(message.member_id, now_ms)
     if not released or holder is None:
         return NOTHING

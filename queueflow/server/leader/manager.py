@@ -336,7 +336,8 @@ class ShareLeader:
             case protocol.Fence(leader_epoch=epoch):
                 return fencing.on_fence(self.fencing, partition, epoch)
             case protocol.Tick():
-                return handlers.tick([d for _key, d in self.cache.live(partition)], now)
+                held = [d for _key, d in self.cache.live(partition)]
+                return handlers.tick(held, self.fetcher.expiry_ms(partition, now))
             case protocol.ReleaseMember():
                 return await self._release(message, partition, offset, now)
             case protocol.ResetSharePartition():

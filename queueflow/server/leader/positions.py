@@ -10,6 +10,8 @@ request_position_key`), so a new leader skips what its predecessor applied.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from queueflow.errors import CorruptStateError
 from queueflow.logging import get_logger
 from queueflow.protocol.state_codec import (
@@ -28,12 +30,22 @@ class RequestPositions:
     Args:
         table: the state table.
         topic: the source topic (for logs).
-        request_topic: its request topic (for errors).
+        request_topic: its request topic (for errors), or the ack topic.
+        key: the table key of a partition's position: :func:`~queueflow.protocol.state_codec.
+            request_position_key`, or :func:`~queueflow.protocol.state_codec.ack_position_key`
+            for the ack reader of an exactly-once leader.
     """
 
-    def __init__(self, table: StateTable, topic: str, request_topic: str) -> None:
+    def __init__(
+        self,
+        table: StateTable,
+        topic: str,
+        request_topic: str,
+        key: Callable[[int], bytes] = request_position_key,
+    ) -> None:
         self.table = table
         self.request_topic = request_topic
+        self._key = key
         self._applied: dict[int, int] = {}
         self._log = get_logger("queueflow.server.leader", topic=topic)
 
@@ -57,18 +69,23 @@ class RequestPositions:
         self._applied[partition] = offset
         return True
 
+    def applied(self, partition: int) -> int:
+        """The offset of the last request of ``partition`` applied (read once from the table)."""
+        applied = self._applied.get(partition)
+        return self.load(partition) if applied is None else applied
+
     def forget(self, partition: int) -> None:
         """Re-read the position when ``partition`` comes back (others may apply more)."""
         self._applied.pop(partition, None)
 
     def write(self, partition: int, offset: int) -> None:
         """Persist ``offset`` as the last request of ``partition`` applied (after its state)."""
-        self.table[request_position_key(partition)] = encode_request_position(offset)
+        self.table[self._key(partition)] = encode_request_position(offset)
 
     def _persisted(self, partition: int) -> int:
         """The offset of the last request of ``partition`` whose changes a leader wrote (-1:
         none, or unreadable: then requests are applied from Faust's committed offset)."""
-        raw = self.table.get(request_position_key(partition))
+        raw = self.table.get(self._key(partition))
         if raw is None:
             return -1
         try:
