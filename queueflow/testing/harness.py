@@ -91,7 +91,7 @@ class RecordRef:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One delivery of a record: to ``member`` (a label, ``"<agent name>#<n>"``), with
+    """One delivery of a record: to ``member`` (its label, ``"handler#0"``), with
     ``delivery_count`` (KIP-932, this delivery included)."""
 
     member: str
@@ -244,7 +244,8 @@ class ShareAgentHarness:
         topic: the source topic of a bare handler.
         group: the share group of a bare handler (default ``"test-group"``).
         members: members per agent (each a :class:`~queueflow.ShareAgent` with the same
-            handler and options, labelled ``"<agent name>#0"``, ``#1``...).
+            handler and options), labelled ``"<name>#0"``, ``"<name>#1"``... where ``<name>``
+            is the last dotted part of the agent's name (``"handler#0"``).
         partitions: the partition count of every topic not in ``topics``.
         topics: partition counts by topic name, e.g. ``{"orders": 3, "results": 1}``
             (sink and dead-letter topics must be listed to exist, as on Kafka).
@@ -822,20 +823,35 @@ class ShareAgentHarness:
         if step_ms is not None and step_ms < 1:
             raise ValueError(f"advance(step_ms={step_ms}); must be >= 1 (ms)")
         left = ms
-        report = IdleReport(self._done())
         while True:
             step = left if step_ms is None else min(step_ms, left)
-            self.clock.advance(step)
+            await self._move(step)
             left -= step
-            await self._heartbeat_all()
-            await self.cluster.tick()
+            await self._heartbeat_all(until_stable=True)  # assignments after expiries
             report = await self.run_until_idle(timeout_s)
             if left <= 0:
                 return report
 
+    async def _move(self, ms: int) -> None:
+        """Move the clock ``ms`` forward in beats of at most a heartbeat interval, each with
+        the live members' heartbeats and ticks: a coordinator that hears nothing for two
+        heartbeat intervals takes the silence for its own outage and forgives every session
+        (see ``touch_after_silence`` in queueflow/server/coordinator/membership.py)."""
+        beat = max(self.settings.heartbeat_interval_ms, 1)
+        while True:
+            step = min(beat, ms)
+            self.clock.advance(step)
+            ms -= step
+            await self._heartbeat_all()
+            # The ticker ticks the coordinator every few ticks only (its sessions are long).
+            for _ in range(self.cluster.ticker.coordinator_every):
+                await self.cluster.tick()
+            if ms <= 0:
+                return
+
     # -- members ---------------------------------------------------------------------------
     def member(self, label: str) -> ShareAgent:
-        """The running member labelled ``label`` (``"<agent name>#<n>"``).
+        """The running member labelled ``label`` (``"handler#0"``).
 
         Raises:
             KeyError: no such member (the message lists them).
