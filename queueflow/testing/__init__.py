@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from queueflow.testing.clock import FakeClock
+from queueflow.engine.state import RecordState
 from queueflow.testing.harness import (
     Delivery,
     HandlerError,
@@ -40,6 +41,7 @@ __all__ = [
     "Outcome",
     "RecordHistory",
     "RecordRef",
+    "RecordState",
     "ShareAgentHarness",
     "SharePartitionState",
     "WorkerProcess",

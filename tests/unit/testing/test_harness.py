@@ -287,7 +287,7 @@ def test_misuse_says_what_to_do() -> None:
         h.put(b"x", partition=5)
     with pytest.raises(ConfigurationError, match=r"unknown topic 'nope'.*topics=\{'nope'"):
         h.put(b"x", topic="nope")
-    with pytest.raises(TypeError, match="carries raw bytes.*put a bytes value, not dict"):
+    with pytest.raises(TypeError, match=r"carries raw bytes.*put a bytes value, not dict"):
         h.put({"a": 1})
     with pytest.raises(ConfigurationError, match="no agent of the harness has dead_letter"):
         h.dead_letters()
