@@ -13,8 +13,8 @@
 
 from __future__ import annotations
 
-from queueflow.testing.clock import FakeClock
 from queueflow.engine.state import RecordState
+from queueflow.testing.clock import FakeClock
 from queueflow.testing.harness import (
     Delivery,
     HandlerError,

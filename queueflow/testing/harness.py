@@ -35,7 +35,7 @@ import structlog
 
 from queueflow.engine.state import RecordState
 from queueflow.errors import ConfigurationError
-from queueflow.member.agent import Handler, ShareAgent, ShareAgentOptions
+from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.flow import Backoff
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
@@ -257,6 +257,9 @@ class ShareAgentHarness:
             ``group_config``.
         clock: the fake clock (default: a new :class:`~queueflow.testing.FakeClock`).
         app_id: the app id of the in-memory cluster.
+        decode: replaces each record's ``value`` (and ``key``) by its decoded form before the
+            handler sees it, raising if it can't (the record is then REJECTed); default: an
+            agent's own decoding (its Faust topic's serializers), raw bytes for a bare handler.
         **options: :class:`~queueflow.member.agent.ShareAgentOptions` fields
             (``concurrency=``, ``batch=``, ``batch_size=``, ``lock_duration_ms=``,
             ``handler_timeout_ms=``, ...) for a bare handler, or overriding the agents' own.
@@ -280,6 +283,7 @@ class ShareAgentHarness:
         group_configs: Mapping[str, Mapping[str, Any]] | None = None,
         clock: FakeClock | None = None,
         app_id: str = "harness",
+        decode: Decoder | None = None,
         **options: Any,
     ) -> None:
         if not agents:
@@ -290,6 +294,9 @@ class ShareAgentHarness:
         if members < 1:
             raise ConfigurationError(f"members={members}; must be >= 1")
         self.specs = [self._spec(a, topic, group, options) for a in agents]
+        if decode is not None:
+            for spec in self.specs:
+                spec.decode = decode
         counts = dict(topics or {})
         for spec in self.specs:
             counts.setdefault(spec.topic, partitions)
