@@ -216,6 +216,8 @@ class _Spec:
     options: ShareAgentOptions
     decode: Any
     faust_topic: Any  # the agent's Faust topic (serializers), or None
+    #: More ShareAgent arguments taken from the agent (its results' encoder, if it has one).
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _faust_topic(agent: ShareAgent) -> Any:
@@ -340,6 +342,7 @@ class ShareAgentHarness:
             opts = dataclasses.replace(agent.options, **options) if options else agent.options
             if opts.name is None:
                 opts = dataclasses.replace(opts, name=agent.name)
+            encoder = getattr(getattr(agent, "publisher", None), "encoder", None)
             return _Spec(
                 agent.handler,
                 topic or agent.topic_name,
@@ -347,6 +350,7 @@ class ShareAgentHarness:
                 opts,
                 agent.decode,
                 _faust_topic(agent),
+                {"encode": encoder} if encoder is not None else {},
             )
         if not callable(agent):
             raise TypeError(
@@ -500,6 +504,7 @@ class ShareAgentHarness:
                     spec.options,
                     decode=spec.decode,
                     client_id=f"{spec.options.name}#{n}",
+                    **spec.extra,
                 )
                 agent.dispatch.backoff = _RealTimeBackoff(self.clock)
                 label = f"{agent.name.rsplit('.', 1)[-1]}#{n}"
