@@ -690,7 +690,24 @@ class ShareAgentHarness:
             and not a.runner.queued
             and (a.session is None or not list(a.session.acks.partitions()))
             for a in self.members
+            if not a.stopping  # a crashed member's leftovers are not work
         )
+
+    def _surely_busy(self) -> bool:
+        """Work that happens without time moving, whatever the timing: outcomes waiting to
+        be sent, queued records with a handler free, a call past its deadline not yet
+        cancelled (the watchdog's next round cancels it)."""
+        for a in self.members:
+            if a.stopping or a.deadlines.all_stuck:
+                continue
+            if a.session is not None and list(a.session.acks.partitions()):
+                return True
+            if a.runner.queued and a.runner.busy < a.concurrency:
+                return True
+            now = a.ctx.clock.monotonic()
+            if any(c.cancelled_at is None and now >= c.deadline for c in a.deadlines.calls):
+                return True
+        return False
 
     def _fingerprint(self) -> tuple[Any, ...]:
         parts: list[Any] = [tuple(len(log) for log in self.cluster.records.values())]
@@ -794,7 +811,7 @@ class ShareAgentHarness:
             fingerprint = self._fingerprint()
             if fingerprint != last:
                 last, quiet_since = fingerprint, now
-            elif now - quiet_since >= QUIET_S:
+            elif now - quiet_since >= QUIET_S and not self._surely_busy():
                 return IdleReport(False, tuple(self._waiting()))
             if now >= deadline:
                 waiting = "\n  ".join(self._waiting()) or "(nothing in flight)"
