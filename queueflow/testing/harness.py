@@ -6,7 +6,7 @@ In the manner of Kafka Streams' ``TopologyTestDriver`` and Faust's ``agent.test_
     async with ShareAgentHarness(resize_image) as h:   # the @app.share_agent object
         h.put({"url": "a.png"})                       # encoded as the agent's topic would
         await h.run_until_idle()
-        assert h.history(0).outcomes == [ACCEPT]
+        assert h.history(0).outcome_types == [ACCEPT]
 
 :class:`ShareAgentHarness` wraps an :class:`~queueflow.testing.inprocess.InProcessCluster` (the
 real :class:`~queueflow.server.coordinator.ShareGroupCoordinator` and
@@ -252,7 +252,8 @@ class ShareAgentHarness:
         topics: partition counts by topic name, e.g. ``{"orders": 3, "results": 1}``
             (sink and dead-letter topics must be listed to exist, as on Kafka).
         settings: share-group setting overrides (attribute or KIP names) on top of
-            :data:`HARNESS_SETTINGS` (``share.auto.offset.reset`` is ``earliest`` here).
+            :data:`HARNESS_SETTINGS` (``share.auto.offset.reset`` is ``earliest`` here); the
+            ``QUEUEFLOW_*`` environment variables are not read, so tests don't depend on them.
         group_config: group configs for every agent's group, e.g.
             ``{"share.delivery.count.limit": 3, "share.record.lock.duration.ms": 5000}``.
         group_configs: group configs by group, as ``App(group_configs=...)``; win over
@@ -267,8 +268,9 @@ class ShareAgentHarness:
             ``handler_timeout_ms=``, ...) for a bare handler, or overriding the agents' own.
 
     Raises:
-        ConfigurationError: no agent, a bare handler without ``topic=``, an agent whose topic is
-            unknown, an invalid option, setting or group config.
+        ConfigurationError: no agent, a bare handler without ``topic=``, ``members`` < 1, an
+            invalid option (:class:`~queueflow.member.agent.ShareAgentOptions`), setting or
+            group config.
         TypeError: something that is neither a share agent nor an async handler.
     """
 
@@ -382,7 +384,7 @@ class ShareAgentHarness:
             await send(topic, partition, value, key)
 
         bus.send = tapped_send  # type: ignore[method-assign]
-        for name, leader in cluster.leaders.items():
+        for name in cluster.leaders:
             request_topic = internal.request_topic(cluster.app_id, name)
             handle = bus.handlers[request_topic]
 
@@ -400,7 +402,6 @@ class ShareAgentHarness:
                     self._seen_request(_topic, partition, value, before)
 
             bus.handlers[request_topic] = tapped
-            del leader
 
     def _window(self, topic: str, partition: int) -> dict[str, set[int]]:
         """Per group: the offsets of ``topic[partition]`` in flight and not yet final."""
