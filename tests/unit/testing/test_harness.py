@@ -376,3 +376,45 @@ def test_queueflow_testing_imports_without_pytest() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "ShareAgentHarness"
+
+
+def test_members_racing_on_one_partition_handle_each_record_once() -> None:
+    """Three members of the group on one partition (KIP-932 lets several members share a
+    partition): each record is acquired by one member at a time. One stopped while its calls
+    hang past ``queueflow.shutdown.timeout.ms`` leaves the group, its records go to the others
+    (delivery count 2) and every record ends ACCEPTed."""
+    handled: Counter[int] = Counter()
+    gate = asyncio.Event()
+
+    async def handler(record: ShareRecord) -> None:
+        handled[record.offset] += 1
+        await gate.wait()
+
+    async def scenario() -> set[int]:
+        async with ShareAgentHarness(handler, topic="jobs", members=3, concurrency=2) as h:
+            h.put_many(f"r{i}".encode() for i in range(12))
+            report = await h.run_until_idle()
+            assert not report.done  # every handler call waits on the gate
+            view = h.share_partition(0)
+            assert view is not None
+            owners = {o: owner for o, (_, _, owner) in view.in_flight.items() if owner}
+            assert len(set(owners.values())) >= 2  # they raced for the partition's records
+            held = {o for o, owner in owners.items() if owner == "handler#0"}
+            assert held
+            await h.stop_member("handler#0")  # its calls hang: cancelled after 200 ms
+            gate.set()
+            assert (await h.run_until_idle()).done
+            assert len(h.acknowledged()) == 12
+            for record in h.records():
+                again = record.offset in held
+                assert record.delivery_count == (2 if again else 1), record
+                assert record.outcome_types[-1] is ACCEPT
+                if again:
+                    assert record.deliveries[1].member != "handler#0"
+            assert any(line["event"] == "drain_timeout" for line in h.logs)
+            return held
+
+    held = run(scenario())
+    # its records queued behind the hung calls were released unhandled: handled once, elsewhere
+    assert set(handled) == set(range(12))
+    assert all(n == 1 or (n == 2 and o in held) for o, n in handled.items())
