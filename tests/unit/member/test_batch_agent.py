@@ -25,7 +25,7 @@ from queueflow.errors import ConfigurationError
 from queueflow.member.agent import ShareAgent, batch_outcomes
 from queueflow.member.reader import share_records
 from queueflow.structs import AcknowledgeType, ShareRecord
-from queueflow.testing import FakeClock
+from queueflow.testing import FakeClock, ShareAgentHarness
 from queueflow.testing.inprocess import InProcessCluster
 
 ACCEPT, RELEASE, REJECT = queueflow.ACCEPT, queueflow.RELEASE, queueflow.REJECT
@@ -48,7 +48,6 @@ def test_each_record_gets_its_own_outcome_at_the_leader() -> None:
     """One outcome per record, in order: the RELEASEd records come back with delivery count 2,
     the REJECTed one never comes back (Archived), the ACCEPTed ones and ``None`` are
     Acknowledged; the handler's calls hold the records of one ShareFetch each."""
-    clock = FakeClock()
     calls: list[list[tuple[int, int]]] = []
     first = [ACCEPT, RELEASE, REJECT, None, RELEASE, AcknowledgeType.ACCEPT]
 
@@ -59,10 +58,29 @@ def test_each_record_gets_its_own_outcome_at_the_leader() -> None:
         return [ACCEPT] * len(records)
 
     async def scenario() -> dict[str, int]:
-        async with cluster_with(6, clock=clock) as cluster:
-            agent = await cluster.agent(handler, TOPIC, "g", concurrency=8, batch=True)
-            await until(lambda: spso(cluster) == 6, "every record done", clock)
-            assert [state(cluster, o)[0] for o in range(6)] == [RecordState.ARCHIVED] * 6
+        h = ShareAgentHarness(handler, topic=TOPIC, group="g", concurrency=8, batch=True)
+        h.put_many(f"r{i}".encode() for i in range(6))  # before the first fetch
+        async with h:
+            assert (await h.run_until_idle()).done
+            view = h.share_partition(0)
+            assert view is not None and (view.spso, view.speo) == (6, 6)
+            assert [r.state for r in h.records()] == [
+                RecordState.ACKNOWLEDGED,
+                RecordState.ACKNOWLEDGED,
+                RecordState.ARCHIVED,
+                RecordState.ACKNOWLEDGED,
+                RecordState.ACKNOWLEDGED,
+                RecordState.ACKNOWLEDGED,
+            ]
+            assert [r.outcome_types for r in h.records()] == [
+                [ACCEPT],
+                [RELEASE, ACCEPT],
+                [REJECT],
+                [ACCEPT],
+                [RELEASE, ACCEPT],
+                [ACCEPT],
+            ]
+            (agent,) = h.members
             await agent.stop()
             return agent.stats.as_dict()
 
@@ -78,7 +96,6 @@ def test_each_record_gets_its_own_outcome_at_the_leader() -> None:
 def test_one_outcome_for_the_whole_batch() -> None:
     """A single outcome applies to every record: RELEASE brings them all back (count 2),
     REJECT then Archives them all; nothing is delivered a third time."""
-    clock = FakeClock()
     calls: list[list[tuple[int, int]]] = []
 
     async def handler(records: list[ShareRecord]) -> AcknowledgeType:
@@ -86,9 +103,13 @@ def test_one_outcome_for_the_whole_batch() -> None:
         return RELEASE if records[0].delivery_count == 1 else REJECT
 
     async def scenario() -> None:
-        async with cluster_with(3, clock=clock) as cluster:
-            agent = await cluster.agent(handler, TOPIC, "g", concurrency=2, batch=True)
-            await until(lambda: spso(cluster) == 3, "every record archived", clock)
+        h = ShareAgentHarness(handler, topic=TOPIC, group="g", concurrency=2, batch=True)
+        h.put_many(f"r{i}".encode() for i in range(3))  # before the first fetch
+        async with h:
+            assert (await h.run_until_idle()).done
+            assert [r.offset for r in h.archived()] == [0, 1, 2]
+            assert {tuple(r.outcome_types) for r in h.records()} == {(RELEASE, REJECT)}
+            (agent,) = h.members
             await agent.stop()
             assert agent.stats.rejected == 3 and agent.stats.released == 3
 

@@ -18,7 +18,7 @@ import queueflow
 from queueflow.errors import ConfigurationError
 from queueflow.member.agent import ShareAgent
 from queueflow.structs import ShareRecord
-from queueflow.testing import FakeClock
+from queueflow.testing import FakeClock, RecordState, ShareAgentHarness
 from queueflow.testing.inprocess import InProcessCluster
 
 ACCEPT = queueflow.ACCEPT
@@ -45,7 +45,6 @@ def hangs_on_first_delivery(
 
 
 def test_a_call_past_its_handler_timeout_is_cancelled_and_its_record_released() -> None:
-    clock = FakeClock()
     calls: list[int] = []
     cancelled = asyncio.Event()
 
@@ -60,22 +59,26 @@ def test_a_call_past_its_handler_timeout_is_cancelled_and_its_record_released() 
         return ACCEPT
 
     async def scenario() -> None:
-        async with cluster_with(1, clock=clock) as cluster:
-            with capture_logs() as logs:
-                agent = await cluster.agent(handler, TOPIC, "g", handler_timeout_ms=500)
-                await eventually(lambda: calls == [1], "the first call started")
-                clock.advance(400)
-                await asyncio.sleep(0.3)  # three watchdog rounds: not due yet
-                assert not cancelled.is_set()
-                clock.advance(200)
-                await eventually(cancelled.is_set, "the call cancelled at 500 ms")
-                await until(lambda: calls == [1, 2], "the record delivered again", clock)
-                view = cluster.share_partition("g", TOPIC, 0)
-                await until(lambda: int(view.start_offset) == 1, "ACCEPTed: the SPSO moved", clock)
-                assert agent.stats.handler_timeouts == 1 and agent.stats.accepted == 1
-            (timed_out,) = events(logs, "handler_timed_out_records_released")
-            assert timed_out["offset"] == 0 and timed_out["handler_timeout_ms"] == 500
-            assert cluster.metrics.handler_errors.labels("g", TOPIC, "timeout")._value.get() == 1
+        async with ShareAgentHarness(handler, topic=TOPIC, group="g", handler_timeout_ms=500) as h:
+            h.put(b"r0")
+            assert not (await h.run_until_idle()).done
+            assert calls == [1]  # the first call started
+            await h.advance(ms=400)  # the watchdog ran: not due yet
+            assert not cancelled.is_set()
+            assert h.history(0).outcome_types == []
+            assert (await h.advance(ms=200)).done  # cancelled at 500 ms, delivered again
+            assert cancelled.is_set() and calls == [1, 2]
+            record = h.history(0)
+            assert record.outcome_types == [queueflow.RELEASE, ACCEPT]
+            assert record.state is RecordState.ACKNOWLEDGED  # the SPSO moved
+            (agent,) = h.members
+            assert agent.stats.handler_timeouts == 1 and agent.stats.accepted == 1
+            (timed_out,) = h.handler_errors
+            assert timed_out.event == "handler_timed_out_records_released"
+            assert timed_out.line["offset"] == 0
+            assert timed_out.line["handler_timeout_ms"] == 500
+            metric = h.cluster.metrics.handler_errors.labels("g", TOPIC, "timeout")
+            assert metric._value.get() == 1
 
     run(scenario())
 

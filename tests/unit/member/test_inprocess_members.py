@@ -25,7 +25,7 @@ from queueflow.member.session import ShareFetchSession
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.structs import ShareRecord, TopicPartition
-from queueflow.testing import FakeClock
+from queueflow.testing import FakeClock, ShareAgentHarness
 from queueflow.testing.inprocess import InProcessCluster
 
 TP0, TP1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
@@ -270,21 +270,25 @@ def test_an_undecodable_record_is_rejected_without_calling_the_handler() -> None
     async def handler(record: ShareRecord) -> None:
         seen[record.offset] = record.value
 
-    async def scenario() -> dict[str, int]:
-        async with cluster_with(4) as cluster:
-            agent = await cluster.agent(handler, TOPIC, "g", decode=decode)
-            await eventually(lambda: spso(cluster) == 4, "every record acknowledged")
+    async def scenario() -> tuple[dict[str, int], list[Any]]:
+        async with ShareAgentHarness(handler, topic=TOPIC, group="g", decode=decode) as h:
+            h.put_many(f"r{i}".encode() for i in range(4))
+            assert (await h.run_until_idle()).done
+            assert [r.offset for r in h.archived()] == [1]
+            assert h.history(1).outcome_types == [queueflow.REJECT]
+            assert h.history(1).delivery_count == 1
+            (agent,) = h.members
             await agent.stop()
-            return agent.stats.as_dict()
+            return agent.stats.as_dict(), h.handler_errors
 
-    with capture_logs() as logs:
-        stats = run(scenario())
+    stats, errors = run(scenario())
     assert seen == {0: "r0", 2: "r2", 3: "r3"}
     assert (stats["undecodable"], stats["rejected"], stats["accepted"]) == (1, 1, 3)
     assert stats["delivered"] == 4 and stats["redelivered"] == 0
-    rejected = events(logs, "undecodable_record_rejected")
-    assert [(e["offset"], e["delivery_count"]) for e in rejected] == [(1, 1)]
-    assert "not UTF-8 enough" in rejected[0]["error"]
+    assert [(e.event, e.line["offset"], e.line["delivery_count"]) for e in errors] == [
+        ("undecodable_record_rejected", 1, 1)
+    ]
+    assert "not UTF-8 enough" in errors[0].error
 
 
 def test_concurrent_handlers_process_every_record_exactly_once() -> None:
@@ -305,12 +309,16 @@ def test_concurrent_handlers_process_every_record_exactly_once() -> None:
         running -= 1
 
     async def scenario() -> dict[str, int]:
-        async with cluster_with(20, partitions=2) as cluster:
-            agent = await cluster.agent(handler, TOPIC, "g", concurrency=4)
-            await eventually(
-                lambda: (spso(cluster, 0), spso(cluster, 1)) == (10, 10),
-                "every record acknowledged",
-            )
+        h = ShareAgentHarness(handler, topic=TOPIC, group="g", partitions=2, concurrency=4)
+        for i in range(20):
+            h.put(f"r{i}".encode(), partition=i % 2)
+        async with h:
+            assert (await h.run_until_idle()).done
+            for p in (0, 1):
+                view = h.share_partition(p)
+                assert view is not None and (view.spso, view.speo) == (10, 10)
+            assert all(r.outcome_types == [queueflow.ACCEPT] for r in h.records())
+            (agent,) = h.members
             await agent.stop()
             return agent.stats.as_dict()
 
