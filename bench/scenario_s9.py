@@ -111,7 +111,7 @@ def scenario_s9(ctx: Context) -> dict[str, Any]:
     ratios: list[float] = []
     for pair in range(pairs):
         order = VARIANTS if pair % 2 == 0 else VARIANTS[::-1]
-        got = {v: guarded(lambda v=v: _one_run(ctx, v, n, pair)) for v in order}
+        got = {v: guarded(lambda v=v, p=pair: _one_run(ctx, v, n, p)) for v in order}
         runs.extend(got.values())
         alo, eos = (got[v].get("rate") for v in VARIANTS)
         if alo and eos:
