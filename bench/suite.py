@@ -14,6 +14,8 @@ S5  memory: leader RSS with 2,000 and 10,000 in-flight records per partition, an
     bytes per in-flight record;
 S6  idle fleet: % of a core used by the leader worker, the broker and each of 4 members on an
     empty 4-partition topic over 30 s, then one record to show the fleet was live;
+S9  exactly-once: ``processing_guarantee="exactly_once"`` against ``"at_least_once"``, a result
+    per record, counted downstream read_committed, as interleaved pairs;
 S8  Spark source throughput: the ``queueflow`` source vs Spark's built-in Kafka source on one
     partition, 1/2/4 tasks, a no-op and a 5 ms-per-record ``foreachBatch``.
 
@@ -54,6 +56,7 @@ from bench.scenario_s4 import scenario_s4
 from bench.scenario_s5 import scenario_s5
 from bench.scenario_s6 import scenario_s6
 from bench.scenario_s8 import scenario_s8
+from bench.scenario_s9 import scenario_s9
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, find_free_ports
 
 __all__ = ["SCENARIOS", "main", "parse_args"]
@@ -67,6 +70,7 @@ MIN_SECONDS = {
     "S5": 40.0,
     "S6": 75.0,  # startup + the 30 s window + the liveness record
     "S8": 240.0,
+    "S9": 150.0,
 }
 SCENARIOS = {
     "S1": scenario_s1,
@@ -76,13 +80,14 @@ SCENARIOS = {
     "S5": scenario_s5,
     "S6": scenario_s6,
     "S8": scenario_s8,
+    "S9": scenario_s9,
 }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=200_000, help="S1 records (default 200000)")
-    p.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S8", help="comma-separated subset")
+    p.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S9,S8", help="comma-separated subset")
     p.add_argument(
         "--s1-variants",
         default="abcdewluh",
@@ -160,6 +165,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="S8 built-in source's Maven coordinate (default "
         "org.apache.spark:spark-sql-kafka-0-10_2.13:<installed pyspark version>)",
     )
+    p.add_argument("--s9-records", type=int, default=20_000, help="S9 records per run")
+    p.add_argument("--s9-pairs", type=int, default=3, help="S9 interleaved pairs (default 3)")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     p.add_argument(
         "--keep-logs",

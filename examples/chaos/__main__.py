@@ -17,6 +17,12 @@
 6. check the ledgers against what was produced and print one JSON line (stdout; progress goes to
    stderr). Exit status 1 if any record was lost.
 
+``--exactly-once`` (``make chaos-exactly-once``): the share agent runs with
+``processing_guarantee="exactly_once"`` and publishes one result per ACCEPTed record to
+``<topic>-results``; the run then reads that topic ``read_committed`` and counts duplicate,
+missing and unexpected results (:mod:`examples.chaos.results`). Exit status 1 also if any of
+them is not 0.
+
 Terminal outcomes: ACCEPT, REJECT, or a delivery with ``delivery_count`` = limit that ended in
 RELEASE/raise (the leader Archives the record). For ids the ledger leaves open, the driver replays
 the share-partition state from the leaders' state changelog (:func:`settle`): a poison record
@@ -52,6 +58,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from examples.chaos.config import ROOT, ChaosConfig
 from examples.chaos.report import print_summary, say
@@ -95,6 +102,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ChaosConfig, argparse
     ap.add_argument("--work-ms", type=float, default=d.work_ms)
     ap.add_argument("--run-dir", type=Path, default=None)
     ap.add_argument("--keep-broker-data", action="store_true")
+    ap.add_argument(
+        "--exactly-once",
+        action="store_true",
+        help="publish a result per ACCEPT with processing_guarantee='exactly_once' and count "
+        "the results downstream (read_committed)",
+    )
     ap.add_argument("-l", "--log-level", default=d.log_level)
     args = ap.parse_args(argv)
     config = ChaosConfig(
@@ -112,6 +125,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[ChaosConfig, argparse
         concurrency=args.concurrency,
         work_ms=args.work_ms,
         log_level=args.log_level,
+        exactly_once=args.exactly_once,
     )
     return config, args
 
@@ -144,7 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if broker is not None and summary["lost"] == 0 and not args.keep_broker_data:
         shutil.rmtree(broker.log_dirs, ignore_errors=True)  # topic data; broker.log stays
     print_summary(summary)
-    return 1 if summary["lost"] else 0
+    return 1 if failed(summary) else 0
+
+
+def failed(summary: dict[str, Any]) -> bool:
+    """A record was lost, or (``--exactly-once``) a result is duplicated, missing or unexpected."""
+    eos = ("results_duplicates", "results_missing", "results_unexpected")
+    return bool(summary["lost"]) or any(summary.get(k, 0) for k in eos)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@ Outcomes, drawn per ``(seed, id, delivery count)`` so a run is reproducible:
   queueflow RELEASEs; the leader Archives them at ``group.share.delivery.count.limit``);
 * otherwise REJECT with probability ``$CHAOS_REJECT`` (default 0.01), RELEASE with probability
   ``$CHAOS_RELEASE`` (default 0.05), else ACCEPT.
+
+With ``$CHAOS_RESULTS_TOPIC`` set (``--exactly-once``), the agent runs with
+``processing_guarantee="exactly_once"`` and an ACCEPTed record publishes one result, its id, to
+that topic (:mod:`examples.chaos.results` counts them downstream).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ CONCURRENCY = int(os.environ.get("CHAOS_CONCURRENCY", "8"))
 LEDGER_EVERY = int(os.environ.get("CHAOS_LEDGER_EVERY", "1"))
 #: Share-group settings by KIP-932 name (JSON); the driver passes the same ones to every worker.
 SHARE_SETTINGS = json.loads(os.environ.get("CHAOS_SHARE_SETTINGS", "{}"))
+#: The results topic of ``--exactly-once`` runs ("" : no results, at-least-once).
+RESULTS_TOPIC = os.environ.get("CHAOS_RESULTS_TOPIC", "")
+if RESULTS_TOPIC:
+    SHARE_SETTINGS.setdefault("queueflow.processing.guarantee", "exactly_once")
 #: Faust consumer-group timeouts (s) of the leaders' group: a SIGKILLed leader must be noticed
 #: in seconds, not after Faust's 60 s default.
 FAUST_SESSION_TIMEOUT_S = float(os.environ.get("CHAOS_FAUST_SESSION_TIMEOUT_S", "10"))
@@ -84,10 +92,28 @@ _ledger.write(
 )
 
 _OUTCOMES = {"ACCEPT": queueflow.ACCEPT, "RELEASE": queueflow.RELEASE, "REJECT": queueflow.REJECT}
+results = (
+    app.topic(RESULTS_TOPIC, key_serializer="raw", value_serializer="raw")
+    if RESULTS_TOPIC
+    else None
+)
 
 
-@app.share_agent(records, group="chaos", concurrency=CONCURRENCY)
-async def handle(record: queueflow.ShareRecord) -> queueflow.AcknowledgeType:
+@app.share_agent(
+    records,
+    group="chaos",
+    concurrency=CONCURRENCY,
+    sink=[results] if results is not None else None,
+    processing_guarantee="exactly_once" if results is not None else None,
+)
+async def handle(record: queueflow.ShareRecord) -> queueflow.AcknowledgeType | queueflow.Result:
+    outcome = await _handle(record)
+    if results is not None and outcome is queueflow.ACCEPT:
+        return queueflow.Result(outcome, [record.value])  # the id, to the results topic
+    return outcome
+
+
+async def _handle(record: queueflow.ShareRecord) -> queueflow.AcknowledgeType:
     if WORK_MS:
         await asyncio.sleep(random.uniform(0, 2 * WORK_MS) / 1000)
     record_id = int(record.value)

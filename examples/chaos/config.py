@@ -68,6 +68,10 @@ class ChaosConfig:
     #: seconds without ledger progress after which open ids are checked against leader state
     stall_check_s: float = 15.0
     log_level: str = "info"
+    #: the share agent publishes one result per ACCEPTed record with
+    #: ``processing_guarantee="exactly_once"``; the run counts them downstream
+    #: (:mod:`examples.chaos.results`)
+    exactly_once: bool = False
 
     @property
     def delivery_limit(self) -> int:

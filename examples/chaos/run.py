@@ -19,6 +19,7 @@ from examples.chaos.config import ROOT, ChaosConfig
 from examples.chaos.leader_state import replay_diagnostics, settle
 from examples.chaos.ledger import Ledger, terminal_line
 from examples.chaos.report import say
+from examples.chaos.results import check_results, read_results, results_topic
 from examples.chaos.timeline import Event
 from examples.chaos.workers import Worker, stop_all, wait_for_leaders
 from queueflow.devtools.broker import LocalBroker, create_topic
@@ -68,6 +69,8 @@ def run(
     topic = f"chaos-{run_id}"
     app_id = f"queueflow-chaos-{run_id}"
     create_topic(bootstrap, topic, config.partitions)
+    if config.exactly_once:
+        create_topic(bootstrap, results_topic(topic), config.partitions)
     # Only the run's parameters: the workers add os.environ and QUEUEFLOW_LOG_FORMAT=json.
     env = dict(
         CHAOS_APP_ID=app_id,
@@ -80,6 +83,7 @@ def run(
         CHAOS_WORK_MS=str(config.work_ms),
         CHAOS_CONCURRENCY=str(config.concurrency),
         CHAOS_SHARE_SETTINGS=json.dumps(config.share_settings),
+        CHAOS_RESULTS_TOPIC=results_topic(topic) if config.exactly_once else "",
     )
     workers = [
         Worker(i, role, run_dir, env, config.log_level) for i, role in enumerate(config.roles)
@@ -263,6 +267,9 @@ def run(
             settled.update(settle(bootstrap, app_id, topic, config, where, open_ids))
     settled = {i: st for i, st in settled.items() if not terminal_line(ledger.lines[i], limit)}
     summary = analyse(config, where, ledger, events, settled, worker_log_events(run_dir))
+    if config.exactly_once:
+        counts = asyncio.run(read_results(bootstrap, results_topic(topic)))
+        summary.update(check_results(ledger, counts, config.records))
     if config.diagnose:
         with contextlib.suppress(Exception):
             timeout_ms = int(config.share_settings.get("queueflow.request.timeout.ms", 10000))

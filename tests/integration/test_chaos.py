@@ -66,3 +66,36 @@ def test_chaos_nothing_lost(
     # Every record ended exactly one way.
     ended = summary["accepted_ids"] + summary["rejected_ids"] + summary["archived_ids"]
     assert ended == RECORDS, detail
+
+
+def test_chaos_exactly_once_results(
+    kafka_bootstrap: str, local_broker: LocalBroker | None, tmp_path: Path
+) -> None:
+    """``--exactly-once``: each ACCEPTed record's result is committed exactly once downstream
+    (read_committed) across SIGKILLs of a member and of a leader ("all") worker mid-run."""
+    records = 2000
+    config = ChaosConfig(
+        records=records,
+        partitions=3,
+        roles=("all", "all", "member", "member"),
+        kill_sequence=("member", "all"),
+        kill_at=(0.2, 0.5),
+        kill_interval_s=4.0,
+        broker_restart=False,
+        timeout_s=150.0,
+        stall_check_s=8.0,
+        seed=1289,
+        concurrency=2,
+        work_ms=40.0,
+        exactly_once=True,
+    )
+    summary = run(config, tmp_path / "chaos", kafka_bootstrap, local_broker, progress=print)
+    print(json.dumps({k: v for k, v in summary.items() if not k.endswith("_sample")}))
+    detail = json.dumps(summary, indent=1)
+    assert summary["lost"] == 0, detail
+    assert summary["kills"] == 2, detail
+    assert summary["results_duplicates"] == 0, detail
+    assert summary["results_missing"] == 0, detail
+    assert summary["results_unexpected"] == 0, detail
+    # one result per ACCEPTed record, and there were many
+    assert summary["results_records"] == summary["results_ids"] > records // 2, detail
