@@ -20,7 +20,7 @@ from typing import Any
 from examples.runner import ExampleRun
 from examples.workqueue.app import ATTEMPTS, MAX_DELIVERIES
 
-__all__ = ["expected_fate", "make_jobs", "main"]
+__all__ = ["expected_fate", "main", "make_jobs"]
 
 
 def make_jobs(count: int) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from typing import Any
 import stamina
 
 import queueflow
-from queueflow import ACCEPT, RELEASE, REJECT, DeadLetter, Result, ShareRecord
+from queueflow import ACCEPT, REJECT, RELEASE, DeadLetter, Result, ShareRecord
 
 PREFIX = os.environ.get("EXAMPLE_PREFIX", "workqueue")
 #: Deliveries of a job that keeps failing before it is dead-lettered.
