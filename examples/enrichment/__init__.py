@@ -1,0 +1,1 @@
+"""Enrichment, exactly once: a share agent enriches orders, a Faust agent keeps totals per key."""
