@@ -122,6 +122,15 @@ class ShareAgent:
         self.processing_guarantee = str(
             options.processing_guarantee or ctx.settings.processing_guarantee
         )
+        if self.processing_guarantee != str(ctx.settings.processing_guarantee) == "at_least_once":
+            # The leaders read the ack topic only on an exactly_once app: the transactional
+            # acknowledgements of this agent would never be applied.
+            raise ConfigurationError(
+                f"share agent {self.name}: processing_guarantee='exactly_once' needs "
+                "queueflow.processing.guarantee=exactly_once on the app (share_settings or "
+                "QUEUEFLOW_PROCESSING_GUARANTEE), so that its leaders apply transactional "
+                "acknowledgements"
+            )
         #: The exactly_once commit path (set at start), or None.
         self.transactions: TransactionalPublisher | None = None
 

@@ -20,6 +20,7 @@ from queueflow.member.agent.transactions import (
     split_late,
     transactional_id,
 )
+from queueflow.settings import ProcessingGuarantee
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 ACCEPT, RELEASE, REJECT = AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT
@@ -33,7 +34,7 @@ def agent() -> ShareAgent:
     async def handler(r: ShareRecord) -> None:
         return None
 
-    ctx = cluster_with(0).member_context
+    ctx = cluster_with(0, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE).member_context
     return ShareAgent(ctx, handler, TOPIC, "g", processing_guarantee="exactly_once")
 
 
@@ -117,7 +118,7 @@ def test_records_too_late_for_a_transaction_are_released_without_one() -> None:
 def test_an_exactly_once_agent_is_refused_at_start_without_transactions() -> None:
     """The in-process cluster has no transactions, as a cluster whose principal lacks the
     transactional-id ACLs: the agent's start fails naming why, and it leaves the group."""
-    c = cluster_with(1)
+    c = cluster_with(1, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE)
 
     async def handler(r: ShareRecord) -> None:
         return None
@@ -129,3 +130,15 @@ def test_an_exactly_once_agent_is_refused_at_start_without_transactions() -> Non
             assert "share-txn-" in str(caught.value) and "no transactions" in str(caught.value)
 
     run(scenario())
+
+
+def test_an_exactly_once_agent_on_an_at_least_once_app_is_refused() -> None:
+    """Its leaders would never read its transactional acknowledgements: refused when built,
+    naming the app setting."""
+
+    async def handler(r: ShareRecord) -> None:
+        return None
+
+    ctx = cluster_with(0).member_context
+    with pytest.raises(ConfigurationError, match="queueflow.processing.guarantee=exactly_once"):
+        ShareAgent(ctx, handler, TOPIC, "g", processing_guarantee="exactly_once")
