@@ -32,7 +32,7 @@ from queueflow.member.producer import KafkaResultProducer
 from queueflow.member.session import ShareFetchSession
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
-from queueflow.settings import ShareGroupSettings
+from queueflow.settings import ProcessingGuarantee, ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord
 from queueflow.testing import JSON_LOG_ENV, WorkerProcess, events, faust_worker_argv
 from queueflow.testing import produce as produce_records
@@ -195,7 +195,9 @@ def test_a_missing_sink_topic_or_an_unencodable_value_releases_the_records(
 def _agent(bootstrap: str, topic: str, tmp: str) -> ShareAgent:
     """An exactly_once agent whose session is built but not joined: enough for its
     transactional publisher, which needs the member's ShareAcknowledge envelope only."""
-    settings = ShareGroupSettings(request_timeout_ms=3000)
+    settings = ShareGroupSettings(
+        request_timeout_ms=3000, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE
+    )
     ctx = MemberContext.for_kafka(KafkaClientConfig(bootstrap), tmp, settings)
 
     async def handler(record: ShareRecord) -> None:

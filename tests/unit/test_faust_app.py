@@ -532,7 +532,7 @@ def test_share_agent_passes_sink_dead_letter_and_guarantee_and_checks_the_guaran
     assert agent.options.sink == (out,) and agent.options.dead_letter == "dlq"
     assert agent.processing_guarantee == "at_least_once"  # the app's default
     assert agent.runner.routes is not None and agent.runner.routes.sinks == (out,)
-    with pytest.raises(ConfigurationError, match="queueflow.processing.guarantee=exactly_once"):
+    with pytest.raises(ConfigurationError, match=r"queueflow\.processing\.guarantee=exactly_once"):
         app.share_agent("jobs", group="h", processing_guarantee="exactly_once")(handler)
     eos_app = make_app(share_settings={"queueflow.processing.guarantee": "exactly_once"})
     eos = eos_app.share_agent("jobs", group="h", processing_guarantee="exactly_once")(handler)

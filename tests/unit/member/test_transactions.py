@@ -140,5 +140,5 @@ def test_an_exactly_once_agent_on_an_at_least_once_app_is_refused() -> None:
         return None
 
     ctx = cluster_with(0).member_context
-    with pytest.raises(ConfigurationError, match="queueflow.processing.guarantee=exactly_once"):
+    with pytest.raises(ConfigurationError, match=r"queueflow\.processing\.guarantee=exactly_once"):
         ShareAgent(ctx, handler, TOPIC, "g", processing_guarantee="exactly_once")
