@@ -33,9 +33,11 @@ def results_topic(topic: str) -> str:
     return f"{topic}-results"
 
 
-async def read_results(bootstrap: str, topic: str, timeout_s: float = 120.0) -> Counter[int]:
-    """Committed results per id in ``topic`` (read_committed, from the start to the end offsets
-    taken when called).
+async def read_results(
+    bootstrap: str, topic: str, partitions: int, timeout_s: float = 120.0
+) -> Counter[int]:
+    """Committed results per id in ``topic`` (``partitions`` partitions; read_committed, from
+    the start to the end offsets taken when called).
 
     Raises:
         TimeoutError: the end was not reached within ``timeout_s``.
@@ -49,15 +51,17 @@ async def read_results(bootstrap: str, topic: str, timeout_s: float = 120.0) -> 
     await consumer.start()
     counts: Counter[int] = Counter()
     try:
-        parts = consumer.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         # read_committed: the end offsets are the last stable offsets (nothing is open now).
         ends = await consumer.end_offsets(tps)
 
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < ends[tp] for tp in tps])
+
         async def drain() -> None:
-            while any(await consumer.position(tp) < ends[tp] for tp in tps):
+            while await behind():
                 batches = await consumer.getmany(*tps, timeout_ms=500)
                 for records in batches.values():
                     for record in records:

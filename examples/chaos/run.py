@@ -268,7 +268,7 @@ def run(
     settled = {i: st for i, st in settled.items() if not terminal_line(ledger.lines[i], limit)}
     summary = analyse(config, where, ledger, events, settled, worker_log_events(run_dir))
     if config.exactly_once:
-        counts = asyncio.run(read_results(bootstrap, results_topic(topic)))
+        counts = asyncio.run(read_results(bootstrap, results_topic(topic), config.partitions))
         summary.update(check_results(ledger, counts, config.records))
     if config.diagnose:
         with contextlib.suppress(Exception):
