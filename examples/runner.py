@@ -139,12 +139,13 @@ class ExampleRun:
 
     def read_until(
         self,
-        topics: Sequence[str],
+        topics: Mapping[str, int],
         done: Callable[[Mapping[str, list[Output]]], bool],
         timeout_s: float,
     ) -> dict[str, list[Output]]:
-        """Read ``topics`` from the start with ``isolation_level="read_committed"`` (what a
-        downstream application sees) until ``done(records by topic)`` or ``timeout_s``.
+        """Read ``topics`` (name -> partitions) from the start with
+        ``isolation_level="read_committed"`` (what a downstream application sees) until
+        ``done(records by topic)`` or ``timeout_s``.
 
         Raises:
             TimeoutError: not done within ``timeout_s`` (the message says what was read);
@@ -160,11 +161,7 @@ class ExampleRun:
             await consumer.start()
             out: dict[str, list[Output]] = {t: [] for t in topics}
             try:
-                tps = [
-                    TopicPartition(t, p)
-                    for t in topics
-                    for p in sorted(consumer.partitions_for_topic(t) or ())
-                ]
+                tps = [TopicPartition(t, p) for t, n in topics.items() for p in range(n)]
                 consumer.assign(tps)
                 await consumer.seek_to_beginning(*tps)
                 deadline = time.monotonic() + timeout_s

@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
         out = run.read_until(
-            [topics["enriched"], topics["dead-letters"], changelog], done, args.timeout
+            {topics["enriched"]: 2, topics["dead-letters"]: 2, changelog: 2}, done, args.timeout
         )
         results = Counter(value["order"] for _, value, _ in out[topics["enriched"]])
         dead = Counter(value["order"] for _, value, _ in out[topics["dead-letters"]])

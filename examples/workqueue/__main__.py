@@ -50,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for role in ("all", "all", "member"):
             run.worker("examples.workqueue.app", role)
         out = run.read_until(
-            [topics["results"], topics["dead-letters"]],
+            {topics["results"]: 2, topics["dead-letters"]: 2},
             lambda o: sum(len(v) for v in o.values()) >= len(jobs),
             args.timeout,
         )
