@@ -12,7 +12,8 @@ REJECTs are collected for at most ``share.acknowledgement.linger`` and committed
    ShareAcknowledge the member would send to the request topic, sealed for the ack topic
    (:meth:`~queueflow.member.session.ShareFetchSession.acknowledge_message`);
 3. every produce must be acknowledged by the brokers, and before the earliest lock deadline of
-   the batch (minus the margin), else abort; then ``commit``.
+   the batch and the member's session lease (the last answered heartbeat's send time plus
+   ``share.session.timeout.ms``), minus the margin, else abort; then ``commit``.
 
 After an abort or a failed commit the records are RELEASEd on the normal path and one error is
 logged (``share_agent_transaction_aborted``). RELEASE outcomes never enter a transaction. The
@@ -44,6 +45,18 @@ if TYPE_CHECKING:
 __all__ = ["Pending", "TransactionalPublisher", "ack_batches", "split_late", "transactional_id"]
 
 _RELEASE = AcknowledgeType.RELEASE
+
+
+class CommitUnknown(Exception):
+    """The commit request itself failed: the transaction may or may not have committed.
+
+    Attributes:
+        error: what the producer raised.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"the transaction's commit failed, its outcome is unknown: {error!r}")
+        self.error = error
 
 
 def transactional_id(app_id: str, group: str, member_id: str) -> str:
@@ -97,6 +110,7 @@ class TransactionalPublisher:
         self._wake = asyncio.Event()
         self._producer: ResultProducer | None = None
         self._lock = asyncio.Lock()  # one transaction at a time
+        self._member_id = ""
         #: Transactions committed and aborted (for tests and the drain log).
         self.committed = 0
         self.aborted = 0
@@ -111,6 +125,7 @@ class TransactionalPublisher:
         """
         agent = self.agent
         ctx = agent.ctx
+        self._member_id = member_id
         producer = ctx.io.result_producer(
             f"{agent.client_id}:txn",
             transactional_id(ctx.app_id, agent.group, member_id),
@@ -194,9 +209,10 @@ class TransactionalPublisher:
             PublishError: a result could not be encoded or produced.
             Exception: the transaction failed (its records are RELEASEd by the caller).
         """
+        if self._producer is None:  # closed after a failed transaction: a fresh one
+            await self.start(self._member_id)
         producer = self._producer
-        if producer is None:
-            raise RuntimeError("the transactional producer was not started")
+        assert producer is not None
         agent = self.agent
         clock, session = agent.ctx.clock, agent.session
         assert session is not None
@@ -205,7 +221,11 @@ class TransactionalPublisher:
         for tp, acks in ack_batches(ready).items():
             key, value = session.acknowledge_message(tp, acks, ack_topic)
             records.append((ack_topic, value, key, (), tp.partition))
-        limit = min(p.record.lock_deadline for p in ready) - agent.deadlines.lock_margin_s()
+        # Commit only while every lock holds and the coordinator still counts this member in:
+        # a member it removed has its locks ended, and the records go to others.
+        lease = session.router.membership.session_lease
+        deadline = min(min(p.record.lock_deadline for p in ready), lease)
+        limit = deadline - agent.deadlines.lock_margin_s()
         await producer.begin()
         sent: list[tuple[str, asyncio.Future[Any]]] = []
 
@@ -236,30 +256,52 @@ class TransactionalPublisher:
                     fut.exception()
         if clock.monotonic() >= limit:
             raise PublishError(ack_topic, "acknowledged after the records' lock deadline")
-        await producer.commit()
+        try:
+            await producer.commit()
+        except Exception as exc:
+            raise CommitUnknown(exc) from exc
 
     async def _abort(self, ready: list[Pending], exc: Exception) -> None:
-        """Abort the transaction; RELEASE ``ready`` on the normal path and log one error."""
+        """The transaction of ``ready`` failed: abort it, then start a fresh producer (a failed
+        transaction can leave the producer unusable, e.g. its sequence numbers out of order).
+
+        The records are RELEASEd on the normal path only when the transaction is known not to
+        have committed (the abort succeeded and the commit was not sent). Otherwise they are
+        left to their locks: a committed acknowledgement is applied before its records can be
+        released (docs/architecture.md "Exactly-once: transactional acknowledgements"), so a
+        RELEASE could only race it. One error is logged either way.
+        """
         agent = self.agent
-        producer = self._producer
+        producer, self._producer = self._producer, None
+        aborted = False
         if producer is not None:
-            with contextlib.suppress(Exception):  # a failed commit may have aborted already
+            try:
                 await producer.abort()
+                aborted = not isinstance(exc, CommitUnknown)
+            except Exception:  # the transaction is in an unknown state: the next producer
+                aborted = False  # of the same id fences it (the coordinator ends it)
+            with contextlib.suppress(Exception):
+                await producer.close()
         runner = agent.runner
-        for item in ready:
-            runner.acknowledge(item.record, _RELEASE)
-            if agent.session is not None:
-                agent.session.remember_released(item.record)
-        agent.stats.released += len(ready)
+        if aborted:
+            for item in ready:
+                runner.acknowledge(item.record, _RELEASE)
+                if agent.session is not None:
+                    agent.session.remember_released(item.record)
+            agent.stats.released += len(ready)
         agent.dispatch.unreserve(len(ready))
-        error = exc.error if isinstance(exc, PublishError) else exc
+        cause = exc.error if isinstance(exc, (PublishError, CommitUnknown)) else exc
         records = [item.record for item in ready]
         agent.log.error(
             "share_agent_transaction_aborted",
             sink_topic=exc.topic if isinstance(exc, PublishError) else None,
-            error=safe_repr(error),
-            note="records RELEASEd on the normal path; nothing of the transaction is visible "
-            "to read_committed consumers",
+            error=safe_repr(cause),
+            released=aborted,
+            note="records RELEASEd on the normal path; nothing of the transaction is visible to "
+            "read_committed consumers"
+            if aborted
+            else "the transaction may have committed: the records are left to their locks (the "
+            "leaders apply a committed acknowledgement first)",
             **runner.where_batch(records),
         )
 

@@ -25,11 +25,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from queueflow.engine.partition import AcknowledgementBatch
 from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
 from queueflow.logging import get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.envelope import topic_dest
+from queueflow.protocol.messages import WireAck
 from queueflow.protocol.roles import refusal_labels
 from queueflow.protocol.state_codec import ack_position_key
 from queueflow.server.junk import JunkGate
@@ -41,7 +45,7 @@ from queueflow.settings import StateDurability
 if TYPE_CHECKING:
     from queueflow.server.leader.manager import ShareLeader
 
-__all__ = ["AckApplier", "check_ack"]
+__all__ = ["AckApplier", "check_ack", "without_offsets"]
 
 #: A ticket refusal a committed acknowledgement is applied despite (see the module docstring).
 _REMOVED = "removed"
@@ -61,6 +65,27 @@ def check_ack(message: protocol.Message, topic: str, partition: int) -> str | No
     if message.max_records != 0 or not message.acks:
         return "a ShareFetch that acquires, or acknowledges nothing"
     return None
+
+
+def without_offsets(acks: list[WireAck], drop: list[tuple[int, int]]) -> list[WireAck]:
+    """``acks`` (wire ranges ``(first, last, types)``, one type or one per offset) without the
+    offsets in the inclusive ranges ``drop``; the rest refolded into ranges of one type. Pure.
+
+    >>> without_offsets([(5, 8, (1,))], [(6, 6)])
+    [(5, 5, (1,)), (7, 8, (1,))]
+    """
+    kept: list[tuple[int, int]] = []
+    for first, last, types in acks:
+        for i, offset in enumerate(range(first, last + 1)):
+            if not any(lo <= offset <= hi for lo, hi in drop):
+                kept.append((offset, types[0] if len(types) == 1 else types[i]))
+    out: list[WireAck] = []
+    for offset, kind in sorted(kept):
+        if out and out[-1][1] == offset - 1 and out[-1][2] == (kind,):
+            out[-1] = (out[-1][0], offset, (kind,))
+        else:
+            out.append((offset, offset, (kind,)))
+    return out
 
 
 class AckApplier:
@@ -162,6 +187,17 @@ class AckApplier:
             lost = self._lost(request, partition, "the share-partition has no state")
             return effects + lost, False
         expire_ms = fetcher.expiry_ms(partition, now)
+        # A committed transaction's results are published: apply every acknowledgement that
+        # still can be, not all or nothing as a request's (the stale ones are logged).
+        stale = durable.engine.stale_acknowledgements(
+            request.member_id,
+            [AcknowledgementBatch(first, last, ()) for first, last, _ in request.acks],
+        )
+        if stale:
+            effects = effects + self._lost(request, partition, f"stale offsets {stale}")
+            request = msgspec.structs.replace(request, acks=without_offsets(request.acks, stale))
+            if not request.acks:
+                return effects, False
         fetched = handlers.share_fetch(
             durable, request, now, acquire_from=None, expire_ms=expire_ms
         )

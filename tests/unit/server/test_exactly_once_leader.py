@@ -16,7 +16,7 @@ from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics
 from queueflow.protocol.state_codec import ack_position_key, decode_request_position
 from queueflow.server.leader.ack_clock import AckClock
-from queueflow.server.leader.acks import AckApplier, check_ack
+from queueflow.server.leader.acks import AckApplier, check_ack, without_offsets
 from queueflow.structs import AcknowledgeType
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
@@ -175,3 +175,34 @@ def test_check_ack_names_what_is_wrong() -> None:
         or ""
     )
     assert "not a ShareAcknowledge" in (check_ack(protocol.Tick(sent_ms=1), TOPIC, 0) or "")
+
+
+def test_a_committed_acknowledgement_with_a_stale_offset_applies_the_others() -> None:
+    """A transaction's results are published once it commits: one offset the member can no
+    longer acknowledge (here acknowledged already by an earlier transaction) must not take the
+    others down with it, as it would in a request (all or nothing): they are applied and the
+    stale one is logged."""
+
+    async def scenario() -> None:
+        cluster, _clock = eos_cluster(4)
+        async with cluster:
+            lock_clock(cluster)
+            member = RawMember(cluster, "m1")
+            await member.fetch(0, 4)
+            applier = AckApplier(leader := cluster.leaders[TOPIC])
+            assert leader is not None
+            with capture_logs() as logs:
+                await applier.apply(0, 0, ack(member, 1, 1))  # offset 1 Acknowledged
+                await applier.apply(0, 1, ack(member, 0, 3))  # 1 is stale now
+            assert engine(cluster).start_offset == 4  # 0, 2 and 3 Acknowledged too
+            [refused] = events(logs, "transactional_ack_refused")
+            assert "(1, 1)" in refused["error"], refused
+
+    run(scenario())
+
+
+def test_without_offsets_keeps_the_others_in_ranges_of_one_type() -> None:
+    acks = [(0, 3, (1,)), (5, 6, (1, 3))]
+    assert without_offsets(acks, [(1, 1), (6, 6)]) == [(0, 0, (1,)), (2, 3, (1,)), (5, 5, (1,))]
+    assert without_offsets(acks, []) == [(0, 3, (1,)), (5, 5, (1,)), (6, 6, (3,))]
+    assert without_offsets(acks, [(0, 9)]) == []
