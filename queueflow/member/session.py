@@ -166,7 +166,6 @@ class ShareFetchSession:
         # (queueflow.protocol.envelope, queueflow.protocol.sealed_replies)
         auth = ControlAuth.from_settings(s, ctx.app_id, role="member")
         reply_key = auth.reply_key
-        # hmac: requests and replies keyed by the pseudonym only, never the member id
         self._request_key = self.member_id if reply_key is None else reply_route(reply_key.public)
         self._requester = Requester(
             ctx.io.transport(self._request_key, client_id),
