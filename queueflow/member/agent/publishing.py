@@ -29,7 +29,7 @@ from queueflow.structs import AcknowledgeType
 if TYPE_CHECKING:
     from queueflow.member.agent.core import ShareAgent
 
-__all__ = ["Encoded", "Encoder", "PlainEncoder", "PublishError", "Publisher"]
+__all__ = ["Encoded", "Encoder", "PlainEncoder", "PublishError", "Publisher", "produce_all"]
 
 #: How long (s) a topic found missing fails publishes at once before it is looked up again
 #: (so that a missing sink costs one metadata wait per interval, not one per record).
@@ -123,6 +123,34 @@ def encode_all(encoder: Encoder, outputs: Sequence[Sequence[Outbound]]) -> list[
     return out
 
 
+async def produce_all(
+    producer: ResultProducer,
+    records: Sequence[Encoded],
+    current: list[str],
+    sent: list[tuple[str, asyncio.Future[Any]]],
+) -> None:
+    """Produce ``records`` and wait until the brokers acknowledged each one.
+
+    Every topic is looked up first, so a missing one fails before anything is produced (nothing
+    half-published). ``current[0]`` names the topic being looked up, sent or awaited (for the
+    error when this raises or is cancelled); ``sent`` collects the delivery futures (the caller
+    retrieves their exceptions).
+
+    Raises:
+        Exception: what the producer raised (``UnknownTopicOrPartitionError``, an ACL error,
+            a timeout...).
+    """
+    for topic in dict.fromkeys(topic for topic, *_ in records):
+        current[0] = topic
+        await producer.check_topic(topic)
+    for topic, value, key, headers, partition in records:
+        current[0] = topic
+        sent.append((topic, await producer.send(topic, value, key, headers, partition)))
+    for topic, fut in sent:
+        current[0] = topic
+        await fut
+
+
 class Publisher:
     """Publishes one share agent's results at-least-once (see the module docstring).
 
@@ -200,21 +228,8 @@ class Publisher:
         sent: list[tuple[str, asyncio.Future[Any]]] = []
         current = [records[0][0]]  # the topic being sent or awaited
 
-        async def send_all() -> None:
-            # Every topic looked up first: a missing one fails the call before anything of it
-            # is produced (nothing half-published).
-            for topic in dict.fromkeys(topic for topic, *_ in records):
-                current[0] = topic
-                await producer.check_topic(topic)
-            for topic, value, key, headers, partition in records:
-                current[0] = topic
-                sent.append((topic, await producer.send(topic, value, key, headers, partition)))
-            for topic, fut in sent:
-                current[0] = topic
-                await fut
-
         try:
-            await asyncio.wait_for(send_all(), timeout_s)
+            await asyncio.wait_for(produce_all(producer, records, current, sent), timeout_s)
         except UnknownTopicOrPartitionError as exc:
             self._missing[current[0]] = clock.monotonic()
             raise PublishError(current[0], exc) from exc

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from queueflow.member.acks import to_wire
-from queueflow.member.agent.publishing import Encoded, PublishError, encode_all
+from queueflow.member.agent.publishing import Encoded, PublishError, encode_all, produce_all
 from queueflow.member.agent.results import HandlerResult, safe_repr
 from queueflow.member.producer import ResultProducer
 from queueflow.protocol import topics as internal
@@ -231,19 +231,9 @@ class TransactionalPublisher:
 
         current = [ack_topic]  # the topic being sent or awaited, for the error
 
-        async def produce_all() -> None:
-            for topic in dict.fromkeys(topic for topic, *_ in records):
-                current[0] = topic
-                await producer.check_topic(topic)
-            for topic, value, key, headers, partition in records:
-                current[0] = topic
-                sent.append((topic, await producer.send(topic, value, key, headers, partition)))
-            for topic, fut in sent:
-                current[0] = topic
-                await fut
-
         try:
-            await asyncio.wait_for(produce_all(), max(limit - clock.monotonic(), 0.001))
+            budget_s = max(limit - clock.monotonic(), 0.001)
+            await asyncio.wait_for(produce_all(producer, records, current, sent), budget_s)
         except asyncio.TimeoutError:
             raise PublishError(
                 current[0], "not acknowledged before the records' lock deadline"
