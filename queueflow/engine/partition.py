@@ -189,12 +189,15 @@ class SharePartitionConfig:
             fenced from this share-partition for the window (see
             :meth:`SharePartition.acknowledge`). Defaults 200, 90, 60000; records 0: never.
         release_by_lock_end: ``queueflow.processing.guarantee=exactly_once``: a release by
-            member (:meth:`SharePartition.release_member`, a fence) ends the member's locks
-            now instead of releasing its records, so they are released by
+            member (:meth:`SharePartition.release_member`, a fence) leaves the member's
+            records Acquired until their own lock deadlines, so they are released by
             :meth:`SharePartition.expire_locks`, which the leader calls with the time up to
-            which the member's transactional acknowledgements are known; a fenced member may
-            still acknowledge the records it holds (docs/architecture.md "Exactly-once:
-            transactional acknowledgements"). Default False.
+            which the member's transactional acknowledgements are known. A member can't know
+            that it was removed or fenced, and commits acknowledgements until its own lock
+            deadlines: ending its locks sooner would release records whose acknowledgement
+            (and results) may still commit. A removed or fenced member may still acknowledge
+            the records it holds (docs/architecture.md "Exactly-once: transactional
+            acknowledgements"). Default False.
 
     Raises:
         ConfigurationError: on construction (see :meth:`validate`).
@@ -925,7 +928,7 @@ class SharePartition:
         use.window_start = now_ms
         returned = 0
         if self._held.get(member) and self._config.release_by_lock_end:
-            returned = self._end_locks(member, now_ms)  # released by expire_locks
+            returned = self.held_by(member)  # released by expire_locks at their deadlines
         elif self._held.get(member):
             # Its current deliveries don't count either: the records were never handled.
             returned = self._apply(
@@ -1100,17 +1103,17 @@ class SharePartition:
         Used when a member leaves or is removed from the share group. Records go back to
         Available, or to Archived at the delivery count limit; then the SPSO advances.
 
-        With ``config.release_by_lock_end`` the member's locks end at ``now_ms`` instead (where
-        later): :meth:`expire_locks` releases the records once called with a time at or after
-        it, and the member may acknowledge them until then.
+        With ``config.release_by_lock_end`` the records stay Acquired until their own lock
+        deadlines instead: :meth:`expire_locks` releases them, and the member may acknowledge
+        them until then.
 
         Args:
             member_id: the member.
-            now_ms: the current time in ms (used only with ``release_by_lock_end``).
+            now_ms: the current time in ms (unused; kept for the callers' symmetry).
 
         Returns:
             The number of records released (Available or Archived), or with
-            ``release_by_lock_end`` the number whose locks ended.
+            ``release_by_lock_end`` the number it still holds.
 
         KIP-932 "Record delivery and acknowledgement"; "Client programming interface":
         ``close()`` "releases any remaining acquired records". Cost: O(runs).
@@ -1118,7 +1121,7 @@ class SharePartition:
         if not self._n_acquired:
             return 0
         if self._config.release_by_lock_end:
-            return self._end_locks(member_id, now_ms)
+            return self.held_by(member_id)
         targets = [
             (r.first, r.last) for r in self._runs if r.state is _ACQUIRED and r.member == member_id
         ]
@@ -1133,25 +1136,6 @@ class SharePartition:
             released += self._apply(first, last, transform)
         self._advance()
         return released
-
-    def _end_locks(self, member_id: str, now_ms: int) -> int:
-        """End the locks of the records ``member_id`` holds at ``now_ms`` (those ending later);
-        return how many records' locks moved. Durable, like a RENEW's new deadline."""
-        targets = [
-            (r.first, r.last)
-            for r in self._runs
-            if r.state is _ACQUIRED and r.member == member_id and (r.deadline or 0) > now_ms
-        ]
-
-        def transform(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
-            if r.state is not _ACQUIRED or r.member != member_id or (r.deadline or 0) <= now_ms:
-                return None
-            self._lock_group(now_ms).ranges.append((r.first, r.last))
-            return (_ACQUIRED, r.count, r.member, now_ms)
-
-        ended = sum(self._apply(first, last, transform) for first, last in targets)
-        self._drop_if_unused(now_ms)
-        return ended
 
     def expire_locks(self, now_ms: int) -> int:
         """Release every Acquired record whose lock deadline is at or before ``now_ms``.
