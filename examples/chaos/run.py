@@ -50,6 +50,16 @@ def queueflow_version() -> str:
     return head + ("+dirty" if dirty else "")
 
 
+def wait_quiet(ledger: Ledger, quiet_s: float, timeout_s: float) -> None:
+    """Poll ``ledger`` until it got no new line for ``quiet_s`` seconds, at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last = time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - last < quiet_s:
+        time.sleep(0.5)
+        if ledger.poll():
+            last = time.monotonic()
+
+
 def run(
     config: ChaosConfig,
     run_dir: Path,
@@ -250,6 +260,13 @@ def run(
                     events.append(
                         Event(time.time(), "restart", victim.slot, victim.role, victim.pid)
                     )
+        if config.exactly_once and finished:
+            # A first ACCEPT ends a record in the ledger, but its transaction may have aborted
+            # (its member killed): the record comes round again within a lock duration (plus
+            # an open transaction's timeout). Wait until the ledger is quiet that long.
+            quiet_s = 2 * config.lock_s + 12.0
+            progress(f"exactly-once: waiting for {quiet_s:.0f} s without a new delivery")
+            wait_quiet(ledger, quiet_s, config.timeout_s)
         # One last look at the ledger, then at the leaders' state for what is still open.
         ledger.poll()
         for record_id in list(open_ids):
