@@ -313,19 +313,19 @@ class ShareAgent:
         runner, dispatch = self.runner, self.dispatch
         dispatch.cancel_fetchers()
         runner.release_queued()
-        if runner.busy:
+        if runner.unfinished:
             timeout = self.ctx.settings.shutdown_timeout_ms / 1000
             if not await runner.drain(timeout):
                 # Those handlers are cancelled below (CancelledError); their records go back
                 # when the member leaves.
-                self.log.warning("drain_timeout", unfinished=runner.busy, timeout_s=timeout)
+                self.log.warning("drain_timeout", unfinished=runner.unfinished, timeout_s=timeout)
         runner.release_queued()  # records of a ShareFetch that completed meanwhile
         if self.transactions is not None:
             await self.transactions.flush()
         await dispatch.flush_all()
         if self.session is not None:
             await self.session.close(leave=True)
-        tasks = list(self._tasks)
+        tasks = [*self._tasks, *runner.publishing]  # publishing: its records go back too
         for task in tasks:
             task.cancel()
         if tasks:

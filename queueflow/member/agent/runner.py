@@ -89,6 +89,8 @@ class HandlerRunner:
         self.queued = 0
         #: Handler calls in progress.
         self.busy = 0
+        #: At-least-once publishing of handler calls' results, each applied when done.
+        self._publishing: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()  # set when busy drops to 0 while stopping
         m, labels = agent.ctx.metrics, (agent.group, agent.topic_name)
         self._errors = m.handler_errors
@@ -127,16 +129,30 @@ class HandlerRunner:
         self.agent.dispatch.wake_untimed_reservers()
         return released
 
+    @property
+    def publishing(self) -> list[asyncio.Task[None]]:
+        """The tasks publishing handler calls' results (at-least-once), a copy."""
+        return list(self._publishing)
+
+    @property
+    def unfinished(self) -> int:
+        """Handler calls in progress plus calls whose results are being published."""
+        return self.busy + len(self._publishing)
+
     async def drain(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` for the handler calls in progress (the agent is stopping);
-        True if none is left."""
-        if not self.busy:
-            return True
-        self._idle.clear()
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout_s)
-        except asyncio.TimeoutError:
-            return False
+        """Wait up to ``timeout_s`` for the handler calls in progress and the publishing of
+        their results (the agent is stopping); True if none is left."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        if self.busy:
+            self._idle.clear()
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                return False
+        if self._publishing:
+            left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+            _, pending = await asyncio.wait(set(self._publishing), timeout=left)
+            return not pending
         return True
 
     # -- handler tasks ---------------------------------------------------------------------
@@ -235,11 +251,24 @@ class HandlerRunner:
         transactions = self.agent.transactions
         if transactions is not None:  # exactly_once: ACCEPT/REJECT and results in a transaction
             result = transactions.submit(result)
-        elif result.outputs is not None:  # published (acks=all) before the outcomes are recorded
-            result = await self.agent.publisher.publish(result)
         # FlowControl thinks in records: feed it the time per record.
         self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
+        if transactions is None and result.outputs is not None:
+            # Published (acks=all) before the outcomes are recorded; the handler task goes on
+            # meanwhile, so a produce round trip doesn't bound the handlers' throughput.
+            task = asyncio.ensure_future(self._publish_then_apply(result))
+            self._publishing.add(task)
+            task.add_done_callback(self._publishing.discard)
+            return
         self.apply(result)
+
+    async def _publish_then_apply(self, result: HandlerResult) -> None:
+        """Publish ``result``'s outputs, then apply it (RELEASEing its records if they could
+        not be published)."""
+        try:
+            self.apply(await self.agent.publisher.publish(result))
+        except Exception as exc:  # a fault past the handler: this call's records only
+            self.unit_failed(list(result.records), exc)
 
     async def call(
         self, records: list[ShareRecord], call: HandlerCall, margin_s: float | None = None
