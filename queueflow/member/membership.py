@@ -17,7 +17,6 @@ import stamina
 import structlog
 from aiokafka.errors import KafkaError
 
-from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.engine.fencing import CoordinatorEpochs
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import get_logger
@@ -69,15 +68,8 @@ class Membership:
         member_id: str | None = None,
         metrics: Metrics | None = None,
         principal: str = "",
-        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.requester = requester
-        self.clock = clock
-        #: ``clock.monotonic()`` seconds until which the coordinator keeps this member in the
-        #: group even without another heartbeat: the send time of the last heartbeat it
-        #: answered, plus ``share.session.timeout.ms`` (0.0: not a member). An exactly_once
-        #: agent commits no transaction past it (queueflow.member.agent.transactions).
-        self.session_lease = 0.0
         #: The Kafka principal sent in heartbeats (bound into the tickets; "": not known).
         self.principal = principal
         self.metrics = metrics
@@ -204,7 +196,6 @@ class Membership:
 
     async def _heartbeat(self, join: bool = False, leave: bool = False) -> None:
         epoch = -1 if leave else (0 if join else self.member_epoch)
-        sent = self.clock.monotonic()
         rid = self.requester.next_id()
         request = protocol.HeartbeatRequest(
             group=self.group,
@@ -243,10 +234,8 @@ class Membership:
             self.assignment = set()
             self.leaders = {}
             self.ticket = b""
-            self.session_lease = 0.0
             self.assignment_changed.set()
             return None
-        self.session_lease = sent + self.settings.session_timeout_ms / 1000
         self.member_epoch = response.member_epoch
         self.ticket = response.ticket
         if response.heartbeat_interval_ms > 0:

@@ -184,7 +184,6 @@ class ShareFetchSession:
             self.member_id,
             metrics=ctx.metrics,
             principal=ctx.io.principal,
-            clock=ctx.clock,
         )
         self._direct = DirectClient(auth)
         #: Sends the ShareFetches (direct path or request topic, ticket refresh).

@@ -12,8 +12,7 @@ REJECTs are collected for at most ``share.acknowledgement.linger`` and committed
    ShareAcknowledge the member would send to the request topic, sealed for the ack topic
    (:meth:`~queueflow.member.session.ShareFetchSession.acknowledge_message`);
 3. every produce must be acknowledged by the brokers, and before the earliest lock deadline of
-   the batch and the member's session lease (the last answered heartbeat's send time plus
-   ``share.session.timeout.ms``), minus the margin, else abort; then ``commit``.
+   the batch (minus the margin), else abort; then ``commit``.
 
 After an abort or a failed commit the records are RELEASEd on the normal path and one error is
 logged (``share_agent_transaction_aborted``). RELEASE outcomes never enter a transaction. The
@@ -221,11 +220,10 @@ class TransactionalPublisher:
         for tp, acks in ack_batches(ready).items():
             key, value = session.acknowledge_message(tp, acks, ack_topic)
             records.append((ack_topic, value, key, (), tp.partition))
-        # Commit only while every lock holds and the coordinator still counts this member in:
-        # a member it removed has its locks ended, and the records go to others.
-        lease = session.router.membership.session_lease
-        deadline = min(min(p.record.lock_deadline for p in ready), lease)
-        limit = deadline - agent.deadlines.lock_margin_s()
+        # Commit only while every lock holds: the leaders keep a record Acquired until its lock
+        # deadline, even after this member's removal, and apply a committed acknowledgement
+        # before they release it.
+        limit = min(p.record.lock_deadline for p in ready) - agent.deadlines.lock_margin_s()
         await producer.begin()
         sent: list[tuple[str, asyncio.Future[Any]]] = []
 
