@@ -218,6 +218,15 @@ class _Spec:
     faust_topic: Any  # the agent's Faust topic (serializers), or None
     #: More ShareAgent arguments taken from the agent (its results' encoder, if it has one).
     extra: dict[str, Any] = field(default_factory=dict)
+    #: ``processing_guarantee`` as the agent resolves it (``None``: the harness's setting).
+    guarantee: str | None = None
+
+
+def _transactions(agent: ShareAgent) -> tuple[int, int, int]:
+    """An exactly_once member's outcomes waiting for a transaction, transactions committed and
+    aborted (zeros for an at_least_once one)."""
+    txn = agent.transactions
+    return (0, 0, 0) if txn is None else (len(txn._pending), txn.committed, txn.aborted)
 
 
 def _faust_topic(agent: ShareAgent) -> Any:
@@ -310,7 +319,11 @@ class ShareAgentHarness:
         for name, values in (group_configs or {}).items():
             configs.setdefault(name, {}).update(values)
         self.clock = clock or FakeClock()
-        self.settings = ShareGroupSettings.load({**HARNESS_SETTINGS, **(settings or {})}, env={})
+        base = dict(HARNESS_SETTINGS)
+        if any(spec.guarantee == "exactly_once" for spec in self.specs):
+            # Its leaders must apply transactional acknowledgements (as the app's setting).
+            base["processing_guarantee"] = "exactly_once"
+        self.settings = ShareGroupSettings.load({**base, **(settings or {})}, env={})
         for spec in self.specs:
             spec.options.check_lock_duration(self.settings)
         self.members_per_agent = members
@@ -345,6 +358,10 @@ class ShareAgentHarness:
             if opts.name is None:
                 opts = dataclasses.replace(opts, name=agent.name)
             encoder = getattr(getattr(agent, "publisher", None), "encoder", None)
+            # Resolved against the agent's app: an app-wide exactly_once holds in the harness.
+            guarantee = getattr(agent, "processing_guarantee", None)
+            if guarantee is not None and opts.processing_guarantee is None:
+                opts = dataclasses.replace(opts, processing_guarantee=guarantee)
             return _Spec(
                 agent.handler,
                 topic or agent.topic_name,
@@ -353,6 +370,7 @@ class ShareAgentHarness:
                 agent.decode,
                 _faust_topic(agent),
                 {"encode": encoder} if encoder is not None else {},
+                opts.processing_guarantee,
             )
         if not callable(agent):
             raise TypeError(
@@ -366,7 +384,9 @@ class ShareAgentHarness:
         opts = ShareAgentOptions(**options)
         if opts.name is None:
             opts = dataclasses.replace(opts, name=opts.agent_name(agent))
-        return _Spec(agent, topic, group or "test-group", opts, None, None)
+        return _Spec(
+            agent, topic, group or "test-group", opts, None, None, {}, opts.processing_guarantee
+        )
 
     def _tap_bus(self) -> None:
         """See every request and answer on the in-memory control topics (deliveries and
@@ -384,9 +404,18 @@ class ShareAgentHarness:
             await send(topic, partition, value, key)
 
         bus.send = tapped_send  # type: ignore[method-assign]
-        for name in cluster.leaders:
-            request_topic = internal.request_topic(cluster.app_id, name)
-            handle = bus.handlers[request_topic]
+        # exactly_once: the committed acknowledgements reach the leaders on the ack topics.
+        control = [
+            (name, control_topic)
+            for name in cluster.leaders
+            for control_topic in (
+                internal.request_topic(cluster.app_id, name),
+                internal.ack_topic(cluster.app_id, name),
+            )
+            if control_topic in bus.handlers
+        ]
+        for name, control_topic in control:
+            handle = bus.handlers[control_topic]
 
             async def tapped(
                 partition: int,
@@ -401,7 +430,7 @@ class ShareAgentHarness:
                 finally:
                     self._seen_request(_topic, partition, value, before)
 
-            bus.handlers[request_topic] = tapped
+            bus.handlers[control_topic] = tapped
 
     def _window(self, topic: str, partition: int) -> dict[str, set[int]]:
         """Per group: the offsets of ``topic[partition]`` in flight and not yet final."""
@@ -703,6 +732,8 @@ class ShareAgentHarness:
                 continue
             if a.session is not None and list(a.session.acks.partitions()):
                 return True
+            if a.transactions is not None and a.transactions._pending:
+                return True  # outcomes lingering for the next transaction
             if a.runner.queued and a.runner.busy < a.concurrency:
                 return True
             now = a.ctx.clock.monotonic()
@@ -742,6 +773,7 @@ class ShareAgentHarness:
                     tuple(sorted(session.assignment)) if session else (),
                     tuple(sorted(session.acks.partitions())) if session else (),
                     tuple(c.cancelled_at for c in a.deadlines.calls),
+                    _transactions(a),
                 )
             )
         return tuple(parts)

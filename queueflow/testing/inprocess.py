@@ -21,6 +21,14 @@ and calls :meth:`InProcessCluster.tick`.
 With ``direct=True`` the leaders also serve their direct endpoint (a real TCP server on
 ``queueflow.leader.listener``, e.g. ``127.0.0.1:0``) and announce it, so members fetch over the
 direct path (long polls included) as they do against Faust workers.
+
+With ``queueflow.processing.guarantee=exactly_once`` in its settings the cluster has the ack
+topics and Kafka transactions in memory (:mod:`queueflow.testing.transactions`): an
+``exactly_once`` share agent commits its results and acknowledgements through the real
+:class:`~queueflow.member.agent.transactions.TransactionalPublisher`, and the leaders apply the
+committed acknowledgements with their real
+:class:`~queueflow.server.leader.acks.AckApplier`, releasing records by time or by member only
+as of their lock clock (``release_by_lock_end``).
 """
 
 from __future__ import annotations
@@ -54,8 +62,9 @@ from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
 from queueflow.server.leader import ShareLeader
 from queueflow.server.ticker import LeaderTicker
-from queueflow.settings import AutoOffsetReset, ShareGroupSettings
+from queueflow.settings import AutoOffsetReset, ProcessingGuarantee, ShareGroupSettings
 from queueflow.structs import ShareRecord, TopicPartition
+from queueflow.testing.transactions import AckTopics, TransactionalProducer
 
 __all__ = ["InProcessCluster", "StoredRecord"]
 
@@ -81,7 +90,9 @@ class _Bus:
         self.handlers: dict[str, RequestHandler] = {}
         self.members: dict[bytes, ReplyHandler] = {}
         self.sent: list[tuple[str, int, bytes]] = []
-        self._logs: dict[tuple[str, int], asyncio.Queue[tuple[int, bytes]]] = {}
+        self._logs: dict[
+            tuple[str, int], asyncio.Queue[tuple[int, bytes, asyncio.Future[None]]]
+        ] = {}
         self._next: dict[tuple[str, int], int] = {}
         self._pumps: list[asyncio.Task[None]] = []
         self._outstanding = 0  # requests sent and not yet handled
@@ -96,6 +107,21 @@ class _Bus:
             if handler is not None:
                 asyncio.get_running_loop().call_soon(handler, value)
             return
+        self.enqueue(topic, partition, value)
+
+    def enqueue(
+        self, topic: str, partition: int, value: bytes, offset: int | None = None
+    ) -> asyncio.Future[None]:
+        """Queue ``value`` for the handler of ``topic`` (handled in order per partition, after
+        what was queued before); the future is done once it was handled.
+
+        Args:
+            offset: the record's offset (``None``: the next of the partition's sequence); the
+                ack topics of an exactly_once cluster pass their log's offsets.
+
+        Raises:
+            ShareGroupError: no handler for ``topic``.
+        """
         if topic not in self.handlers:
             raise ShareGroupError(
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no in-process handler for {topic!r}"
@@ -106,21 +132,29 @@ class _Bus:
         if queue is None:
             queue = self._logs[key_tp] = asyncio.Queue()
             self._pumps.append(asyncio.ensure_future(self._pump(topic, partition, queue)))
-        offset = self._next.get(key_tp, 0)
+        if offset is None:
+            offset = self._next.get(key_tp, 0)
         self._next[key_tp] = offset + 1
         self._outstanding += 1
         self._idle.clear()
-        queue.put_nowait((offset, value))
+        handled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue.put_nowait((offset, value, handled))
+        return handled
 
     async def _pump(
-        self, topic: str, partition: int, queue: asyncio.Queue[tuple[int, bytes]]
+        self,
+        topic: str,
+        partition: int,
+        queue: asyncio.Queue[tuple[int, bytes, asyncio.Future[None]]],
     ) -> None:
         handler = self.handlers[topic]
         while True:
-            offset, value = await queue.get()
+            offset, value, handled = await queue.get()
             try:
                 await handler(partition, offset, value)
             finally:
+                if not handled.done():
+                    handled.set_result(None)
                 self._outstanding -= 1
                 if not self._outstanding:
                     self._idle.set()
@@ -220,16 +254,15 @@ class _Producer:
     """A share agent's :class:`~queueflow.member.producer.ResultProducer` on the in-memory
     topics: results are appended to the cluster's partitions at once (so share agents
     subscribed to a sink topic get them) and listed by :meth:`InProcessCluster.sink_records`;
-    a topic the cluster doesn't have fails as on Kafka (unknown topic). It has no transactions:
-    a transactional one refuses to start (an ``exactly_once`` agent is refused)."""
+    a topic the cluster doesn't have fails as on Kafka (unknown topic). Not transactional
+    (an ``exactly_once`` agent's is a
+    :class:`~queueflow.testing.transactions.TransactionalProducer`)."""
 
-    def __init__(self, cluster: InProcessCluster, transactional: bool = False) -> None:
+    def __init__(self, cluster: InProcessCluster) -> None:
         self.cluster = cluster
-        self.transactional = transactional
 
     async def start(self) -> None:
-        if self.transactional:
-            raise ConfigurationError("the in-process cluster has no transactions (exactly_once)")
+        pass
 
     async def send(
         self,
@@ -248,10 +281,10 @@ class _Producer:
             raise UnknownTopicOrPartitionError(f"{topic} (in-process cluster)")
 
     async def begin(self) -> None:
-        raise ConfigurationError("the in-process cluster has no transactions (exactly_once)")
+        raise ConfigurationError("not a transactional producer")
 
     async def commit(self) -> None:
-        raise ConfigurationError("the in-process cluster has no transactions (exactly_once)")
+        raise ConfigurationError("not a transactional producer")
 
     async def abort(self) -> None:
         pass
@@ -289,8 +322,10 @@ class _MemberIO:
         client_id: str,
         transactional_id: str | None = None,
         transaction_timeout_ms: int = 60_000,
-    ) -> _Producer:
-        return _Producer(self.cluster, transactional_id is not None)
+    ) -> _Producer | TransactionalProducer:
+        if transactional_id is not None:
+            return TransactionalProducer(self.cluster, transactional_id, transaction_timeout_ms)
+        return _Producer(self.cluster)
 
 
 class _Runtime:
@@ -329,6 +364,11 @@ class InProcessCluster:
         clock: the clock (a :class:`~queueflow.testing.FakeClock` makes locks and sessions
             expire only when the test says).
         group_configs: the app's per-group configs (as ``App(group_configs=...)``).
+        transactions: ``False``: transactional producers refuse to start (as on a cluster
+            whose principal lacks the transactional-id ACLs), so an ``exactly_once`` agent is
+            refused at start. With ``queueflow.processing.guarantee=exactly_once`` in
+            ``settings`` the cluster has the ack topics and transactions in memory (see the
+            module docstring); otherwise a transactional producer refuses to start.
     """
 
     def __init__(
@@ -340,8 +380,10 @@ class InProcessCluster:
         clock: Clock = SYSTEM_CLOCK,
         direct: bool = False,
         group_configs: Mapping[str, Mapping[str, Any]] | None = None,
+        transactions: bool = True,
     ) -> None:
         self.topics = dict(topics)
+        self.transactions = transactions
         self.direct = direct
         self.app_id = app_id
         self.settings = settings or ShareGroupSettings(
@@ -380,6 +422,14 @@ class InProcessCluster:
             table = self.tables[name] = {}
             leader = self.leaders[name] = ShareLeader(self.server, name, table)
             self.bus.handlers[internal.request_topic(app_id, name)] = leader.handle
+        #: The ack topics and transactions of an exactly_once cluster (else ``None``).
+        self.acks: AckTopics | None = None
+        if self.settings.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE:
+            self.acks = AckTopics(self)
+            for name in self.topics:
+                self.acks.wire(name)
+        self._commit_gate: asyncio.Event | None = None
+        self._commits_held = 0
         self.ticker = LeaderTicker(self.server, self.leaders)
         self.member_context = MemberContext(
             app_id, self.settings, _MemberIO(self), clock=clock, metrics=self.metrics
@@ -434,6 +484,37 @@ class InProcessCluster:
         if value is None:  # a tombstone: kept in the list, not as a record to share
             return -1
         return self.produce(topic, value, key=key, partition=partition, headers=headers)
+
+    # -- transactions (exactly_once) -------------------------------------------------------
+    def hold_commits(self) -> None:
+        """Make transaction commits wait (their transactions stay open) until
+        :meth:`release_commits`: for tests of what happens while a transaction is open (a
+        member crashing, time passing its ``transaction.timeout.ms``)."""
+        if self._commit_gate is None:
+            self._commit_gate = asyncio.Event()
+        self._commit_gate.clear()
+
+    def release_commits(self) -> None:
+        """Let the commits held by :meth:`hold_commits` (and later ones) proceed."""
+        if self._commit_gate is not None:
+            self._commit_gate.set()
+
+    @property
+    def commits_held(self) -> int:
+        """How many transaction commits wait for :meth:`release_commits` now."""
+        return self._commits_held
+
+    async def commit_gate(self) -> None:
+        """Wait while commits are held (:meth:`hold_commits`); a transactional producer's
+        commit passes it first."""
+        gate = self._commit_gate
+        if gate is None or gate.is_set():
+            return
+        self._commits_held += 1
+        try:
+            await gate.wait()
+        finally:
+            self._commits_held -= 1
 
     def sink_records(self, topic: str) -> list[StoredRecord]:
         """The records share agents published to ``topic`` (results, dead letters), in the
@@ -510,6 +591,8 @@ class InProcessCluster:
         for p in range(old, count):
             self.records[TopicPartition(topic, p)] = []
         self.topics[topic] = count
+        if self.acks is not None:
+            self.acks.add(topic, count)
         leader = self.leaders[topic]
         leader.assign(set(range(old, count)), self.server.runtime.generation)
         await leader.send_fences()

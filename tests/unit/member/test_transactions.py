@@ -6,7 +6,7 @@ leaves to the normal path. The transactions themselves run on the real broker
 from __future__ import annotations
 
 import pytest
-from inprocess_helpers import TOPIC, cluster_with, events, run
+from inprocess_helpers import TOPIC, cluster_with, events, run, settle, until
 from structlog.testing import capture_logs
 
 from queueflow.errors import ConfigurationError
@@ -22,6 +22,7 @@ from queueflow.member.agent.transactions import (
 )
 from queueflow.settings import ProcessingGuarantee
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
+from queueflow.testing import FakeClock
 
 ACCEPT, RELEASE, REJECT = AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT
 
@@ -116,9 +117,10 @@ def test_records_too_late_for_a_transaction_are_released_without_one() -> None:
 
 
 def test_an_exactly_once_agent_is_refused_at_start_without_transactions() -> None:
-    """The in-process cluster has no transactions, as a cluster whose principal lacks the
-    transactional-id ACLs: the agent's start fails naming why, and it leaves the group."""
+    """A cluster without transactions (``transactions=False``: as one whose principal lacks the
+    transactional-id ACLs): the agent's start fails naming why, and it leaves the group."""
     c = cluster_with(1, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE)
+    c.transactions = False
 
     async def handler(r: ShareRecord) -> None:
         return None
@@ -128,6 +130,27 @@ def test_an_exactly_once_agent_is_refused_at_start_without_transactions() -> Non
             with pytest.raises(ConfigurationError, match="needs Kafka transactions") as caught:
                 await c.agent(handler, TOPIC, "g", processing_guarantee="exactly_once")
             assert "share-txn-" in str(caught.value) and "no transactions" in str(caught.value)
+
+    run(scenario())
+
+
+def test_an_exactly_once_agent_runs_in_memory() -> None:
+    """The in-process cluster has transactions: an exactly_once agent starts, commits its
+    ACCEPT through the ack topic, and the leader applies it."""
+    clock = FakeClock()
+    c = cluster_with(2, clock=clock, processing_guarantee=ProcessingGuarantee.EXACTLY_ONCE)
+
+    async def handler(r: ShareRecord) -> None:
+        return None
+
+    async def scenario() -> None:
+        async with c:
+            a = await c.agent(handler, TOPIC, "g", processing_guarantee="exactly_once")
+            await until(lambda: a.stats.accepted == 2, "both records ACCEPTed", clock)
+            assert a.transactions is not None and a.transactions.committed >= 1
+            await settle(c)
+            engine = c.share_partition("g", TOPIC, 0)
+            assert int(engine.start_offset) == 2  # both Acknowledged: the SPSO moved past them
 
     run(scenario())
 
