@@ -13,7 +13,9 @@ real :class:`~queueflow.server.coordinator.ShareGroupCoordinator` and
 :class:`~queueflow.server.leader.ShareLeader` on in-memory topics, state tables and control
 topics) and runs real :class:`~queueflow.ShareAgent` members of the agent's group on it, with
 the agent's own handler and options. Time is a :class:`~queueflow.testing.FakeClock`: locks,
-sessions and handler deadlines move only with :meth:`ShareAgentHarness.advance`. See
+sessions and handler deadlines move only with :meth:`ShareAgentHarness.advance`.
+``exactly_once`` agents commit their results and acknowledgements in in-memory Kafka
+transactions (:mod:`queueflow.testing.transactions`), applied by the leaders' real ack path. See
 docs/guide.md "Testing your share agents".
 
 This module does not need pytest.
@@ -263,6 +265,12 @@ class ShareAgentHarness:
         settings: share-group setting overrides (attribute or KIP names) on top of
             :data:`HARNESS_SETTINGS` (``share.auto.offset.reset`` is ``earliest`` here); the
             ``QUEUEFLOW_*`` environment variables are not read, so tests don't depend on them.
+            An ``exactly_once`` agent (``processing_guarantee="exactly_once"``, or of an app
+            whose ``queueflow.processing.guarantee`` is ``exactly_once``) makes
+            ``queueflow.processing.guarantee`` ``exactly_once`` unless given here: the
+            in-memory cluster then has Kafka transactions and the ack topics
+            (:mod:`queueflow.testing.transactions`), and results show in :meth:`sent` once
+            their transaction commits.
         group_config: group configs for every agent's group, e.g.
             ``{"share.delivery.count.limit": 3, "share.record.lock.duration.ms": 5000}``.
         group_configs: group configs by group, as ``App(group_configs=...)``; win over

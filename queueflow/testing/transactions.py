@@ -55,6 +55,10 @@ if TYPE_CHECKING:
 __all__ = ["AckLogClock", "AckTopics", "TransactionalProducer"]
 
 
+#: A buffered result record: topic, value, key, headers, partition (None: by the key).
+_Result = tuple[str, bytes | None, bytes | None, tuple[tuple[str, bytes], ...], int | None]
+
+
 class TxnState(enum.Enum):
     """Where a transaction is."""
 
@@ -82,9 +86,7 @@ class Transaction:
     timeout_ms: int
     state: TxnState = TxnState.OPEN
     why: str = ""
-    results: list[tuple[str, bytes | None, bytes | None, tuple[tuple[str, bytes], ...], int]] = (
-        field(default_factory=list)
-    )
+    results: list[_Result] = field(default_factory=list)
     acks: set[tuple[str, int]] = field(default_factory=set)
 
 
@@ -365,9 +367,7 @@ class TransactionalProducer:
             else:
                 count = self.cluster.topics.get(topic)
                 if count is None or (partition is not None and not 0 <= partition < count):
-                    raise UnknownTopicOrPartitionError(
-                        f"{topic}[{partition}] (in-process cluster)"
-                    )
+                    raise UnknownTopicOrPartitionError(f"{topic}[{partition}] (in-process cluster)")
                 txn.results.append((topic, value, key, tuple(headers), partition))
         except Exception as exc:
             self._error = exc
@@ -388,8 +388,7 @@ class TransactionalProducer:
         self._open()
         if self._error is not None:
             raise IllegalStateError(
-                f"{self.transactional_id}: a send failed ({self._error!r}); abort the "
-                "transaction"
+                f"{self.transactional_id}: a send failed ({self._error!r}); abort the transaction"
             )
         await self.cluster.commit_gate()
         self._check_epoch()

@@ -36,4 +36,4 @@ def test_the_guides_harness_example_passes_under_pytest(tmp_path: Path) -> None:
         timeout=120,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "3 passed" in result.stdout
+    assert "4 passed" in result.stdout

@@ -32,9 +32,7 @@ def cluster(guarantee: str = "exactly_once", **kwargs: Any) -> InProcessCluster:
         session_timeout_ms=10_000,
         heartbeat_interval_ms=200,
     )
-    return InProcessCluster(
-        {"jobs": 2, "out": 1}, settings=settings, clock=FakeClock(), **kwargs
-    )
+    return InProcessCluster({"jobs": 2, "out": 1}, settings=settings, clock=FakeClock(), **kwargs)
 
 
 def producer(c: InProcessCluster, tid: str = "t1", timeout_ms: int = 10_000) -> Any:
