@@ -555,7 +555,9 @@ class ShareAgentHarness:
 
     async def close(self) -> None:
         """Stop the members (graceful drain, ``queueflow.shutdown.timeout.ms``), then the
-        cluster; stop capturing logs."""
+        cluster; stop capturing logs. Commits held (``cluster.hold_commits()``) are released
+        first: a draining exactly_once member commits what it has."""
+        self.cluster.release_commits()
         try:
             for agent in self.members:
                 await agent.stop()

@@ -604,7 +604,9 @@ class InProcessCluster:
         await self.bus.drain()
 
     async def close(self) -> None:
-        """Stop the agents started with :meth:`agent` and the bus."""
+        """Stop the agents started with :meth:`agent` (commits held by :meth:`hold_commits`
+        are released first) and the bus."""
+        self.release_commits()
         for agent in self._agents:
             await agent.stop()
         if self.endpoint is not None:

@@ -14,7 +14,7 @@ import queueflow
 from queueflow import ACCEPT, REJECT, RELEASE, DeadLetter, Result, Send
 from queueflow.protocol import topics
 from queueflow.structs import ShareRecord
-from queueflow.testing import RecordState, ShareAgentHarness
+from queueflow.testing import FakeClock, RecordState, ShareAgentHarness
 
 OUT = "out"
 
@@ -163,7 +163,7 @@ def test_a_record_whose_lock_ends_within_the_margin_is_not_put_in_a_transaction(
     """The handler returns with the record's lock ending within the lock margin (the fake clock
     moved meanwhile): its outcome could reach the leader after the lock elapsed, so it enters
     no transaction; it is RELEASEd, nothing is published, and it is delivered again."""
-    clock = queueflow.testing.FakeClock()
+    clock = FakeClock()
 
     async def handler(record: ShareRecord) -> Any:
         if record.delivery_count == 1:
@@ -295,5 +295,49 @@ def test_the_enrichment_example_runs_exactly_once_in_the_harness() -> None:
             (dead,) = h.dead_letters()
             assert b"nobody" in (dead.value or b"")
             assert [r.outcome_types for r in h.records()] == [[ACCEPT], [REJECT]]
+
+    run(scenario())
+
+
+def test_closing_the_harness_with_commits_held_commits_them() -> None:
+    """The members drain on close: a commit held by ``hold_commits`` is let through rather
+    than waited on forever."""
+
+    async def handler(record: ShareRecord) -> Any:
+        return Result(ACCEPT, [Send(OUT, record.value)])
+
+    async def scenario() -> ShareAgentHarness:
+        async with harness(handler) as h:
+            h.cluster.hold_commits()
+            h.put(b"a")
+            await h.run_until_idle()
+            assert h.cluster.commits_held == 1
+        return h
+
+    h = run(scenario())
+    assert values(h) == [b"a"]
+
+
+def test_a_member_that_leaves_with_a_record_in_hand_lets_it_go_to_another() -> None:
+    """On an exactly_once app a leaving member's locks end (``release_by_lock_end``) rather than
+    its records being released at once; with no transaction of its partition pending, the lock
+    clock is "now" and the record goes to the other member without time moving."""
+    hang = asyncio.Event()
+
+    async def handler(record: ShareRecord) -> Any:
+        if record.delivery_count == 1:
+            await hang.wait()  # never set: the first holder is stopped mid-call
+        return Result(ACCEPT, [Send(OUT, b"r%d" % record.delivery_count)])
+
+    async def scenario() -> None:
+        async with harness(handler, members=2) as h:
+            h.put(b"a")
+            assert not (await h.run_until_idle()).done
+            (delivery,) = h.history(0).deliveries
+            await h.stop_member(delivery.member)  # graceful: drains, then leaves
+            assert (await h.run_until_idle()).done
+            assert values(h) == [b"r2"]
+            assert [d.delivery_count for d in h.history(0).deliveries] == [1, 2]
+            assert h.history(0).state is RecordState.ACKNOWLEDGED
 
     run(scenario())
