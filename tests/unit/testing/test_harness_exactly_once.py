@@ -304,10 +304,10 @@ def test_closing_the_harness_with_commits_held_commits_them() -> None:
     assert values(h) == [b"a"]
 
 
-def test_a_member_that_leaves_with_a_record_in_hand_lets_it_go_to_another() -> None:
-    """On an exactly_once app a leaving member's locks end (``release_by_lock_end``) rather than
-    its records being released at once; with no transaction of its partition pending, the lock
-    clock is "now" and the record goes to the other member without time moving."""
+def test_a_member_that_leaves_with_a_record_in_hand_leaves_it_to_its_lock() -> None:
+    """On an exactly_once app a leaving member's records stay Acquired until their own lock
+    deadlines (``release_by_lock_end``: the member could still commit until then); then they
+    go to another member, whose transaction publishes the result once."""
     hang = asyncio.Event()
 
     async def handler(record: ShareRecord) -> Any:
@@ -316,12 +316,14 @@ def test_a_member_that_leaves_with_a_record_in_hand_lets_it_go_to_another() -> N
         return Result(ACCEPT, [Send(OUT, b"r%d" % record.delivery_count)])
 
     async def scenario() -> None:
-        async with harness(handler, members=2) as h:
+        async with harness(handler, members=2, lock_duration_ms=5_000) as h:
             h.put(b"a")
             assert not (await h.run_until_idle()).done
             (delivery,) = h.history(0).deliveries
             await h.stop_member(delivery.member)  # graceful: drains, then leaves
-            assert (await h.run_until_idle()).done
+            assert not (await h.run_until_idle()).done
+            assert h.history(0).state is RecordState.ACQUIRED and values(h) == []
+            assert (await h.advance(5_000)).done  # its lock ends
             assert values(h) == [b"r2"]
             assert [d.delivery_count for d in h.history(0).deliveries] == [1, 2]
             assert h.history(0).state is RecordState.ACKNOWLEDGED
