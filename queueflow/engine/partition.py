@@ -118,7 +118,9 @@ class RecordView:
 class RunView:
     """A maximal run of in-flight records ``first_offset..last_offset`` (inclusive) in one state.
 
-    Attributes are as in :class:`RecordView`; see :meth:`SharePartition.in_flight`.
+    Attributes are as in :class:`RecordView`; see :meth:`SharePartition.in_flight`. Two adjacent
+    Acquired runs may look alike: they differ in when they were acquired, which
+    ``share.record.lock.max.renewal.ms`` needs (KIP-1222).
     """
 
     first_offset: int

@@ -348,14 +348,16 @@ class ShareMachine(RuleBasedStateMachine):
         assert sp.acquired_count == len(acquired)
         assert sp.available_count == sum(r[0] is AV for r in m.recs.values())
         assert sp.next_lock_deadline() == min((r[3] for r in acquired), default=None)
-        # Runs cover SPSO..SPEO-1 exactly and are maximal (adjacent runs differ).
+        # Runs cover SPSO..SPEO-1 exactly and are maximal: adjacent runs differ (Acquired ones
+        # may differ only by when they were acquired, which share.record.lock.max.renewal.ms
+        # needs and the views don't show).
         runs = list(sp.in_flight())
         assert sp.run_count == len(runs)
         expected_first = m.spso
         for prev, run in zip([None, *runs], runs, strict=False):
             assert run.first_offset == expected_first
             expected_first = run.last_offset + 1
-            if prev is not None:
+            if prev is not None and run.state is not AQ:
                 key = (run.state, run.delivery_count, run.member_id, run.lock_deadline_ms)
                 assert key != (
                     prev.state,
