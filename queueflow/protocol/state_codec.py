@@ -484,7 +484,7 @@ def _explain_failure(data: bytes, where: str, kind: str, reason: str) -> Corrupt
     is the cause (a newer layout fails typed decoding first), else ``reason``."""
     try:
         obj = msgspec.json.decode(data)
-    except (msgspec.DecodeError, RecursionError):
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return _corrupt(where, f"the {kind} record is invalid: {reason}")
     if not isinstance(obj, dict):
         return _corrupt(where, f"the {kind} record is a JSON {type(obj).__name__}, not an object")
@@ -502,7 +502,7 @@ def _load(data: _Buffer, where: str, kind: str, decoder: msgspec.json.Decoder[_R
         record = decoder.decode(data)
     except msgspec.ValidationError as exc:
         raise _explain_failure(bytes(data), where, kind, str(exc)) from None
-    except (msgspec.DecodeError, RecursionError) as exc:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise _corrupt(where, f"the {kind} record is not valid UTF-8 JSON ({reason})") from None
     _check_header(record.v, record.t, where, kind)

@@ -16,7 +16,7 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from queueflow.engine.group import ShareGroup
@@ -404,6 +404,7 @@ def test_valid_state_round_trips(
 
 @MANY
 @given(st.binary(max_size=200))
+@example(b'"\x80"')  # a JSON string that is not UTF-8: refused as corrupt, not UnicodeDecodeError
 def test_state_random_bytes(data: bytes) -> None:
     for fn in STATE_DECODERS:
         decode_state_or_refuse(fn, data)
