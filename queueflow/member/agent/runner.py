@@ -349,8 +349,14 @@ class HandlerRunner:
 
     def acknowledge(self, record: ShareRecord, kind: AcknowledgeType) -> None:
         """Record ``kind`` for ``record`` in the session (it leaves with the next request of
-        its share-partition) and observe the delivery-to-outcome latency."""
+        its share-partition) and observe the delivery-to-outcome latency.
+
+        A RELEASE of a record whose lock has expired is not sent: the leader releases it
+        anyway, and may have delivered it again, to this member too; acknowledgements name
+        offsets, not deliveries, so the RELEASE would release that newer delivery."""
         agent = self.agent
+        if kind is _RELEASE and record.lock_deadline <= agent.ctx.clock.monotonic():
+            return
         if record.delivered_at and kind is not AcknowledgeType.RENEW:
             self._ack_latency.observe(agent.ctx.clock.monotonic() - record.delivered_at)
         if agent.session is not None:
