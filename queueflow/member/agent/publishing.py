@@ -163,6 +163,8 @@ class Publisher:
         self.agent = agent
         self.encoder = encoder
         self._producer: ResultProducer | None = None
+        # Calls publish concurrently (runner: one task per call): one of them starts it.
+        self._starting = asyncio.Lock()
         self._missing: dict[str, float] = {}  # topic -> when it was found missing
 
     def destinations(self) -> list[str]:
@@ -193,17 +195,18 @@ class Publisher:
         return missing
 
     async def producer(self) -> ResultProducer:
-        """The agent's producer, started on first use."""
-        if self._producer is None:
-            agent = self.agent
-            producer = agent.ctx.io.result_producer(f"{agent.client_id}:results")
-            try:
-                await producer.start()
-            except BaseException:
-                await producer.close()
-                raise
-            self._producer = producer
-        return self._producer
+        """The agent's producer, started on first use (once, however many calls wait)."""
+        async with self._starting:
+            if self._producer is None:
+                agent = self.agent
+                producer = agent.ctx.io.result_producer(f"{agent.client_id}:results")
+                try:
+                    await producer.start()
+                except BaseException:
+                    await producer.close()
+                    raise
+                self._producer = producer
+            return self._producer
 
     async def produce(self, records: list[Encoded]) -> None:
         """Produce ``records`` and wait until the brokers acknowledged every one, within

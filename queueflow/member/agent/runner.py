@@ -247,13 +247,13 @@ class HandlerRunner:
         clock = self.agent.ctx.clock
         started = clock.monotonic()
         ended = await self.call(records, call, margin_s)
+        # FlowControl thinks in records: feed it the time per record.
+        self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
         result = judge(ended, records, self.batch, self.routes)
         transactions = self.agent.transactions
         if transactions is not None:  # exactly_once: ACCEPT/REJECT and results in a transaction
             result = transactions.submit(result)
-        # FlowControl thinks in records: feed it the time per record.
-        self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
-        if transactions is None and result.outputs is not None:
+        elif result.outputs is not None:
             # Published (acks=all) before the outcomes are recorded; the handler task goes on
             # meanwhile, so a produce round trip doesn't bound the handlers' throughput.
             task = asyncio.ensure_future(self._publish_then_apply(result))
