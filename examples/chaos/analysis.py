@@ -116,6 +116,7 @@ def analyse(
     unexplained: set[int] = set()
     at_reassignment: set[int] = set()
     repeated_counts = 0
+    repeated_ids: dict[int, list[int]] = {}  # id -> its delivery counts, where one repeats
     poison = poison_archived = 0
     poison_deviations: dict[int, list[int]] = {}
     poison_unexplained: dict[int, list[int]] = {}
@@ -175,6 +176,7 @@ def analyse(
         repeated_counts += repeated
         if repeated:
             dup = True
+            repeated_ids[record_id] = [int(e["dc"]) for e in lines]
         if dup:
             duplicates.add(record_id)
         if is_poison:
@@ -256,5 +258,6 @@ def analyse(
         "lost_sample": lost_detail,
         "poison_deviation_sample": {str(k): v for k, v in list(poison_deviations.items())[:10]},
         "unexplained_sample": sorted(unexplained)[:10],
+        "repeated_sample": {str(i): repeated_ids[i] for i in sorted(repeated_ids)[:10]},
         "log_events": dict(Counter(kind for _t, _pid, kind in log_events)),
     }

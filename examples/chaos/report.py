@@ -16,7 +16,11 @@ def say(text: str) -> None:
 
 def print_summary(summary: dict[str, Any]) -> None:
     """Print the summary as one JSON line on stdout (without the ``*_sample`` keys), and the
-    lost records' samples on stderr if any were lost."""
+    lost records' samples on stderr if any were lost (and the records whose delivery count
+    repeated, if any)."""
     print(json.dumps({k: v for k, v in summary.items() if not k.endswith("_sample")}), flush=True)
     if summary["lost"]:
         say(f"LOST {summary['lost']} records; samples: {json.dumps(summary['lost_sample'])}")
+    if summary.get("repeated_delivery_counts"):
+        sample = json.dumps(summary.get("repeated_sample", {}))
+        say(f"REPEATED delivery counts: {summary['repeated_delivery_counts']}; samples: {sample}")

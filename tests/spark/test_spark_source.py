@@ -31,7 +31,7 @@ LEADER_SETTINGS = {
     "group.share.session.timeout.ms": 15000,
     "queueflow.lock.check.interval.ms": 100,
 }
-TOPICS = {"batches": 1, "outcomes": 1, "split": 1, "mixed": 2, "crash": 1}
+TOPICS = {"batches": 1, "outcomes": 1, "split": 1, "mixed": 2, "crash": 1, "long": 1}
 WAIT_S = 60.0
 
 
@@ -346,6 +346,60 @@ def test_spark_and_a_share_consumer_share_one_group(
     # Spark member's session (15 s): if it is still unacknowledged, it precedes the second.
     returned = {r.value: r.delivery_count for r in asyncio.run(after())}
     assert returned in ({b"m-sentinel-2": 1}, {b"m-sentinel": 2, b"m-sentinel-2": 1}), returned
+
+
+def test_a_batch_that_outlives_its_lock_keeps_its_records(
+    spark: Any, kafka_bootstrap: str, topics: dict[str, str], leader: LeaderWorker, tmp_path: Path
+) -> None:
+    """Batch 0 takes 2.5 lock durations (a ShareConsumer of the same group polls all that
+    time, inside the batch): the runner RENEWs the batch's locks (KIP-1222, every
+    ``renewIntervalMs``, a third of the lock by default), so the consumer gets none of its
+    records, and every record is handled once, at delivery count 1."""
+    topic, total, cap = topics["long"], 10, 5
+    values = [f"l-{i}" for i in range(total)]
+    produce(kafka_bootstrap, topic, values)
+    opts = {**options(kafka_bootstrap, leader, topic, "long"), "maxRecordsPerTrigger": str(cap)}
+    competitor: list[ShareRecord] = []
+
+    def compete(df: Any, batch_id: int) -> None:
+        if batch_id != 0:
+            return
+
+        async def main() -> None:
+            member = ShareConsumer(
+                "long",
+                app_id=leader.app_id,
+                bootstrap_servers=kafka_bootstrap,
+                acknowledgement_mode="explicit",
+            )
+            await member.subscribe([topic])
+            until = time.monotonic() + 2.5 * LOCK_MS / 1000
+            while time.monotonic() < until:
+                for record in await member.poll(timeout_ms=500):
+                    competitor.append(record)
+                    member.acknowledge(record, ACCEPT)
+            await member.commit_sync()
+            await member.close()
+
+        asyncio.run(main())
+
+    collector = Collector(on_batch=compete)
+    query = start(stream(spark, opts), collector, tmp_path / "ckpt", available_now=False)
+    try:
+
+        def all_seen() -> bool:
+            seen = collector.values() + [r.value.decode() for r in competitor]
+            return set(values) <= set(seen)
+
+        wait_until(query, all_seen, "every record")
+    finally:
+        query.stop()
+    first = {r.value for r in collector.batches[0][1]}
+    taken = [(r.value.decode(), r.delivery_count) for r in competitor]
+    assert first and not first & {v for v, _ in taken}, (first, taken)
+    seen = Counter(collector.values() + [v for v, _ in taken])
+    assert [v for v, n in seen.items() if n > 1] == []
+    assert {r.delivery_count for r in collector.rows} | {c for _, c in taken} == {1}
 
 
 def test_restart_after_a_driver_crash_loses_nothing(

@@ -249,6 +249,9 @@ def test_offsets_without_a_record_are_acknowledged_as_gap() -> None:
             assert spso(cluster) == 7
             engine = cluster.share_partition("g", TOPIC, 0)
             assert engine.in_flight_count == 0
+            gaps = {"group": "g", "topic": TOPIC, "type": "gap"}  # docs/operations.md metrics
+            registry = consumer.ctx.metrics.registry
+            assert registry.get_sample_value("queueflow_acknowledgements_total", gaps) == 4
             await consumer.close()
 
     run(scenario())
