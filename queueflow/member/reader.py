@@ -87,8 +87,8 @@ def share_records(
         offset = m.offset
         if offset != expected:  # offsets without records (compaction, markers)
             gaps.extend(range(expected, min(offset, last + 1)))
-            if offset > last:
-                return last + 1
+        if offset > last:  # not acquired (a read of n records can pass a marker or a hole)
+            return last + 1
         # Every field of ShareRecord, in its order (a new field must be set here too).
         r = new(cls)
         r.topic = topic

@@ -519,3 +519,18 @@ def test_share_records_builds_the_records_the_constructor_builds() -> None:
         ShareRecord("jobs", 3, o, b"k", b"v%d" % o, (), 1000 + o, 2, b"v%d" % o, b"k", math.inf, 1)
         for o in (5, 6, 8, 9)
     ]
+
+
+def test_share_records_stops_at_the_offset_after_last() -> None:
+    """A read of ``last - first + 1`` records over a transaction marker (or a compacted hole)
+    returns the record right after ``last`` too: it was not acquired, so it is not a record
+    of the range (it was handed out, then delivered again when acquired)."""
+    messages = [
+        ConsumerRecord("jobs", 0, offset, 0, 1, None, b"v", None, 0, 1, ())
+        for offset in (0, 1, 2, 4, 5)  # 3: a transaction marker
+    ]
+    records: list[ShareRecord] = []
+    gaps: list[int] = []
+    assert share_records(messages, "jobs", 0, 0, 4, 1, records, gaps) == 5
+    assert [r.offset for r in records] == [0, 1, 2, 4]
+    assert gaps == [3]
