@@ -302,6 +302,8 @@ class Dispatcher:
             agent.stats.released += len(records)
             agent.spawn(self.flush(tp))
             return 0
+        if agent.transactions is not None:
+            records = agent.transactions.screen(records)
         runner.enqueue(records)
         return len(records)
 

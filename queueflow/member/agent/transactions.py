@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from queueflow.member.acks import to_wire
+from queueflow.member.agent.committed import CommittedOffsets, Seen
 from queueflow.member.agent.publishing import Encoded, PublishError, encode_all, produce_all
 from queueflow.member.agent.results import HandlerResult, safe_repr
 from queueflow.member.producer import ResultProducer
@@ -113,6 +114,11 @@ class TransactionalPublisher:
         #: Transactions committed and aborted (for tests and the drain log).
         self.committed = 0
         self.aborted = 0
+        #: Offsets in a transaction or just committed: a second delivery of one to this member
+        #: publishes nothing again (:mod:`~queueflow.member.agent.committed`).
+        self.offsets = CommittedOffsets(window_s=max(4 * agent.flow.lock_s, 120.0))
+        #: Copies of such offsets delivered again and not handled (for tests and the log).
+        self.duplicates = 0
 
     async def start(self, member_id: str) -> None:
         """Open the transactional producer (fencing an older one of the same id).
@@ -153,14 +159,60 @@ class TransactionalPublisher:
         except PublishError as exc:
             self.agent.publisher.not_published(result, exc)
             return result._replace(outcomes=(_RELEASE,) * len(records), outputs=None)
-        released: list[ShareRecord] = []
+        now = self.agent.ctx.clock.monotonic()
+        settled: list[ShareRecord] = []
+        settled_outcomes: list[AcknowledgeType] = []
         for record, outcome, mine in zip(records, outcomes, encoded, strict=True):
-            if outcome is _RELEASE:
-                released.append(record)
+            seen, committed = self.offsets.seen(record, now)
+            if seen is not Seen.NEW:  # a second copy of an offset in or past a transaction
+                if self._duplicate(record, seen, committed):
+                    settled.append(record)
+                    settled_outcomes.append(committed or outcome)
+                else:
+                    self.agent.dispatch.unreserve(1)
+            elif outcome is _RELEASE:
+                settled.append(record)
+                settled_outcomes.append(_RELEASE)
             else:
+                self.offsets.claim(record)
                 self._pending.append(Pending(record, outcome, mine))
         self._wake.set()
-        return result._replace(records=released, outcomes=(_RELEASE,) * len(released), outputs=None)
+        return result._replace(records=settled, outcomes=tuple(settled_outcomes), outputs=None)
+
+    def screen(self, records: list[ShareRecord]) -> list[ShareRecord]:
+        """The records of a ShareFetch a handler should see: a copy of an offset this member
+        has in a transaction is dropped, one it committed recently is acknowledged with the
+        committed outcome (see :mod:`~queueflow.member.agent.committed`)."""
+        offsets = self.offsets
+        if not len(offsets):
+            return records
+        now = self.agent.ctx.clock.monotonic()
+        kept: list[ShareRecord] = []
+        for record in records:
+            seen, committed = offsets.seen(record, now)
+            if seen is Seen.NEW:
+                kept.append(record)
+            elif self._duplicate(record, seen, committed):
+                assert committed is not None
+                self.agent.runner.acknowledge(record, committed)
+        return kept  # the caller settles the room of those left out
+
+    def _duplicate(
+        self, record: ShareRecord, seen: Seen, committed: AcknowledgeType | None
+    ) -> bool:
+        """Log and count a second delivery of an offset already in or past a transaction;
+        True if it is to be acknowledged (committed: with ``committed``), False if dropped."""
+        agent = self.agent
+        self.duplicates += 1
+        agent.log.warning(
+            "share_agent_duplicate_delivery",
+            seen=seen.value,
+            outcome=committed.name if committed is not None else None,
+            note="delivered again to the member that has it in a transaction or committed it; "
+            "not handled again, so nothing is published twice",
+            **agent.runner.where(record),
+        )
+        return seen is Seen.COMMITTED
 
     async def run(self) -> None:
         """The agent's commit loop: a transaction every ``share.acknowledgement.linger`` while
@@ -185,6 +237,7 @@ class TransactionalPublisher:
         now = agent.ctx.clock.monotonic()
         ready, late = split_late(pending, now, agent.deadlines.lock_margin_s())
         for item in late:
+            self.offsets.unclaim(item.record)
             agent.runner.lock_expired_unhandled(item.record)  # RELEASE, counted and logged
         if not ready:
             return
@@ -196,8 +249,10 @@ class TransactionalPublisher:
             return
         self.committed += 1
         runner = agent.runner
+        done = agent.ctx.clock.monotonic()
         for item in ready:
             runner.counted(item.outcome)
+            self.offsets.committed(item.record, item.outcome, done)
         agent.dispatch.unreserve(len(ready))
 
     async def commit(self, ready: list[Pending]) -> None:
@@ -271,6 +326,8 @@ class TransactionalPublisher:
             with contextlib.suppress(Exception):
                 await producer.close()
         runner = agent.runner
+        for item in ready:
+            self.offsets.unclaim(item.record)
         if aborted:
             for item in ready:
                 runner.acknowledge(item.record, _RELEASE)

@@ -95,7 +95,7 @@ class SharePartitionCache:
         configs: LeaderGroupConfigs,
         updates_per_snapshot: int,
         epoch: Callable[[int], int],
-        initial_offset: Callable[[str, int], Awaitable[int]],
+        initial_offset: Callable[[str, int], Awaitable[tuple[int, int]]],
     ) -> None:
         self.table = table
         self.topic = topic
@@ -294,7 +294,7 @@ class SharePartitionCache:
 
     async def _initialise(self, group: str, partition: int) -> DurableSharePartition:
         drops = self._drops.get(partition, 0)
-        start = await self._initial_offset(group, partition)
+        start, skipped = await self._initial_offset(group, partition)
         if self._drops.get(partition, 0) != drops:
             raise FencedStateEpochError(
                 f"share-partition group={group} topic={self.topic} partition={partition} was "
@@ -304,16 +304,30 @@ class SharePartitionCache:
         self._log.info(
             "share_partition_initialised", group=group, partition=partition, start_offset=start
         )
+        if skipped > 0:
+            reset = self.configs.offset_reset(group, self.topic, partition)
+            self._log.warning(
+                "share_partition_started_past_records",
+                group=group,
+                partition=partition,
+                start_offset=start,
+                records_skipped=skipped,
+                auto_offset_reset=reset.kind,
+                note="the records already in the partition are never delivered to this group; "
+                "to have them, set the group config share.auto.offset.reset=earliest before "
+                "the group's first fetch (share_settings / group_configs, or `queueflow "
+                "share-groups --reset-offsets --to-earliest` on the empty group)",
+            )
         return durable
 
 
 async def initial_offset(
     ctx: ServerContext, configs: LeaderGroupConfigs, topic: str, group: str, partition: int
-) -> int:
+) -> tuple[int, int]:
     """Where a new share-partition of ``group`` starts: the group's ``share.auto.offset.reset``
     (``earliest``: the log start; ``latest``: the log end; ``by_duration:D``: the first record
     at most ``D`` old, else the log end), or the log start for a partition added to the topic
-    at runtime.
+    at runtime; and how many offsets of the log it starts past (never delivered to the group).
 
     Raises:
         Exception: what the broker's ListOffsets raises.
@@ -321,10 +335,14 @@ async def initial_offset(
     tp = TopicPartition(topic, partition)
     offsets = ctx.log_offsets
     reset = configs.offset_reset(group, topic, partition)
+    log_start = await offsets.log_start(tp)
     if reset.kind == "earliest":
-        return await offsets.log_start(tp)
+        return log_start, 0
+    start: int | None = None
     if reset.kind == "by_duration":
         found = await offsets.offset_for_time(tp, ctx.clock.now_ms() - reset.duration_ms)
         if found is not None:
-            return max(found, await offsets.log_start(tp))
-    return await offsets.log_end(tp)
+            start = max(found, log_start)
+    if start is None:
+        start = await offsets.log_end(tp)
+    return start, max(start - log_start, 0)

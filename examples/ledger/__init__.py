@@ -1,0 +1,1 @@
+"""A per-account ledger with key-ordered sharing (python -m examples.ledger)."""
