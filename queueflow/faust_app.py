@@ -49,6 +49,7 @@ from queueflow.kafka.admin import (
     partition_counts,
 )
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
+from queueflow.kafka.key_reader import KafkaKeySource
 from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
@@ -547,6 +548,7 @@ class ShareGroups:
             flush_state=self._flush_state,
             request_log=LogRangeReader(self.kafka),
             group_configs=self.group_configs,
+            key_source=KafkaKeySource(self.kafka),
             auth_health=AuthHealth(
                 f"{self.app_id}/",
                 has_peers=self._has_peers,
@@ -798,6 +800,8 @@ class ShareGroups:
         """Close the leaders' endpoint, ack readers and metadata clients."""
         for reader in self._ack_readers.values():
             await reader.stop()
+        for leader in self.leaders.values():
+            await leader.keys.close()
         if self.leads:
             if self.endpoint is not None:
                 await self.endpoint.close()

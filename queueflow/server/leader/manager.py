@@ -41,6 +41,7 @@ from queueflow.server.leader import fencing, handlers, reports, resets
 from queueflow.server.leader.applier import ResultApplier
 from queueflow.server.leader.cache import SharePartitionCache, initial_offset
 from queueflow.server.leader.fetching import ShareFetcher
+from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.parking import LongPolls, ParkedFetch
 from queueflow.server.leader.positions import RequestPositions
 from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
@@ -106,7 +107,11 @@ class ShareLeader:
             lambda group, p: initial_offset(ctx, self.group_configs, topic, group, p),
         )
         self.positions = RequestPositions(table, topic, self.request_topic)
-        self.fetcher = ShareFetcher(ctx, topic, self.tickets, self.group_configs, self.cache)
+        #: Key-ordered share-partitions' key readers (share.ordering=key).
+        self.keys = KeyIndexes(ctx, topic, lambda p: self.long_polls.notify(p))
+        self.fetcher = ShareFetcher(
+            ctx, topic, self.tickets, self.group_configs, self.cache, self.keys
+        )
         self.applier = ResultApplier(
             ctx, topic, self.cache, self.positions, self.auth, self.tickets, self.step_down
         )
@@ -151,6 +156,7 @@ class ShareLeader:
     def _drop(self, partitions: set[int], reason: str) -> None:
         for p in partitions:  # waiting direct requests: refused, their members re-route
             self.long_polls.fail(p)
+        self.keys.stop(partitions)
         self.cache.drop(partitions, reason)
 
     def step_down(self, partitions: list[int], reason: str) -> None:
