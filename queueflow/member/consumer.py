@@ -31,6 +31,7 @@ from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
 from queueflow.member.context import MemberContext
+from queueflow.member.key_ordering import check_ordering
 from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
@@ -75,9 +76,14 @@ class ShareConsumer:
         ssl_context: TLS context: the cluster's CA, and a client certificate for mutual TLS
             (``aiokafka.helpers.create_ssl_context(cafile=..., certfile=..., keyfile=...)``).
             Every Kafka client of the consumer uses these security settings.
+        ordering: ``"key"``: the group must be key-ordered (group config
+            ``share.ordering=key``: records of one key are handled one at a time, in offset
+            order; docs/concepts.md "Key-ordered sharing"); :meth:`subscribe` refuses a group
+            that is not. A member can't set a group config: set it with ``queueflow configs``
+            or in the app. ``"none"`` (default): any group.
 
     Raises:
-        ConfigurationError: an invalid mode or setting, an invalid combination of security
+        ConfigurationError: an invalid mode, ordering or setting, an invalid combination of security
             arguments (the message names it), or a SASL/SSL cluster with
             ``queueflow.auth.mode=auto`` and no ``queueflow.auth.secret``.
     """
@@ -99,6 +105,7 @@ class ShareConsumer:
         sasl_plain_username: str | None = None,
         sasl_plain_password: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        ordering: str = "none",
     ) -> None:
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ConfigurationError(
@@ -107,6 +114,7 @@ class ShareConsumer:
         self.group = group
         self.app_id = app_id
         self.mode = acknowledgement_mode
+        self.ordering = check_ordering(ordering)
         security = security_kwargs(
             security_protocol=security_protocol,
             sasl_mechanism=sasl_mechanism,
@@ -156,7 +164,8 @@ class ShareConsumer:
         """Join the share group subscribed to ``topics`` (exact names; no patterns).
 
         Raises:
-            ConfigurationError: a topic doesn't exist.
+            ConfigurationError: a topic doesn't exist; with ``ordering="key"``, the group is
+                not key-ordered (``share.ordering``; the member leaves it again).
             ShareGroupError: no coordinator answered (no leader worker running for ``app_id``).
         """
         self._check_open()
@@ -169,6 +178,7 @@ class ShareConsumer:
             self.client_id,
             self.lock_duration_ms,
             on_acknowledged=self._report,
+            ordering=self.ordering,
         )
         try:
             await self._session.start()

@@ -230,13 +230,22 @@ class ShareAgent:
         self.lifecycle.move(AgentState.STARTING)
         while True:
             self.session = ShareFetchSession(
-                self.ctx, self.group, [self.topic_name], self.client_id, self.lock_duration_ms
+                self.ctx,
+                self.group,
+                [self.topic_name],
+                self.client_id,
+                self.lock_duration_ms,
+                ordering=self.options.ordering,
             )
             try:
                 await self.session.start()
                 break
-            except ShareGroupError as exc:
-                retry = exc.code is ErrorCode.REQUEST_TIMED_OUT and not self.stopping
+            except (ShareGroupError, ConfigurationError) as exc:
+                retry = (
+                    isinstance(exc, ShareGroupError)
+                    and exc.code is ErrorCode.REQUEST_TIMED_OUT
+                    and not self.stopping
+                )
                 if retry:  # said first: closing the clients may be slow with the broker gone
                     self.log.error(
                         "share_agent_join_failed",

@@ -67,7 +67,7 @@ def test_share_ordering_is_none_or_key_with_a_literal_default() -> None:
     assert validate_group_config("share.ordering", " KEY ", SETTINGS) == "key"
     assert validate_group_config("share.ordering", "none", SETTINGS) == "none"
     for bad in ("keys", "", 1, True):
-        with pytest.raises(ConfigurationError, match="share.ordering=.*choose one of none, key"):
+        with pytest.raises(ConfigurationError, match=r"share\.ordering=.*choose one of none, key"):
             validate_group_config("share.ordering", bad, SETTINGS)
     assert GroupConfig.resolve(SETTINGS).ordering == "none"
     assert GroupConfig.resolve(SETTINGS, {"share.ordering": "key"}).ordering == "key"
