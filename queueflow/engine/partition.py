@@ -716,6 +716,21 @@ class SharePartition:
             self._merge_window(i - 1, j)
         return out
 
+    def archive_available(self, offsets: Iterable[int]) -> int:
+        """Archive the Available in-flight records among ``offsets`` (an operator skipped
+        their parked key: docs/concepts.md "Key-ordered sharing"), then advance the SPSO.
+        Offsets outside SPSO..SPEO-1 or in another state are left alone. Returns how many
+        were Archived."""
+        n = 0
+        for first, last in consecutive(sorted(set(offsets))):
+            first, last = max(first, self._start), min(last, self._end - 1)
+            if first <= last:
+                n += self._apply(
+                    first, last, lambda r: _archive(r) if r.state is _AVAILABLE else None
+                )
+        self._advance()
+        return n
+
     def allowance(self, member_id: str, max_records: int, now_ms: int) -> int:
         """How many of ``max_records`` ``member_id`` may acquire now: bounded by
         ``member_max_in_flight_records`` minus what it holds, and by its token bucket of

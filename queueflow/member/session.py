@@ -31,7 +31,6 @@ from queueflow.logging import SkipLogLimiter, get_logger
 from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient
-from queueflow.member.key_ordering import check_key_ordered, check_ordering
 from queueflow.member.lifecycle import SESSION_TRANSITIONS, Lifecycle, SessionState
 from queueflow.member.membership import Membership
 from queueflow.member.routing import FetchRouter
@@ -151,11 +150,8 @@ class ShareFetchSession:
         client_id: str,
         lock_duration_ms: int | None = None,
         on_acknowledged: AcknowledgementCallback | None = None,
-        ordering: str = "none",
     ) -> None:
         self.ctx = ctx
-        #: ``key``: the group must be key-ordered (checked on joining: member.key_ordering).
-        self.ordering = check_ordering(ordering)
         self.group = group
         self.lock_duration_ms = lock_duration_ms
         self.on_acknowledged = on_acknowledged
@@ -240,10 +236,7 @@ class ShareFetchSession:
                 within ``queueflow.member.join.timeout.ms`` (the broker went away meanwhile;
                 a share agent then starts over, waiting for the broker), or the join failed
                 (see :meth:`Membership.join`).
-            ConfigurationError: a topic or the app's internal topics are missing; with
-                ``ordering="key"``, the group is not key-ordered
-                (:func:`~queueflow.member.key_ordering.check_key_ordered`; the session stays
-                joined: close it).
+            ConfigurationError: a topic or the app's internal topics are missing.
         """
         io = self.ctx.io
         # the broker up, the source topics and the app's internal topics there
@@ -253,8 +246,6 @@ class ShareFetchSession:
         self._lifecycle.move(SessionState.STARTED)
         await self._start_requester()
         await self._membership.join()
-        if self.ordering == "key":
-            check_key_ordered(self.group, self._membership.ticket)
 
     async def _start_requester(self) -> None:
         # Bounded: a broker that goes away here leaves aiokafka's offset lookup of the reply

@@ -29,6 +29,7 @@ from queueflow.member.agent.runner import HandlerRunner
 from queueflow.member.agent.transactions import TransactionalPublisher
 from queueflow.member.context import MemberContext
 from queueflow.member.flow import FlowControl
+from queueflow.member.key_ordering import check_key_ordered
 from queueflow.member.lifecycle import AGENT_STOPPING, AGENT_TRANSITIONS, AgentState, Lifecycle
 from queueflow.member.session import ShareFetchSession
 
@@ -235,10 +236,11 @@ class ShareAgent:
                 [self.topic_name],
                 self.client_id,
                 self.lock_duration_ms,
-                ordering=self.options.ordering,
             )
             try:
                 await self.session.start()
+                if self.options.ordering == "key":  # the group must be key-ordered
+                    check_key_ordered(self.group, self.session.router.membership.ticket)
                 break
             except (ShareGroupError, ConfigurationError) as exc:
                 retry = (

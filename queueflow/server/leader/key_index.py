@@ -23,9 +23,13 @@ from dataclasses import dataclass, field
 
 from queueflow.engine.key_order import NULL_KEY_HASH, KeyOrder
 from queueflow.logging import get_logger
+from queueflow.protocol import messages as protocol
 from queueflow.protocol.state_codec import decode_parked_keys, parked_keys_key
 from queueflow.server.context import KeyTail, ServerContext
 from queueflow.server.durable import DurableSharePartition
+from queueflow.server.group_configs import LeaderGroupConfigs
+from queueflow.server.leader.key_actions import act_on_key
+from queueflow.server.leader.results import LeaderResult
 from queueflow.structs import TopicPartition
 
 __all__ = ["KEY_READ_WAIT_MS", "KeyIndexes"]
@@ -83,6 +87,25 @@ class KeyIndexes:
         if tail is None:
             tail = self._start(durable)
         tail.moved.set()
+
+    def act(
+        self,
+        message: protocol.ResetSharePartition,
+        durable: DurableSharePartition | None,
+        configs: LeaderGroupConfigs,
+        offset: int,
+    ) -> LeaderResult:
+        """An operator's release or skip of a parked key (:func:`~.key_actions.act_on_key`),
+        with the share-partition's parked keys loaded first (just after a leader change no
+        ShareFetch may have loaded them yet).
+
+        Raises:
+            ShareGroupError: as :func:`~.key_actions.act_on_key`; ``CORRUPT_STATE`` for
+                unreadable parked keys.
+        """
+        if durable is not None:
+            self.ensure(durable, configs.ordering(durable.group))
+        return act_on_key(message, durable, partition=message.partition, offset=offset)
 
     def poke(self, durable: DurableSharePartition) -> None:
         """``durable``'s SPSO may have moved: its key reader may read further."""

@@ -44,7 +44,7 @@ from queueflow.server.leader.fetching import ShareFetcher
 from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.parking import LongPolls, ParkedFetch
 from queueflow.server.leader.positions import RequestPositions
-from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
+from queueflow.server.leader.results import NOTHING, LeaderResult, LogEvent
 from queueflow.server.tickets import TicketGate
 from queueflow.server.transport import (
     control_auth,
@@ -109,9 +109,8 @@ class ShareLeader:
         self.positions = RequestPositions(table, topic, self.request_topic)
         #: Key-ordered share-partitions' key readers (share.ordering=key).
         self.keys = KeyIndexes(ctx, topic, lambda p: self.long_polls.notify(p))
-        self.fetcher = ShareFetcher(
-            ctx, topic, self.tickets, self.group_configs, self.cache, self.keys
-        )
+        self.fetcher = ShareFetcher(ctx, topic, self.tickets, self.group_configs, self.cache)
+        self.fetcher.keys = self.keys
         self.applier = ResultApplier(
             ctx, topic, self.cache, self.positions, self.auth, self.tickets, self.step_down
         )
@@ -354,7 +353,7 @@ class ShareLeader:
                 # a repeat is refused harmlessly) but acquire nothing, or the records would
                 # be locked for a member not waiting for them.
                 live = self.fencing.is_live(partition)
-                fetched = await self._share_fetch(message, partition, now, acquire=live)
+                fetched = await self.fetcher.fetch(message, partition, now, live)
                 return handlers.answer_from_log(fetched, message, offset, now, replayed=replayed)
             case _:
                 return NOTHING
@@ -391,22 +390,12 @@ class ShareLeader:
         try:
             if error is None:
                 durable = await self.cache.existing(message.group, partition)
+                if message.key_action:  # a parked key released or skipped (share.ordering=key)
+                    return self.keys.act(message, durable, self.group_configs, offset)
                 return resets.reset(message, durable, partition=partition, offset=offset)
         except ShareGroupError as exc:
             error = exc
         return resets.refused_reset(message, partition, error)
-
-    # -- ShareFetch ------------------------------------------------------------------------
-    async def _share_fetch(
-        self,
-        request: protocol.ShareFetchRequest,
-        partition: int,
-        now: int,
-        acquire: bool = True,
-    ) -> FetchResult:
-        """Apply a request's acknowledgements, then acquire (if ``acquire``), writing nothing
-        yet (:meth:`~queueflow.server.leader.fetching.ShareFetcher.fetch`)."""
-        return await self.fetcher.fetch(request, partition, now, acquire)
 
     # -- the direct path -------------------------------------------------------------------
     async def serve(self, request: protocol.ShareFetchRequest) -> protocol.ShareFetchResponse:
@@ -452,7 +441,7 @@ class ShareLeader:
                 now = clock.now_ms()
                 for item in items:
                     if item.response is None:
-                        fetched = await self._share_fetch(item.request, partition, now)
+                        fetched = await self.fetcher.fetch(item.request, partition, now, True)
                         item.response, item.durable = fetched.response, fetched.durable
                         result = result + fetched.effects
                     elif item.durable is not None and now < item.request.deadline_ms:

@@ -12,8 +12,9 @@ from inprocess_helpers import TOPIC, run, settings, settle
 
 import queueflow
 from queueflow.engine.key_order import key_hash
-from queueflow.errors import ConfigurationError
+from queueflow.errors import ConfigurationError, ShareGroupError
 from queueflow.protocol.state_codec import decode_parked_keys, parked_keys_key
+from queueflow.structs import TopicPartition
 from queueflow.testing import FakeClock
 from queueflow.testing.inprocess import InProcessCluster
 
@@ -108,5 +109,52 @@ def test_a_member_asking_for_key_order_refuses_a_group_that_is_not() -> None:
             await consumer.close()
         with pytest.raises(ConfigurationError, match="ordering='sorted'"):
             cluster.consumer("plain", ordering="sorted")
+
+    run(scenario())
+
+
+def test_the_admin_describes_releases_and_skips_parked_keys_and_refuses_bad_input() -> None:
+    async def scenario() -> None:
+        keys = ["a", "b", "a", "a", "b", "c", "a"]
+        async with keyed_cluster(keys) as cluster:
+            admin = cluster.admin()
+            consumer = cluster.consumer(
+                "g", ordering="key", acknowledgement_mode="explicit", max_poll_records=10
+            )
+            await consumer.subscribe([TOPIC])
+
+            async def handle(reject: str = "") -> list[int]:
+                got = await consumer.poll(timeout_ms=2000)
+                for r in got:
+                    bad = r.key == reject.encode()
+                    consumer.acknowledge(r, queueflow.REJECT if bad else queueflow.ACCEPT)
+                await consumer.commit_sync()
+                await settle(cluster)
+                return [r.offset for r in got]
+
+            assert await handle(reject="a") == [0, 1, 5]  # a parks at 0
+            assert await handle() == [4]  # b goes on; a's 2, 3, 6 wait
+            (offsets,) = await admin.list_offsets("g")
+            (parked,) = offsets.parked_keys
+            assert (parked.key, parked.offset, parked.reason) == ("a", 0, "rejected")
+            with pytest.raises(ShareGroupError, match="key 'zz' .* is not parked"):
+                await admin.release_key("g", TOPIC, "zz")
+            with pytest.raises(ShareGroupError, match="has no share-partitions of topic 'nope'"):
+                await admin.release_key("g", "nope", "a")
+            with pytest.raises(ShareGroupError, match="does not exist"):
+                await admin.skip_key("nobody", TOPIC, "a")
+            with pytest.raises(ShareGroupError, match="no partition 3"):
+                await admin.skip_key("g", TOPIC, "a", partition=3)
+            with pytest.raises(ShareGroupError, match="hash"):
+                await admin.skip_key("g", TOPIC, "hash:xyz")
+            assert await admin.release_key("g", TOPIC, "a") == {TopicPartition(TOPIC, 0): 0}
+            assert await handle(reject="a") == [2]  # released: a's next record, parks again
+            assert await admin.skip_key("g", TOPIC, "a", partition=0) == {
+                TopicPartition(TOPIC, 0): 1  # offset 3 (6 is not in flight yet)
+            }
+            assert await handle() == [6]
+            (offsets,) = await admin.list_offsets("g")
+            assert offsets.parked_keys == () and offsets.start_offset == 7
+            await consumer.close()
 
     run(scenario())
