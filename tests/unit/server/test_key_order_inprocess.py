@@ -11,6 +11,7 @@ import pytest
 from inprocess_helpers import TOPIC, run, settings, settle
 
 import queueflow
+from queueflow.dashboard import DashboardData, page_html
 from queueflow.engine.key_order import key_hash
 from queueflow.errors import ConfigurationError, ShareGroupError
 from queueflow.protocol.state_codec import decode_parked_keys, parked_keys_key
@@ -137,6 +138,12 @@ def test_the_admin_describes_releases_and_skips_parked_keys_and_refuses_bad_inpu
             (offsets,) = await admin.list_offsets("g")
             (parked,) = offsets.parked_keys
             assert (parked.key, parked.offset, parked.reason) == ("a", 0, "rejected")
+            shown = await DashboardData(admin, records_limit=10, max_age_s=0.0).get()
+            (sp,) = shown["groups"][0]["share_partitions"]
+            assert sp["parked_keys"] == [
+                {"key": "a", "key_hash": parked.key_hash, "offset": 0, "reason": "rejected"}
+            ]
+            assert "parked_keys" in page_html() and "--release-key" in page_html()
             with pytest.raises(ShareGroupError, match="key 'zz' .* is not parked"):
                 await admin.release_key("g", TOPIC, "zz")
             with pytest.raises(ShareGroupError, match="has no share-partitions of topic 'nope'"):
