@@ -27,7 +27,6 @@ from queueflow.protocol import messages as protocol
 from queueflow.protocol.state_codec import decode_parked_keys, parked_keys_key
 from queueflow.server.context import KeyTail, ServerContext
 from queueflow.server.durable import DurableSharePartition
-from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.server.leader.key_actions import act_on_key
 from queueflow.server.leader.results import LeaderResult
 from queueflow.structs import TopicPartition
@@ -92,19 +91,20 @@ class KeyIndexes:
         self,
         message: protocol.ResetSharePartition,
         durable: DurableSharePartition | None,
-        configs: LeaderGroupConfigs,
         offset: int,
     ) -> LeaderResult:
         """An operator's release or skip of a parked key (:func:`~.key_actions.act_on_key`),
-        with the share-partition's parked keys loaded first (just after a leader change no
-        ShareFetch may have loaded them yet).
+        with the share-partition's parked keys loaded first: just after a leader change no
+        ShareFetch (whose ticket brings the group's ``share.ordering``) may have loaded them
+        yet, so they are loaded whatever this leader knows of the group's configs (its next
+        ShareFetch applies them).
 
         Raises:
             ShareGroupError: as :func:`~.key_actions.act_on_key`; ``CORRUPT_STATE`` for
                 unreadable parked keys.
         """
-        if durable is not None:
-            self.ensure(durable, configs.ordering(durable.group))
+        if durable is not None and durable.engine.key_order is None:
+            self.ensure(durable, "key")
         return act_on_key(message, durable, partition=message.partition, offset=offset)
 
     def poke(self, durable: DurableSharePartition) -> None:

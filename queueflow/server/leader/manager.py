@@ -391,7 +391,7 @@ class ShareLeader:
             if error is None:
                 durable = await self.cache.existing(message.group, partition)
                 if message.key_action:  # a parked key released or skipped (share.ordering=key)
-                    return self.keys.act(message, durable, self.group_configs, offset)
+                    return self.keys.act(message, durable, offset)
                 return resets.reset(message, durable, partition=partition, offset=offset)
         except ShareGroupError as exc:
             error = exc

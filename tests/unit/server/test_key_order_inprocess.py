@@ -105,7 +105,7 @@ def test_a_member_asking_for_key_order_refuses_a_group_that_is_not() -> None:
         cluster = InProcessCluster({TOPIC: 1}, clock=FakeClock(), settings=settings())
         async with cluster:
             consumer = cluster.consumer("plain", ordering="key")
-            with pytest.raises(ConfigurationError, match="not key-ordered.*share.ordering=key"):
+            with pytest.raises(ConfigurationError, match=r"not key-ordered.*share\.ordering=key"):
                 await consumer.subscribe([TOPIC])
             await consumer.close()
         with pytest.raises(ConfigurationError, match="ordering='sorted'"):
@@ -144,7 +144,7 @@ def test_the_admin_describes_releases_and_skips_parked_keys_and_refuses_bad_inpu
                 {"key": "a", "key_hash": parked.key_hash, "offset": 0, "reason": "rejected"}
             ]
             assert "parked_keys" in page_html() and "--release-key" in page_html()
-            with pytest.raises(ShareGroupError, match="key 'zz' .* is not parked"):
+            with pytest.raises(ShareGroupError, match=r"key .zz. .* is not parked"):
                 await admin.release_key("g", TOPIC, "zz")
             with pytest.raises(ShareGroupError, match="has no share-partitions of topic 'nope'"):
                 await admin.release_key("g", "nope", "a")
