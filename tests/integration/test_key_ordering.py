@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 import queueflow
-from queueflow import ShareConsumer, ShareGroupAdmin
+from queueflow import ShareConsumer
+from queueflow.admin import ShareGroupAdmin
 from queueflow.devtools.broker import create_topic
 from queueflow.devtools.cli import cli
 from queueflow.kafka.config import KafkaClientConfig
