@@ -414,7 +414,8 @@ def describe_group_configs(
     """
     out = []
     for name, definition in _DEFINITIONS.items():
-        synonym = lookup(definition.default_attr).name if definition.default_attr else ""
+        # A group config with no broker-level setting is its own synonym.
+        synonym = lookup(definition.default_attr).name if definition.default_attr else name
         if name in dynamic:
             out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
         elif name in app:

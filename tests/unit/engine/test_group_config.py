@@ -75,7 +75,7 @@ def test_share_ordering_is_none_or_key_with_a_literal_default() -> None:
         "key"
     )
     entry = {e.name: e for e in describe_group_configs(SETTINGS, {}, {})}["share.ordering"]
-    assert (entry.value, entry.source, entry.synonym) == ("none", "DEFAULT_CONFIG", "")
+    assert (entry.value, entry.source, entry.synonym) == ("none", "DEFAULT_CONFIG", entry.name)
 
 
 @pytest.mark.parametrize("name", sorted(INT_CONFIGS))
