@@ -600,8 +600,9 @@ class ShareGroupAdmin:
     async def skip_key(
         self, group_id: str, topic: str, key: str, partition: int | None = None
     ) -> dict[TopicPartition, int]:
-        """Skip a parked key: its waiting in-flight records (below the share-partition end
-        offset) are Archived, then the key is free (later records proceed). Arguments and
+        """Skip a parked key: its waiting records that the leader has read (those in the log,
+        up to ``share.partition.max.record.locks`` past the SPSO) are Archived, then the key
+        is free (later records proceed). Arguments and
         errors as :meth:`release_key`; also ``INVALID_REQUEST`` just after a leader change
         (retry).
 

@@ -318,17 +318,22 @@ class KeyOrder:
             self._parked_dirty = True
         return parked
 
-    def waiting(self, key: int, runs: Iterable[tuple[int, int, RecordState]]) -> list[int]:
-        """The Available in-flight records of the key with hash ``key`` among ``runs``
-        (``(first, last, state)``): what skipping it archives."""
+    def waiting(
+        self, key: int, runs: Iterable[tuple[int, int, RecordState]], speo: int, limit: int
+    ) -> list[int]:
+        """The waiting records of the key with hash ``key``: Available in-flight ones among
+        ``runs`` (``(first, last, state)``), and the indexed ones from ``speo`` up to ``limit``
+        (exclusive; the in-flight limit): what skipping it archives."""
         keys = self._keys
-        return [
+        out = [
             o
             for first, last, state in runs
             if state is _AVAILABLE
             for o in range(first, last + 1)
             if keys.get(o) == key
         ]
+        out += [o for o in range(speo, min(limit, self._end)) if keys.get(o) == key]
+        return out
 
     def clear_parked(self) -> None:
         """Forget every parked key (the SPSO was reset: every in-flight record is discarded)."""

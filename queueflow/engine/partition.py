@@ -717,12 +717,20 @@ class SharePartition:
         return out
 
     def archive_available(self, offsets: Iterable[int]) -> int:
-        """Archive the Available in-flight records among ``offsets`` (an operator skipped
-        their parked key: docs/concepts.md "Key-ordered sharing"), then advance the SPSO.
-        Offsets outside SPSO..SPEO-1 or in another state are left alone. Returns how many
-        were Archived."""
+        """Archive the Available records among ``offsets`` (an operator skipped their parked
+        key: docs/concepts.md "Key-ordered sharing"), then advance the SPSO. The SPEO moves up
+        to the last of them first, within ``max_in_flight_records`` (those skipped over are
+        Available, never delivered); offsets below the SPSO, beyond that limit or in another
+        state are left alone. Returns how many were Archived."""
+        wanted = sorted(set(offsets))
+        top = min(wanted[-1] + 1, self._start + self._config.max_in_flight_records) if wanted else 0
+        if top > self._end:
+            self._runs.append(_Run(self._end, top - 1, _AVAILABLE, 0, None, None))
+            self._n_available += top - self._end
+            self._end = top
+            self._merge_window(len(self._runs) - 2, len(self._runs) - 1)
         n = 0
-        for first, last in consecutive(sorted(set(offsets))):
+        for first, last in consecutive(wanted):
             first, last = max(first, self._start), min(last, self._end - 1)
             if first <= last:
                 n += self._apply(

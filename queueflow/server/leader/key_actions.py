@@ -26,8 +26,9 @@ def act_on_key(
     partition: int,
     offset: int,
 ) -> LeaderResult:
-    """Release (its waiting records proceed) or skip (its waiting in-flight records are
-    Archived, then it is free) the parked key ``message.key_hash`` of ``durable`` on behalf of
+    """Release (its waiting records proceed) or skip (its waiting records that the leader has
+    read, up to ``share.partition.max.record.locks`` past the SPSO, are Archived, then it is
+    free) the parked key ``message.key_hash`` of ``durable`` on behalf of
     the admin request read at request ``offset``.
 
     Raises:
@@ -55,7 +56,8 @@ def act_on_key(
                 "in-flight records yet (a new leader is reading them); retry the skip",
             )
         runs = ((r.first_offset, r.last_offset, r.state) for r in engine.in_flight())
-        skipped = engine.archive_available(order.waiting(key, runs))
+        limit = engine.start_offset + engine.config.max_in_flight_records
+        skipped = engine.archive_available(order.waiting(key, runs, engine.end_offset, limit))
     parked = order.release(key)
     assert parked is not None
     answer.start_offset = skipped

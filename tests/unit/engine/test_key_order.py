@@ -126,8 +126,11 @@ def test_waiting_records_of_a_key_and_a_reset_clears_parking() -> None:
     assert offsets(sp, "m", 10, 4) == [0, 2]
     ack(sp, "m", 0, REJECT)
     runs = [(r.first_offset, r.last_offset, r.state) for r in sp.in_flight()]
-    assert order.waiting(key_hash(b"a"), runs) == [1]  # offset 3 is not in flight yet
+    assert order.waiting(key_hash(b"a"), runs, sp.end_offset, 100) == [1, 3]
+    assert order.waiting(key_hash(b"a"), runs, sp.end_offset, 3) == [1]  # the in-flight limit
+    assert sp.archive_available([1, 3]) == 2 and sp.end_offset == 4
     ack(sp, "m", 2, ACCEPT)
+    assert sp.start_offset == 4
     sp.reset_start_offset(2)
     assert order.parked_keys() == [] and order.indexed_end == 2
 
