@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,13 @@ from queueflow.engine.partition import (
     RecordState,
     SharePartition,
     SharePartitionConfig,
+)
+from queueflow.errors import CorruptStateError
+from queueflow.protocol.state_codec import (
+    decode_parked_keys,
+    encode_parked_keys,
+    parked_keys_key,
+    parse_state_key,
 )
 from queueflow.structs import AcknowledgeType
 
@@ -208,3 +216,30 @@ def test_same_key_never_in_flight_twice_and_always_in_offset_order(
         order.release(p.key_hash)
     if sp.available_count or sp.end_offset < len(keys):
         assert offsets(sp, "late", 100, len(keys), now + 10**9 + 1)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 2**64 - 1),
+            st.integers(0, 2**62),
+            st.sampled_from(["rejected", "delivery_limit"]),
+            st.text(max_size=100),
+        ),
+        max_size=20,
+    )
+)
+def test_parked_keys_round_trip_through_their_state_table_value(
+    rows: list[tuple[int, int, str, str]],
+) -> None:
+    parked = [ParkedKey(*row) for row in rows]
+    assert decode_parked_keys(encode_parked_keys(parked), where="t") == parked
+    assert parked_keys_key("g/x", 3) == b"K/g/x/3"
+    assert parse_state_key(b"K/g/x/3") == ("K", "g/x", 3, None)
+
+
+def test_corrupt_parked_keys_are_refused_naming_the_share_partition() -> None:
+    with pytest.raises(CorruptStateError, match="corrupt parked keys for here"):
+        decode_parked_keys(b"{not json", where="here")
+    with pytest.raises(CorruptStateError, match="unknown share-partition state format version 9"):
+        decode_parked_keys(b'{"type":"parked_keys","v":9,"keys":[]}', where="here")
