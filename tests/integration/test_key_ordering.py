@@ -150,22 +150,24 @@ def test_six_members_on_one_partition_keep_every_key_in_order(
     assert len({m for ms in members.values() for m in ms}) == MEMBERS  # keys spread over all
 
 
+async def handle(c: ShareConsumer, reject: str = "", want: int = 1) -> list[str]:
+    """Poll until ``want`` records came (15 s at most); REJECT those of key ``reject``, ACCEPT
+    the rest; their values."""
+    got: list[Any] = []
+    deadline = time.monotonic() + 15
+    while len(got) < want and time.monotonic() < deadline:
+        for r in await c.poll(timeout_ms=500):
+            got.append(r)
+            c.acknowledge(r, queueflow.REJECT if r.key == reject.encode() else queueflow.ACCEPT)
+        await c.commit_sync()
+    return [r.value.decode() for r in got]
+
+
 def test_a_reject_parks_its_key_through_a_leader_restart_until_released_or_skipped(
     kafka_bootstrap: str, app: dict[str, Any], tmp_path: Path
 ) -> None:
     topic, app_id = app["small"], app["app_id"]
     base = ["--bootstrap-server", kafka_bootstrap, "--app", app_id]
-
-    async def handle(c: ShareConsumer, reject: str = "", want: int = 1) -> list[str]:
-        """Poll until ``want`` records came; REJECT those of key ``reject``, ACCEPT the rest."""
-        got: list[Any] = []
-        deadline = time.monotonic() + 15
-        while len(got) < want and time.monotonic() < deadline:
-            for r in await c.poll(timeout_ms=500):
-                got.append(r)
-                c.acknowledge(r, queueflow.REJECT if r.key == reject.encode() else queueflow.ACCEPT)
-            await c.commit_sync()
-        return [r.value.decode() for r in got]
 
     async def first_part() -> None:
         await make_key_ordered(kafka_bootstrap, app_id, topic, "parking")
@@ -186,9 +188,11 @@ def test_a_reject_parks_its_key_through_a_leader_restart_until_released_or_skipp
     fresh = LeaderWorker(
         app_id, [app["big"], topic], kafka_bootstrap, tmp_path / "data2", LEADER_SETTINGS
     )
-    app["worker"] = fresh
-    fresh.start()
+    with fresh.start():
+        release_then_skip(kafka_bootstrap, app_id, topic, base)
 
+
+def release_then_skip(bootstrap: str, app_id: str, topic: str, base: list[str]) -> None:
     refused = share_groups(*base, "--group", "parking", "--topic", topic, "--release-key", "zz")
     assert refused.exit_code == 1 and "is not parked" in refused.output
     unknown = share_groups(*base, "--group", "nope", "--topic", topic, "--release-key", "a")
@@ -198,7 +202,7 @@ def test_a_reject_parks_its_key_through_a_leader_restart_until_released_or_skipp
     assert f"Released key 'a' of share group 'parking' on {topic}[0]" in released.output
 
     async def second_part() -> None:
-        c = consumer(kafka_bootstrap, app_id, "parking", acknowledgement_mode="explicit")
+        c = consumer(bootstrap, app_id, "parking", acknowledgement_mode="explicit")
         await c.subscribe([topic])
         assert await handle(c, reject="a", want=1) == ["a2"]  # proceeds, and parks a again
         await c.close()
@@ -209,6 +213,6 @@ def test_a_reject_parks_its_key_through_a_leader_restart_until_released_or_skipp
     )
     assert skipped.exit_code == 0, skipped.output
     assert "2 waiting records archived" in skipped.output  # a4 and a6
-    admin = ShareGroupAdmin(app_id, KafkaClientConfig.from_broker(kafka_bootstrap))
+    admin = ShareGroupAdmin(app_id, KafkaClientConfig.from_broker(bootstrap))
     (offsets,) = asyncio.run(admin.list_offsets("parking", [topic]))
     assert offsets.parked_keys == () and offsets.start_offset == 8 and offsets.lag == 0

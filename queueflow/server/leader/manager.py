@@ -44,7 +44,7 @@ from queueflow.server.leader.fetching import ShareFetcher
 from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.parking import LongPolls, ParkedFetch
 from queueflow.server.leader.positions import RequestPositions
-from queueflow.server.leader.results import NOTHING, LeaderResult, LogEvent
+from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
 from queueflow.server.tickets import TicketGate
 from queueflow.server.transport import (
     control_auth,
@@ -107,8 +107,7 @@ class ShareLeader:
             lambda group, p: initial_offset(ctx, self.group_configs, topic, group, p),
         )
         self.positions = RequestPositions(table, topic, self.request_topic)
-        #: Key-ordered share-partitions' key readers (share.ordering=key).
-        self.keys = KeyIndexes(ctx, topic, lambda p: self.long_polls.notify(p))
+        self.keys = KeyIndexes(ctx, topic, lambda p: self.long_polls.notify(p))  # share.ordering
         self.fetcher = ShareFetcher(ctx, topic, self.tickets, self.group_configs, self.cache)
         self.fetcher.keys = self.keys
         self.applier = ResultApplier(
@@ -353,7 +352,7 @@ class ShareLeader:
                 # a repeat is refused harmlessly) but acquire nothing, or the records would
                 # be locked for a member not waiting for them.
                 live = self.fencing.is_live(partition)
-                fetched = await self.fetcher.fetch(message, partition, now, live)
+                fetched = await self._share_fetch(message, partition, now, acquire=live)
                 return handlers.answer_from_log(fetched, message, offset, now, replayed=replayed)
             case _:
                 return NOTHING
@@ -397,6 +396,14 @@ class ShareLeader:
             error = exc
         return resets.refused_reset(message, partition, error)
 
+    # -- ShareFetch ------------------------------------------------------------------------
+    async def _share_fetch(
+        self, request: protocol.ShareFetchRequest, partition: int, now: int, acquire: bool = True
+    ) -> FetchResult:
+        """Apply a request's acknowledgements, then acquire (if ``acquire``), writing nothing
+        yet (:meth:`~queueflow.server.leader.fetching.ShareFetcher.fetch`)."""
+        return await self.fetcher.fetch(request, partition, now, acquire)
+
     # -- the direct path -------------------------------------------------------------------
     async def serve(self, request: protocol.ShareFetchRequest) -> protocol.ShareFetchResponse:
         """Answer a ShareFetch that came over the direct path (:mod:`queueflow.server.endpoint`;
@@ -411,9 +418,8 @@ class ShareLeader:
         return await self.long_polls.serve(request)
 
     def end_long_poll(self, cancel: protocol.ShareFetchCancel) -> bool:
-        """Answer the member's parked ShareFetch ``cancel.request_id`` now, with nothing
-        acquired (see :class:`~queueflow.protocol.messages.ShareFetchCancel`); True if it was
-        parked."""
+        """Answer the member's parked ShareFetch ``cancel.request_id`` now, acquiring nothing
+        (:class:`~queueflow.protocol.messages.ShareFetchCancel`); True if it was parked."""
         return self.long_polls.cancel(cancel)
 
     def _not_leader(
@@ -441,7 +447,7 @@ class ShareLeader:
                 now = clock.now_ms()
                 for item in items:
                     if item.response is None:
-                        fetched = await self.fetcher.fetch(item.request, partition, now, True)
+                        fetched = await self._share_fetch(item.request, partition, now)
                         item.response, item.durable = fetched.response, fetched.durable
                         result = result + fetched.effects
                     elif item.durable is not None and now < item.request.deadline_ms:
