@@ -156,6 +156,7 @@ def table(results: dict[str, Any]) -> str:
                 )
     rows += s6_rows(results.get("S6"))
     rows += s9_rows(results.get("S9"))
+    rows += s10_rows(results.get("S10"))
     rows += s8_rows(results.get("S8"))
     width = max((len(r[0]) for r in rows), default=10)
     width2 = max((len(r[1]) for r in rows), default=10)
@@ -257,6 +258,26 @@ def write(path: Path, results: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
     tmp.replace(path)
+
+
+def s10_rows(s10: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """S10's table rows: each variant's median rate and spread, then the median ratios."""
+    if not s10:
+        return []
+    if s10.get("error"):
+        return [("S10 key-ordered", "error", str(s10["error"])[:100])]
+    rows = []
+    for variant in ("unordered", "key-uniform", "key-zipf"):
+        v = s10.get(variant)
+        if v:
+            spread = f"{num(v['min_rate'])}..{num(v['max_rate'])} over {s10['pairs']} runs"
+            rows.append((f"S10 {variant}, 16 members", f"{num(v['median_rate'])} rec/s", spread))
+    for variant in ("key-uniform", "key-zipf"):
+        ratio = s10.get(f"{variant}_over_unordered_median")
+        if ratio is not None:
+            lo, hi = s10[f"{variant}_over_unordered_range"]
+            rows.append((f"S10 {variant} / unordered", f"{ratio:.2f}", f"runs {lo:.2f}..{hi:.2f}"))
+    return rows
 
 
 def s9_rows(s9: dict[str, Any] | None) -> list[tuple[str, str, str]]:

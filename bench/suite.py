@@ -16,6 +16,8 @@ S6  idle fleet: % of a core used by the leader worker, the broker and each of 4 
     empty 4-partition topic over 30 s, then one record to show the fleet was live;
 S9  exactly-once: ``processing_guarantee="exactly_once"`` against ``"at_least_once"``, a result
     per record, counted downstream read_committed, as interleaved pairs;
+S10 key-ordered sharing: ``share.ordering=key`` against unordered sharing, 16 members on one
+    partition, uniform and Zipf keys, as interleaved repetitions;
 S8  Spark source throughput: the ``queueflow`` source vs Spark's built-in Kafka source on one
     partition, 1/2/4 tasks, a no-op and a 5 ms-per-record ``foreachBatch``.
 
@@ -57,6 +59,7 @@ from bench.scenario_s5 import scenario_s5
 from bench.scenario_s6 import scenario_s6
 from bench.scenario_s8 import scenario_s8
 from bench.scenario_s9 import scenario_s9
+from bench.scenario_s10 import scenario_s10
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, find_free_ports
 
 __all__ = ["SCENARIOS", "main", "parse_args"]
@@ -71,6 +74,7 @@ MIN_SECONDS = {
     "S6": 75.0,  # startup + the 30 s window + the liveness record
     "S8": 240.0,
     "S9": 150.0,
+    "S10": 120.0,
 }
 SCENARIOS = {
     "S1": scenario_s1,
@@ -81,13 +85,16 @@ SCENARIOS = {
     "S6": scenario_s6,
     "S8": scenario_s8,
     "S9": scenario_s9,
+    "S10": scenario_s10,
 }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=200_000, help="S1 records (default 200000)")
-    p.add_argument("--scenarios", default="S1,S2,S3,S4,S5,S6,S9,S8", help="comma-separated subset")
+    p.add_argument(
+        "--scenarios", default="S1,S2,S3,S4,S5,S6,S9,S10,S8", help="comma-separated subset"
+    )
     p.add_argument(
         "--s1-variants",
         default="abcdewluh",
@@ -167,6 +174,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--s9-records", type=int, default=20_000, help="S9 records per run")
     p.add_argument("--s9-pairs", type=int, default=3, help="S9 interleaved pairs (default 3)")
+    p.add_argument("--s10-records", type=int, default=5_000, help="S10 records per run")
+    p.add_argument("--s10-pairs", type=int, default=3, help="S10 repetitions (default 3)")
+    p.add_argument("--s10-keys", type=int, default=1_000, help="S10 distinct keys")
+    p.add_argument("--s10-work-ms", type=float, default=2.0, help="S10 handler ms per record")
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     p.add_argument(
         "--keep-logs",

@@ -58,6 +58,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.engine.group import ShareGroup
 from queueflow.engine.group_config import ConfigEntry, parse_duration
+from queueflow.engine.key_order import ParkedKey, parse_key_hash, show_hash
 from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts, group_partition_owners
@@ -67,7 +68,7 @@ from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.envelope import reply_dest, topic_dest
 from queueflow.protocol.roles import ControlAuth
-from queueflow.protocol.state_codec import decode_state, parse_state_key
+from queueflow.protocol.state_codec import decode_parked_keys, decode_state, parse_state_key
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
 
@@ -80,6 +81,7 @@ __all__ = [
     "MemberDescription",
     "OffsetLookup",
     "OffsetSpec",
+    "ParkedKeyDescription",
     "ShareGroupAdmin",
     "ShareGroupDescription",
     "ShareGroupListing",
@@ -173,6 +175,25 @@ class InFlightBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class ParkedKeyDescription:
+    """A parked key of a key-ordered share-partition (``share.ordering=key``; docs/concepts.md
+    "Key-ordered sharing"): its later records wait until it is released or skipped.
+
+    Attributes:
+        key: the key as text (``<null>`` for null keys; ``hash:...`` when not known).
+        key_hash: ``hash:<16 hex digits>``, which ``--release-key`` / ``--skip-key`` also
+            accept (for keys that are not text).
+        offset: the record whose REJECT or delivery limit parked it.
+        reason: ``rejected`` or ``delivery_limit``.
+    """
+
+    key: str
+    key_hash: str
+    offset: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class SharePartitionOffsets:
     """One share-partition's offsets (``listShareGroupOffsets``, KIP-1226).
 
@@ -194,6 +215,8 @@ class SharePartitionOffsets:
             :meth:`ShareGroupAdmin.list_offsets` (empty by default).
         leader: the worker leading the share-partition now (web URL or host, as
             :attr:`ShareGroupDescription.coordinator`), ``None`` when unknown.
+        parked_keys: a key-ordered share-partition's parked keys, by the offset that parked
+            them (docs/concepts.md "Key-ordered sharing").
     """
 
     topic: str
@@ -206,6 +229,7 @@ class SharePartitionOffsets:
     error: str | None = None
     batches: tuple[InFlightBatch, ...] = ()
     leader: str | None = None
+    parked_keys: tuple[ParkedKeyDescription, ...] = ()
 
 
 class AdminTransport(Protocol):
@@ -547,6 +571,75 @@ class ShareGroupAdmin:
         response = await self._call(request, f"alter the configs of share group {group_id!r}")
         return [ConfigEntry(*entry) for entry in response.configs]
 
+    # -- parked keys (key-ordered share groups) ---------------------------------------------
+    async def release_key(
+        self, group_id: str, topic: str, key: str, partition: int | None = None
+    ) -> dict[TopicPartition, int]:
+        """Release a parked key of a key-ordered share group (``share.ordering=key``;
+        docs/concepts.md "Key-ordered sharing"): its waiting records proceed, in offset order.
+        The group need not be empty.
+
+        Args:
+            group_id: the share group.
+            topic: the source topic.
+            key: the key's text, ``<null>`` for null keys, or ``hash:<hex>`` as described.
+            partition: one partition, or ``None`` for every partition of ``topic``.
+
+        Returns:
+            The share-partitions where the key was parked (and now is not), with 0.
+
+        Raises:
+            ShareGroupError: ``GROUP_ID_NOT_FOUND``; ``UNKNOWN_TOPIC_OR_PARTITION`` (a topic
+                the group doesn't consume, a partition it doesn't have); ``INVALID_REQUEST``
+                (the key is not parked there; a bad ``hash:``); ``REQUEST_TIMED_OUT``.
+                Nothing changes on an error (but see ``REQUEST_TIMED_OUT`` in
+                :meth:`alter_share_group_offsets`).
+        """
+        return await self._parked_key("release", group_id, topic, key, partition)
+
+    async def skip_key(
+        self, group_id: str, topic: str, key: str, partition: int | None = None
+    ) -> dict[TopicPartition, int]:
+        """Skip a parked key: its waiting records that the leader has read (those in the log,
+        up to ``share.partition.max.record.locks`` past the SPSO) are Archived, then the key
+        is free (later records proceed). Arguments and
+        errors as :meth:`release_key`; also ``INVALID_REQUEST`` just after a leader change
+        (retry).
+
+        Returns:
+            The share-partitions where the key was parked, with the records Archived there.
+        """
+        return await self._parked_key("skip", group_id, topic, key, partition)
+
+    async def _parked_key(
+        self, action: str, group_id: str, topic: str, key: str, partition: int | None
+    ) -> dict[TopicPartition, int]:
+        try:
+            hashed = parse_key_hash(key)
+        except ValueError as exc:
+            raise ShareGroupError(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        request = protocol.ParkedKeyRequest(
+            group=group_id,
+            admin_id=self.admin_id,
+            request_id=0,
+            reply_partition=0,
+            topic=topic,
+            key_hash=f"{hashed:016x}",
+            action=action,
+            partition=-1 if partition is None else partition,
+        )
+        response = await self._call(request, f"{action} key {key!r} of share group {group_id!r}")
+        done = {TopicPartition(t, p): n for t, p, _e, _m, n in response.results if n >= 0}
+        if not done:
+            where = topic if partition is None else f"{topic}[{partition}]"
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"key {key!r} ({show_hash(hashed)}) is not parked in share group "
+                f"{group_id!r} on {where}; list the parked keys with 'queueflow share-groups "
+                f"--describe --group {group_id}'",
+            )
+        return done
+
     async def resolve_offsets(
         self, partitions: Iterable[TopicPartition], spec: OffsetSpec
     ) -> dict[TopicPartition, int]:
@@ -599,7 +692,8 @@ class ShareGroupAdmin:
         | protocol.DeleteShareGroupOffsetsRequest
         | protocol.DeleteShareGroupRequest
         | protocol.DescribeGroupConfigsRequest
-        | protocol.AlterGroupConfigsRequest,
+        | protocol.AlterGroupConfigsRequest
+        | protocol.ParkedKeyRequest,
         what: str,
     ) -> protocol.AdminResponse:
         """Send ``request`` to the group's coordinator and wait for its answer."""
@@ -938,6 +1032,7 @@ def _describe(group: ShareGroup) -> ShareGroupDescription:
 
 @dataclass(slots=True)
 class _Entries:
+    parked: bytes | None = None
     snapshot: bytes | None = None
     deltas: dict[tuple[int, int, int], bytes] = field(default_factory=dict)
 
@@ -951,6 +1046,9 @@ def _state_by_partition(table: Mapping[bytes, bytes], group_id: str) -> dict[int
         except (ValueError, UnicodeDecodeError):
             continue  # not share-partition state (the leader refuses such keys the same way)
         if kind in ("R", "A") or group != group_id:
+            continue
+        if kind == "K":  # a key-ordered share-partition's parked keys
+            by_partition[partition].parked = value
             continue
         entries = by_partition[partition]
         if delta is None:
@@ -992,7 +1090,27 @@ def _offsets(
     lag = max(log_end - spso - complete, 0)
     in_flight = {s.name: counts[s.name] for s in RecordState}
     shown = _batches(spso, speo, batches, records_limit) if records_limit else ()
-    return SharePartitionOffsets(topic, partition, spso, speo, log_end, lag, in_flight, None, shown)
+    parked = _parked(entries.parked, where)
+    return SharePartitionOffsets(
+        topic, partition, spso, speo, log_end, lag, in_flight, None, shown, parked_keys=parked
+    )
+
+
+def _parked(raw: bytes | None, where: str) -> tuple[ParkedKeyDescription, ...]:
+    """The parked keys stored for a share-partition (none when unreadable: logged)."""
+    if raw is None:
+        return ()
+    try:
+        keys: list[ParkedKey] = decode_parked_keys(raw, where=where)
+    except ShareGroupError as exc:
+        log.warning("parked_keys_unreadable", where=where, error=str(exc))
+        return ()
+    return tuple(
+        ParkedKeyDescription(
+            p.key or show_hash(p.key_hash), show_hash(p.key_hash), p.offset, p.reason
+        )
+        for p in keys
+    )
 
 
 def _batches(spso: int, speo: int, batches: Iterable[Any], limit: int) -> tuple[InFlightBatch, ...]:

@@ -40,7 +40,7 @@ from queueflow import _compat, dashboard
 from queueflow import logging as qf_logging
 from queueflow.admin import ShareGroupAdmin
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
-from queueflow.engine.group_config import validate_group_configs
+from queueflow.engine.group_config import ORDERING, validate_group_configs
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import (
     TopicMetadata,
@@ -49,6 +49,7 @@ from queueflow.kafka.admin import (
     partition_counts,
 )
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
+from queueflow.kafka.key_reader import KafkaKeySource
 from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
@@ -547,6 +548,7 @@ class ShareGroups:
             flush_state=self._flush_state,
             request_log=LogRangeReader(self.kafka),
             group_configs=self.group_configs,
+            key_source=KafkaKeySource(self.kafka),
             auth_health=AuthHealth(
                 f"{self.app_id}/",
                 has_peers=self._has_peers,
@@ -652,10 +654,12 @@ class ShareGroups:
         sink: Sequence[Any] = (),
         dead_letter: Any = None,
         processing_guarantee: str | None = None,
+        ordering: str = "none",
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent; see :meth:`App.share_agent` (same arguments, same errors).
         The arguments after ``group`` are the fields of :class:`ShareAgentOptions`, checked
-        there when the decorator is applied."""
+        there when the decorator is applied. ``ordering="key"`` makes ``share.ordering=key``
+        the app's default group config for ``group`` (:meth:`_order_by_key`)."""
 
         def decorator(handler: Handler) -> ShareAgent:
             topic_name = topic if isinstance(topic, str) else topic.get_topic_name()
@@ -669,7 +673,10 @@ class ShareGroups:
                 sink=sink,
                 dead_letter=dead_letter,
                 processing_guarantee=processing_guarantee,
+                ordering=ordering,
             )
+            if options.ordering == "key":
+                self._order_by_key(group)
             agent = ShareAgent(
                 self.member_context,
                 handler,
@@ -688,6 +695,22 @@ class ShareGroups:
             return agent
 
         return decorator
+
+    def _order_by_key(self, group: str) -> None:
+        """Make ``share.ordering=key`` the app's default for ``group`` (as
+        ``App(group_configs={group: {"share.ordering": "key"}})``; a value set with the admin
+        still wins). The coordinator and the leaders read the same mapping.
+
+        Raises:
+            ConfigurationError: the app's ``group_configs`` say ``share.ordering=none`` for it.
+        """
+        configs = self.group_configs.setdefault(group, {})
+        if configs.get(ORDERING, "key") != "key":
+            raise ConfigurationError(
+                f"share agent of group {group!r} with ordering='key', but the app's "
+                f"group_configs set {ORDERING}={configs[ORDERING]!r} for it: drop one"
+            )
+        configs[ORDERING] = "key"
 
     def lead(self, topic: str) -> ShareLeader | None:
         """Host the share-partition leaders of ``topic`` on this app's leader workers (done
@@ -798,6 +821,8 @@ class ShareGroups:
         """Close the leaders' endpoint, ack readers and metadata clients."""
         for reader in self._ack_readers.values():
             await reader.stop()
+        for leader in self.leaders.values():
+            await leader.keys.close()
         if self.leads:
             if self.endpoint is not None:
                 await self.endpoint.close()
@@ -1047,6 +1072,7 @@ class App(faust.App):
         sink: Sequence[Any] = (),
         dead_letter: Any = None,
         processing_guarantee: str | None = None,
+        ordering: str = "none",
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent: ``handler(record)`` runs once per delivery of each record
         (with ``batch=True``, ``handler(records)`` once per batch of deliveries).
@@ -1069,6 +1095,11 @@ class App(faust.App):
             handler_timeout_ms: a call still running this many ms after it started is
                 cancelled and its records RELEASEd; ``None``: only just before their acquisition
                 lock expires (which applies in any case; :mod:`queueflow.member.agent`).
+            ordering: ``"key"``: key-ordered sharing (docs/concepts.md "Key-ordered
+                sharing"): records with the same key are never handled at two members at
+                once and are handled in offset order; different keys spread over all members.
+                Sets the group config ``share.ordering=key`` as the app's default for
+                ``group``.
 
         Returns:
             A decorator; the decorated name becomes the :class:`ShareAgent`.
@@ -1092,6 +1123,7 @@ class App(faust.App):
             sink=sink,
             dead_letter=dead_letter,
             processing_guarantee=processing_guarantee,
+            ordering=ordering,
         )
 
     async def on_first_start(self) -> None:

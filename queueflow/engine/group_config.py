@@ -20,6 +20,8 @@ Group config                           Default (broker-level setting) and bounds
                                        ``group.share.min/max.session.timeout.ms``
 ``share.heartbeat.interval.ms``        ``group.share.heartbeat.interval.ms``, within
                                        ``group.share.min/max.heartbeat.interval.ms``
+``share.ordering``                     ``none`` (no broker-level setting); ``none`` or ``key``
+                                       (key-ordered sharing, docs/concepts.md)
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -47,6 +49,8 @@ __all__ = [
     "GROUP_CONFIG_NAMES",
     "HEARTBEAT_INTERVAL_MS",
     "LEADER_CONFIG_NAMES",
+    "ORDERING",
+    "ORDERING_VALUES",
     "PARTITION_MAX_RECORD_LOCKS",
     "RECORD_LOCK_DURATION_MS",
     "SESSION_TIMEOUT_MS",
@@ -66,17 +70,25 @@ DELIVERY_COUNT_LIMIT: Final = "share.delivery.count.limit"
 PARTITION_MAX_RECORD_LOCKS: Final = "share.partition.max.record.locks"
 SESSION_TIMEOUT_MS: Final = "share.session.timeout.ms"
 HEARTBEAT_INTERVAL_MS: Final = "share.heartbeat.interval.ms"
+#: Key-ordered sharing (docs/concepts.md "Key-ordered sharing"): ``none`` or ``key``.
+ORDERING: Final = "share.ordering"
+#: The values of :data:`ORDERING`.
+ORDERING_VALUES: Final = ("none", "key")
 
 
 @dataclass(frozen=True, slots=True)
 class _Definition:
     """A group config: the broker-level setting it defaults to (attribute of
-    :class:`~queueflow.settings.ShareGroupSettings`) and the settings bounding it."""
+    :class:`~queueflow.settings.ShareGroupSettings`) and the settings bounding it; or, for a
+    group config with no broker-level setting (``default_attr`` empty), its literal
+    ``default``. ``choices``: the values allowed (an enumerated config)."""
 
     name: str
     default_attr: str
     min_attr: str | None = None
     max_attr: str | None = None
+    default: str | None = None
+    choices: tuple[str, ...] = ()
 
 
 _DEFINITIONS: Final = {
@@ -113,6 +125,7 @@ _DEFINITIONS: Final = {
             "min_heartbeat_interval_ms",
             "max_heartbeat_interval_ms",
         ),
+        _Definition(ORDERING, "", default="none", choices=ORDERING_VALUES),
     )
 }
 
@@ -124,6 +137,7 @@ LEADER_CONFIG_NAMES: Final = (
     RECORD_LOCK_DURATION_MS,
     DELIVERY_COUNT_LIMIT,
     PARTITION_MAX_RECORD_LOCKS,
+    ORDERING,
 )
 
 _DURATION: Final = re.compile(
@@ -237,6 +251,13 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     definition = _DEFINITIONS.get(name)
     if definition is None:
         raise _unknown(name)
+    if definition.choices:
+        text = value.strip().lower() if isinstance(value, str) else repr(value)
+        if text not in definition.choices:
+            raise ConfigurationError(
+                f"{name}={value!r} is not allowed: choose one of {', '.join(definition.choices)}"
+            )
+        return text
     if definition.min_attr is None:
         text = str(value).strip() if isinstance(value, str) else repr(value)
         parse_auto_offset_reset(text)
@@ -315,6 +336,8 @@ class GroupConfig:
         auto_offset_reset: ``share.auto.offset.reset`` (see :func:`parse_auto_offset_reset`).
         record_lock_duration_ms / delivery_count_limit / partition_max_record_locks /
             session_timeout_ms / heartbeat_interval_ms: the other group configs.
+        ordering: ``share.ordering``: ``none`` or ``key`` (docs/concepts.md "Key-ordered
+            sharing").
     """
 
     auto_offset_reset: str
@@ -323,6 +346,7 @@ class GroupConfig:
     partition_max_record_locks: int
     session_timeout_ms: int
     heartbeat_interval_ms: int
+    ordering: str = "none"
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -335,7 +359,7 @@ class GroupConfig:
 
         def value(name: str) -> str:
             got = merged.get(name)
-            return str(getattr(settings, _DEFINITIONS[name].default_attr)) if got is None else got
+            return _default(_DEFINITIONS[name], settings) if got is None else got
 
         return cls(
             auto_offset_reset=value(AUTO_OFFSET_RESET),
@@ -344,6 +368,7 @@ class GroupConfig:
             partition_max_record_locks=int(value(PARTITION_MAX_RECORD_LOCKS)),
             session_timeout_ms=int(value(SESSION_TIMEOUT_MS)),
             heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
+            ordering=value(ORDERING),
         )
 
     def value_of(self, name: str) -> str:
@@ -353,7 +378,10 @@ class GroupConfig:
         Raises:
             KeyError: ``name`` is not a group config.
         """
-        return str(getattr(self, _DEFINITIONS[name].default_attr))
+        definition = _DEFINITIONS[name]
+        if not definition.default_attr:
+            return str(getattr(self, _FIELDS[name]))
+        return str(getattr(self, definition.default_attr))
 
     @property
     def offset_reset(self) -> OffsetReset:
@@ -386,12 +414,24 @@ def describe_group_configs(
     """
     out = []
     for name, definition in _DEFINITIONS.items():
-        synonym = lookup(definition.default_attr).name
+        # A group config with no broker-level setting is its own synonym.
+        synonym = lookup(definition.default_attr).name if definition.default_attr else name
         if name in dynamic:
             out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
         elif name in app:
             out.append(ConfigEntry(name, app[name], "APP_GROUP_CONFIG", synonym))
         else:
-            default = str(getattr(settings, definition.default_attr))
-            out.append(ConfigEntry(name, default, "DEFAULT_CONFIG", synonym))
+            out.append(ConfigEntry(name, _default(definition, settings), "DEFAULT_CONFIG", synonym))
     return out
+
+
+#: The :class:`GroupConfig` field of each group config with no broker-level setting.
+_FIELDS: Final = {ORDERING: "ordering"}
+
+
+def _default(definition: _Definition, settings: ShareGroupSettings) -> str:
+    """A group config's default: its broker-level setting's value, else its literal default."""
+    if not definition.default_attr:
+        assert definition.default is not None
+        return definition.default
+    return str(getattr(settings, definition.default_attr))

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from queueflow.engine.key_order import KeyOrder, consecutive
 from queueflow.engine.state import (
     PERSISTED_STATES,
     RecordState,
@@ -365,6 +366,17 @@ def _same(a: _Run, b: _Run) -> bool:
 _Transform = Callable[[_Run], tuple[RecordState, int, str | None, int | None] | None]
 
 
+#: Why an acknowledgement Archives records (a key-ordered share-partition parks the key of a
+#: record Archived for a reason; a GAP names no record, so it parks nothing).
+_ARCHIVE_REASONS = {
+    AcknowledgeType.ACCEPT: "",
+    AcknowledgeType.RELEASE: "delivery_limit",
+    AcknowledgeType.REJECT: "rejected",
+    AcknowledgeType.GAP: "",
+    AcknowledgeType.RENEW: "",
+}
+
+
 def _accept(r: _Run) -> tuple[RecordState, int, None, None]:
     return (_ACKNOWLEDGED, r.count, None, None)
 
@@ -388,6 +400,7 @@ class SharePartition:
     """
 
     __slots__ = (
+        "_archive_reason",
         "_archived_total",
         "_config",
         "_dirty",
@@ -396,6 +409,7 @@ class SharePartition:
         "_heap",
         "_held",
         "_hint",
+        "_key_order",
         "_locks",
         "_n_acquired",
         "_n_available",
@@ -431,6 +445,10 @@ class SharePartition:
         self._held: dict[str, int] = {}
         self._use: dict[str, _MemberUse] = {}
         self._fences: list[MemberFence] = []
+        # share.ordering=key (queueflow.engine.key_order), and why records being Archived now
+        # are (a GAP parks no key).
+        self._key_order: KeyOrder | None = None
+        self._archive_reason = "delivery_limit"
 
     # ----------------------------------------------------------------------------------------
     # Views
@@ -452,6 +470,16 @@ class SharePartition:
         acquired until the in-flight window shrinks below it.
         """
         self._config = config
+
+    @property
+    def key_order(self) -> KeyOrder | None:
+        """The key order this share-partition acquires by (``share.ordering=key``), else None."""
+        return self._key_order
+
+    def order_by_key(self, key_order: KeyOrder | None) -> None:
+        """Acquire by ``key_order`` from now on (docs/concepts.md "Key-ordered sharing"), or in
+        offset order again (``None``). Nothing in flight changes."""
+        self._key_order = key_order
 
     @property
     def start_offset(self) -> int:
@@ -579,10 +607,13 @@ class SharePartition:
             return []
         ranges: list[tuple[int, int, int]] = []  # (first, last, delivery count)
         runs = self._runs
+        if self._key_order is not None:  # share.ordering=key: by key (engine.key_order)
+            ranges = self._acquire_by_key(member, remaining, log_end_offset, now_ms, deadline)
+            remaining = 0
 
         # KIP-932 "Record delivery and acknowledgement": the leader "starts at the SPSO and finds
         # Available records"; each moves to Acquired and its delivery count is bumped.
-        if self._n_available:
+        if self._n_available and remaining > 0:
             lock = self._lock_group(deadline)
             to_see = self._n_available
             lo = hi = -1
@@ -644,6 +675,69 @@ class SharePartition:
             else:
                 out.append(AcquiredRecords(first, last, count))
         return out
+
+    def _acquire_by_key(
+        self, member: str, remaining: int, log_end_offset: int, now_ms: int, deadline: int
+    ) -> list[tuple[int, int, int]]:
+        """Acquire what the key order allows (:meth:`KeyOrder.select
+        <queueflow.engine.key_order.KeyOrder.select>`), up to ``remaining`` records: the
+        acquisitions as ``(first, last, delivery count)``. New records enter the in-flight
+        window up to the last one acquired (those skipped over stay Available)."""
+        keys = self._key_order
+        assert keys is not None
+        keys.forget_below(self._start)
+        runs = self._runs
+        new_end = min(
+            max(log_end_offset, self._end), self._start + self._config.max_in_flight_records
+        )
+        offsets = keys.select(
+            ((r.first, r.last, r.state) for r in runs), self._end, new_end, remaining
+        )
+        if not offsets:
+            return []
+        top = offsets[-1] + 1
+        if top > self._end:
+            runs.append(_Run(self._end, top - 1, _AVAILABLE, 0, None, None))
+            self._n_available += top - self._end
+            self._end = top
+            self._merge_window(len(runs) - 2, len(runs) - 1)
+        lock = self._lock_group(deadline)
+        out: list[tuple[int, int, int]] = []
+        for first, last in consecutive(offsets):
+            i = self._split_at(first)
+            j = self._split_at(last + 1)
+            for k in range(i, j):
+                r = runs[k]
+                self._retag(r, _ACQUIRED, r.count + 1, member, deadline)
+                r.acquired = now_ms
+                out.append((r.first, r.last, r.count))
+            lock.ranges.append((first, last))
+            self._mark_dirty(first, last)
+            self._merge_window(i - 1, j)
+        return out
+
+    def archive_available(self, offsets: Iterable[int]) -> int:
+        """Archive the Available records among ``offsets`` (an operator skipped their parked
+        key: docs/concepts.md "Key-ordered sharing"), then advance the SPSO. The SPEO moves up
+        to the last of them first, within ``max_in_flight_records`` (those skipped over are
+        Available, never delivered); offsets below the SPSO, beyond that limit or in another
+        state are left alone. Returns how many were Archived."""
+        wanted = sorted(set(offsets))
+        top = min(wanted[-1] + 1, self._start + self._config.max_in_flight_records) if wanted else 0
+        if top > self._end:
+            self._runs.append(_Run(self._end, top - 1, _AVAILABLE, 0, None, None))
+            self._n_available += top - self._end
+            self._end = top
+            self._merge_window(len(self._runs) - 2, len(self._runs) - 1)
+        n = 0
+        for first, last in consecutive(wanted):
+            first, last = max(first, self._start), min(last, self._end - 1)
+            if first <= last:
+                n += self._apply(
+                    first, last, lambda r: _archive(r) if r.state is _AVAILABLE else None
+                )
+        self._advance()
+        return n
 
     def allowance(self, member_id: str, max_records: int, now_ms: int) -> int:
         """How many of ``max_records`` ``member_id`` may acquire now: bounded by
@@ -815,7 +909,10 @@ class SharePartition:
                 assert renew_deadline is not None
                 self._renew(first, last, renew_deadline)
             elif ack is not _RELEASE or abusive is None:
+                # Why a record Archived here is (a key-ordered share-partition parks its key).
+                self._archive_reason = _ARCHIVE_REASONS[ack]
                 self._apply(first, last, self._ack_transform(ack, archived))
+                self._archive_reason = "delivery_limit"
         self._advance()
         if abusive is not None:  # its RELEASEs above stay held and are returned uncounted
             return self._fence(member, self._use[member], abusive[0], abusive[1], now_ms)
@@ -1256,6 +1353,9 @@ class SharePartition:
         self._n_available = 0
         self._start = self._end = self._hint = offset
         self._reset_pending = True
+        if self._key_order is not None:  # the in-flight records (and what they parked) are gone
+            self._key_order.clear_parked()
+            self._key_order.restart(offset)
 
     # ----------------------------------------------------------------------------------------
     # Durability (KIP-932 "Managing durable share-partition state")
@@ -1498,6 +1598,11 @@ class SharePartition:
             self._n_available -= n
         if state is _ARCHIVED and r.state is not _ARCHIVED:
             self._archived_total += n
+        if self._key_order is not None:  # a REJECTed or dead-lettered record parks its key
+            if state is _ARCHIVED and r.state is _ACQUIRED:
+                self._key_order.on_archived(r.first, r.last, self._archive_reason)
+            elif state is _AVAILABLE and r.state is _ARCHIVED:
+                self._key_order.on_revived(r.first, r.last)
         r.state = state
         r.count = count
         r.member = member

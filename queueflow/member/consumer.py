@@ -31,6 +31,7 @@ from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
 from queueflow.member.context import MemberContext
+from queueflow.member.key_ordering import check_key_ordered, check_ordering
 from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
@@ -74,11 +75,12 @@ class ShareConsumer:
         sasl_plain_password: its password.
         ssl_context: TLS context: the cluster's CA, and a client certificate for mutual TLS
             (``aiokafka.helpers.create_ssl_context(cafile=..., certfile=..., keyfile=...)``).
-            Every Kafka client of the consumer uses these security settings.
+        ordering: ``"key"``: :meth:`subscribe` refuses a group that is not key-ordered
+            (``share.ordering``; docs/concepts.md "Key-ordered sharing"); default ``"none"``.
 
     Raises:
-        ConfigurationError: an invalid mode or setting, an invalid combination of security
-            arguments (the message names it), or a SASL/SSL cluster with
+        ConfigurationError: an invalid mode, ordering or setting, an invalid combination of
+            security arguments (the message names it), or a SASL/SSL cluster with
             ``queueflow.auth.mode=auto`` and no ``queueflow.auth.secret``.
     """
 
@@ -99,6 +101,7 @@ class ShareConsumer:
         sasl_plain_username: str | None = None,
         sasl_plain_password: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        ordering: str = "none",
     ) -> None:
         if acknowledgement_mode not in ("implicit", "explicit"):
             raise ConfigurationError(
@@ -107,6 +110,7 @@ class ShareConsumer:
         self.group = group
         self.app_id = app_id
         self.mode = acknowledgement_mode
+        self.ordering = check_ordering(ordering)
         security = security_kwargs(
             security_protocol=security_protocol,
             sasl_mechanism=sasl_mechanism,
@@ -134,13 +138,11 @@ class ShareConsumer:
         self._delivered: dict[tuple[str, int, int], ShareRecord] = {}
         self._callback: CommitCallback | None = None
         self._closed = False
-        # ShareFetches still under way when a poll returned (long polls of other
-        # share-partitions); their records go to a later poll.
+        # ShareFetches under way when a poll returned: their records go to a later poll.
         self._inflight: dict[TopicPartition, asyncio.Task[FetchResult | None]] = {}
         self._acking: dict[TopicPartition, asyncio.Task[ShareGroupError | None]] = {}
         #: The last ShareFetch error of each share-partition, ``{(topic, partition): error}``;
-        #: cleared by the next answer without one. The consumer keeps retrying those
-        #: share-partitions (with back-off) and serves the others.
+        #: cleared by the next answer without one (those are retried with back-off).
         self.partition_errors: dict[TopicPartition, ShareGroupError] = {}
 
     @property
@@ -156,7 +158,7 @@ class ShareConsumer:
         """Join the share group subscribed to ``topics`` (exact names; no patterns).
 
         Raises:
-            ConfigurationError: a topic doesn't exist.
+            ConfigurationError: a topic doesn't exist, or the group is not key-ordered.
             ShareGroupError: no coordinator answered (no leader worker running for ``app_id``).
         """
         self._check_open()
@@ -172,6 +174,8 @@ class ShareConsumer:
         )
         try:
             await self._session.start()
+            if self.ordering == "key":  # the group must be key-ordered (member.key_ordering)
+                check_key_ordered(self.group, self._session.router.membership.ticket)
         except BaseException:
             session, self._session = self._session, None
             await session.close(leave=False)  # leaves no client open behind the error

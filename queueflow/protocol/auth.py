@@ -47,6 +47,7 @@ __all__ = [
     "derive_key",
     "issue_ticket",
     "key_id",
+    "ticket_configs",
     "ticket_key",
     "verify_ticket",
 ]
@@ -321,6 +322,17 @@ def verify_ticket(key: bytes, data: bytes, *, now_ms: int | None = None) -> Assi
     if now >= ticket.expires_ms:
         raise AuthenticationError("stale", f"ticket expired at {ticket.expires_ms} ms")
     return ticket
+
+
+def ticket_configs(data: bytes) -> dict[str, str]:
+    """The group configs a ticket carries (those that differ from the broker-level settings),
+    read without checking its MAC: for the member the ticket was issued to, which can't verify
+    it and only reads what its group is configured with (``share.ordering``). ``{}`` for an
+    empty or unreadable ticket."""
+    try:
+        return dict(_ticket_decoder.decode(bytes(data)[_MAC_BYTES:]).configs)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, ValueError):
+        return {}
 
 
 #: The stand-in secret of ``queueflow.auth.mode=none``: tickets are still MAC'd, so a ticket a

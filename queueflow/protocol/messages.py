@@ -440,6 +440,34 @@ class AlterGroupConfigsRequest(_Message, tag="alter_group_configs"):
     deadline_ms: _Int64 = 0
 
 
+class ParkedKeyRequest(_Message, tag="parked_key"):
+    """Admin → coordinator: release or skip a parked key of a key-ordered share group
+    (``share.ordering=key``; docs/concepts.md "Key-ordered sharing"). The coordinator forwards
+    it to the leaders of ``topic``'s share-partitions (``partition`` -1: all of them) as a
+    :class:`ResetSharePartition` with ``key_action`` set; the group need not be empty.
+
+    Args:
+        topic: the source topic.
+        partition: one partition, or -1 for every partition of ``topic``.
+        key_hash: the key's 64-bit hash as 16 hex digits
+            (:func:`~queueflow.engine.key_order.key_hash`).
+        action: ``release`` (its waiting records proceed) or ``skip`` (they are Archived).
+        (others as :class:`AlterShareGroupOffsetsRequest`)
+    """
+
+    kind: ClassVar[str] = "parked_key"
+
+    group: str
+    admin_id: str
+    request_id: _Int64
+    reply_partition: _Int64
+    topic: str
+    key_hash: str
+    action: str
+    partition: _Int64 = -1
+    deadline_ms: _Int64 = 0
+
+
 class AdminResponse(_Message, tag="admin_response"):
     """Coordinator → admin: the outcome of an admin request.
 
@@ -481,6 +509,11 @@ class ResetSharePartition(_Message, tag="reset_share_partition"):
     start_offset: _Int64 | None = None
     deadline_ms: _Int64 = 0
     coordinator_epoch: _Int64 = -1
+    #: ``release`` / ``skip``: not a reset but a :class:`ParkedKeyRequest` for the key with
+    #: hash ``key_hash`` (16 hex digits); the answer's ``start_offset`` is then the records the
+    #: skip Archived (0 for a release), or -1 when the key was not parked there.
+    key_action: str = ""
+    key_hash: str = ""
 
 
 class ResetSharePartitionResult(_Message, tag="reset_share_partition_result"):
@@ -514,6 +547,7 @@ Message = (
     | DeleteShareGroupRequest
     | DescribeGroupConfigsRequest
     | AlterGroupConfigsRequest
+    | ParkedKeyRequest
     | AdminResponse
     | ResetSharePartition
     | ResetSharePartitionResult

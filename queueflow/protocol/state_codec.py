@@ -28,6 +28,7 @@ from typing import Annotated, Any, Final, TypeVar
 
 import msgspec
 
+from queueflow.engine.key_order import ParkedKey
 from queueflow.engine.state import (
     PERSISTED_STATES,
     RecordState,
@@ -42,16 +43,19 @@ __all__ = [
     "STATE_FORMAT_LOCKS_VERSION",
     "STATE_FORMAT_VERSION",
     "ack_position_key",
+    "decode_parked_keys",
     "decode_request_position",
     "decode_snapshot",
     "decode_state",
     "decode_update",
     "delta_key",
+    "encode_parked_keys",
     "encode_request_position",
     "encode_snapshot",
     "encode_snapshot_v1",
     "encode_update",
     "encode_update_v1",
+    "parked_keys_key",
     "parse_state_key",
     "request_position_key",
     "snapshot_key",
@@ -798,11 +802,55 @@ def ack_position_key(partition: int) -> bytes:
     return f"A/{partition}".encode()
 
 
+def parked_keys_key(group: str, partition: int) -> bytes:
+    """Table key of the parked keys of a key-ordered share-partition (``share.ordering=key``;
+    docs/concepts.md "Key-ordered sharing"): ``K/<group>/<partition>``. Its value
+    (:func:`encode_parked_keys`) is written in the same flush as the share-partition's delta,
+    so a new leader restores the parked keys with the records."""
+    return f"K/{group}/{partition}".encode()
+
+
+class _ParkedKeys(msgspec.Struct, tag="parked_keys"):
+    """The value under :func:`parked_keys_key`: version 1, and per parked key
+    ``(hash as 16 hex digits, offset that parked it, reason, key as shown)``."""
+
+    v: int
+    keys: list[tuple[str, int, str, str]]
+
+
+_PARKED_DECODER: Final = msgspec.json.Decoder(_ParkedKeys)
+
+
+def encode_parked_keys(parked: Sequence[ParkedKey]) -> bytes:
+    """Encode the parked keys of one share-partition (JSON, version 1)."""
+    return msgspec.json.encode(
+        _ParkedKeys(1, [(f"{p.key_hash:016x}", p.offset, p.reason, p.key) for p in parked])
+    )
+
+
+def decode_parked_keys(data: _Buffer, *, where: str) -> list[ParkedKey]:
+    """The parked keys stored by :func:`encode_parked_keys`.
+
+    Raises:
+        CorruptStateError: not of that form or of another version; names ``where``.
+    """
+    try:
+        record = _PARKED_DECODER.decode(data)
+        if record.v != 1:
+            raise _unknown_version(record.v, where)
+        return [ParkedKey(int(h, 16), int(o), r, k) for h, o, r, k in record.keys]
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise CorruptStateError(
+            f"corrupt parked keys for {where}: {exc}; delete the key K/<group>/<partition> to "
+            "free every parked key of the share-partition"
+        ) from None
+
+
 def parse_state_key(key: bytes) -> tuple[str, str, int, tuple[int, int, int] | None]:
     """``(kind, group, partition, (state epoch, snapshot epoch, index) or None)`` of a table key
     written by :func:`snapshot_key` (kind ``"S"``), :func:`delta_key` (kind ``"D"``) or
-    :func:`request_position_key` (kind ``"R"``, group ``""``) or :func:`ack_position_key`
-    (kind ``"A"``, group ``""``).
+    :func:`request_position_key` (kind ``"R"``, group ``""``), :func:`ack_position_key`
+    (kind ``"A"``, group ``""``) or :func:`parked_keys_key` (kind ``"K"``).
 
     Raises:
         ValueError: the key is of none of these forms.
@@ -810,9 +858,9 @@ def parse_state_key(key: bytes) -> tuple[str, str, int, tuple[int, int, int] | N
     text = key.decode()
     if text.startswith("R/") or text.startswith("A/"):
         return text[0], "", int(text[2:]), None
-    if text.startswith("S/"):
+    if text.startswith("S/") or text.startswith("K/"):
         group, partition = text[2:].rsplit("/", 1)
-        return "S", group, int(partition), None
+        return text[0], group, int(partition), None
     if text.startswith("D/"):
         group, partition, state_epoch, snapshot_epoch, index = text[2:].rsplit("/", 4)
         return "D", group, int(partition), (int(state_epoch), int(snapshot_epoch), int(index))

@@ -147,6 +147,31 @@ class RequestLog(Protocol):
         ...
 
 
+class KeyTail(Protocol):
+    """Reads the keys of one source partition, in order (see :class:`KeySource`)."""
+
+    async def read(
+        self, start: int, max_records: int, wait_ms: int
+    ) -> tuple[list[tuple[int, bytes | None]], int]:
+        """``(records, next)``: up to ``max_records`` records ``(offset, key)`` from ``start``
+        on, waiting at most ``wait_ms`` for one, and the offset to read from next (>=
+        ``start``: offsets below it without a record hold none)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the reader."""
+        ...
+
+
+class KeySource(Protocol):
+    """Opens key readers of source partitions (key-ordered sharing: docs/architecture.md
+    "Key-ordered sharing")."""
+
+    async def open(self, tp: TopicPartition) -> KeyTail:
+        """A reader of ``tp``'s keys. Raises what the client raises when it can't start."""
+        ...
+
+
 class PartitionCounts(Protocol):
     """Partition counts of the existing topics among ``names`` (unknown ones are left out)."""
 
@@ -195,3 +220,6 @@ class ServerContext:
     group_configs: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     #: Whether this worker's key matches its peers' (fed where control messages are opened).
     auth_health: AuthHealth = field(default_factory=AuthHealth)
+    #: Reads source partitions' keys for key-ordered share groups (``share.ordering=key``);
+    #: ``None``: no key-ordered share-partition acquires anything (its keys can't be learned).
+    key_source: KeySource | None = None

@@ -33,8 +33,10 @@ from queueflow.protocol.state_codec import (
     decode_snapshot,
     decode_state,
     delta_key,
+    encode_parked_keys,
     encode_snapshot,
     encode_update,
+    parked_keys_key,
     snapshot_key,
 )
 
@@ -233,9 +235,10 @@ class DurableSharePartition:
             FencedStateEpochError: this leader was fenced (:meth:`fence`); nothing is written.
         """
         self._check_not_fenced()
+        parked = self._persist_parked()
         update = self.engine.take_changes()
         if update is None:
-            return False
+            return parked
         if update.reset or self.delta_index >= self.updates_per_snapshot:
             self.write_snapshot()
         else:
@@ -255,6 +258,17 @@ class DurableSharePartition:
             )
             self.delta_index += 1
         self.writes += 1
+        return True
+
+    def _persist_parked(self) -> bool:
+        """Write the parked keys of a key-ordered share-partition if they changed
+        (:func:`~queueflow.protocol.state_codec.parked_keys_key`; docs/concepts.md
+        "Key-ordered sharing"); True if written."""
+        keys = self.engine.key_order
+        parked = None if keys is None else keys.take_parked_changes()
+        if parked is None:
+            return False
+        self.table[parked_keys_key(self.group, self.partition)] = encode_parked_keys(parked)
         return True
 
     def write_snapshot(self, next_state_epoch: bool = False) -> None:
@@ -308,7 +322,11 @@ class DurableSharePartition:
             )
             if self.table.get(key) is not None:
                 del self.table[key]
-        if self.table.get(snapshot_key(self.group, self.partition)) is not None:
-            del self.table[snapshot_key(self.group, self.partition)]
+        for key in (
+            snapshot_key(self.group, self.partition),
+            parked_keys_key(self.group, self.partition),
+        ):
+            if self.table.get(key) is not None:
+                del self.table[key]
         self.delta_index = 0
         self.fenced = "its state was deleted by an admin request"

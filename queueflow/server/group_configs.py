@@ -87,6 +87,7 @@ class _Known:
     configs: tuple[tuple[str, str], ...]
     engine: SharePartitionConfig
     offset_reset: OffsetReset
+    ordering: str = "none"
 
 
 class LeaderGroupConfigs:
@@ -131,17 +132,24 @@ class LeaderGroupConfigs:
         except (ConfigurationError, ValueError):
             return None
         self._groups[ticket.group] = fresh
-        return fresh.engine if fresh.engine != known.engine else None
+        changed = fresh.engine != known.engine or fresh.ordering != known.ordering
+        return fresh.engine if changed else None
 
     def _known(
         self, version: int, configs: tuple[tuple[str, str], ...], values: Mapping[str, str]
     ) -> _Known:
         config = GroupConfig.resolve(self.settings, values)
-        return _Known(version, configs, engine_config(self.settings, config), config.offset_reset)
+        engine = engine_config(self.settings, config)
+        return _Known(version, configs, engine, config.offset_reset, config.ordering)
 
     def engine(self, group: str) -> SharePartitionConfig:
         """The engine limits of ``group``'s share-partitions."""
         return self._groups.get(group, self._default).engine
+
+    def ordering(self, group: str) -> str:
+        """``group``'s ``share.ordering``: ``none`` or ``key`` (docs/concepts.md "Key-ordered
+        sharing")."""
+        return self._groups.get(group, self._default).ordering
 
     def offset_reset(self, group: str, topic: str = "", partition: int = -1) -> OffsetReset:
         """Where ``group``'s new share-partition ``topic[partition]`` starts: ``earliest`` if

@@ -184,8 +184,8 @@ def state_rows(
                 log.warning("state_corrupt", topic=topic, key=repr(key), error=error)
                 yield _error_row(view, None, topic, None, error)
             continue
-        if kind in ("R", "A") or (group is not None and g != group):
-            continue  # "R"/"A": a leader's request-log / ack-log position, not state
+        if kind in ("R", "A", "K") or (group is not None and g != group):
+            continue  # "R"/"A": a leader's request-log / ack-log position; "K": parked keys
         entries = by_sp[(g, partition)]
         if delta is None:
             entries.snapshot = value

@@ -352,6 +352,36 @@ class _Runtime:
         return self.lease_ms
 
 
+class _KeyTail:
+    """Reads an in-memory source partition's keys (a :class:`~queueflow.server.context.KeyTail`;
+    a record without a value is an offset without a record)."""
+
+    def __init__(self, cluster: InProcessCluster, tp: TopicPartition) -> None:
+        self.cluster = cluster
+        self.tp = tp
+
+    async def read(
+        self, start: int, max_records: int, wait_ms: int
+    ) -> tuple[list[tuple[int, bytes | None]], int]:
+        log = self.cluster.records[self.tp]
+        if len(log) <= start:
+            await self.cluster.wait_end_beyond(self.tp, start, wait_ms / 1000)
+        end = min(len(log), start + max(max_records, 1))
+        out = [(o, log[o].key) for o in range(start, end) if log[o].value is not None]
+        return out, max(end, start)
+
+    async def close(self) -> None:
+        pass
+
+
+class _KeySource:
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+
+    async def open(self, tp: TopicPartition) -> _KeyTail:
+        return _KeyTail(self.cluster, TopicPartition(*tp))
+
+
 class InProcessCluster:
     """One app's share groups in memory: a coordinator and a leader per source topic, with
     in-memory source partitions, state tables and control topics.
@@ -412,6 +442,7 @@ class InProcessCluster:
                 g: validate_group_configs(v, self.settings)
                 for g, v in (group_configs or {}).items()
             },
+            key_source=_KeySource(self),
         )
         #: The state tables, by source topic (and ``"groups"`` for the coordinator's).
         self.tables: dict[str, dict[bytes, bytes]] = {"groups": {}}
@@ -611,6 +642,8 @@ class InProcessCluster:
             await agent.stop()
         if self.endpoint is not None:
             await self.endpoint.close()
+        for leader in self.leaders.values():
+            await leader.keys.close()
         await self.bus.close()
 
     async def __aenter__(self) -> InProcessCluster:

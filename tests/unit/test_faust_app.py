@@ -138,6 +138,19 @@ def test_app_group_configs_are_validated_per_group() -> None:
     assert checked == {"g": {"share.delivery.count.limit": "3"}}
 
 
+def test_a_key_ordered_agent_makes_share_ordering_key_the_app_default_for_its_group() -> None:
+    app = make_app(role="member")
+    app.share_agent("jobs", group="ledger", ordering="key")(handler)
+    app.share_agent("jobs", group="other")(handler)
+    groups = app.share_groups.group_configs
+    assert groups["ledger"] == {"share.ordering": "key"} and "other" not in groups
+    with pytest.raises(ConfigurationError, match="ordering='sideways'"):
+        app.share_agent("jobs", group="g", ordering="sideways")(handler)
+    clash = make_app(role="member", group_configs={"x": {"share.ordering": "none"}})
+    with pytest.raises(ConfigurationError, match=r"share\.ordering=.none. for it"):
+        clash.share_agent("jobs", group="x", ordering="key")(handler)
+
+
 def test_share_agent_options_are_checked() -> None:
     app = make_app(role="member")
     with pytest.raises(ConfigurationError):

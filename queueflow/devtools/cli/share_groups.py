@@ -36,6 +36,7 @@ from queueflow.admin import (
 )
 from queueflow.devtools.broker import bootstrap_from_env
 from queueflow.devtools.cli import cli
+from queueflow.devtools.cli.parked_keys import check_key_action, parked_rows, run_key_action
 from queueflow.errors import ErrorCode, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
@@ -117,6 +118,9 @@ async def _run(
             offsets = await admin.list_offsets(d.group_id)
             out.append({"group": d.group_id, "offsets": describe_json(offsets)})
             texts.append(_table(_offset_rows(d.group_id, offsets, verbose)))
+            parked = parked_rows(d.group_id, offsets)  # key-ordered groups' parked keys
+            if parked:
+                texts.append(_table(parked))
         elif mode == "members":
             out.append(describe_json(d))
             header = ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"]
@@ -311,6 +315,25 @@ def _scenario(
     help="With --describe: group state. With --list: only groups in STATE (Empty, Stable, "
     "Dead), or every group with its state.",
 )
+@click.option(
+    "--release-key",
+    metavar="KEY",
+    default=None,
+    help="Release a parked key of a key-ordered --group G on --topic T (its waiting records "
+    "proceed); KEY is the key's text, <null>, or hash:<hex> as --describe shows it.",
+)
+@click.option(
+    "--skip-key",
+    metavar="KEY",
+    default=None,
+    help="Skip a parked key: archive its waiting records, then free it (as --release-key).",
+)
+@click.option(
+    "--partition",
+    type=click.IntRange(0),
+    default=None,
+    help="With --release-key/--skip-key: one partition [default: every partition of T].",
+)
 @click.option("--verbose", is_flag=True, help="More columns.")
 @click.option(
     "--timeout", "timeout_ms", type=click.IntRange(1), default=DEFAULT_TIMEOUT_MS, show_default=True
@@ -338,6 +361,9 @@ def share_groups(
     offsets: bool,
     members: bool,
     state: str | None,
+    release_key: str | None,
+    skip_key: str | None,
+    partition: int | None,
     verbose: bool,
     timeout_ms: int,
     output: str,
@@ -350,6 +376,30 @@ def share_groups(
         sys.exit(1)
 
     actions = (do_list, describe, delete, reset_offsets, delete_offsets)
+    if release_key is not None or skip_key is not None:  # key-ordered groups: a parked key
+        problem = check_key_action(group_ids, topic_specs, release_key, skip_key)
+        if problem is not None or any(actions):
+            refuse(problem or "--release-key/--skip-key is an action of its own")
+        admin = make_admin(
+            app_id, bootstrap_server or bootstrap_from_env() or "localhost:9092", timeout_ms
+        )
+        try:
+            click.echo(
+                run_key_action(
+                    admin,
+                    group_ids[0],
+                    topic_specs[0],
+                    release_key,
+                    skip_key,
+                    partition,
+                    output == "json",
+                )
+            )
+        except (QueueflowError, TimeoutError) as exc:
+            refuse(str(exc))
+        return
+    if partition is not None:
+        refuse("--partition may be used with --release-key or --skip-key only")
     if sum(actions) != 1:
         refuse(f"Command must include exactly one action: {', '.join(_ACTIONS)}.")
     scenarios = (

@@ -29,6 +29,7 @@ from queueflow.member.agent.runner import HandlerRunner
 from queueflow.member.agent.transactions import TransactionalPublisher
 from queueflow.member.context import MemberContext
 from queueflow.member.flow import FlowControl
+from queueflow.member.key_ordering import check_key_ordered
 from queueflow.member.lifecycle import AGENT_STOPPING, AGENT_TRANSITIONS, AgentState, Lifecycle
 from queueflow.member.session import ShareFetchSession
 
@@ -230,13 +231,23 @@ class ShareAgent:
         self.lifecycle.move(AgentState.STARTING)
         while True:
             self.session = ShareFetchSession(
-                self.ctx, self.group, [self.topic_name], self.client_id, self.lock_duration_ms
+                self.ctx,
+                self.group,
+                [self.topic_name],
+                self.client_id,
+                self.lock_duration_ms,
             )
             try:
                 await self.session.start()
+                if self.options.ordering == "key":  # the group must be key-ordered
+                    check_key_ordered(self.group, self.session.router.membership.ticket)
                 break
-            except ShareGroupError as exc:
-                retry = exc.code is ErrorCode.REQUEST_TIMED_OUT and not self.stopping
+            except (ShareGroupError, ConfigurationError) as exc:
+                retry = (
+                    isinstance(exc, ShareGroupError)
+                    and exc.code is ErrorCode.REQUEST_TIMED_OUT
+                    and not self.stopping
+                )
                 if retry:  # said first: closing the clients may be slow with the broker gone
                     self.log.error(
                         "share_agent_join_failed",

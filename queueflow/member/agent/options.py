@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queueflow.errors import ConfigurationError
+from queueflow.member.key_ordering import check_ordering
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import ShareRecord
 
@@ -70,6 +71,11 @@ class ShareAgentOptions:
         processing_guarantee: ``"at_least_once"`` or ``"exactly_once"`` (results and the
             acknowledgement in one Kafka transaction); ``None``: the app's
             ``queueflow.processing.guarantee``.
+        ordering: ``"key"``: key-ordered sharing (records of one key handled one at a time,
+            in offset order, across all members; docs/concepts.md "Key-ordered sharing"): the
+            app's default group config ``share.ordering=key`` for the group, and the agent
+            refuses to start in a group that is not key-ordered. ``"none"`` (default): as the
+            group is configured.
 
     Raises:
         ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``,
@@ -86,8 +92,10 @@ class ShareAgentOptions:
     sink: Sequence[Any] = ()
     dead_letter: Any = None
     processing_guarantee: str | None = None
+    ordering: str = "none"
 
     def __post_init__(self) -> None:
+        check_ordering(self.ordering)
         sink = self.sink
         if sink is None:
             sink = ()

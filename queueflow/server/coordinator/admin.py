@@ -214,6 +214,8 @@ def _targets(
             return "delete group", {
                 (t, p): None for t in sorted(group.partitions) for p in range(group.partitions[t])
             }
+        case _:  # a parked-key request is forwarded by .parked_keys
+            raise ShareGroupError(ErrorCode.INVALID_REQUEST, f"not a reset: {message.kind}")
 
 
 def forward_admin(

@@ -23,6 +23,7 @@ ResetRequest = (
     protocol.AlterShareGroupOffsetsRequest
     | protocol.DeleteShareGroupOffsetsRequest
     | protocol.DeleteShareGroupRequest
+    | protocol.ParkedKeyRequest
 )
 #: Every admin request the coordinator serves.
 AdminRequest = (

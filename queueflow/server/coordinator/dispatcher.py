@@ -30,6 +30,7 @@ from queueflow.server.coordinator.admin_state import PendingAdmin, ResetRequest
 from queueflow.server.coordinator.announcements import handle_announcement
 from queueflow.server.coordinator.gate import CoordinatorGate
 from queueflow.server.coordinator.member_keys import MemberKeys
+from queueflow.server.coordinator.parked_keys import handle_parked_key
 from queueflow.server.coordinator.results import (
     CoordinatorResult,
     DeleteGroup,
@@ -209,6 +210,8 @@ class ShareGroupCoordinator:
         match message:
             case protocol.ResetSharePartitionResult():
                 await self.perform(admin.handle_reset_result(self.state, message, now))
+            case protocol.ParkedKeyRequest():
+                await self.perform(handle_parked_key(self.state, message, now))
             case protocol.DescribeGroupConfigsRequest() | protocol.AlterGroupConfigsRequest():
                 await self.perform(admin.handle_group_configs(self.state, message, now))
             case (

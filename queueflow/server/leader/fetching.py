@@ -14,6 +14,7 @@ from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.server.leader import handlers
 from queueflow.server.leader.ack_clock import AckClock
 from queueflow.server.leader.cache import SharePartitionCache
+from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
 from queueflow.server.tickets import TicketGate, TicketRefusal
 from queueflow.structs import TopicPartition
@@ -43,8 +44,11 @@ class ShareFetcher:
         tickets: TicketGate,
         configs: LeaderGroupConfigs,
         cache: SharePartitionCache,
+        keys: KeyIndexes | None = None,
     ) -> None:
         self.ctx = ctx
+        #: The key indexes of key-ordered share-partitions (``share.ordering=key``).
+        self.keys = keys
         self.topic = topic
         self.tickets = tickets
         self.configs = configs
@@ -110,6 +114,8 @@ class ShareFetcher:
             return handlers.refused_fetch(request, self.topic, partition, refusal)
         try:
             durable = await self.cache.get(request.group, partition)
+            if self.keys is not None:  # share.ordering=key: acquire by key
+                self.keys.ensure(durable, self.configs.ordering(request.group))
         except CorruptStateError as exc:
             return handlers.unloadable_fetch(request, self.topic, partition, exc)
         acquire_from = None
@@ -123,6 +129,8 @@ class ShareFetcher:
             acquire_from=acquire_from,
             expire_ms=self.expiry_ms(partition, now),
         )
+        if self.keys is not None:
+            self.keys.poke(durable)
         return replace(fetched, effects=effects + fetched.effects)
 
     async def acquire_from(

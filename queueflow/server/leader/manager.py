@@ -41,6 +41,7 @@ from queueflow.server.leader import fencing, handlers, reports, resets
 from queueflow.server.leader.applier import ResultApplier
 from queueflow.server.leader.cache import SharePartitionCache, initial_offset
 from queueflow.server.leader.fetching import ShareFetcher
+from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.parking import LongPolls, ParkedFetch
 from queueflow.server.leader.positions import RequestPositions
 from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
@@ -106,7 +107,9 @@ class ShareLeader:
             lambda group, p: initial_offset(ctx, self.group_configs, topic, group, p),
         )
         self.positions = RequestPositions(table, topic, self.request_topic)
+        self.keys = KeyIndexes(ctx, topic, lambda p: self.long_polls.notify(p))  # share.ordering
         self.fetcher = ShareFetcher(ctx, topic, self.tickets, self.group_configs, self.cache)
+        self.fetcher.keys = self.keys
         self.applier = ResultApplier(
             ctx, topic, self.cache, self.positions, self.auth, self.tickets, self.step_down
         )
@@ -151,6 +154,7 @@ class ShareLeader:
     def _drop(self, partitions: set[int], reason: str) -> None:
         for p in partitions:  # waiting direct requests: refused, their members re-route
             self.long_polls.fail(p)
+        self.keys.stop(partitions)
         self.cache.drop(partitions, reason)
 
     def step_down(self, partitions: list[int], reason: str) -> None:
@@ -385,6 +389,8 @@ class ShareLeader:
         try:
             if error is None:
                 durable = await self.cache.existing(message.group, partition)
+                if message.key_action:  # a parked key released or skipped (share.ordering=key)
+                    return self.keys.act(message, durable, offset)
                 return resets.reset(message, durable, partition=partition, offset=offset)
         except ShareGroupError as exc:
             error = exc
@@ -392,11 +398,7 @@ class ShareLeader:
 
     # -- ShareFetch ------------------------------------------------------------------------
     async def _share_fetch(
-        self,
-        request: protocol.ShareFetchRequest,
-        partition: int,
-        now: int,
-        acquire: bool = True,
+        self, request: protocol.ShareFetchRequest, partition: int, now: int, acquire: bool = True
     ) -> FetchResult:
         """Apply a request's acknowledgements, then acquire (if ``acquire``), writing nothing
         yet (:meth:`~queueflow.server.leader.fetching.ShareFetcher.fetch`)."""
@@ -416,9 +418,8 @@ class ShareLeader:
         return await self.long_polls.serve(request)
 
     def end_long_poll(self, cancel: protocol.ShareFetchCancel) -> bool:
-        """Answer the member's parked ShareFetch ``cancel.request_id`` now, with nothing
-        acquired (see :class:`~queueflow.protocol.messages.ShareFetchCancel`); True if it was
-        parked."""
+        """Answer the member's parked ShareFetch ``cancel.request_id`` now, acquiring nothing
+        (:class:`~queueflow.protocol.messages.ShareFetchCancel`); True if it was parked."""
         return self.long_polls.cancel(cancel)
 
     def _not_leader(

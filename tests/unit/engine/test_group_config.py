@@ -60,7 +60,22 @@ INT_CONFIGS = {
 
 
 def test_the_six_group_configs_of_the_issue() -> None:
-    assert set(GROUP_CONFIG_NAMES) == {"share.auto.offset.reset", *INT_CONFIGS}
+    assert set(GROUP_CONFIG_NAMES) == {"share.auto.offset.reset", "share.ordering", *INT_CONFIGS}
+
+
+def test_share_ordering_is_none_or_key_with_a_literal_default() -> None:
+    assert validate_group_config("share.ordering", " KEY ", SETTINGS) == "key"
+    assert validate_group_config("share.ordering", "none", SETTINGS) == "none"
+    for bad in ("keys", "", 1, True):
+        with pytest.raises(ConfigurationError, match=r"share\.ordering=.*choose one of none, key"):
+            validate_group_config("share.ordering", bad, SETTINGS)
+    assert GroupConfig.resolve(SETTINGS).ordering == "none"
+    assert GroupConfig.resolve(SETTINGS, {"share.ordering": "key"}).ordering == "key"
+    assert GroupConfig.resolve(SETTINGS, {"share.ordering": "key"}).value_of("share.ordering") == (
+        "key"
+    )
+    entry = {e.name: e for e in describe_group_configs(SETTINGS, {}, {})}["share.ordering"]
+    assert (entry.value, entry.source, entry.synonym) == ("none", "DEFAULT_CONFIG", entry.name)
 
 
 @pytest.mark.parametrize("name", sorted(INT_CONFIGS))
