@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         topics = {name: run.topic(name, 2) for name in ("transactions", "postings")}
         changelog = f"{run.prefix}-balances-balances-changelog"  # Faust's name for the table's
         create_topic(run.bootstrap, changelog, 2, config={"cleanup.policy": "compact"})
-        run.produce(topics["transactions"], [(t["account"].encode(), t) for t in txns])
+        run.produce(topics["transactions"], [(t["account"], t) for t in txns])
         run.say(f"enqueued {len(txns)} transactions of {len(want)} accounts; starting workers")
         run.worker("examples.ledger.balances")
         run.worker("examples.ledger.app", "all")

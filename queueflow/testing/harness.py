@@ -324,6 +324,8 @@ class ShareAgentHarness:
         configs: dict[str, dict[str, Any]] = {}
         for spec in self.specs:
             configs.setdefault(spec.group, dict(group_config or {}))
+            if spec.options.ordering == "key":  # as @app.share_agent(..., ordering="key")
+                configs[spec.group].setdefault("share.ordering", "key")
         for name, values in (group_configs or {}).items():
             configs.setdefault(name, {}).update(values)
         self.clock = clock or FakeClock()
