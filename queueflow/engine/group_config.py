@@ -20,6 +20,8 @@ Group config                           Default (broker-level setting) and bounds
                                        ``group.share.min/max.session.timeout.ms``
 ``share.heartbeat.interval.ms``        ``group.share.heartbeat.interval.ms``, within
                                        ``group.share.min/max.heartbeat.interval.ms``
+``share.isolation.level``              ``read_uncommitted`` (no broker-level setting, as Kafka);
+                                       ``read_uncommitted`` or ``read_committed``
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -46,6 +48,8 @@ __all__ = [
     "DELIVERY_COUNT_LIMIT",
     "GROUP_CONFIG_NAMES",
     "HEARTBEAT_INTERVAL_MS",
+    "ISOLATION_LEVEL",
+    "ISOLATION_LEVELS",
     "LEADER_CONFIG_NAMES",
     "PARTITION_MAX_RECORD_LOCKS",
     "RECORD_LOCK_DURATION_MS",
@@ -66,17 +70,24 @@ DELIVERY_COUNT_LIMIT: Final = "share.delivery.count.limit"
 PARTITION_MAX_RECORD_LOCKS: Final = "share.partition.max.record.locks"
 SESSION_TIMEOUT_MS: Final = "share.session.timeout.ms"
 HEARTBEAT_INTERVAL_MS: Final = "share.heartbeat.interval.ms"
+ISOLATION_LEVEL: Final = "share.isolation.level"
+#: The values of ``share.isolation.level`` (Kafka's ``IsolationLevel`` names), default first.
+ISOLATION_LEVELS: Final = ("read_uncommitted", "read_committed")
 
 
 @dataclass(frozen=True, slots=True)
 class _Definition:
     """A group config: the broker-level setting it defaults to (attribute of
-    :class:`~queueflow.settings.ShareGroupSettings`) and the settings bounding it."""
+    :class:`~queueflow.settings.ShareGroupSettings`) and the settings bounding it; or, for a
+    config with no broker-level setting, its literal ``default`` (``default_attr`` then only
+    names its :class:`GroupConfig` field) and its allowed ``choices``."""
 
     name: str
     default_attr: str
     min_attr: str | None = None
     max_attr: str | None = None
+    default: str | None = None
+    choices: tuple[str, ...] = ()
 
 
 _DEFINITIONS: Final = {
@@ -113,6 +124,12 @@ _DEFINITIONS: Final = {
             "min_heartbeat_interval_ms",
             "max_heartbeat_interval_ms",
         ),
+        _Definition(
+            ISOLATION_LEVEL,
+            "isolation_level",
+            default=ISOLATION_LEVELS[0],
+            choices=ISOLATION_LEVELS,
+        ),
     )
 }
 
@@ -124,6 +141,7 @@ LEADER_CONFIG_NAMES: Final = (
     RECORD_LOCK_DURATION_MS,
     DELIVERY_COUNT_LIMIT,
     PARTITION_MAX_RECORD_LOCKS,
+    ISOLATION_LEVEL,
 )
 
 _DURATION: Final = re.compile(
@@ -237,6 +255,13 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     definition = _DEFINITIONS.get(name)
     if definition is None:
         raise _unknown(name)
+    if definition.choices:
+        text = str(value).strip() if isinstance(value, str) else repr(value)
+        if text not in definition.choices:
+            raise ConfigurationError(
+                f"{name}={text!r} is not allowed: choose {' or '.join(definition.choices)}"
+            )
+        return text
     if definition.min_attr is None:
         text = str(value).strip() if isinstance(value, str) else repr(value)
         parse_auto_offset_reset(text)
@@ -315,6 +340,9 @@ class GroupConfig:
         auto_offset_reset: ``share.auto.offset.reset`` (see :func:`parse_auto_offset_reset`).
         record_lock_duration_ms / delivery_count_limit / partition_max_record_locks /
             session_timeout_ms / heartbeat_interval_ms: the other group configs.
+        isolation_level: ``share.isolation.level``: ``read_uncommitted`` (default) or
+            ``read_committed`` (nothing past the last stable offset is acquired, aborted
+            records are never handed to a handler; docs/concepts.md "read_committed").
     """
 
     auto_offset_reset: str
@@ -323,6 +351,7 @@ class GroupConfig:
     partition_max_record_locks: int
     session_timeout_ms: int
     heartbeat_interval_ms: int
+    isolation_level: str = ISOLATION_LEVELS[0]
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -335,7 +364,12 @@ class GroupConfig:
 
         def value(name: str) -> str:
             got = merged.get(name)
-            return str(getattr(settings, _DEFINITIONS[name].default_attr)) if got is None else got
+            if got is not None:
+                return got
+            definition = _DEFINITIONS[name]
+            if definition.default is not None:
+                return definition.default
+            return str(getattr(settings, definition.default_attr))
 
         return cls(
             auto_offset_reset=value(AUTO_OFFSET_RESET),
@@ -344,6 +378,7 @@ class GroupConfig:
             partition_max_record_locks=int(value(PARTITION_MAX_RECORD_LOCKS)),
             session_timeout_ms=int(value(SESSION_TIMEOUT_MS)),
             heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
+            isolation_level=value(ISOLATION_LEVEL),
         )
 
     def value_of(self, name: str) -> str:
@@ -354,6 +389,11 @@ class GroupConfig:
             KeyError: ``name`` is not a group config.
         """
         return str(getattr(self, _DEFINITIONS[name].default_attr))
+
+    @property
+    def read_committed(self) -> bool:
+        """``share.isolation.level`` is ``read_committed``."""
+        return self.isolation_level == "read_committed"
 
     @property
     def offset_reset(self) -> OffsetReset:
@@ -386,12 +426,15 @@ def describe_group_configs(
     """
     out = []
     for name, definition in _DEFINITIONS.items():
-        synonym = lookup(definition.default_attr).name
+        literal = definition.default
+        synonym = name if literal is not None else lookup(definition.default_attr).name
         if name in dynamic:
             out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
         elif name in app:
             out.append(ConfigEntry(name, app[name], "APP_GROUP_CONFIG", synonym))
         else:
-            default = str(getattr(settings, definition.default_attr))
+            default = (
+                literal if literal is not None else str(getattr(settings, definition.default_attr))
+            )
             out.append(ConfigEntry(name, default, "DEFAULT_CONFIG", synonym))
     return out

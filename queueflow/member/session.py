@@ -110,6 +110,8 @@ class Acquisition:
         sent: ``ctx.clock.monotonic()`` seconds when the request was sent: the locks last at
             least until ``sent + lock_timeout_ms / 1000``.
         error: the leader's error for the fetch as a whole, or None.
+        read_committed: the group reads committed records only: read ``ranges`` with a
+            ``read_committed`` fetch (``share.isolation.level``).
     """
 
     tp: TopicPartition
@@ -117,6 +119,7 @@ class Acquisition:
     lock_timeout_ms: int = 0
     sent: float = 0.0
     error: ShareGroupError | None = None
+    read_committed: bool = False
 
     @property
     def count(self) -> int:
@@ -362,7 +365,9 @@ class ShareFetchSession:
                 sent + response.lock_timeout_ms / 1000 if response.lock_timeout_ms else math.inf
             )
             before = self.undecodable
-            result.records = await self._read(tp, response.acquired, deadline)
+            result.records = await self._read(
+                tp, response.acquired, deadline, read_committed=response.read_committed
+            )
             result.undecodable = self.undecodable - before
         return result
 
@@ -394,6 +399,7 @@ class ShareFetchSession:
         else:
             result.ranges = list(response.acquired)
             result.lock_timeout_ms = response.lock_timeout_ms
+            result.read_committed = response.read_committed
         return result
 
     def prepare(self, tp: TopicPartition) -> None:
@@ -428,13 +434,20 @@ class ShareFetchSession:
         await self.router.end_long_polls(tp)
 
     async def _read(
-        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], lock_deadline: float
+        self,
+        tp: TopicPartition,
+        acquired: list[protocol.WireAcquired],
+        lock_deadline: float,
+        *,
+        read_committed: bool = False,
     ) -> list[ShareRecord]:
-        """Read the acquired ranges; acknowledge gaps as GAP, and RELEASE every acquired offset
+        """Read the acquired ranges (``read_committed``: as the leader said for a group with
+        ``share.isolation.level=read_committed``); acknowledge gaps as GAP (counted in
+        ``queueflow_acknowledgements_total{type="gap"}``), and RELEASE every acquired offset
         if the read fails (rather than let the records sit until their locks expire)."""
         try:
             records, gaps, undecodable = await self._source.read(
-                tp, acquired, self.ctx.settings.request_timeout_ms
+                tp, acquired, self.ctx.settings.request_timeout_ms, read_committed=read_committed
             )
         except Exception:
             for first, last, _count in acquired:
@@ -443,6 +456,8 @@ class ShareFetchSession:
             raise
         for offset in gaps:
             self.acks.add(tp, offset, AcknowledgeType.GAP)
+        if gaps:
+            self.ctx.metrics.acknowledgements.labels(self.group, tp.topic, "gap").inc(len(gaps))
         for record, reason in undecodable:
             self._reject_undecodable(record, reason)
         now = self.ctx.clock.monotonic()

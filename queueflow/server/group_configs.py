@@ -6,12 +6,13 @@ app's defaults come from ``App(group_configs=...)`` (:attr:`ServerContext.group_
 rest from the broker-level settings (:func:`effective`). The coordinator applies the session
 timeout and heartbeat interval itself.
 
-The share-partition leaders need the lock duration, delivery count limit, in-flight limit and
-``share.auto.offset.reset``. They learn them from the assignment ticket every ShareFetch
-carries: the coordinator signs the group's values (those that differ from the broker-level
-settings) and their version into it (:func:`ticket_configs`), so no one but the coordinator can
-set them, and a leader has them before it initialises or loads a share-partition for the
-request. :class:`LeaderGroupConfigs` keeps the highest version seen per group.
+The share-partition leaders need the lock duration, delivery count limit, in-flight limit,
+``share.auto.offset.reset`` and ``share.isolation.level``. They learn them from the assignment
+ticket every ShareFetch carries: the coordinator signs the group's values (those that differ
+from the broker-level settings) and their version into it (:func:`ticket_configs`), so no one
+but the coordinator can set them, and a leader has them before it initialises or loads a
+share-partition for the request. :class:`LeaderGroupConfigs` keeps the highest version seen per
+group.
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class _Known:
     configs: tuple[tuple[str, str], ...]
     engine: SharePartitionConfig
     offset_reset: OffsetReset
+    read_committed: bool = False
 
 
 class LeaderGroupConfigs:
@@ -137,11 +139,23 @@ class LeaderGroupConfigs:
         self, version: int, configs: tuple[tuple[str, str], ...], values: Mapping[str, str]
     ) -> _Known:
         config = GroupConfig.resolve(self.settings, values)
-        return _Known(version, configs, engine_config(self.settings, config), config.offset_reset)
+        return _Known(
+            version,
+            configs,
+            engine_config(self.settings, config),
+            config.offset_reset,
+            config.read_committed,
+        )
 
     def engine(self, group: str) -> SharePartitionConfig:
         """The engine limits of ``group``'s share-partitions."""
         return self._groups.get(group, self._default).engine
+
+    def read_committed(self, group: str) -> bool:
+        """``group``'s ``share.isolation.level`` is ``read_committed``: its share-partitions
+        acquire nothing at or past the last stable offset (docs/concepts.md
+        "read_committed")."""
+        return self._groups.get(group, self._default).read_committed
 
     def offset_reset(self, group: str, topic: str = "", partition: int = -1) -> OffsetReset:
         """Where ``group``'s new share-partition ``topic[partition]`` starts: ``earliest`` if

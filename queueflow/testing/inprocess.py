@@ -205,16 +205,22 @@ class _RecordSource:
         pass  # the log is in memory
 
     async def read(
-        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
+        self,
+        tp: TopicPartition,
+        acquired: list[protocol.WireAcquired],
+        timeout_ms: int,
+        *,
+        read_committed: bool = False,
     ) -> ReadResult:
         log = self.cluster.records[TopicPartition(*tp)]
+        aborted = self.cluster.aborted if read_committed else set()
         records: list[ShareRecord] = []
         gaps: list[int] = []
         undecodable: list[Undecodable] = []
         for first, last, count in acquired:
             for offset in range(first, last + 1):
                 stored = log[offset]
-                if stored.value is None:
+                if stored.value is None or (TopicPartition(*tp), offset) in aborted:
                     gaps.append(offset)
                     continue
                 # A header name given as bytes stands for one Kafka can't decode as UTF-8.
@@ -438,6 +444,12 @@ class InProcessCluster:
         #: The leaders' direct endpoint (with ``direct=True``), listening once started.
         self.endpoint: LeaderEndpoint | None = None
         self._end_waiters: list[asyncio.Future[None]] = []
+        #: Per partition, the first offset of a transaction a test holds open there: the last
+        #: stable offset (read_committed groups acquire nothing from it on).
+        self.open_transactions: dict[TopicPartition, int] = {}
+        #: Offsets of aborted transactional records: a read_committed read reports them as
+        #: gaps, as Kafka's read_committed fetch leaves them out.
+        self.aborted: set[tuple[TopicPartition, int]] = set()
         #: What share agents published, by topic, in order (:meth:`sink_records`).
         self.published: dict[str, list[StoredRecord]] = {}
 
@@ -530,6 +542,21 @@ class InProcessCluster:
 
     async def log_end(self, tp: TopicPartition) -> int:
         return len(self.records[TopicPartition(*tp)])
+
+    def cached_stable_end(self, tp: TopicPartition) -> int | None:
+        return self.stable_end_now(tp)
+
+    def known_stable_end(self, tp: TopicPartition) -> int | None:
+        return self.stable_end_now(tp)
+
+    async def stable_end(self, tp: TopicPartition) -> int:
+        return self.stable_end_now(tp)
+
+    def stable_end_now(self, tp: TopicPartition) -> int:
+        """The last stable offset of ``tp``: the log end, or below it while a test holds a
+        transaction open there (:attr:`open_transactions`: partition -> first offset)."""
+        end = len(self.records[TopicPartition(*tp)])
+        return min(end, self.open_transactions.get(TopicPartition(*tp), end))
 
     async def log_start(self, tp: TopicPartition) -> int:
         return 0

@@ -60,7 +60,11 @@ INT_CONFIGS = {
 
 
 def test_the_six_group_configs_of_the_issue() -> None:
-    assert set(GROUP_CONFIG_NAMES) == {"share.auto.offset.reset", *INT_CONFIGS}
+    assert set(GROUP_CONFIG_NAMES) == {
+        "share.auto.offset.reset",
+        "share.isolation.level",
+        *INT_CONFIGS,
+    }
 
 
 @pytest.mark.parametrize("name", sorted(INT_CONFIGS))
@@ -99,7 +103,8 @@ def test_bounds_whose_minimum_exceeds_their_maximum_are_refused() -> None:
         ("share.auto.offset.reset", "newest", "choose latest, earliest or by_duration"),
         ("share.auto.offset.reset", "by_duration:1h", "cannot parse duration '1h'"),
         ("share.auto.offset.reset", "by_duration:-PT1H", "must not be negative"),
-        ("share.isolation.level", "read_committed", "unknown group config 'share.isolation.level'"),
+        ("share.isolation.level", "serializable", "choose read_uncommitted or read_committed"),
+        ("share.no.such.config", "1", "unknown group config 'share.no.such.config'"),
         ("group.share.delivery.count.limit", 3, "the group configs are: share.auto.offset.reset"),
     ],
 )

@@ -519,3 +519,18 @@ def test_share_records_builds_the_records_the_constructor_builds() -> None:
         ShareRecord("jobs", 3, o, b"k", b"v%d" % o, (), 1000 + o, 2, b"v%d" % o, b"k", math.inf, 1)
         for o in (5, 6, 8, 9)
     ]
+
+
+def test_share_records_stops_at_last_when_skipped_offsets_let_the_fetch_run_past_it() -> None:
+    """A fetch for ``last - first + 1`` records returns records after ``last`` when offsets in
+    between hold none (aborted records left out by a read_committed fetch, markers,
+    compaction): they are not the member's and must not be handed to a handler."""
+    messages = [
+        ConsumerRecord("jobs", 0, offset, 0, 0, None, b"v", None, 1, 1, ())
+        for offset in (0, 5, 6, 7, 8)  # 1..4: an aborted transaction and its marker
+    ]
+    records: list[ShareRecord] = []
+    gaps: list[int] = []
+    assert share_records(messages, "jobs", 0, 0, 5, 1, records, gaps) == 6
+    assert [r.offset for r in records] == [0, 5]
+    assert gaps == [1, 2, 3, 4]

@@ -1,0 +1,88 @@
+"""``share.isolation.level=read_committed`` through the real coordinator, leaders and members,
+in process (docs/concepts.md "read_committed"): nothing at or past the last stable offset is
+acquired, aborted records come back as gaps the member acknowledges as GAP (Archived, never
+handed to a handler, counted in ``queueflow_acknowledgements_total{type="gap"}``), and a
+``read_uncommitted`` group of the same topic still gets everything."""
+
+from __future__ import annotations
+
+import pytest
+from inprocess_helpers import TOPIC, produce, run, settings, settle
+
+from queueflow.engine.group_config import (
+    ISOLATION_LEVEL,
+    GroupConfig,
+    describe_group_configs,
+    validate_group_config,
+)
+from queueflow.engine.state import RecordState
+from queueflow.errors import ConfigurationError
+from queueflow.structs import TopicPartition
+from queueflow.testing.inprocess import InProcessCluster
+
+TP = TopicPartition(TOPIC, 0)
+
+
+def cluster_with(records: int) -> InProcessCluster:
+    """A one-partition cluster on the system clock holding ``records`` records."""
+    cluster = InProcessCluster({TOPIC: 1}, settings=settings())
+    produce(cluster, records)
+    return cluster
+
+
+async def values_of(cluster: InProcessCluster, group: str, polls: int = 5) -> list[bytes]:
+    """What a member of ``group`` is handed over a few polls (auto-acknowledged)."""
+    consumer = cluster.consumer(group)
+    await consumer.subscribe([TOPIC])
+    got: list[bytes] = []
+    for _ in range(polls):
+        got.extend(r.value for r in await consumer.poll(timeout_ms=300))
+    await consumer.close()
+    await settle(cluster)
+    return got
+
+
+def test_a_read_committed_group_acquires_below_the_lso_and_archives_aborted_records() -> None:
+    async def scenario() -> None:
+        async with cluster_with(6) as cluster:  # r0..r5
+            cluster.aborted.update({(TP, 1), (TP, 2)})  # an aborted transaction's records
+            cluster.open_transactions[TP] = 4  # r4, r5: a transaction still open
+            admin = cluster.admin()
+            consumer = cluster.consumer("committed")
+            await consumer.subscribe([TOPIC])
+            await consumer.close()
+            await admin.alter_group_configs("committed", {ISOLATION_LEVEL: "read_committed"})
+            gaps_before = cluster.metrics.acknowledgements.labels(
+                "committed", TOPIC, "gap"
+            )._value.get()
+            assert await values_of(cluster, "committed") == [b"r0", b"r3"]
+            engine = cluster.share_partition("committed", TOPIC, 0)
+            assert engine.end_offset == 4  # nothing at or past the LSO was acquired
+            for offset in (1, 2):
+                assert engine.record(offset).state in (RecordState.ARCHIVED,)
+            gaps = cluster.metrics.acknowledgements.labels("committed", TOPIC, "gap")._value.get()
+            assert gaps - gaps_before == 2
+            del cluster.open_transactions[TP]  # the transaction commits
+            assert await values_of(cluster, "committed") == [b"r4", b"r5"]
+            # A read_uncommitted group of the same topic sees every record.
+            assert await values_of(cluster, "everything") == [f"r{i}".encode() for i in range(6)]
+
+    run(scenario())
+
+
+def test_share_isolation_level_is_validated_and_described() -> None:
+    cluster = cluster_with(0)
+    settings = cluster.settings
+    assert validate_group_config(ISOLATION_LEVEL, " read_committed ", settings) == (
+        "read_committed"
+    )
+    with pytest.raises(ConfigurationError, match="choose read_uncommitted or read_committed"):
+        validate_group_config(ISOLATION_LEVEL, "READ_COMMITTED", settings)
+    assert GroupConfig.resolve(settings).isolation_level == "read_uncommitted"
+    assert GroupConfig.resolve(settings, {ISOLATION_LEVEL: "read_committed"}).read_committed
+    (entry,) = [e for e in describe_group_configs(settings, {}, {}) if e.name == ISOLATION_LEVEL]
+    assert (entry.value, entry.source, entry.synonym) == (
+        "read_uncommitted",
+        "DEFAULT_CONFIG",
+        ISOLATION_LEVEL,
+    )
