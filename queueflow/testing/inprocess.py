@@ -48,6 +48,7 @@ from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import Handler, ShareAgent
+from queueflow.member.browse import LogRecord
 from queueflow.member.consumer import ShareConsumer
 from queueflow.member.context import MemberContext
 from queueflow.member.producer import Headers
@@ -256,6 +257,43 @@ class _RecordSource:
         pass
 
 
+class _BrowseSource:
+    """What a browse reads (:class:`~queueflow.member.browse.BrowseSource`) in the in-memory
+    cluster: its tables as changelogs, its partitions as topics."""
+
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+
+    async def table(self, topic: str) -> Mapping[bytes, bytes] | None:
+        cluster = self.cluster
+        if topic == internal.groups_changelog(cluster.app_id):
+            return dict(cluster.tables["groups"])
+        for name in cluster.topics:
+            if topic == internal.state_changelog(cluster.app_id, name):
+                return dict(cluster.tables[name])
+        return None
+
+    async def partition_count(self, topic: str) -> int | None:
+        return self.cluster.topics.get(topic)
+
+    async def read(
+        self, tp: TopicPartition, from_offset: int | None, max_records: int, read_committed: bool
+    ) -> tuple[list[LogRecord], int]:
+        log = self.cluster.records[TopicPartition(*tp)]
+        end = self.cluster.stable_end_now(tp) if read_committed else len(log)
+        first = min(from_offset or 0, end)
+        out: list[LogRecord] = []
+        for offset in range(first, end):
+            stored = log[offset]
+            if stored.value is None or (read_committed and (tp, offset) in self.cluster.aborted):
+                continue
+            headers = tuple((str(n), v) for n, v in stored.headers)
+            out.append(LogRecord(offset, stored.key, stored.value, headers, stored.timestamp))
+            if len(out) == max_records:
+                break
+        return out, first
+
+
 class _Producer:
     """A share agent's :class:`~queueflow.member.producer.ResultProducer` on the in-memory
     topics: results are appended to the cluster's partitions at once (so share agents
@@ -322,6 +360,9 @@ class _MemberIO:
 
     def record_source(self) -> _RecordSource:
         return _RecordSource(self.cluster)
+
+    def browse_source(self) -> _BrowseSource:
+        return _BrowseSource(self.cluster)
 
     def result_producer(
         self,
