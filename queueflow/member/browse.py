@@ -42,6 +42,7 @@ __all__ = [
     "BrowsedRecord",
     "LogRecord",
     "browse",
+    "utc_text",
 ]
 
 #: Records a browse returns per share-partition unless told otherwise, and at most.
@@ -100,11 +101,12 @@ class BrowsedRecord:
         letter)``; no state is ``-``."""
         template = _RESERVED_STATES.get(self.member_id or "")
         if template is not None:
-            return template.format(deadline=_utc(self.lock_deadline_ms))
+            return template.format(deadline=utc_text(self.lock_deadline_ms))
         return self.state or "-"
 
 
-def _utc(ms: int | None) -> str:
+def utc_text(ms: int | None) -> str:
+    """Wall-clock ``ms`` as ISO-8601 UTC with milliseconds (``-`` for ``None``)."""
     if ms is None:
         return "-"
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms / 1000)) + f".{ms % 1000:03d}Z"
