@@ -30,7 +30,7 @@ import structlog
 from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
-from queueflow.member.browse import DEFAULT_BROWSE_RECORDS, BrowsedRecord, browse
+from queueflow.member.browsing import Browsing
 from queueflow.member.context import MemberContext
 from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
@@ -50,7 +50,7 @@ class IllegalStateError(QueueflowError):
     records, or used after close)."""
 
 
-class ShareConsumer:
+class ShareConsumer(Browsing):
     """A member of a share group.
 
     Args:
@@ -402,42 +402,6 @@ class ShareConsumer:
         else:
             await asyncio.wait_for(work, timeout_ms / 1000)
         return results
-
-    async def browse(
-        self,
-        topic: str,
-        partition: int | None = None,
-        *,
-        from_offset: int | None = None,
-        max_records: int = DEFAULT_BROWSE_RECORDS,
-    ) -> list[BrowsedRecord]:
-        """Look at this group's records of ``topic`` with their share states (Available,
-        Acquired with lock owner and deadline, Acknowledged, Archived; delivery counts),
-        acquiring nothing and changing no delivery count (docs/guide.md "Browsing"). Needs no
-        :meth:`subscribe`.
-
-        Args:
-            topic: a source topic of the group.
-            partition: one partition, or ``None`` for each partition of the topic.
-            from_offset: the first offset (default: the share-partition start offset).
-            max_records: the most records per partition (1..10,000).
-
-        Raises:
-            ShareGroupError: ``GROUP_ID_NOT_FOUND``: no member ever joined the group.
-            ConfigurationError: no such topic or partition, or a bad argument.
-            TimeoutError: the state or the records can't be read within
-                ``queueflow.request.timeout.ms``.
-        """
-        self._check_open()
-        return await browse(
-            self.ctx.io.browse_source(),
-            self.app_id,
-            self.group,
-            topic,
-            partition,
-            from_offset=from_offset,
-            max_records=max_records,
-        )
 
     def commit_async(self) -> asyncio.Task[dict[TopicPartition, Exception | None]]:
         """Send pending acknowledgements without waiting; results go to the commit callback."""

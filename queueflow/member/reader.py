@@ -117,7 +117,6 @@ class RecordSource(Protocol):
         tp: TopicPartition,
         acquired: list[protocol.WireAcquired],
         timeout_ms: int,
-        *,
         read_committed: bool = False,
     ) -> ReadResult:
         """Read the acquired ranges ``[(first, last, delivery_count), ...]`` of ``tp``;
@@ -172,7 +171,6 @@ class KafkaRecordReader:
         tp: TopicPartition,
         acquired: list[protocol.WireAcquired],
         timeout_ms: int,
-        *,
         read_committed: bool = False,
     ) -> ReadResult:
         """See :meth:`RecordSource.read`.

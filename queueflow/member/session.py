@@ -365,9 +365,7 @@ class ShareFetchSession:
                 sent + response.lock_timeout_ms / 1000 if response.lock_timeout_ms else math.inf
             )
             before = self.undecodable
-            result.records = await self._read(
-                tp, response.acquired, deadline, read_committed=response.read_committed
-            )
+            result.records = await self._read(tp, response, deadline)
             result.undecodable = self.undecodable - before
         return result
 
@@ -393,13 +391,12 @@ class ShareFetchSession:
             raise
         if acks:
             self._acknowledged(tp, acks, response)
-        result = Acquisition(tp, sent=sent)
+        result = Acquisition(tp, sent=sent, read_committed=response.read_committed)
         if response.error != ErrorCode.NONE.value:
             result.error = ShareGroupError(ErrorCode(response.error), response.error_message)
         else:
             result.ranges = list(response.acquired)
             result.lock_timeout_ms = response.lock_timeout_ms
-            result.read_committed = response.read_committed
         return result
 
     def prepare(self, tp: TopicPartition) -> None:
@@ -434,30 +431,22 @@ class ShareFetchSession:
         await self.router.end_long_polls(tp)
 
     async def _read(
-        self,
-        tp: TopicPartition,
-        acquired: list[protocol.WireAcquired],
-        lock_deadline: float,
-        *,
-        read_committed: bool = False,
+        self, tp: TopicPartition, response: protocol.ShareFetchResponse, lock_deadline: float
     ) -> list[ShareRecord]:
-        """Read the acquired ranges (``read_committed``: as the leader said for a group with
-        ``share.isolation.level=read_committed``); acknowledge gaps as GAP (counted in
-        ``queueflow_acknowledgements_total{type="gap"}``), and RELEASE every acquired offset
-        if the read fails (rather than let the records sit until their locks expire)."""
+        """Read the acquired ranges (``read_committed`` if the leader says so); GAP the gaps,
+        RELEASE every acquired offset if the read fails (rather than wait for their locks)."""
         try:
             records, gaps, undecodable = await self._source.read(
-                tp, acquired, self.ctx.settings.request_timeout_ms, read_committed=read_committed
+                tp, response.acquired, self.ctx.settings.request_timeout_ms, response.read_committed
             )
         except Exception:
-            for first, last, _count in acquired:
+            for first, last, _count in response.acquired:
                 for offset in range(first, last + 1):
                     self.acks.add(tp, offset, AcknowledgeType.RELEASE)
             raise
         for offset in gaps:
             self.acks.add(tp, offset, AcknowledgeType.GAP)
-        if gaps:
-            self.ctx.metrics.acknowledgements.labels(self.group, tp.topic, "gap").inc(len(gaps))
+        self.ctx.metrics.acknowledgements.labels(self.group, tp.topic, "gap").inc(len(gaps))
         for record, reason in undecodable:
             self._reject_undecodable(record, reason)
         now = self.ctx.clock.monotonic()

@@ -210,7 +210,6 @@ class _RecordSource:
         tp: TopicPartition,
         acquired: list[protocol.WireAcquired],
         timeout_ms: int,
-        *,
         read_committed: bool = False,
     ) -> ReadResult:
         log = self.cluster.records[TopicPartition(*tp)]

@@ -12,6 +12,7 @@ from inprocess_helpers import TOPIC, produce, run, settings, settle
 import queueflow
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.member.browse import BrowsedRecord
+from queueflow.member.consumer import IllegalStateError
 from queueflow.testing.inprocess import InProcessCluster
 
 
@@ -71,6 +72,8 @@ def test_browse_shows_states_and_acquires_nothing() -> None:
             assert counts == {0: 2, 3: 1, 4: 1, 5: 1}
             await taker.close()
             await browser.close()
+            with pytest.raises(IllegalStateError, match="closed"):
+                await browser.browse(TOPIC)
 
     run(scenario())
 
