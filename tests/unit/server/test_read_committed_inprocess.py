@@ -6,8 +6,10 @@ handed to a handler, counted in ``queueflow_acknowledgements_total{type="gap"}``
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
-from inprocess_helpers import TOPIC, produce, run, settings, settle
+from inprocess_helpers import TOPIC, eventually, produce, run, settings, settle
 
 from queueflow.engine.group_config import (
     ISOLATION_LEVEL,
@@ -86,3 +88,36 @@ def test_share_isolation_level_is_validated_and_described() -> None:
         "DEFAULT_CONFIG",
         ISOLATION_LEVEL,
     )
+
+
+def test_a_long_poll_parked_behind_an_open_transaction_wakes_when_it_commits() -> None:
+    """A read_committed member's long poll (the direct path) that finds only records past the
+    LSO parks; the transaction's commit marker wakes it, and it acquires the committed
+    records then, within the same poll."""
+
+    async def scenario() -> None:
+        cluster = InProcessCluster(
+            {TOPIC: 1},
+            settings=settings(leader_listener="127.0.0.1:0", fetch_max_wait_ms=3_000),
+            direct=True,
+            group_configs={"g": {ISOLATION_LEVEL: "read_committed"}},
+        )
+        produce(cluster, 3)
+        async with cluster:
+            cluster.open_transactions[TP] = 1  # r1, r2 are in an open transaction
+            consumer = cluster.consumer("g")
+            await consumer.subscribe([TOPIC])
+            first: list[bytes] = []
+            while not first:
+                first = [r.value for r in await consumer.poll(timeout_ms=2000)]
+            assert first == [b"r0"]
+            polling = asyncio.ensure_future(consumer.poll(timeout_ms=5000))
+            queues = cluster.leaders[TOPIC].long_polls.queues
+            await eventually(lambda: 0 in queues and bool(queues[0].parked), "a parked poll")
+            assert cluster.share_partition("g", TOPIC, 0).end_offset == 1
+            del cluster.open_transactions[TP]
+            cluster.produce(TOPIC, None)  # the commit marker (an offset without a record)
+            assert [r.value for r in await polling] == [b"r1", b"r2"]
+            await consumer.close()
+
+    run(scenario())
