@@ -7,6 +7,8 @@ handed to a handler, counted in ``queueflow_acknowledgements_total{type="gap"}``
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from inprocess_helpers import TOPIC, eventually, produce, run, settings, settle
@@ -19,6 +21,7 @@ from queueflow.engine.group_config import (
 )
 from queueflow.engine.state import RecordState
 from queueflow.errors import ConfigurationError
+from queueflow.server.leader.fetching import ShareFetcher
 from queueflow.structs import TopicPartition
 from queueflow.testing.inprocess import InProcessCluster
 
@@ -119,5 +122,53 @@ def test_a_long_poll_parked_behind_an_open_transaction_wakes_when_it_commits() -
             cluster.produce(TOPIC, None)  # the commit marker (an offset without a record)
             assert [r.value for r in await polling] == [b"r1", b"r2"]
             await consumer.close()
+
+    run(scenario())
+
+
+class _Offsets:
+    """Log offsets whose known LSO lags the broker's (as after a commit nobody asked about)."""
+
+    def __init__(self) -> None:
+        self.known_stable: int | None = 4
+        self.broker_stable = 9
+        self.asked = 0
+
+    def known_end(self, tp: TopicPartition) -> int | None:
+        return 10
+
+    def known_stable_end(self, tp: TopicPartition) -> int | None:
+        return self.known_stable
+
+    def cached_stable_end(self, tp: TopicPartition) -> int | None:
+        return self.known_stable
+
+    async def stable_end(self, tp: TopicPartition) -> int:
+        self.asked += 1
+        self.known_stable = self.broker_stable
+        return self.broker_stable
+
+
+def test_a_long_poll_asks_the_broker_for_the_lso_when_the_known_one_is_behind() -> None:
+    """A parked read_committed request wakes when the high watermark moves (a marker); the LSO
+    it knew is stale then, so it asks the broker once. A short poll takes the cached value
+    (refreshed in the background), and so does a long poll once the LSO is known to have
+    caught up with the high watermark."""
+    offsets = _Offsets()
+    fetcher = ShareFetcher(
+        cast(Any, SimpleNamespace(log_offsets=offsets)),
+        TOPIC,
+        cast(Any, None),
+        cast(Any, None),
+        cast(Any, None),
+    )
+
+    async def scenario() -> None:
+        assert await fetcher._stable_end(TP, long_poll=False) == 4 and offsets.asked == 0
+        assert await fetcher._stable_end(TP, long_poll=True) == 9 and offsets.asked == 1
+        offsets.known_stable = offsets.broker_stable = 10
+        assert await fetcher._stable_end(TP, long_poll=True) == 10 and offsets.asked == 1
+        offsets.known_stable = None  # never asked: ask
+        assert await fetcher._stable_end(TP, long_poll=False) == 10 and offsets.asked == 2
 
     run(scenario())
