@@ -21,7 +21,9 @@ from queueflow.engine.group_config import (
 )
 from queueflow.engine.state import RecordState
 from queueflow.errors import ConfigurationError
+from queueflow.kafka.config import KafkaClientConfig
 from queueflow.server.leader.fetching import ShareFetcher
+from queueflow.server.log_offsets import LogOffsets
 from queueflow.structs import TopicPartition
 from queueflow.testing.inprocess import InProcessCluster
 
@@ -172,3 +174,13 @@ def test_a_long_poll_asks_the_broker_for_the_lso_when_the_known_one_is_behind() 
         assert await fetcher._stable_end(TP, long_poll=False) == 10 and offsets.asked == 2
 
     run(scenario())
+
+
+def test_a_stale_lso_answer_never_lowers_the_known_one() -> None:
+    """As the high watermark: an older ListOffsets answer arriving late must not hide records
+    below the LSO already seen."""
+    offsets = LogOffsets(KafkaClientConfig("localhost:1"))
+    assert offsets.known_stable_end(TP) is None
+    assert offsets._raise_stable(TP, 30) == 30
+    assert offsets._raise_stable(TP, 22) == 30
+    assert offsets.known_stable_end(TP) == 30
