@@ -196,8 +196,10 @@ class KafkaRecordReader:
             reader.warm()
 
     def remember_released(self, record: ShareRecord) -> None:
-        """See :meth:`RecordSource.remember_released`."""
-        reader = self._readers.get(TopicPartition(record.topic, record.partition))
+        """See :meth:`RecordSource.remember_released` (kept by the reader that read it: the
+        read_committed one of a read_committed group)."""
+        tp = TopicPartition(record.topic, record.partition)
+        reader = self._committed.get(tp) or self._readers.get(tp)
         if reader is not None and record.raw_value is not None:
             reader.remember_released(record)
 
