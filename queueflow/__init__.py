@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         Result,
         Send,
     )
+    from queueflow.member.browse import BrowsedRecord
     from queueflow.member.consumer import IllegalStateError, ShareConsumer
     from queueflow.settings import ShareGroupSettings
     from queueflow.structs import ShareRecord, TopicPartition
@@ -71,6 +72,7 @@ _LAZY = {
     "USE_RECORD_KEY": "queueflow.member.agent.outputs",
     "COPY_OF_RECORD": "queueflow.member.agent.outputs",
     "ShareConsumer": "queueflow.member.consumer",
+    "BrowsedRecord": "queueflow.member.browse",
     "IllegalStateError": "queueflow.member.consumer",
     "ShareRecord": "queueflow.structs",
     "TopicPartition": "queueflow.structs",
@@ -105,6 +107,7 @@ __all__ = [
     "USE_RECORD_KEY",
     "AcknowledgeType",
     "App",
+    "BrowsedRecord",
     "ConfigurationError",
     "CorruptStateError",
     "DeadLetter",

@@ -22,6 +22,8 @@ Group config                           Default (broker-level setting) and bounds
                                        ``group.share.min/max.heartbeat.interval.ms``
 ``share.ordering``                     ``none`` (no broker-level setting); ``none`` or ``key``
                                        (key-ordered sharing, docs/concepts.md)
+``share.isolation.level``              ``read_uncommitted`` (no broker-level setting, as Kafka);
+                                       ``read_uncommitted`` or ``read_committed``
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -48,6 +50,8 @@ __all__ = [
     "DELIVERY_COUNT_LIMIT",
     "GROUP_CONFIG_NAMES",
     "HEARTBEAT_INTERVAL_MS",
+    "ISOLATION_LEVEL",
+    "ISOLATION_LEVELS",
     "LEADER_CONFIG_NAMES",
     "ORDERING",
     "ORDERING_VALUES",
@@ -74,14 +78,17 @@ HEARTBEAT_INTERVAL_MS: Final = "share.heartbeat.interval.ms"
 ORDERING: Final = "share.ordering"
 #: The values of :data:`ORDERING`.
 ORDERING_VALUES: Final = ("none", "key")
+ISOLATION_LEVEL: Final = "share.isolation.level"
+#: The values of ``share.isolation.level`` (Kafka's ``IsolationLevel`` names), default first.
+ISOLATION_LEVELS: Final = ("read_uncommitted", "read_committed")
 
 
 @dataclass(frozen=True, slots=True)
 class _Definition:
     """A group config: the broker-level setting it defaults to (attribute of
     :class:`~queueflow.settings.ShareGroupSettings`) and the settings bounding it; or, for a
-    group config with no broker-level setting (``default_attr`` empty), its literal
-    ``default``. ``choices``: the values allowed (an enumerated config)."""
+    config with no broker-level setting, its literal ``default`` (``default_attr`` then only
+    names its :class:`GroupConfig` field) and its allowed ``choices``."""
 
     name: str
     default_attr: str
@@ -125,7 +132,13 @@ _DEFINITIONS: Final = {
             "min_heartbeat_interval_ms",
             "max_heartbeat_interval_ms",
         ),
-        _Definition(ORDERING, "", default="none", choices=ORDERING_VALUES),
+        _Definition(ORDERING, "ordering", default="none", choices=ORDERING_VALUES),
+        _Definition(
+            ISOLATION_LEVEL,
+            "isolation_level",
+            default=ISOLATION_LEVELS[0],
+            choices=ISOLATION_LEVELS,
+        ),
     )
 }
 
@@ -138,6 +151,7 @@ LEADER_CONFIG_NAMES: Final = (
     DELIVERY_COUNT_LIMIT,
     PARTITION_MAX_RECORD_LOCKS,
     ORDERING,
+    ISOLATION_LEVEL,
 )
 
 _DURATION: Final = re.compile(
@@ -338,6 +352,9 @@ class GroupConfig:
             session_timeout_ms / heartbeat_interval_ms: the other group configs.
         ordering: ``share.ordering``: ``none`` or ``key`` (docs/concepts.md "Key-ordered
             sharing").
+        isolation_level: ``share.isolation.level``: ``read_uncommitted`` (default) or
+            ``read_committed`` (nothing past the last stable offset is acquired, aborted
+            records are never handed to a handler; docs/concepts.md "read_committed").
     """
 
     auto_offset_reset: str
@@ -347,6 +364,7 @@ class GroupConfig:
     session_timeout_ms: int
     heartbeat_interval_ms: int
     ordering: str = "none"
+    isolation_level: str = ISOLATION_LEVELS[0]
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -369,6 +387,7 @@ class GroupConfig:
             session_timeout_ms=int(value(SESSION_TIMEOUT_MS)),
             heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
             ordering=value(ORDERING),
+            isolation_level=value(ISOLATION_LEVEL),
         )
 
     def value_of(self, name: str) -> str:
@@ -378,10 +397,12 @@ class GroupConfig:
         Raises:
             KeyError: ``name`` is not a group config.
         """
-        definition = _DEFINITIONS[name]
-        if not definition.default_attr:
-            return str(getattr(self, _FIELDS[name]))
-        return str(getattr(self, definition.default_attr))
+        return str(getattr(self, _DEFINITIONS[name].default_attr))
+
+    @property
+    def read_committed(self) -> bool:
+        """``share.isolation.level`` is ``read_committed``."""
+        return self.isolation_level == "read_committed"
 
     @property
     def offset_reset(self) -> OffsetReset:
@@ -414,8 +435,8 @@ def describe_group_configs(
     """
     out = []
     for name, definition in _DEFINITIONS.items():
-        # A group config with no broker-level setting is its own synonym.
-        synonym = lookup(definition.default_attr).name if definition.default_attr else name
+        literal = definition.default
+        synonym = name if literal is not None else lookup(definition.default_attr).name
         if name in dynamic:
             out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
         elif name in app:
@@ -425,13 +446,8 @@ def describe_group_configs(
     return out
 
 
-#: The :class:`GroupConfig` field of each group config with no broker-level setting.
-_FIELDS: Final = {ORDERING: "ordering"}
-
-
 def _default(definition: _Definition, settings: ShareGroupSettings) -> str:
     """A group config's default: its broker-level setting's value, else its literal default."""
-    if not definition.default_attr:
-        assert definition.default is not None
+    if definition.default is not None:
         return definition.default
     return str(getattr(settings, definition.default_attr))

@@ -30,6 +30,7 @@ import structlog
 from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
+from queueflow.member.browsing import Browsing
 from queueflow.member.context import MemberContext
 from queueflow.member.key_ordering import check_key_ordered, check_ordering
 from queueflow.member.session import FetchResult, ShareFetchSession
@@ -50,7 +51,7 @@ class IllegalStateError(QueueflowError):
     records, or used after close)."""
 
 
-class ShareConsumer:
+class ShareConsumer(Browsing):
     """A member of a share group.
 
     Args:

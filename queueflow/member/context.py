@@ -15,6 +15,8 @@ from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.kafka.admin import partition_counts
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.startup import wait_for_broker, wait_for_topics
+from queueflow.member.browse import BrowseSource
+from queueflow.member.browse_source import KafkaBrowseSource
 from queueflow.member.producer import KafkaResultProducer, ResultProducer
 from queueflow.member.reader import KafkaRecordReader, RecordSource
 from queueflow.member.transport import KafkaMemberTransport, MemberTransport
@@ -67,6 +69,11 @@ class MemberIO(Protocol):
 
     def record_source(self) -> RecordSource:
         """A new reader of acquired records for one member."""
+        ...
+
+    def browse_source(self) -> BrowseSource:
+        """What a browse reads: the app's changelogs and the source records
+        (:mod:`queueflow.member.browse`)."""
         ...
 
     def result_producer(
@@ -123,6 +130,10 @@ class KafkaMemberIO:
     def record_source(self) -> RecordSource:
         """See :meth:`MemberIO.record_source`."""
         return KafkaRecordReader(self.kafka)
+
+    def browse_source(self) -> BrowseSource:
+        """See :meth:`MemberIO.browse_source`."""
+        return KafkaBrowseSource(self.kafka, self.request_timeout_ms)
 
     def result_producer(
         self,

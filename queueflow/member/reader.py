@@ -3,7 +3,8 @@
 Members never receive payloads from leaders: a ShareFetch answer holds offset ranges and
 delivery counts only, and the member reads those offsets from Kafka through Kafka's own fetch
 path (:class:`KafkaRecordReader`). Offsets in a range that hold no record (transaction markers,
-compacted-away records) are reported as gaps, which the member acknowledges as ``GAP``.
+compacted-away records; aborted records too for a ``read_committed`` group) are reported as
+gaps, which the member acknowledges as ``GAP``.
 Records aiokafka can't decode (a header name that is not UTF-8) are reported apart, as
 *undecodable*, with their header names decoded with U+FFFD replacement characters; a
 ShareConsumer or share agent REJECTs them (docs/guide.md "Handler outcomes").
@@ -110,9 +111,15 @@ class RecordSource(Protocol):
     """Where a member reads the payloads of the records it acquired."""
 
     async def read(
-        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
+        self,
+        tp: TopicPartition,
+        acquired: list[protocol.WireAcquired],
+        timeout_ms: int,
+        read_committed: bool = False,
     ) -> ReadResult:
-        """Read the acquired ranges ``[(first, last, delivery_count), ...]`` of ``tp``.
+        """Read the acquired ranges ``[(first, last, delivery_count), ...]`` of ``tp``;
+        ``read_committed``: as a ``read_committed`` consumer (the group's
+        ``share.isolation.level``): aborted records are gaps too.
 
         Returns:
             (records in offset order, gap offsets: acquired offsets that hold no record,
@@ -151,12 +158,18 @@ class KafkaRecordReader:
     def __init__(self, kafka: KafkaClientConfig) -> None:
         self.kafka = kafka
         self._readers: dict[TopicPartition, PartitionReader] = {}
+        # The read_committed readers (groups with share.isolation.level=read_committed).
+        self._committed: dict[TopicPartition, PartitionReader] = {}
         # Closed for good: an assignment answered after the member closed must not start a
         # reader (its consumer would never be stopped).
         self._closed = False
 
     async def read(
-        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
+        self,
+        tp: TopicPartition,
+        acquired: list[protocol.WireAcquired],
+        timeout_ms: int,
+        read_committed: bool = False,
     ) -> ReadResult:
         """See :meth:`RecordSource.read`.
 
@@ -166,9 +179,12 @@ class KafkaRecordReader:
         """
         if self._closed:
             raise ShareGroupError(ErrorCode.INVALID_REQUEST, "the record reader is closed")
-        reader = self._readers.get(tp)
+        readers = self._committed if read_committed else self._readers
+        reader = readers.get(tp)
         if reader is None:
-            reader = self._readers[tp] = PartitionReader(self.kafka, tp.topic, tp.partition)
+            reader = readers[tp] = PartitionReader(
+                self.kafka, tp.topic, tp.partition, read_committed=read_committed
+            )
         return await reader.read(acquired, timeout_ms)
 
     def prepare(self, tp: TopicPartition) -> None:
@@ -178,23 +194,27 @@ class KafkaRecordReader:
             reader.warm()
 
     def remember_released(self, record: ShareRecord) -> None:
-        """See :meth:`RecordSource.remember_released`."""
-        reader = self._readers.get(TopicPartition(record.topic, record.partition))
+        """See :meth:`RecordSource.remember_released` (kept by the reader that read it: the
+        read_committed one of a read_committed group)."""
+        tp = TopicPartition(record.topic, record.partition)
+        reader = self._committed.get(tp) or self._readers.get(tp)
         if reader is not None and record.raw_value is not None:
             reader.remember_released(record)
 
     async def drop(self, tp: TopicPartition) -> None:
         """See :meth:`RecordSource.drop`."""
-        reader = self._readers.pop(tp, None)
-        if reader is not None:
-            await reader.close()
+        for readers in (self._readers, self._committed):
+            reader = readers.pop(tp, None)
+            if reader is not None:
+                await reader.close()
 
     async def close(self) -> None:
         """See :meth:`RecordSource.close`."""
         self._closed = True
-        while self._readers:  # a reader added while another closes is closed too
-            _tp, reader = self._readers.popitem()
-            await reader.close()
+        for readers in (self._readers, self._committed):
+            while readers:  # a reader added while another closes is closed too
+                _tp, reader = readers.popitem()
+                await reader.close()
 
 
 #: RELEASEd records a partition reader keeps for their redelivery (oldest dropped first).
@@ -211,15 +231,21 @@ class PartitionReader:
     Args:
         kafka: the cluster.
         topic / partition: the source partition.
+        read_committed: read as a ``read_committed`` consumer: aborted transactional records
+            are left out like transaction markers, so they are reported as gaps (the leader
+            acquired only offsets below the last stable offset, which such a fetch reaches).
     """
 
-    def __init__(self, kafka: KafkaClientConfig, topic: str, partition: int) -> None:
+    def __init__(
+        self, kafka: KafkaClientConfig, topic: str, partition: int, *, read_committed: bool = False
+    ) -> None:
         tolerate_undecodable_records()
         self.tp = KafkaTopicPartition(topic, partition)
         self.consumer = AIOKafkaConsumer(
             **kafka.client_kwargs(),
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            isolation_level="read_committed" if read_committed else "read_uncommitted",
             fetch_max_wait_ms=50,
             max_partition_fetch_bytes=1 << 20,
         )

@@ -110,6 +110,8 @@ class Acquisition:
         sent: ``ctx.clock.monotonic()`` seconds when the request was sent: the locks last at
             least until ``sent + lock_timeout_ms / 1000``.
         error: the leader's error for the fetch as a whole, or None.
+        read_committed: the group reads committed records only: read ``ranges`` with a
+            ``read_committed`` fetch (``share.isolation.level``).
     """
 
     tp: TopicPartition
@@ -117,6 +119,7 @@ class Acquisition:
     lock_timeout_ms: int = 0
     sent: float = 0.0
     error: ShareGroupError | None = None
+    read_committed: bool = False
 
     @property
     def count(self) -> int:
@@ -362,7 +365,7 @@ class ShareFetchSession:
                 sent + response.lock_timeout_ms / 1000 if response.lock_timeout_ms else math.inf
             )
             before = self.undecodable
-            result.records = await self._read(tp, response.acquired, deadline)
+            result.records = await self._read(tp, response, deadline)
             result.undecodable = self.undecodable - before
         return result
 
@@ -388,7 +391,7 @@ class ShareFetchSession:
             raise
         if acks:
             self._acknowledged(tp, acks, response)
-        result = Acquisition(tp, sent=sent)
+        result = Acquisition(tp, sent=sent, read_committed=response.read_committed)
         if response.error != ErrorCode.NONE.value:
             result.error = ShareGroupError(ErrorCode(response.error), response.error_message)
         else:
@@ -428,16 +431,16 @@ class ShareFetchSession:
         await self.router.end_long_polls(tp)
 
     async def _read(
-        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], lock_deadline: float
+        self, tp: TopicPartition, response: protocol.ShareFetchResponse, lock_deadline: float
     ) -> list[ShareRecord]:
-        """Read the acquired ranges; acknowledge gaps as GAP, and RELEASE every acquired offset
-        if the read fails (rather than let the records sit until their locks expire)."""
+        """Read the acquired ranges (``read_committed`` if the leader says so); GAP the gaps,
+        RELEASE every acquired offset if the read fails (rather than wait for their locks)."""
         try:
             records, gaps, undecodable = await self._source.read(
-                tp, acquired, self.ctx.settings.request_timeout_ms
+                tp, response.acquired, self.ctx.settings.request_timeout_ms, response.read_committed
             )
         except Exception:
-            for first, last, _count in acquired:
+            for first, last, _count in response.acquired:
                 for offset in range(first, last + 1):
                     self.acks.add(tp, offset, AcknowledgeType.RELEASE)
             raise

@@ -177,7 +177,10 @@ class ShareFetchResponse(_Message, tag="fetch_response"):
     ``acquired`` holds ``(first_offset, last_offset, delivery_count)`` ranges.
     ``lock_timeout_ms`` is the acquisition lock duration of the records in ``acquired``
     (KIP-1222 ``AcquisitionLockTimeoutMs``), in ms: they may be acknowledged for at least that
-    long after the member sent the request.
+    long after the member sent the request. ``read_committed``: the group's
+    ``share.isolation.level`` is ``read_committed``, so the member reads ``acquired`` with a
+    ``read_committed`` fetch (aborted records and transaction markers come back as gaps, which
+    it acknowledges as GAP).
     """
 
     kind: ClassVar[str] = "fetch_response"
@@ -193,6 +196,7 @@ class ShareFetchResponse(_Message, tag="fetch_response"):
     ack_error_message: str = ""
     ack_stale: list[tuple[_Int64, _Int64]] = msgspec.field(default_factory=list)
     lock_timeout_ms: _Int64 = 0
+    read_committed: bool = False
 
 
 class ReleaseMember(_Message, tag="release_member"):

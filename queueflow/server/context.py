@@ -100,6 +100,19 @@ class LogOffsetsSource(Protocol):
         """The current high watermark."""
         ...
 
+    def cached_stable_end(self, tp: TopicPartition) -> int | None:
+        """The last known last stable offset (LSO), or ``None``; keeps it refreshed for a
+        while (groups with ``share.isolation.level=read_committed``)."""
+        ...
+
+    def known_stable_end(self, tp: TopicPartition) -> int | None:
+        """The last known last stable offset, or ``None``, without keeping it refreshed."""
+        ...
+
+    async def stable_end(self, tp: TopicPartition) -> int:
+        """The current last stable offset (a ``read_committed`` ListOffsets)."""
+        ...
+
     async def log_start(self, tp: TopicPartition) -> int:
         """The log start offset."""
         ...

@@ -6,12 +6,13 @@ app's defaults come from ``App(group_configs=...)`` (:attr:`ServerContext.group_
 rest from the broker-level settings (:func:`effective`). The coordinator applies the session
 timeout and heartbeat interval itself.
 
-The share-partition leaders need the lock duration, delivery count limit, in-flight limit and
-``share.auto.offset.reset``. They learn them from the assignment ticket every ShareFetch
-carries: the coordinator signs the group's values (those that differ from the broker-level
-settings) and their version into it (:func:`ticket_configs`), so no one but the coordinator can
-set them, and a leader has them before it initialises or loads a share-partition for the
-request. :class:`LeaderGroupConfigs` keeps the highest version seen per group.
+The share-partition leaders need the lock duration, delivery count limit, in-flight limit,
+``share.auto.offset.reset`` and ``share.isolation.level``. They learn them from the assignment
+ticket every ShareFetch carries: the coordinator signs the group's values (those that differ
+from the broker-level settings) and their version into it (:func:`ticket_configs`), so no one
+but the coordinator can set them, and a leader has them before it initialises or loads a
+share-partition for the request. :class:`LeaderGroupConfigs` keeps the highest version seen per
+group.
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ class _Known:
     version: int
     configs: tuple[tuple[str, str], ...]
     engine: SharePartitionConfig
-    offset_reset: OffsetReset
-    ordering: str = "none"
+    #: Every group config's effective value.
+    config: GroupConfig
 
 
 class LeaderGroupConfigs:
@@ -132,15 +133,14 @@ class LeaderGroupConfigs:
         except (ConfigurationError, ValueError):
             return None
         self._groups[ticket.group] = fresh
-        changed = fresh.engine != known.engine or fresh.ordering != known.ordering
+        changed = fresh.engine != known.engine or fresh.config.ordering != known.config.ordering
         return fresh.engine if changed else None
 
     def _known(
         self, version: int, configs: tuple[tuple[str, str], ...], values: Mapping[str, str]
     ) -> _Known:
         config = GroupConfig.resolve(self.settings, values)
-        engine = engine_config(self.settings, config)
-        return _Known(version, configs, engine, config.offset_reset, config.ordering)
+        return _Known(version, configs, engine_config(self.settings, config), config)
 
     def engine(self, group: str) -> SharePartitionConfig:
         """The engine limits of ``group``'s share-partitions."""
@@ -149,7 +149,13 @@ class LeaderGroupConfigs:
     def ordering(self, group: str) -> str:
         """``group``'s ``share.ordering``: ``none`` or ``key`` (docs/concepts.md "Key-ordered
         sharing")."""
-        return self._groups.get(group, self._default).ordering
+        return self._groups.get(group, self._default).config.ordering
+
+    def read_committed(self, group: str) -> bool:
+        """``group``'s ``share.isolation.level`` is ``read_committed``: its share-partitions
+        acquire nothing at or past the last stable offset (docs/concepts.md
+        "read_committed")."""
+        return self._groups.get(group, self._default).config.read_committed
 
     def offset_reset(self, group: str, topic: str = "", partition: int = -1) -> OffsetReset:
         """Where ``group``'s new share-partition ``topic[partition]`` starts: ``earliest`` if
@@ -158,4 +164,4 @@ class LeaderGroupConfigs:
         first = self._added.get((group, topic))
         if first is not None and partition >= first:
             return OffsetReset("earliest")
-        return self._groups.get(group, self._default).offset_reset
+        return self._groups.get(group, self._default).config.offset_reset

@@ -2,7 +2,10 @@
 
 A leader needs the log end (the high watermark) on every ShareFetch that acquires, to know how
 far the SPEO may move (KIP-932 "Managing the SPSO and SPEO"), and the log start or end when it
-initialises a new share-partition (``share.auto.offset.reset``).
+initialises a new share-partition (``share.auto.offset.reset``). For a group with
+``share.isolation.level=read_committed`` the SPEO moves only up to the last stable offset (LSO:
+the first offset of the oldest open transaction, or the high watermark when none is open),
+which a ``read_committed`` ListOffsets returns (docs/concepts.md "read_committed").
 """
 
 from __future__ import annotations
@@ -47,8 +50,12 @@ class LogOffsets:
     def __init__(self, kafka: KafkaClientConfig) -> None:
         self.kafka = kafka
         self._consumer: AIOKafkaConsumer | None = None
+        self._stable_consumer: AIOKafkaConsumer | None = None  # read_committed ListOffsets
         self.end: dict[TopicPartition, int] = {}
+        #: The last stable offset of partitions read_committed groups acquire from.
+        self.stable: dict[TopicPartition, int] = {}
         self._watched: dict[TopicPartition, float] = {}  # partition -> last asked (monotonic s)
+        self._watched_stable: dict[TopicPartition, float] = {}
         self._refresher: asyncio.Task[None] | None = None
         self._client_lock = asyncio.Lock()
         # wait_end_beyond: per partition, a consumer long-polling where records are awaited.
@@ -66,18 +73,48 @@ class LogOffsets:
         """The last known high watermark of ``tp`` (``None`` if unknown), without watching it."""
         return self.end.get(tp)
 
+    def cached_stable_end(self, tp: TopicPartition) -> int | None:
+        """The last known last stable offset of ``tp`` (``None`` if unknown); keeps it (and the
+        high watermark) refreshed in the background for :data:`LOG_END_WATCH_S`."""
+        self._watched_stable[tp] = time.monotonic()
+        self.cached_end(tp)
+        return self.stable.get(tp)
+
+    def known_stable_end(self, tp: TopicPartition) -> int | None:
+        """The last known last stable offset of ``tp`` (``None`` if unknown), without watching
+        it."""
+        return self.stable.get(tp)
+
+    async def stable_end(self, tp: TopicPartition) -> int:
+        """Refresh and return the last stable offset of ``tp`` (a ``read_committed``
+        ListOffsets)."""
+        consumer = await self._client(stable=True)
+        return self._raise_stable(tp, (await consumer.end_offsets([tp]))[tp])
+
+    def _raise_stable(self, tp: TopicPartition, end: int) -> int:
+        """Record a last stable offset seen for ``tp``; never lowers it (as :meth:`_raise_end`:
+        an older answer may arrive after a newer one)."""
+        highest = max(self.stable.get(tp, -1), end)
+        self.stable[tp] = highest
+        return highest
+
     async def _refresh_watched(self) -> None:
         while self._watched:
             await asyncio.sleep(LOG_END_REFRESH_S)
             now = time.monotonic()
-            for tp in [tp for tp, at in self._watched.items() if now - at > LOG_END_WATCH_S]:
-                del self._watched[tp]
+            for watched in (self._watched, self._watched_stable):
+                for tp in [tp for tp, at in watched.items() if now - at > LOG_END_WATCH_S]:
+                    del watched[tp]
             if not self._watched:
                 return
             try:
                 consumer = await self._client()
                 for tp, end in (await consumer.end_offsets(list(self._watched))).items():
                     self._raise_end(tp, end)
+                if self._watched_stable:
+                    stable = await self._client(stable=True)
+                    for tp, end in (await stable.end_offsets(list(self._watched_stable))).items():
+                        self._raise_stable(tp, end)
             except Exception as exc:  # the broker may be restarting: keep the last values
                 log.warning("log_end_refresh_failed", error=repr(exc))
                 await asyncio.sleep(1.0)
@@ -137,13 +174,23 @@ class LogOffsets:
         await arrivals.wait(offset, timeout_s)
         return self.end.get(tp, known)
 
-    async def _client(self) -> AIOKafkaConsumer:
+    async def _client(self, *, stable: bool = False) -> AIOKafkaConsumer:
+        """The ListOffsets consumer: ``read_uncommitted`` (high watermarks) or, with
+        ``stable``, ``read_committed`` (last stable offsets)."""
         async with self._client_lock:  # concurrent callers must not use it before it started
-            if self._consumer is None:
-                consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
+            consumer = self._stable_consumer if stable else self._consumer
+            if consumer is None:
+                consumer = AIOKafkaConsumer(
+                    **self.kafka.client_kwargs(),
+                    enable_auto_commit=False,
+                    isolation_level="read_committed" if stable else "read_uncommitted",
+                )
                 await consumer.start()
-                self._consumer = consumer
-            return self._consumer
+                if stable:
+                    self._stable_consumer = consumer
+                else:
+                    self._consumer = consumer
+            return consumer
 
     async def close(self) -> None:
         """Stop the background work and close the consumers."""
@@ -156,7 +203,9 @@ class LogOffsets:
         self._arrivals.clear()
         if self._consumer is not None:
             await stop_quietly("log offsets consumer", self._consumer.stop)
-        self._consumer = None
+        if self._stable_consumer is not None:
+            await stop_quietly("log offsets consumer", self._stable_consumer.stop)
+        self._consumer = self._stable_consumer = None
 
 
 class _Arrivals:

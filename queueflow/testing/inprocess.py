@@ -48,6 +48,7 @@ from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import Handler, ShareAgent
+from queueflow.member.browse import LogRecord
 from queueflow.member.consumer import ShareConsumer
 from queueflow.member.context import MemberContext
 from queueflow.member.producer import Headers
@@ -205,16 +206,21 @@ class _RecordSource:
         pass  # the log is in memory
 
     async def read(
-        self, tp: TopicPartition, acquired: list[protocol.WireAcquired], timeout_ms: int
+        self,
+        tp: TopicPartition,
+        acquired: list[protocol.WireAcquired],
+        timeout_ms: int,
+        read_committed: bool = False,
     ) -> ReadResult:
         log = self.cluster.records[TopicPartition(*tp)]
+        aborted = self.cluster.aborted if read_committed else set()
         records: list[ShareRecord] = []
         gaps: list[int] = []
         undecodable: list[Undecodable] = []
         for first, last, count in acquired:
             for offset in range(first, last + 1):
                 stored = log[offset]
-                if stored.value is None:
+                if stored.value is None or (TopicPartition(*tp), offset) in aborted:
                     gaps.append(offset)
                     continue
                 # A header name given as bytes stands for one Kafka can't decode as UTF-8.
@@ -248,6 +254,43 @@ class _RecordSource:
 
     async def close(self) -> None:
         pass
+
+
+class _BrowseSource:
+    """What a browse reads (:class:`~queueflow.member.browse.BrowseSource`) in the in-memory
+    cluster: its tables as changelogs, its partitions as topics."""
+
+    def __init__(self, cluster: InProcessCluster) -> None:
+        self.cluster = cluster
+
+    async def table(self, topic: str) -> Mapping[bytes, bytes] | None:
+        cluster = self.cluster
+        if topic == internal.groups_changelog(cluster.app_id):
+            return dict(cluster.tables["groups"])
+        for name in cluster.topics:
+            if topic == internal.state_changelog(cluster.app_id, name):
+                return dict(cluster.tables[name])
+        return None
+
+    async def partition_count(self, topic: str) -> int | None:
+        return self.cluster.topics.get(topic)
+
+    async def read(
+        self, tp: TopicPartition, from_offset: int | None, max_records: int, read_committed: bool
+    ) -> tuple[list[LogRecord], int]:
+        log = self.cluster.records[TopicPartition(*tp)]
+        end = self.cluster.stable_end_now(tp) if read_committed else len(log)
+        first = min(from_offset or 0, end)
+        out: list[LogRecord] = []
+        for offset in range(first, end):
+            stored = log[offset]
+            if stored.value is None or (read_committed and (tp, offset) in self.cluster.aborted):
+                continue
+            headers = tuple((str(n), v) for n, v in stored.headers)
+            out.append(LogRecord(offset, stored.key, stored.value, headers, stored.timestamp))
+            if len(out) == max_records:
+                break
+        return out, first
 
 
 class _Producer:
@@ -316,6 +359,9 @@ class _MemberIO:
 
     def record_source(self) -> _RecordSource:
         return _RecordSource(self.cluster)
+
+    def browse_source(self) -> _BrowseSource:
+        return _BrowseSource(self.cluster)
 
     def result_producer(
         self,
@@ -469,6 +515,12 @@ class InProcessCluster:
         #: The leaders' direct endpoint (with ``direct=True``), listening once started.
         self.endpoint: LeaderEndpoint | None = None
         self._end_waiters: list[asyncio.Future[None]] = []
+        #: Per partition, the first offset of a transaction a test holds open there: the last
+        #: stable offset (read_committed groups acquire nothing from it on).
+        self.open_transactions: dict[TopicPartition, int] = {}
+        #: Offsets of aborted transactional records: a read_committed read reports them as
+        #: gaps, as Kafka's read_committed fetch leaves them out.
+        self.aborted: set[tuple[TopicPartition, int]] = set()
         #: What share agents published, by topic, in order (:meth:`sink_records`).
         self.published: dict[str, list[StoredRecord]] = {}
 
@@ -561,6 +613,21 @@ class InProcessCluster:
 
     async def log_end(self, tp: TopicPartition) -> int:
         return len(self.records[TopicPartition(*tp)])
+
+    def cached_stable_end(self, tp: TopicPartition) -> int | None:
+        return self.stable_end_now(tp)
+
+    def known_stable_end(self, tp: TopicPartition) -> int | None:
+        return self.stable_end_now(tp)
+
+    async def stable_end(self, tp: TopicPartition) -> int:
+        return self.stable_end_now(tp)
+
+    def stable_end_now(self, tp: TopicPartition) -> int:
+        """The last stable offset of ``tp``: the log end, or below it while a test holds a
+        transaction open there (:attr:`open_transactions`: partition -> first offset)."""
+        end = len(self.records[TopicPartition(*tp)])
+        return min(end, self.open_transactions.get(TopicPartition(*tp), end))
 
     async def log_start(self, tp: TopicPartition) -> int:
         return 0

@@ -94,7 +94,7 @@ def test_configs_set_describe_and_refuse_bad_input(
     every = run_cli(
         *base, "--entity-type", "groups", "--entity-name", "workers", "--describe", "--all"
     )
-    assert every.exit_code == 0 and len(every.output.splitlines()) == 8  # the six, share.ordering
+    assert every.exit_code == 0 and len(every.output.splitlines()) == 9  # 6, ordering, isolation
     assert "  share.auto.offset.reset=latest sensitive=false synonyms={DEFAULT_CONFIG:" in (
         every.output
     )
@@ -102,7 +102,7 @@ def test_configs_set_describe_and_refuse_bad_input(
         (["--group", "nobody", "--describe"], "GROUP_ID_NOT_FOUND: share group 'nobody' does not"),
         (
             ["--group", "workers", "--alter", "--add-config", "share.isolation.level=x"],
-            "INVALID_CONFIG: unknown group config 'share.isolation.level'",
+            "INVALID_CONFIG: share.isolation.level='x' is not allowed: choose read_uncommitted",
         ),
         (
             ["--group", "workers", "--alter", "--add-config", "share.delivery.count.limit=1"],

@@ -35,6 +35,7 @@ from queueflow.admin import (
     describe_json,
 )
 from queueflow.devtools.broker import bootstrap_from_env
+from queueflow.devtools.cli import browse as browsing
 from queueflow.devtools.cli import cli
 from queueflow.devtools.cli.parked_keys import check_key_action, parked_rows, run_key_action
 from queueflow.errors import ErrorCode, QueueflowError, ShareGroupError
@@ -44,7 +45,14 @@ from queueflow.structs import TopicPartition
 __all__ = ["share_groups"]
 
 _MODES = ("offsets", "members", "state")
-_ACTIONS = ("--list", "--describe", "--delete", "--reset-offsets", "--delete-offsets")
+_ACTIONS = (
+    "--list",
+    "--describe",
+    "--delete",
+    "--reset-offsets",
+    "--delete-offsets",
+    "--browse",
+)
 _SCENARIOS = ("--to-earliest", "--to-latest", "--to-datetime", "--by-duration", "--to-offset")
 
 
@@ -273,13 +281,32 @@ def _scenario(
 @click.option(
     "--delete", is_flag=True, help="Delete empty share groups (--group G or --all-groups)."
 )
+@click.option(
+    "--browse",
+    is_flag=True,
+    help="Show the records of --topic T of --group G with their share states, delivery counts "
+    "and locks, acquiring nothing (--partition, --from-offset, --max-records).",
+)
+@click.option(
+    "--from-offset",
+    type=int,
+    default=None,
+    help="With --browse: the first offset [default: the share-partition start offset].",
+)
+@click.option(
+    "--max-records",
+    type=int,
+    default=None,
+    help="With --browse: the most records per partition [default: 100].",
+)
 @click.option("--group", "group_ids", multiple=True, help="A share group (repeatable).")
 @click.option("--all-groups", is_flag=True, help="With --describe or --delete: every share group.")
 @click.option(
     "--topic",
     "topic_specs",
     multiple=True,
-    help="With --reset-offsets: topic or topic:0,1,2; with --delete-offsets: a topic (repeatable).",
+    help="With --reset-offsets: topic or topic:0,1,2; with --delete-offsets: a topic "
+    "(repeatable); with --browse: the topic.",
 )
 @click.option("--all-topics", is_flag=True, help="With --reset-offsets: every topic of the group.")
 @click.option("--to-earliest", is_flag=True, help="Reset to the log start offset.")
@@ -332,7 +359,8 @@ def _scenario(
     "--partition",
     type=click.IntRange(0),
     default=None,
-    help="With --release-key/--skip-key: one partition [default: every partition of T].",
+    help="With --browse, --release-key or --skip-key: one partition [default: every "
+    "partition of T].",
 )
 @click.option("--verbose", is_flag=True, help="More columns.")
 @click.option(
@@ -347,6 +375,10 @@ def share_groups(
     reset_offsets: bool,
     delete_offsets: bool,
     delete: bool,
+    browse: bool,
+    partition: int | None,
+    from_offset: int | None,
+    max_records: int | None,
     group_ids: tuple[str, ...],
     all_groups: bool,
     topic_specs: tuple[str, ...],
@@ -363,7 +395,6 @@ def share_groups(
     state: str | None,
     release_key: str | None,
     skip_key: str | None,
-    partition: int | None,
     verbose: bool,
     timeout_ms: int,
     output: str,
@@ -375,7 +406,7 @@ def share_groups(
         click.echo(f"Error: {message}", err=True)
         sys.exit(1)
 
-    actions = (do_list, describe, delete, reset_offsets, delete_offsets)
+    actions = (do_list, describe, delete, reset_offsets, delete_offsets, browse)
     if release_key is not None or skip_key is not None:  # key-ordered groups: a parked key
         problem = check_key_action(group_ids, topic_specs, release_key, skip_key)
         if problem is not None or any(actions):
@@ -398,8 +429,6 @@ def share_groups(
         except (QueueflowError, TimeoutError) as exc:
             refuse(str(exc))
         return
-    if partition is not None:
-        refuse("--partition may be used with --release-key or --skip-key only")
     if sum(actions) != 1:
         refuse(f"Command must include exactly one action: {', '.join(_ACTIONS)}.")
     scenarios = (
@@ -416,8 +445,22 @@ def share_groups(
     ]
     if reset_only and not reset_offsets:
         refuse(f"{reset_only[0]} may be used with --reset-offsets only")
-    if topic_specs and not (reset_offsets or delete_offsets):
-        refuse("--topic may be used with --reset-offsets or --delete-offsets only")
+    if topic_specs and not (reset_offsets or delete_offsets or browse):
+        refuse("--topic may be used with --reset-offsets, --delete-offsets or --browse only")
+    browse_only = [
+        name
+        for name, value in (
+            ("--partition", partition),
+            ("--from-offset", from_offset),
+            ("--max-records", max_records),
+        )
+        if value is not None
+    ]
+    if browse_only and not browse:
+        where = "--browse, --release-key or --skip-key" if partition is not None else "--browse"
+        refuse(f"{browse_only[0]} may be used with {where} only")
+    if browse and (len(group_ids) != 1 or len(topic_specs) != 1):
+        refuse("--browse takes exactly one --group and one --topic")
     describe_only = [n for n, on in (("--offsets", offsets), ("--members", members)) if on]
     if (describe_only or verbose) and not describe:
         refuse(f"{(describe_only or ['--verbose'])[0]} may be used with --describe only")
@@ -462,8 +505,21 @@ def share_groups(
         refuse(str(exc))
         return
     bootstrap = bootstrap_server or bootstrap_from_env() or "localhost:9092"
-    admin = make_admin(app_id, bootstrap, timeout_ms)
     as_json = output == "json"
+    if browse:
+        _browse(
+            app_id,
+            bootstrap,
+            timeout_ms,
+            group_ids[0],
+            topic_specs[0],
+            partition,
+            from_offset,
+            max_records,
+            as_json,
+        )
+        return
+    admin = make_admin(app_id, bootstrap, timeout_ms)
     ok = True
     try:
         if spec is not None:
@@ -501,3 +557,36 @@ def share_groups(
         click.echo(text)
     if not ok:
         sys.exit(1)
+
+
+def _browse(
+    app_id: str,
+    bootstrap: str,
+    timeout_ms: int,
+    group: str,
+    topic: str,
+    partition: int | None,
+    from_offset: int | None,
+    max_records: int | None,
+    as_json: bool,
+) -> None:
+    """``--browse``: print the records (:mod:`queueflow.devtools.cli.browse`); exit 1 with the
+    error on stderr for an unknown group, topic or partition, or a bad argument."""
+    source = browsing.make_browse_source(bootstrap, timeout_ms)
+    try:
+        rows, text = asyncio.run(
+            browsing.browse_output(
+                source,
+                app_id,
+                group,
+                topic,
+                partition,
+                from_offset,
+                100 if max_records is None else max_records,
+                as_json,
+            )
+        )
+    except (QueueflowError, TimeoutError) as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(_table(rows) if rows is not None else text)

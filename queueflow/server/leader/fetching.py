@@ -131,7 +131,17 @@ class ShareFetcher:
         )
         if self.keys is not None:
             self.keys.poke(durable)
+        self._mark_isolation(request, fetched.response)
         return replace(fetched, effects=effects + fetched.effects)
+
+    def _mark_isolation(
+        self, request: protocol.ShareFetchRequest, response: protocol.ShareFetchResponse
+    ) -> None:
+        """Tell the member to read what it acquired with ``read_committed`` when the group
+        reads committed records only (so aborted records come back as gaps it acknowledges as
+        GAP; docs/concepts.md "read_committed")."""
+        if response.acquired and self.configs.read_committed(request.group):
+            response.read_committed = True
 
     async def acquire_from(
         self, request: protocol.ShareFetchRequest, durable: DurableSharePartition, now: int
@@ -150,7 +160,21 @@ class ShareFetcher:
         log_end = offsets.known_end(tp) if request.max_wait_ms else offsets.cached_end(tp)
         if log_end is None:
             log_end = await offsets.log_end(tp)
+        if self.configs.read_committed(request.group):
+            log_end = min(log_end, await self._stable_end(tp, long_poll=bool(request.max_wait_ms)))
         return (log_end, None), effects
+
+    async def _stable_end(self, tp: TopicPartition, *, long_poll: bool) -> int:
+        """The last stable offset of ``tp`` (``share.isolation.level=read_committed``): records
+        at or past it are in (or after) an open transaction and are not acquired yet. A long
+        poll asks the broker when the known one is behind the high watermark (a parked request
+        wakes when anything is written, a transaction's end marker too)."""
+        offsets = self.ctx.log_offsets
+        stable = offsets.known_stable_end(tp) if long_poll else offsets.cached_stable_end(tp)
+        end = offsets.known_end(tp)
+        if stable is None or (long_poll and end is not None and stable < end):
+            stable = await offsets.stable_end(tp)
+        return stable
 
     async def reacquire(
         self,
@@ -161,4 +185,6 @@ class ShareFetcher:
     ) -> LeaderResult:
         """Try a parked request's acquisition again, into ``response``."""
         acquire_from, effects = await self.acquire_from(request, durable, now)
-        return effects + handlers.acquire(durable, request, response, now, *acquire_from)
+        effects = effects + handlers.acquire(durable, request, response, now, *acquire_from)
+        self._mark_isolation(request, response)
+        return effects

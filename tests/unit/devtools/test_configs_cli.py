@@ -95,7 +95,7 @@ def test_alter_then_describe_prints_kafka_s_lines() -> None:
                 "synonyms={DYNAMIC_GROUP_CONFIG:share.delivery.count.limit=3}",
             ]
             lines = (await command._describe(admin, "g", True, False)).splitlines()
-            assert lines[0] == "All configs for group g are:" and len(lines) == 8
+            assert lines[0] == "All configs for group g are:" and len(lines) == 9
             assert (
                 "  share.ordering=none sensitive=false "
                 "synonyms={DEFAULT_CONFIG:share.ordering=none}"

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from inprocess_helpers import TOPIC, cluster_with, run, settle
 
 from queueflow.admin import OffsetSpec
+from queueflow.devtools.cli import browse as browsing
 from queueflow.devtools.cli import cli
 from queueflow.devtools.cli import share_groups as command
 from queueflow.errors import ErrorCode, ShareGroupError
@@ -27,6 +28,7 @@ def no_admin(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the command connected although its flags are refused")
 
     monkeypatch.setattr(command, "make_admin", refuse)
+    monkeypatch.setattr(browsing, "make_browse_source", refuse)
 
 
 @pytest.mark.parametrize(
@@ -175,5 +177,66 @@ def test_delete_all_groups_deletes_every_empty_group() -> None:
             text, ok = await command._delete(admin, None, False)
             assert ok and text == "Deletion of requested share groups ('g', 'h') was successful."
             assert await admin.list_groups() == []
+
+    run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--browse", "--group", "g"], "--browse takes exactly one --group and one --topic"),
+        (["--browse", "--topic", "t"], "--browse takes exactly one --group and one --topic"),
+        (
+            ["--browse", "--group", "g", "--group", "h", "--topic", "t"],
+            "exactly one --group and one --topic",
+        ),
+        (
+            ["--describe", "--group", "g", "--partition", "0"],
+            "--partition may be used with --browse",
+        ),
+        (["--list", "--max-records", "3"], "--max-records may be used with --browse only"),
+        (["--browse", "--list", "--group", "g", "--topic", "t"], "exactly one action"),
+    ],
+)
+def test_refused_browse_flags_exit_1(no_admin: None, flags: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli, [*BASE, *flags])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("Error: ") and message in result.output, result.output
+
+
+def test_browse_prints_offset_state_delivery_count_lock_key_and_a_value_preview() -> None:
+    async def scenario() -> None:
+        async with InProcessCluster({TOPIC: 1}) as cluster:
+            cluster.produce(TOPIC, b"first", key=b"k0")
+            cluster.produce(TOPIC, b"x" * 100 + b"\n\x00")
+            holder = cluster.consumer("g", acknowledgement_mode="explicit", max_poll_records=1)
+            await holder.subscribe([TOPIC])
+            (held,) = await holder.poll(timeout_ms=2000)
+            source = cluster.member_context.io.browse_source()
+            rows, text = await browsing.browse_output(
+                source, "inprocess", "g", TOPIC, None, None, 10, False
+            )
+            assert text == "" and rows is not None
+            assert rows[0] == [
+                "PARTITION",
+                "OFFSET",
+                "STATE",
+                "DELIVERY-COUNT",
+                "LOCK-OWNER",
+                "LOCK-DEADLINE",
+                "KEY",
+                "VALUE",
+            ]
+            first, second = rows[1:]
+            assert first[:5] == [0, 0, "ACQUIRED", 1, holder.member_id]
+            assert first[5].endswith("Z") and first[6:] == ["k0", "first"]
+            assert second == [0, 1, "AVAILABLE", 0, None, None, "-", "x" * 59 + "…"]
+            _, out = await browsing.browse_output(source, "inprocess", "g", TOPIC, 0, 1, 1, True)
+            (record,) = json.loads(out)
+            assert record["value"] == "x" * 100 + "\n\x00" and record["state"] == "AVAILABLE"
+            _, empty = await browsing.browse_output(source, "inprocess", "g", TOPIC, 0, 5, 1, False)
+            assert empty == f"Share group 'g' has no records of {TOPIC}[0] from offset 5 to browse."
+            assert held.offset == 0
+            await holder.close()
 
     run(scenario())

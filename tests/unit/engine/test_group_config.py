@@ -60,7 +60,12 @@ INT_CONFIGS = {
 
 
 def test_the_six_group_configs_of_the_issue() -> None:
-    assert set(GROUP_CONFIG_NAMES) == {"share.auto.offset.reset", "share.ordering", *INT_CONFIGS}
+    assert set(GROUP_CONFIG_NAMES) == {
+        "share.auto.offset.reset",
+        "share.ordering",
+        "share.isolation.level",
+        *INT_CONFIGS,
+    }
 
 
 def test_share_ordering_is_none_or_key_with_a_literal_default() -> None:
@@ -114,7 +119,8 @@ def test_bounds_whose_minimum_exceeds_their_maximum_are_refused() -> None:
         ("share.auto.offset.reset", "newest", "choose latest, earliest or by_duration"),
         ("share.auto.offset.reset", "by_duration:1h", "cannot parse duration '1h'"),
         ("share.auto.offset.reset", "by_duration:-PT1H", "must not be negative"),
-        ("share.isolation.level", "read_committed", "unknown group config 'share.isolation.level'"),
+        ("share.isolation.level", "serializable", "choose one of read_uncommitted, read_committed"),
+        ("share.no.such.config", "1", "unknown group config 'share.no.such.config'"),
         ("group.share.delivery.count.limit", 3, "the group configs are: share.auto.offset.reset"),
     ],
 )

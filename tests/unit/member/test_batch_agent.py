@@ -534,3 +534,18 @@ def test_share_records_stops_at_the_offset_after_last() -> None:
     assert share_records(messages, "jobs", 0, 0, 4, 1, records, gaps) == 5
     assert [r.offset for r in records] == [0, 1, 2, 4]
     assert gaps == [3]
+
+
+def test_share_records_stops_at_last_when_skipped_offsets_let_the_fetch_run_past_it() -> None:
+    """A fetch for ``last - first + 1`` records returns records after ``last`` when offsets in
+    between hold none (aborted records left out by a read_committed fetch, markers,
+    compaction): they are not the member's and must not be handed to a handler."""
+    messages = [
+        ConsumerRecord("jobs", 0, offset, 0, 0, None, b"v", None, 1, 1, ())
+        for offset in (0, 5, 6, 7, 8)  # 1..4: an aborted transaction and its marker
+    ]
+    records: list[ShareRecord] = []
+    gaps: list[int] = []
+    assert share_records(messages, "jobs", 0, 0, 5, 1, records, gaps) == 6
+    assert [r.offset for r in records] == [0, 5]
+    assert gaps == [1, 2, 3, 4]

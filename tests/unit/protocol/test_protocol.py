@@ -150,6 +150,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "ack_error_message",
         "ack_stale",
         "lock_timeout_ms",
+        "read_committed",
     ),
     ReleaseMember: (
         "group",

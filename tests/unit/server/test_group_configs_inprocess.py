@@ -244,7 +244,7 @@ def test_configs_survive_a_new_coordinator() -> None:
             {"share.isolation.level": "x"},
             [],
             ErrorCode.INVALID_CONFIG,
-            "unknown group config 'share.isolation.level'",
+            "share.isolation.level='x' is not allowed: choose one of read_uncommitted, read_committed",
         ),
         ("A", {}, ["bogus"], ErrorCode.INVALID_CONFIG, "unknown group config 'bogus'"),
         (
