@@ -32,7 +32,7 @@ from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
 from queueflow.member.context import MemberContext
 from queueflow.member.session import FetchResult, ShareFetchSession
-from queueflow.settings import ShareGroupSettings
+from queueflow.settings import ShareGroupSettings, refuse_unknown_keywords
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 __all__ = ["CommitCallback", "IllegalStateError", "ShareConsumer"]
@@ -82,6 +82,7 @@ class ShareConsumer:
             ``queueflow.auth.mode=auto`` and no ``queueflow.auth.secret``.
     """
 
+    @refuse_unknown_keywords
     def __init__(
         self,
         group: str,
