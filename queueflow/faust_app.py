@@ -128,6 +128,8 @@ def warn_unknown_faust_options(app_cls: type[faust.App], app_id: str, options: A
             ),
             stacklevel=3,
         )
+
+
 #: How often (s) leader workers check their source topics' partition counts.
 PARTITION_CHECK_INTERVAL_S = 5.0
 

@@ -36,11 +36,11 @@ from typing import Any, Final, ParamSpec, TypeVar
 from queueflow.errors import ConfigurationError, UnknownNameError
 
 __all__ = [
+    "ENVIRONMENT",
     "SETTINGS",
     "AuthMode",
     "AutoOffsetReset",
     "Choice",
-    "ENVIRONMENT",
     "EnvironmentVariable",
     "LogFormat",
     "ProcessingGuarantee",
@@ -52,9 +52,9 @@ __all__ = [
     "check_declarations",
     "check_environment",
     "check_keywords",
+    "choice_default",
     "closest_names",
     "did_you_mean",
-    "choice_default",
     "int_default",
     "known_environment",
     "listener_address",

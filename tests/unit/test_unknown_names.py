@@ -110,7 +110,9 @@ def test_share_agent_unknown_keyword_is_refused() -> None:
 def test_attach_and_share_consumer_unknown_keywords_are_refused() -> None:
     import faust
 
-    with pytest.raises(UnknownNameError, match=r"attach\(\) .* 'setings' \(did you mean 'settings'"):
+    with pytest.raises(
+        UnknownNameError, match=r"attach\(\) .* 'setings' \(did you mean 'settings'"
+    ):
         queueflow.attach(faust.App("unknown-names-attach"), setings={})  # type: ignore[call-arg]
     with pytest.raises(UnknownNameError, match="did you mean 'bootstrap_servers'"):
         queueflow.ShareConsumer("g", app_id="a", bootstrap_server="x")  # type: ignore[call-arg]
