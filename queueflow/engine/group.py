@@ -503,7 +503,7 @@ def describe_holders(
     for member_id, client_id, heartbeat_ms in members[:limit]:
         client = f"client-id {client_id}, " if client_id else ""
         if heartbeat_ms:
-            when = _dt.datetime.fromtimestamp(heartbeat_ms / 1000, _dt.UTC)
+            when = _dt.datetime.fromtimestamp(heartbeat_ms / 1000, _dt.timezone.utc)
             ago = max(now_ms - heartbeat_ms, 0) / 1000
             seen = f"last heartbeat {when:%Y-%m-%dT%H:%M:%S}Z, {ago:.0f} s ago"
         else:

@@ -80,7 +80,7 @@ def _heartbeat(at_ms: int | None) -> str:
     """``2026-11-27T08:20:01Z (3 s ago)``, or ``-`` when unknown."""
     if not at_ms:
         return "-"
-    when = dt.datetime.fromtimestamp(at_ms / 1000, dt.UTC)
+    when = dt.datetime.fromtimestamp(at_ms / 1000, dt.timezone.utc)
     ago = max(time.time() * 1000 - at_ms, 0) / 1000
     return f"{when:%Y-%m-%dT%H:%M:%S}Z ({ago:.0f} s ago)"
 
