@@ -96,6 +96,12 @@ def test_members_of_stopped_leaders_expire_and_the_group_becomes_empty(
             assert "Held non-empty by: " in state.stdout
             assert all(f"{i} (client-id " in state.stdout for i in ids)
             assert "last heartbeat " in state.stdout and " s ago)" in state.stdout
+            verbose = await asyncio.to_thread(
+                cli, *base, "--describe", "--group", group, "--members", "--verbose"
+            )
+            header, *rows = [line.split() for line in verbose.stdout.splitlines()]
+            assert header[-2:] == ["LAST-HEARTBEAT", "AGO"], verbose.stdout
+            assert all(row[-2].endswith("Z") and row[-1].endswith("s") for row in rows), rows
             reset = [*base, "--reset-offsets", "--group", group, "--all-topics"]
             refused = await asyncio.to_thread(cli, *reset, "--to-earliest", "--dry-run")
             print(f"$ queueflow share-groups --reset-offsets --dry-run\n{refused.stderr}")

@@ -76,13 +76,14 @@ def _assignment(description: ShareGroupDescription, member_index: int) -> str:
     return ";".join(f"{t}:{','.join(map(str, ps))}" for t, ps in sorted(by_topic.items())) or "-"
 
 
-def _heartbeat(at_ms: int | None) -> str:
-    """``2026-11-27T08:20:01Z (3 s ago)``, or ``-`` when unknown."""
+def _heartbeat(at_ms: int | None) -> list[str]:
+    """The ``LAST-HEARTBEAT`` and ``AGO`` cells: ``2026-11-27T08:20:01Z``, ``3s`` (``-`` when
+    unknown); one word each, so that the columns split on spaces."""
     if not at_ms:
-        return "-"
+        return ["-", "-"]
     when = dt.datetime.fromtimestamp(at_ms / 1000, dt.timezone.utc)
     ago = max(time.time() * 1000 - at_ms, 0) / 1000
-    return f"{when:%Y-%m-%dT%H:%M:%S}Z ({ago:.0f} s ago)"
+    return [f"{when:%Y-%m-%dT%H:%M:%S}Z", f"{ago:.0f}s"]
 
 
 def _timeout(description: ShareGroupDescription) -> str:
@@ -157,13 +158,13 @@ async def _run(
         elif mode == "members":
             out.append(describe_json(d))
             header = ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"]
-            header += ["LAST-HEARTBEAT"]
-            verbose_header = ["MEMBER-EPOCH", "ASSIGNORS", "RACK"]
+            verbose_header = ["MEMBER-EPOCH", "ASSIGNORS", "RACK", "LAST-HEARTBEAT", "AGO"]
             rows: list[list[Any]] = [header + (verbose_header if verbose else [])]
             for i, m in enumerate(d.members):
                 row: list[Any] = [d.group_id, m.member_id, m.host or "-", m.client_id or "-"]
-                row += [len(m.assignment), _assignment(d, i), _heartbeat(m.last_heartbeat_ms)]
+                row += [len(m.assignment), _assignment(d, i)]
                 more = [m.member_epoch, ",".join(m.assignors) or "-", m.rack_id or "-"]
+                more += _heartbeat(m.last_heartbeat_ms)
                 rows.append(row + (more if verbose else []))
             if not d.members:
                 texts.append(f"Share group '{d.group_id}' has no active members.")
