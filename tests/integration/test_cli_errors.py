@@ -128,6 +128,7 @@ def not_kafka() -> Iterator[str]:
 def test_wrong_bootstrap_is_one_line_and_exit_1(not_kafka: str) -> None:
     for cmd in commands(not_kafka):
         line = assert_one_line_error(run_cli(*cmd), not_kafka, "no Kafka answer")
+        print(line)
         assert "Kafka broker's client listener" in line
 
 
@@ -137,6 +138,7 @@ def test_tls_and_sasl_against_a_plaintext_broker_are_one_line(kafka_bootstrap: s
     base = ["acls", "apply", "--bootstrap-server", server, "--app", "x", "--topic", "t"]
     base += ["--leader-principal", "User:l"]
     tls = run_cli(*base, "--security-protocol", "SSL")
+    print(f"$ queueflow acls apply ... --security-protocol SSL\n{tls.stderr}")
     assert_one_line_error(tls, server, "")
     sasl = run_cli(
         *base,
@@ -148,6 +150,7 @@ def test_tls_and_sasl_against_a_plaintext_broker_are_one_line(kafka_bootstrap: s
         "admin",
         env={"QUEUEFLOW_SASL_PASSWORD": "not-the-password"},
     )
+    print(f"$ queueflow acls apply ... --security-protocol SASL_PLAINTEXT\n{sasl.stderr}")
     assert_one_line_error(sasl, server, "")
 
 
