@@ -118,9 +118,17 @@ def capture_connect_errors(quiet: bool = False) -> Iterator[list[ConnectAttempt]
             logger.removeFilter(collector)
 
 
-def _kind(error: BaseException | str) -> tuple[str, str]:
-    """(what happened, what to do) for one server's error."""
+def _kind(error: BaseException | str, tls: bool = False) -> tuple[str, str]:
+    """(what happened, what to do) for one server's error; ``tls``: TLS was spoken (SSL or
+    SASL_SSL), so a connection the server reset or closed is a failed handshake."""
     text = str(error).strip() or type(error).__name__
+    closed = isinstance(error, (ConnectionResetError, EOFError)) or "closed" in text
+    if tls and closed and not isinstance(error, ssl.SSLError):
+        return (
+            f"the TLS handshake failed: the server closed the connection ({text})",
+            "check that this listener speaks TLS (else use security protocol PLAINTEXT or "
+            "SASL_PLAINTEXT)",
+        )
     if isinstance(error, socket.gaierror):
         return (
             f"the host name does not resolve ({text})",
@@ -161,6 +169,7 @@ def connection_failure(
     exc: BaseException | None,
     tried: str,
     origin: str = "",
+    security_protocol: str = "PLAINTEXT",
 ) -> str:
     """The one-line explanation of a connection failure.
 
@@ -171,6 +180,8 @@ def connection_failure(
         exc: the exception raised (its text is the cause when nothing was logged).
         tried: what was being done, e.g. ``queueflow share-groups --list``.
         origin: where the bootstrap servers were configured, appended to the advice.
+        security_protocol: the protocol spoken (``SSL``/``SASL_SSL``: a reset is a failed TLS
+            handshake).
 
     Returns:
         ``could not connect to Kafka at <servers> (<tried>): <server>: <cause>; ...; <what to
@@ -179,10 +190,11 @@ def connection_failure(
     by_server: dict[str, ConnectAttempt] = {}
     for attempt in attempts:
         by_server[attempt.server] = attempt  # the last failure of each server
+    tls = security_protocol.upper() in ("SSL", "SASL_SSL")
     if by_server:
-        causes = [(a.server, *_kind(a.error)) for a in by_server.values()]
+        causes = [(a.server, *_kind(a.error, tls)) for a in by_server.values()]
     else:
-        causes = [(bootstrap, *_kind(_cause(exc)))]
+        causes = [(bootstrap, *_kind(_cause(exc), tls))]
     servers = ",".join(by_server) or bootstrap
     happened = "; ".join(f"{server}: {what}" for server, what, _ in causes)
     todo = "; ".join(dict.fromkeys(do for _, _, do in causes))

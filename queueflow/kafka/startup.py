@@ -89,7 +89,10 @@ async def wait_for_broker(config: KafkaClientConfig, limit_ms: int, who: str = "
             await asyncio.wait_for(attempts(), max(limit_ms / 1000, 0.001))
         except (KafkaError, OSError, asyncio.TimeoutError) as exc:
             error = last[-1] if last else exc
-            why = connection_failure(config.bootstrap, tried, error, who)
+            protocol = str(config.extra.get("security_protocol", "PLAINTEXT"))
+            why = connection_failure(
+                config.bootstrap, tried, error, who, security_protocol=protocol
+            )
             raise BrokerError(
                 f"no Kafka broker answered at {config.bootstrap} within {limit_ms / 1000:g} s: "
                 f"{why}; or raise queueflow.broker.wait.ms"

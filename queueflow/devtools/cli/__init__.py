@@ -75,6 +75,7 @@ def _connection_line(argv: list[str], attempts: Any, exc: BaseException) -> str:
         tried,
         origin="the bootstrap servers: --bootstrap-server, else $QUEUEFLOW_BROKER, else "
         "localhost:9092",
+        security_protocol=_option(argv, "--security-protocol") or "PLAINTEXT",
     )
 
 

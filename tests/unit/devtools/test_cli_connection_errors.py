@@ -37,6 +37,10 @@ def test_each_cause_says_what_happened_and_what_to_do() -> None:
     assert "SASL authentication failed" in sasl and "user name and password" in sasl
     assert "no answer in time" in explain(asyncio.TimeoutError())
     assert "client listener" in explain("Connection at h:1 closed")
+    reset = connection_failure(
+        "h:1", [ConnectAttempt("h", 1, ConnectionResetError())], None, "t", "", "SSL"
+    )
+    assert "the TLS handshake failed: the server closed the connection" in reset
     assert "\n" not in refused
 
 
