@@ -56,7 +56,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.clock import SYSTEM_CLOCK, Clock
-from queueflow.engine.group import ShareGroup
+from queueflow.engine.group import Member, ShareGroup
 from queueflow.engine.group_config import ConfigEntry, parse_duration
 from queueflow.engine.key_order import ParkedKey, parse_key_hash, show_hash
 from queueflow.engine.state import RecordState, replay
@@ -69,7 +69,7 @@ from queueflow.protocol import messages as protocol
 from queueflow.protocol.envelope import reply_dest, topic_dest
 from queueflow.protocol.roles import ControlAuth
 from queueflow.protocol.state_codec import decode_parked_keys, decode_state, parse_state_key
-from queueflow.settings import ShareGroupSettings
+from queueflow.settings import ShareGroupSettings, int_default
 from queueflow.structs import TopicPartition
 
 log = structlog.get_logger("queueflow.admin")
@@ -117,6 +117,8 @@ class MemberDescription:
         assignment: its share-partitions, ordered.
         assignors: the assignors it advertises (``()``: an older member; ``simple`` only).
         rack_id: its rack (``client.rack``), ``""`` if unset.
+        last_heartbeat_ms: its last heartbeat (wall ms) as its coordinator last stored it
+            (within a third of a session), ``None`` if not stored (an older coordinator).
     """
 
     member_id: str
@@ -127,6 +129,7 @@ class MemberDescription:
     assignment: tuple[TopicPartition, ...]
     assignors: tuple[str, ...] = ()
     rack_id: str = ""
+    last_heartbeat_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,12 @@ class ShareGroupDescription:
         coordinator: the worker that is the group's coordinator now (its web URL,
             ``http://host:port``, or its host), ``None`` when no worker of the app runs or it
             could not be read (see :func:`queueflow.kafka.admin.group_partition_owners`).
+        session_timeout_ms: the group's ``share.session.timeout.ms`` as its coordinator last
+            stored it (``None``: not stored).
+        lapsed_members: members left out of :attr:`members` (and of :attr:`state`): no worker
+            of the app runs the group's coordinator and their session lapsed after their last
+            heartbeat (their leave was lost, e.g. the workers stopped before them); the next
+            coordinator expires them (docs/operations.md "Share groups that stay non-empty").
     """
 
     group_id: str
@@ -154,6 +163,8 @@ class ShareGroupDescription:
     members: tuple[MemberDescription, ...]
     assignor: str = "simple"
     coordinator: str | None = None
+    session_timeout_ms: int | None = None
+    lapsed_members: tuple[MemberDescription, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,6 +442,8 @@ class ShareGroupAdmin:
         self._clock = clock
         self.admin_id = f"admin-{uuid.uuid4()}"
         self._next_request = 0
+        #: Per group, the members of the last read whose session lapsed with no coordinator.
+        self._lapsed: dict[str, tuple[MemberDescription, ...]] = {}
 
     # -- writes (alterShareGroupOffsets, deleteShareGroupOffsets, deleteShareGroups) ---------
     async def alter_share_group_offsets(
@@ -759,7 +772,7 @@ class ShareGroupAdmin:
             ConfigurationError: an unknown state name, or no group table (see the class).
         """
         wanted = _states(states)
-        groups = await self._groups()
+        groups = await self._groups(await self._owners())
         return [
             ShareGroupListing(g.group_id, g.state.value)
             for g in sorted(groups.values(), key=lambda g: g.group_id)
@@ -773,8 +786,8 @@ class ShareGroupAdmin:
             ShareGroupError: ``GROUP_ID_NOT_FOUND`` for a group the app doesn't know; the
                 message lists the known groups.
         """
-        groups = await self._groups()
         owners = await self._owners()
+        groups = await self._groups(owners)
         return [self._described(_known(groups, g), owners) for g in group_ids]
 
     async def list_offsets(
@@ -797,8 +810,8 @@ class ShareGroupAdmin:
         """
         if records_limit < 0:
             raise ValueError(f"records_limit={records_limit}; must be >= 0 (0: no batches)")
-        groups = await self._groups()
         owners = await self._owners()
+        groups = await self._groups(owners)
         return await self._offsets_of(_known(groups, group_id), topics_, records_limit, owners)
 
     async def overview(
@@ -818,8 +831,8 @@ class ShareGroupAdmin:
         """
         if records_limit < 0:
             raise ValueError(f"records_limit={records_limit}; must be >= 0 (0: no batches)")
-        groups = await self._groups()
         owners = await self._owners()
+        groups = await self._groups(owners)
         tables: dict[str, dict[bytes, bytes]] = {}
         return [
             (
@@ -836,7 +849,11 @@ class ShareGroupAdmin:
             topics.coordinator_topic(self.app_id),
             topics.coordinator_partition(group.group_id),
         )
-        return replace(_describe(group), coordinator=owners.get(where))
+        return replace(
+            _describe(group),
+            coordinator=owners.get(where),
+            lapsed_members=self._lapsed.get(group.group_id, ()),
+        )
 
     async def _offsets_of(
         self,
@@ -871,14 +888,32 @@ class ShareGroupAdmin:
         return out
 
     # -- reading -----------------------------------------------------------------------------
-    async def _groups(self) -> dict[str, ShareGroup]:
+    async def _groups(self, owners: Mapping[tuple[str, int], str]) -> dict[str, ShareGroup]:
+        """The stored groups, each member with its stored last heartbeat; for a group whose
+        coordinator no worker runs (not in ``owners``), members whose session lapsed are left
+        out (kept in ``self._lapsed``), as its next coordinator will expire them."""
         table = await self._read(topics.groups_changelog(self.app_id), required=True)
-        now = int(time.time() * 1000)
+        now = self._clock.now_ms()
+        default_timeout = (
+            self._settings.session_timeout_ms
+            if self._settings is not None
+            else int_default("session_timeout_ms")
+        )
         groups: dict[str, ShareGroup] = {}
+        self._lapsed = {}
         for key, value in table.items():
             group_id = key.decode(errors="replace")
-            # (sessions are not stored: the timeout and size limit only matter to a coordinator)
-            groups[group_id] = group_codec.decode_group(group_id, value, 45_000, 2**31 - 1, now)
+            group = group_codec.decode_group(
+                group_id, value, default_timeout, 2**31 - 1, now, stored_sessions=True
+            )
+            where = (topics.coordinator_topic(self.app_id), topics.coordinator_partition(group_id))
+            if where not in owners:
+                lapsed = lapsed_members(group, now)
+                if lapsed:
+                    self._lapsed[group_id] = _describe_members(lapsed)
+                    for m in lapsed:
+                        del group.members[m.member_id]
+            groups[group_id] = group
         return groups
 
     async def _consumer(self) -> AIOKafkaConsumer:
@@ -1005,8 +1040,17 @@ def _known(groups: Mapping[str, ShareGroup], group_id: str) -> ShareGroup:
     return group
 
 
-def _describe(group: ShareGroup) -> ShareGroupDescription:
-    members = tuple(
+def lapsed_members(group: ShareGroup, now_ms: int) -> list[Member]:
+    """``group``'s members whose stored last heartbeat is older than its session timeout."""
+    return [
+        m
+        for m in group.members.values()
+        if m.last_heartbeat_ms and now_ms - m.last_heartbeat_ms > group.session_timeout_ms
+    ]
+
+
+def _describe_members(members: Iterable[Member]) -> tuple[MemberDescription, ...]:
+    return tuple(
         MemberDescription(
             m.member_id,
             m.client_id,
@@ -1016,17 +1060,22 @@ def _describe(group: ShareGroup) -> ShareGroupDescription:
             tuple(sorted(m.assignment)),
             m.assignors,
             m.rack_id,
+            m.last_heartbeat_ms or None,
         )
-        for m in sorted(group.members.values(), key=lambda m: m.member_id)
+        for m in sorted(members, key=lambda m: m.member_id)
     )
+
+
+def _describe(group: ShareGroup) -> ShareGroupDescription:
     return ShareGroupDescription(
         group.group_id,
         group.state.value,
         group.group_epoch,
         group.assignment_epoch,
         dict(group.partitions),
-        members,
+        _describe_members(group.members.values()),
         group.assignor,
+        session_timeout_ms=group.session_timeout_ms,
     )
 
 

@@ -75,6 +75,18 @@ class ConfigurationError(QueueflowError, ValueError):
     """
 
 
+class UnknownNameError(ConfigurationError, TypeError):
+    """An unknown keyword argument, setting name or ``QUEUEFLOW_*`` environment variable (a
+    typo would otherwise be silently ignored). The message names it, suggests the closest known
+    names (did you mean ...?) and says where the known ones are listed. A ``TypeError`` too, as
+    Python raises for an unexpected keyword argument."""
+
+
+class UnknownNameWarning(UserWarning):
+    """A keyword argument queueflow passes through to Faust that Faust doesn't know either (it
+    has no effect); the message suggests the closest known names."""
+
+
 class ShareGroupError(QueueflowError):
     """A share-group protocol error, carrying a KIP-932 :class:`ErrorCode`.
 

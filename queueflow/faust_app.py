@@ -23,10 +23,12 @@ import asyncio
 import collections
 import contextlib
 import functools
+import inspect
 import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
@@ -41,7 +43,7 @@ from queueflow import logging as qf_logging
 from queueflow.admin import ShareGroupAdmin
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
 from queueflow.engine.group_config import ORDERING, validate_group_configs
-from queueflow.errors import ConfigurationError
+from queueflow.errors import ConfigurationError, UnknownNameWarning
 from queueflow.kafka.admin import (
     TopicMetadata,
     ensure_partitions,
@@ -69,7 +71,12 @@ from queueflow.server.leader.acks_reader import AckReader
 from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
 from queueflow.server.transport import monotonic_ms
-from queueflow.settings import ProcessingGuarantee, ShareGroupSettings
+from queueflow.settings import (
+    ProcessingGuarantee,
+    ShareGroupSettings,
+    did_you_mean,
+    refuse_unknown_keywords,
+)
 from queueflow.structs import ShareRecord, TopicPartition
 
 __all__ = ["LEADER_GROUP_DEFAULTS", "ROLES", "App", "ShareGroups", "attach"]
@@ -83,6 +90,47 @@ STALL_CHECK_INTERVAL_S = 0.1
 #: SIGKILLed leader's share-partitions move after the session timeout, so Faust's 60 s default
 #: would stall them for a minute.
 LEADER_GROUP_DEFAULTS = {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 1.0}
+
+#: Old names faust.App still takes for its settings (``faust.App._prepare_compat_settings``).
+_FAUST_COMPAT_OPTIONS = frozenset(
+    {
+        "client_id",
+        "commit_interval",
+        "create_reply_topic",
+        "num_standby_replicas",
+        "default_partitions",
+        "replication_factor",
+    }
+)
+
+
+def warn_unknown_faust_options(app_cls: type[faust.App], app_id: str, options: Any) -> None:
+    """Warn (:class:`~queueflow.errors.UnknownNameWarning`) about keyword arguments of a
+    :class:`App` that neither queueflow nor Faust knows: Faust keeps whatever it is given (a
+    subclass's ``Settings`` may read more), so they are not refused, but a typo such as
+    ``settings=`` for ``share_settings=`` would otherwise have no effect and say nothing."""
+    faust_names = {
+        *app_cls.Settings.SETTINGS,
+        *_FAUST_COMPAT_OPTIONS,
+        *(n for n in inspect.signature(faust.App.__init__).parameters if n != "options"),
+        "env",  # read by faust.Settings (its environment mapping), not a setting
+    }
+    ours = [n for n in inspect.signature(App.__init__).parameters if n not in ("kwargs", "self")]
+    for name in options:
+        if name in faust_names:
+            continue
+        hint = did_you_mean(name, [*ours, *faust_names])
+        warnings.warn(
+            UnknownNameWarning(
+                f"queueflow.App({app_id!r}): unknown keyword argument {name!r}{hint}; it is "
+                "passed to faust.App, which has no such setting, so it has no effect (queueflow "
+                "takes role=, share_settings=, group_configs=; Faust's settings: "
+                "https://faust-streaming.github.io/faust/userguide/settings.html)"
+            ),
+            stacklevel=3,
+        )
+
+
 #: How often (s) leader workers check their source topics' partition counts.
 PARTITION_CHECK_INTERVAL_S = 5.0
 
@@ -640,6 +688,7 @@ class ShareGroups:
             except Exception as exc:  # a slow or absent broker must not fail the scrape
                 log.debug("log_end_refresh_failed", topic=leader.topic, error=repr(exc))
 
+    @refuse_unknown_keywords
     def share_agent(
         self,
         topic: Any,
@@ -1049,6 +1098,7 @@ class App(faust.App):
         group_configs: Mapping[str, Mapping[str, Any]] | None = None,
         **kwargs: Any,
     ) -> None:
+        warn_unknown_faust_options(type(self), id, kwargs)
         kwargs.setdefault("store", "rocksdb://")
         for name, value in LEADER_GROUP_DEFAULTS.items():
             if name.upper() not in os.environ:
@@ -1058,6 +1108,7 @@ class App(faust.App):
             self, role=role, settings=share_settings, group_configs=group_configs
         )
 
+    @refuse_unknown_keywords
     def share_agent(
         self,
         topic: Any,
@@ -1136,6 +1187,7 @@ class App(faust.App):
         await super().on_stop()
 
 
+@refuse_unknown_keywords
 def attach(
     app: faust.App,
     role: str | None = None,

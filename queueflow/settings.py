@@ -21,22 +21,27 @@ This module uses the standard library only: the engine imports it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
+import functools
+import inspect
 import math
 import os
 import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, TypeVar
 
-from queueflow.errors import ConfigurationError
+from queueflow.errors import ConfigurationError, UnknownNameError
 
 __all__ = [
+    "ENVIRONMENT",
     "SETTINGS",
     "AuthMode",
     "AutoOffsetReset",
     "Choice",
+    "EnvironmentVariable",
     "LogFormat",
     "ProcessingGuarantee",
     "Setting",
@@ -45,11 +50,17 @@ __all__ = [
     "TicketPolicy",
     "bool_default",
     "check_declarations",
+    "check_environment",
+    "check_keywords",
     "choice_default",
+    "closest_names",
+    "did_you_mean",
     "int_default",
+    "known_environment",
     "listener_address",
     "lookup",
     "markdown_table",
+    "refuse_unknown_keywords",
     "show_value",
     "str_default",
     "with_markdown_table",
@@ -971,13 +982,16 @@ class ShareGroupSettings:
                 cross-setting check.
         """
         env = os.environ if env is None else env
+        check_environment(env)
         given: dict[str, tuple[Any, str]] = {}
         for key, raw in (overrides or {}).items():
             setting = _BY_ATTR.get(key) or _BY_NAME.get(key)
             if setting is None:
-                raise ConfigurationError(
-                    f"unknown share-group setting {key!r}; known settings: "
-                    + ", ".join(s.name for s in SETTINGS)
+                raise UnknownNameError(
+                    f"unknown share-group setting {key!r}"
+                    f"{did_you_mean(str(key), [*_BY_NAME, *_BY_ATTR])}; every setting, by "
+                    "KIP-932 name or attribute name: docs/configuration.md or "
+                    "`python -m queueflow.settings`"
                 )
             given[setting.attr] = (raw, "arguments")
         values: dict[str, Any] = {}
@@ -1110,6 +1124,128 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
             listener_address(values["leader_listener"])
         except ValueError as exc:
             raise ConfigurationError(f"{show('leader_listener')}: {exc}") from None
+
+
+def closest_names(name: str, known: typing.Iterable[str]) -> list[str]:
+    """The known names closest to ``name``, best first: :func:`difflib.get_close_matches` (at
+    most 2, similarity >= 0.6), else those ending like it (``LOCK_DURATION_MS`` ->
+    ``..._RECORD_LOCK_DURATION_MS``)."""
+    candidates = sorted(set(known))
+    close = difflib.get_close_matches(name, candidates, n=2, cutoff=0.6)
+    if not close:
+        tail = name.upper().strip("_")
+        close = [c for c in candidates if tail and c.upper().endswith("_" + tail)][:2]
+    return close
+
+
+def did_you_mean(name: str, known: typing.Iterable[str]) -> str:
+    """``" (did you mean 'x'?)"`` (or ``'x' or 'y'``) with :func:`closest_names`, else ``""``:
+    for error messages."""
+    close = closest_names(name, known)
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)" if close else ""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentVariable:
+    """A ``QUEUEFLOW_*`` environment variable that is not a setting (each setting's own is
+    :attr:`Setting.env`).
+
+    Args:
+        name: the variable.
+        used_by: what reads it, for docs/configuration.md "Environment variables".
+    """
+
+    name: str
+    used_by: str
+
+
+#: Every ``QUEUEFLOW_*`` variable queueflow reads besides the settings' (:attr:`Setting.env`);
+#: any other is refused by :func:`check_environment`. Documented in docs/configuration.md
+#: "Environment variables" (tests/unit/test_unknown_names.py checks both ways).
+ENVIRONMENT: Final = (
+    EnvironmentVariable("QUEUEFLOW_ROLE", "App, attach"),
+    EnvironmentVariable("QUEUEFLOW_BROKER", "queueflow CLI, the test suite, make demo"),
+    EnvironmentVariable("QUEUEFLOW_CACHE_DIR", "local broker"),
+    EnvironmentVariable("QUEUEFLOW_HOME", "queueflow broker"),
+    EnvironmentVariable("QUEUEFLOW_KAFKA_VERSION", "local broker"),
+    EnvironmentVariable("QUEUEFLOW_BROKER_JVM_OPTS", "local broker"),
+    EnvironmentVariable("QUEUEFLOW_TOOL_JVM_OPTS", "queueflow broker tool"),
+    EnvironmentVariable("QUEUEFLOW_SASL_PASSWORD", "queueflow acls apply"),
+    EnvironmentVariable("QUEUEFLOW_APP_ID", "queueflow leader (set for its worker)"),
+    EnvironmentVariable("QUEUEFLOW_TOPICS", "queueflow leader (set for its worker)"),
+    EnvironmentVariable("QUEUEFLOW_BROKER_URL", "queueflow leader (set for its worker)"),
+    EnvironmentVariable("QUEUEFLOW_DASHBOARD_SCREENSHOT", "the dashboard test"),
+)
+
+
+def known_environment() -> frozenset[str]:
+    """Every ``QUEUEFLOW_*`` variable queueflow reads: the settings' and :data:`ENVIRONMENT`."""
+    return frozenset([*(s.env for s in SETTINGS), *(v.name for v in ENVIRONMENT)])
+
+
+def check_environment(env: Mapping[str, str] | None = None) -> None:
+    """Refuse ``QUEUEFLOW_*`` variables queueflow doesn't read (a misspelt setting would
+    otherwise be ignored silently).
+
+    Args:
+        env: the environment (default :data:`os.environ`).
+
+    Raises:
+        UnknownNameError: names every unknown variable with the closest known ones and says to
+            rename or unset it.
+    """
+    env = os.environ if env is None else env
+    known = known_environment()
+    unknown = sorted(k for k in env if k.startswith("QUEUEFLOW_") and k not in known)
+    if not unknown:
+        return
+    named = []
+    bare = [n.removeprefix("QUEUEFLOW_") for n in known]
+    for k in unknown:
+        close = closest_names(k.removeprefix("QUEUEFLOW_"), bare)
+        hint = " or ".join(f"$QUEUEFLOW_{c}" for c in close)
+        named.append(f"${k} (did you mean {hint}?)" if close else f"${k}")
+    raise UnknownNameError(
+        f"unknown environment variable{'s' if len(unknown) > 1 else ''} {', '.join(named)}: "
+        "queueflow "
+        "reads no such variable; rename or unset it (every QUEUEFLOW_* variable: "
+        'docs/configuration.md, "Share-group settings" and "Environment variables")'
+    )
+
+
+def check_keywords(where: str, given: typing.Iterable[str], known: typing.Iterable[str]) -> None:
+    """Refuse keyword arguments of ``where`` not in ``known``, with a did-you-mean.
+
+    Raises:
+        UnknownNameError: the first unknown keyword, the closest known ones and the signature.
+    """
+    allowed = sorted(set(known))
+    for name in given:
+        if name not in allowed:
+            raise UnknownNameError(
+                f"{where}() got an unknown keyword argument {name!r}"
+                f"{did_you_mean(name, allowed)}; it takes {', '.join(allowed)}"
+            )
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def refuse_unknown_keywords(func: typing.Callable[_P, _R]) -> typing.Callable[_P, _R]:
+    """Decorate ``func`` (with no ``**kwargs``) so that an unknown keyword argument raises
+    :class:`UnknownNameError` with a did-you-mean (Python's own ``TypeError`` names no
+    candidate before 3.13); the known names come from its signature."""
+    parameters = inspect.signature(func).parameters
+    known = [n for n, p in parameters.items() if p.kind is not p.VAR_KEYWORD and n != "self"]
+    where = func.__qualname__.removesuffix(".__init__")
+
+    @functools.wraps(func)
+    def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        check_keywords(where, kwargs, known)
+        return func(*args, **kwargs)
+
+    return checked
 
 
 #: Secrets refused whatever their length: the defaults of tutorials and of other tools.

@@ -31,6 +31,7 @@ Rules implemented here:
 
 from __future__ import annotations
 
+import datetime as _dt
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -151,6 +152,11 @@ class ShareGroup:
         #: partition (its count before). Those share-partitions start at the log start, not
         #: at ``share.auto.offset.reset``, as in Kafka (nothing produced to them is skipped).
         self.added_partitions: dict[str, int] = {}
+        #: The newest member heartbeat (wall ms) the stored record holds: the coordinator
+        #: stores the group again once heartbeats are a third of a session newer (see
+        #: :func:`queueflow.server.coordinator.membership.store_heartbeats`), so that the
+        #: admin can tell members whose leave was lost once no coordinator runs.
+        self.heartbeats_stored_ms = 0
 
     @property
     def state(self) -> GroupState:
@@ -326,6 +332,12 @@ class ShareGroup:
         ]
         return self._remove(expired)
 
+    def heartbeats_due(self) -> bool:
+        """True when a member heartbeated a third of a session (or more) after the newest
+        heartbeat the stored record holds."""
+        newest = max((m.last_heartbeat_ms for m in self.members.values()), default=0)
+        return newest - self.heartbeats_stored_ms >= max(self.session_timeout_ms // 3, 1)
+
     def touch_all(self, now_ms: int) -> None:
         """Give every member a fresh session (after coordinator failover: the new coordinator
         can't know when they last heartbeated)."""
@@ -475,3 +487,27 @@ class ShareGroup:
                 'see docs/operations.md, "Corrupt state", for how to inspect and repair it',
             ) from None
         return group
+
+
+def describe_holders(
+    members: Sequence[tuple[str, str, int | None]], now_ms: int, limit: int = 5
+) -> str:
+    """The members holding a group non-empty, for messages: ``m1 (client-id c, last heartbeat
+    2026-01-01T10:00:00Z, 12 s ago), ...`` (at most ``limit``, then ``and N more``).
+
+    Args:
+        members: ``(member id, client id, last heartbeat wall ms or None if unknown)``.
+        now_ms: wall ms now.
+    """
+    parts = []
+    for member_id, client_id, heartbeat_ms in members[:limit]:
+        client = f"client-id {client_id}, " if client_id else ""
+        if heartbeat_ms:
+            when = _dt.datetime.fromtimestamp(heartbeat_ms / 1000, _dt.timezone.utc)
+            ago = max(now_ms - heartbeat_ms, 0) / 1000
+            seen = f"last heartbeat {when:%Y-%m-%dT%H:%M:%S}Z, {ago:.0f} s ago"
+        else:
+            seen = "last heartbeat unknown"
+        parts.append(f"{member_id} ({client}{seen})")
+    more = len(members) - limit
+    return ", ".join(parts) + (f" and {more} more" if more > 0 else "")

@@ -20,6 +20,7 @@ from aiokafka.errors import KafkaError
 from queueflow.errors import BrokerError, ConfigurationError
 from queueflow.kafka.admin import admin_client, existing_partition_counts
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.reachability import capture_connect_errors, connection_failure
 
 __all__ = ["wait_for_broker", "wait_for_topics"]
 
@@ -83,15 +84,19 @@ async def wait_for_broker(config: KafkaClientConfig, limit_ms: int, who: str = "
                     last.append(exc)
                     raise
 
-    try:
-        await asyncio.wait_for(attempts(), max(limit_ms / 1000, 0.001))
-    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
-        error = last[-1] if last else exc
-        raise BrokerError(
-            f"no Kafka broker answered at {config.bootstrap} within {limit_ms / 1000:g} s "
-            f"({error!r}); start it (e.g. `queueflow broker start`), fix the bootstrap servers, "
-            "or raise queueflow.broker.wait.ms"
-        ) from None
+    with capture_connect_errors() as tried:
+        try:
+            await asyncio.wait_for(attempts(), max(limit_ms / 1000, 0.001))
+        except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+            error = last[-1] if last else exc
+            protocol = str(config.extra.get("security_protocol", "PLAINTEXT"))
+            why = connection_failure(
+                config.bootstrap, tried, error, who, security_protocol=protocol
+            )
+            raise BrokerError(
+                f"no Kafka broker answered at {config.bootstrap} within {limit_ms / 1000:g} s: "
+                f"{why}; or raise queueflow.broker.wait.ms"
+            ) from None
     if time.monotonic() - started > 1.0:
         log.info(
             "broker_reachable",

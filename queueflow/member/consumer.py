@@ -34,7 +34,7 @@ from queueflow.member.browsing import Browsing
 from queueflow.member.context import MemberContext
 from queueflow.member.key_ordering import check_key_ordered, check_ordering
 from queueflow.member.session import FetchResult, ShareFetchSession
-from queueflow.settings import ShareGroupSettings
+from queueflow.settings import ShareGroupSettings, refuse_unknown_keywords
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 __all__ = ["CommitCallback", "IllegalStateError", "ShareConsumer"]
@@ -85,6 +85,7 @@ class ShareConsumer(Browsing):
             ``queueflow.auth.mode=auto`` and no ``queueflow.auth.secret``.
     """
 
+    @refuse_unknown_keywords
     def __init__(
         self,
         group: str,

@@ -15,6 +15,11 @@ version bump: groups stored before them decode with ``simple`` and no advertised
 and a queueflow that predates them ignores them (unknown fields are skipped).
 "configs":{"share.delivery.count.limit":"3",...},"config_version":N,"added_partitions":{"topic":N}}``
 
+``heartbeats`` (member id -> its last heartbeat, wall ms, as of the write; refreshed every
+third of a session while members heartbeat) and ``session_timeout_ms`` (the group's effective
+``share.session.timeout.ms`` then) were added later the same way, written only while the group
+has members with a heartbeat time.
+
 ``configs`` (the group configs set with the admin, docs/operations.md "Group configs"),
 ``config_version`` and
 ``added_partitions`` (topic -> first partition added at runtime) are written only when set, so
@@ -62,6 +67,8 @@ class _GroupRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     configs: dict[str, str] = msgspec.field(default_factory=dict)
     config_version: _NonNegative = 0
     added_partitions: dict[str, _NonNegative] = msgspec.field(default_factory=dict)
+    heartbeats: dict[str, _NonNegative] = msgspec.field(default_factory=dict)
+    session_timeout_ms: _NonNegative = 0
 
 
 _encoder: Final = msgspec.json.Encoder()
@@ -73,9 +80,13 @@ _ADVICE = 'see docs/operations.md, "Corrupt state", for how to inspect and repai
 def encode_group(group: ShareGroup) -> bytes:
     """Encode a group's durable metadata as compact JSON bytes (format version 1).
 
-    The group id is not included: it is the table key. Session state (last heartbeat times) is
-    not persisted; :func:`decode_group` gives every member a fresh session.
+    The group id is not included: it is the table key. Each member's last heartbeat (wall ms)
+    is stored as of the write (``heartbeats``); :func:`decode_group` gives a coordinator every
+    member a fresh session all the same, and the admin reads them (``stored_sessions``).
     """
+    heartbeats = {
+        m.member_id: m.last_heartbeat_ms for m in group.members.values() if m.last_heartbeat_ms > 0
+    }
     return _encoder.encode(
         _GroupRecord(
             v=GROUP_FORMAT_VERSION,
@@ -103,6 +114,8 @@ def encode_group(group: ShareGroup) -> bytes:
             configs=group.configs,
             config_version=group.config_version,
             added_partitions=group.added_partitions,
+            heartbeats=heartbeats,
+            session_timeout_ms=group.session_timeout_ms if heartbeats else 0,
         )
     )
 
@@ -127,7 +140,13 @@ def _check_version(group_id: str, version: object) -> None:
 
 
 def decode_group(
-    group_id: str, data: bytes, session_timeout_ms: int, max_size: int, now_ms: int
+    group_id: str,
+    data: bytes,
+    session_timeout_ms: int,
+    max_size: int,
+    now_ms: int,
+    *,
+    stored_sessions: bool = False,
 ) -> ShareGroup:
     """Rebuild a group from :func:`encode_group` bytes (or the older ``json.dumps(to_dict())``).
 
@@ -137,7 +156,9 @@ def decode_group(
         session_timeout_ms: ``group.share.session.timeout.ms``, in ms.
         max_size: ``group.share.max.size``.
         now_ms: current wall-clock time in ms; every member gets a fresh session starting then
-            (the new coordinator cannot know when they last heartbeated).
+            (members could not heartbeat while no coordinator ran).
+        stored_sessions: instead, give each member its stored last heartbeat (0 if the
+            record has none): the admin's view, which tells lapsed sessions.
 
     Raises:
         ShareGroupError: ``CORRUPT_STATE`` naming the group when ``data`` is not JSON, of an
@@ -166,7 +187,11 @@ def decode_group(
     group.added_partitions = record.added_partitions
     for member_id, epoch, topics, assignment, client_id, host in record.members:
         tps = [TopicPartition(topic, partition) for topic, partition in assignment]
-        group.members[member_id] = Member(member_id, epoch, topics, tps, now_ms, client_id, host)
+        seen = record.heartbeats.get(member_id, 0) if stored_sessions else now_ms
+        group.members[member_id] = Member(member_id, epoch, topics, tps, seen, client_id, host)
+    group.heartbeats_stored_ms = max(record.heartbeats.values(), default=0)
+    if stored_sessions and record.session_timeout_ms:
+        group.session_timeout_ms = record.session_timeout_ms
     group.assignor = record.assignor
     for member_id, (names, rack) in record.member_meta.items():
         member = group.members.get(member_id)

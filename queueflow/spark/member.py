@@ -29,6 +29,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import KafkaError
 
 from queueflow.errors import ShareGroupError
+from queueflow.kafka.startup import wait_for_broker
 from queueflow.member.context import MemberContext
 from queueflow.member.session import ShareFetchSession
 from queueflow.settings import ShareGroupSettings
@@ -116,6 +117,9 @@ class SparkMember:
         assignment; idempotent.
 
         Raises:
+            BrokerError: the cluster did not answer within ``queueflow.request.timeout.ms``
+                (or ``queueflow.broker.wait.ms`` if lower); the message names the bootstrap
+                servers, the cause (refused, unresolvable host, TLS, SASL) and what to do.
             ConfigurationError: a topic does not exist (the message names it).
             ShareGroupError: ``REQUEST_TIMED_OUT`` when no coordinator answers (no leader
                 worker runs for ``app.id``).
@@ -138,6 +142,10 @@ class SparkMember:
     async def _start(self) -> None:
         opts = self.options
         kafka = opts.kafka_config(self.client_id)
+        # Fail fast, with the cause, when the cluster can't be reached: at most the request
+        # timeout (not queueflow.broker.wait.ms, which outlasts start()'s own deadline).
+        limit_ms = min(self.settings.broker_wait_ms, self.settings.request_timeout_ms)
+        await wait_for_broker(kafka, limit_ms, who="queueflow Spark source")
         ctx = MemberContext.for_kafka(kafka, opts.app_id, self.settings)
         session = ShareFetchSession(
             ctx, opts.group, opts.topics, self.client_id, opts.lock_duration_ms

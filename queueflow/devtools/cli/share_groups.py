@@ -19,8 +19,10 @@ usage-error code 2.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +40,7 @@ from queueflow.devtools.broker import bootstrap_from_env
 from queueflow.devtools.cli import browse as browsing
 from queueflow.devtools.cli import cli
 from queueflow.devtools.cli.parked_keys import check_key_action, parked_rows, run_key_action
+from queueflow.engine.group import describe_holders
 from queueflow.errors import ErrorCode, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
@@ -80,6 +83,41 @@ def _assignment(description: ShareGroupDescription, member_index: int) -> str:
     for tp in description.members[member_index].assignment:
         by_topic.setdefault(tp.topic, []).append(tp.partition)
     return ";".join(f"{t}:{','.join(map(str, ps))}" for t, ps in sorted(by_topic.items())) or "-"
+
+
+def _heartbeat(at_ms: int | None) -> list[str]:
+    """The ``LAST-HEARTBEAT`` and ``AGO`` cells: ``2026-11-27T08:20:01Z``, ``3s`` (``-`` when
+    unknown); one word each, so that the columns split on spaces."""
+    if not at_ms:
+        return ["-", "-"]
+    when = dt.datetime.fromtimestamp(at_ms / 1000, dt.timezone.utc)
+    ago = max(time.time() * 1000 - at_ms, 0) / 1000
+    return [f"{when:%Y-%m-%dT%H:%M:%S}Z", f"{ago:.0f}s"]
+
+
+def _timeout(description: ShareGroupDescription) -> str:
+    ms = description.session_timeout_ms
+    return f"share.session.timeout.ms ({ms} ms)" if ms else "share.session.timeout.ms"
+
+
+def holders(description: ShareGroupDescription) -> str:
+    """Who holds the group non-empty and since when (last heartbeat), for messages."""
+    members = [(m.member_id, m.client_id, m.last_heartbeat_ms) for m in description.members]
+    return describe_holders(members, int(time.time() * 1000))
+
+
+def _lapsed_note(description: ShareGroupDescription) -> str:
+    """The members left out because their session lapsed with no coordinator running."""
+    lapsed = description.lapsed_members
+    if not lapsed:
+        return ""
+    members = [(m.member_id, m.client_id, m.last_heartbeat_ms) for m in lapsed]
+    return (
+        f"\nNot counted: {len(lapsed)} member(s) whose session lapsed while no worker of the "
+        f"app runs its coordinator (their leave was lost): "
+        f"{describe_holders(members, int(time.time() * 1000))}; the next coordinator expires "
+        "them."
+    )
 
 
 def _offset_rows(
@@ -132,24 +170,27 @@ async def _run(
         elif mode == "members":
             out.append(describe_json(d))
             header = ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"]
-            verbose_header = ["MEMBER-EPOCH", "ASSIGNORS", "RACK"]
+            verbose_header = ["MEMBER-EPOCH", "ASSIGNORS", "RACK", "LAST-HEARTBEAT", "AGO"]
             rows: list[list[Any]] = [header + (verbose_header if verbose else [])]
             for i, m in enumerate(d.members):
                 row: list[Any] = [d.group_id, m.member_id, m.host or "-", m.client_id or "-"]
                 row += [len(m.assignment), _assignment(d, i)]
                 more = [m.member_epoch, ",".join(m.assignors) or "-", m.rack_id or "-"]
+                more += _heartbeat(m.last_heartbeat_ms)
                 rows.append(row + (more if verbose else []))
             if not d.members:
                 texts.append(f"Share group '{d.group_id}' has no active members.")
             else:
                 texts.append(_table(rows))
+            texts[-1] += _lapsed_note(d)
         else:
             out.append({k: v for k, v in describe_json(d).items() if k != "members"})
             header = ["GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"]
             extra = ["GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR"] if verbose else []
             row = [d.group_id, d.coordinator or "-", d.state, len(d.members)]
             row += [d.group_epoch, d.assignment_epoch, d.assignor] if verbose else []
-            texts.append(_table([header + extra, row]))
+            held = f"\nHeld non-empty by: {holders(d)}" if d.members else ""
+            texts.append(_table([header + extra, row]) + held + _lapsed_note(d))
     return json.dumps(out) if as_json else "\n\n".join(texts)
 
 
@@ -182,7 +223,12 @@ async def _reset(
     """``--reset-offsets``: the plan (``--dry-run``) or the reset (``--execute``)."""
     (description,) = await admin.describe_groups([group])
     if description.members:
-        raise ShareGroupError(ErrorCode.NON_EMPTY_GROUP, f"Share group '{group}' is not empty.")
+        raise ShareGroupError(
+            ErrorCode.NON_EMPTY_GROUP,
+            f"Share group '{group}' is not empty. It has {len(description.members)} "
+            f"member(s): {holders(description)}. Stop them, or wait: a member is expired "
+            f"{_timeout(description)} after its last heartbeat.",
+        )
     counts = description.partitions
     targets: list[TopicPartition] = []
     for topic, partitions in (

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from queueflow.engine.group import ShareGroup
+from queueflow.engine.group import ShareGroup, describe_holders
 from queueflow.engine.group_config import validate_group_configs
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.protocol import messages as protocol
@@ -123,12 +123,18 @@ def _empty_group(
     group = state.existing_group(group_id, now_ms)
     expired = expire_members(state, group, now_ms, log_expiry=False)
     if group.members:
+        holders = describe_holders(
+            [(m.member_id, m.client_id, m.last_heartbeat_ms) for m in group.members.values()],
+            now_ms,
+        )
         raise _NonEmpty(
             expired,
             ShareGroupError(
                 ErrorCode.NON_EMPTY_GROUP,
                 f"share group {group_id!r} is not empty: it has {len(group.members)} "
-                "member(s); stop its consumers (or wait for their sessions to time out) first",
+                f"member(s): {holders}; stop its consumers first, or wait: a member is expired "
+                f"{group.session_timeout_ms} ms (share.session.timeout.ms) after its last "
+                "heartbeat",
             ),
         )
     return expired, group

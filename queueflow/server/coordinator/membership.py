@@ -40,6 +40,7 @@ __all__ = [
     "handle_tick",
     "rack_topics",
     "releases",
+    "store_heartbeats",
     "touch_after_silence",
 ]
 
@@ -183,14 +184,27 @@ def refresh(state: CoordinatorState, group: ShareGroup, now_ms: int) -> Coordina
     return CoordinatorResult(events=tuple(events), records=(record,))
 
 
+def store_heartbeats(state: CoordinatorState, group: ShareGroup) -> CoordinatorResult:
+    """Store ``group`` again (its members' last heartbeats) once they are a third of a session
+    newer than the stored ones (``ShareGroup.heartbeats_due``): at most three writes per
+    session timeout per group, so that when no coordinator runs (its workers stopped before
+    the members, whose leaves were then lost) the admin still sees when each member was last
+    heard of and which sessions lapsed (docs/operations.md "Share groups that stay non-empty")."""
+    if not group.members or not group.heartbeats_due():
+        return CoordinatorResult()
+    record, events = state.persist(group)
+    return CoordinatorResult(events=tuple(events), records=(record,))
+
+
 def handle_tick(state: CoordinatorState, now_ms: int) -> CoordinatorResult:
-    """A clock tick (:class:`~queueflow.protocol.messages.Tick`): expire lapsed sessions and
-    refresh assignments, group by group."""
+    """A clock tick (:class:`~queueflow.protocol.messages.Tick`): expire lapsed sessions,
+    refresh assignments and store heartbeats when due, group by group."""
     result = CoordinatorResult()
     for group in list(state.groups.values()):
         result += expire_members(state, group, now_ms)
         result += expire_provisional(state, group, now_ms)
         result += refresh(state, group, now_ms)
+        result += store_heartbeats(state, group)
     return result
 
 

@@ -147,6 +147,9 @@ class CoordinatorState:
                     group_epoch=group.group_epoch,
                 )
             )
+        group.heartbeats_stored_ms = max(
+            (m.last_heartbeat_ms for m in group.members.values()), default=0
+        )
         record = PersistGroup(
             group_id,
             group_codec.encode_group(group),

@@ -392,8 +392,11 @@ OLD_GROUP_BYTES = (
 GROUP_BYTES = (
     b'{"v":1,"group_epoch":2,"assignment_epoch":2,"dead":false,"partitions":{"orders":3,'
     b'"payments":1},"members":[["m-1",2,["orders"],[["orders",0],["orders",1]],"c1","h1"],'
-    b'["m-2",2,["orders","payments"],[["orders",2],["payments",0]],"c2","h2"]]}'
+    b'["m-2",2,["orders","payments"],[["orders",2],["payments",0]],"c2","h2"]],'
+    b'"heartbeats":{"m-1":1000,"m-2":1000},"session_timeout_ms":45000}'
 )
+#: The same group as written before ``heartbeats`` and ``session_timeout_ms`` (still decoded).
+GROUP_BYTES_BEFORE_HEARTBEATS = GROUP_BYTES.split(b',"heartbeats"')[0] + b"}"
 
 
 def _group() -> ShareGroup:
@@ -409,7 +412,7 @@ def test_group_golden_bytes() -> None:
     group = _group()
     assert json.dumps(group.to_dict()).encode() == OLD_GROUP_BYTES  # what was written before
     assert encode_group(group) == GROUP_BYTES
-    for data in (GROUP_BYTES, OLD_GROUP_BYTES):
+    for data in (GROUP_BYTES, GROUP_BYTES_BEFORE_HEARTBEATS, OLD_GROUP_BYTES):
         back = decode_group("G", data, 45000, 200, now_ms=1000)
         assert back.to_dict() == group.to_dict()
         assert {m: vars_of(x) for m, x in back.members.items()} == {

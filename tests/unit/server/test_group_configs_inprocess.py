@@ -244,7 +244,8 @@ def test_configs_survive_a_new_coordinator() -> None:
             {"share.isolation.level": "x"},
             [],
             ErrorCode.INVALID_CONFIG,
-            "share.isolation.level='x' is not allowed: choose one of read_uncommitted, read_committed",
+            "share.isolation.level='x' is not allowed: "
+            "choose one of read_uncommitted, read_committed",
         ),
         ("A", {}, ["bogus"], ErrorCode.INVALID_CONFIG, "unknown group config 'bogus'"),
         (
