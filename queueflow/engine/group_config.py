@@ -20,6 +20,10 @@ Group config                           Default (broker-level setting) and bounds
                                        ``group.share.min/max.session.timeout.ms``
 ``share.heartbeat.interval.ms``        ``group.share.heartbeat.interval.ms``, within
                                        ``group.share.min/max.heartbeat.interval.ms``
+``share.renew.acknowledge.enable``     ``share.renew.acknowledge.enable``; ``true`` or
+                                       ``false`` (KIP-1222 RENEW allowed)
+``share.assignment.interval.ms``       ``1000``, within [0..15000] (Kafka's broker bounds);
+                                       accepted, without effect: queueflow assigns at once
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -47,8 +51,10 @@ __all__ = [
     "GROUP_CONFIG_NAMES",
     "HEARTBEAT_INTERVAL_MS",
     "LEADER_CONFIG_NAMES",
+    "ASSIGNMENT_INTERVAL_MS",
     "PARTITION_MAX_RECORD_LOCKS",
     "RECORD_LOCK_DURATION_MS",
+    "RENEW_ACKNOWLEDGE_ENABLE",
     "SESSION_TIMEOUT_MS",
     "ConfigEntry",
     "GroupConfig",
@@ -66,17 +72,29 @@ DELIVERY_COUNT_LIMIT: Final = "share.delivery.count.limit"
 PARTITION_MAX_RECORD_LOCKS: Final = "share.partition.max.record.locks"
 SESSION_TIMEOUT_MS: Final = "share.session.timeout.ms"
 HEARTBEAT_INTERVAL_MS: Final = "share.heartbeat.interval.ms"
+RENEW_ACKNOWLEDGE_ENABLE: Final = "share.renew.acknowledge.enable"
+ASSIGNMENT_INTERVAL_MS: Final = "share.assignment.interval.ms"
+#: Kafka's bounds of ``share.assignment.interval.ms`` (``group.share.min/max.assignment.
+#: interval.ms`` defaults); queueflow has no such broker-level settings.
+ASSIGNMENT_INTERVAL_BOUNDS: Final = (0, 15_000)
 
 
 @dataclass(frozen=True, slots=True)
 class _Definition:
     """A group config: the broker-level setting it defaults to (attribute of
-    :class:`~queueflow.settings.ShareGroupSettings`) and the settings bounding it."""
+    :class:`~queueflow.settings.ShareGroupSettings`; ``""`` for none) and the settings
+    bounding it; ``default``: the literal default of a config with no broker-level setting."""
 
     name: str
     default_attr: str
     min_attr: str | None = None
     max_attr: str | None = None
+    default: str | None = None
+
+    @property
+    def field(self) -> str:
+        """The :class:`GroupConfig` field holding its effective value."""
+        return self.default_attr or self.name.removeprefix("share.").replace(".", "_")
 
 
 _DEFINITIONS: Final = {
@@ -113,6 +131,8 @@ _DEFINITIONS: Final = {
             "min_heartbeat_interval_ms",
             "max_heartbeat_interval_ms",
         ),
+        _Definition(RENEW_ACKNOWLEDGE_ENABLE, "renew_acknowledge_enable"),
+        _Definition(ASSIGNMENT_INTERVAL_MS, "", default="1000"),
     )
 }
 
@@ -124,6 +144,7 @@ LEADER_CONFIG_NAMES: Final = (
     RECORD_LOCK_DURATION_MS,
     DELIVERY_COUNT_LIMIT,
     PARTITION_MAX_RECORD_LOCKS,
+    RENEW_ACKNOWLEDGE_ENABLE,
 )
 
 _DURATION: Final = re.compile(
@@ -221,7 +242,8 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
 
     Args:
         name: a name of :data:`GROUP_CONFIG_NAMES`.
-        value: an ``int`` or a string (``"3"``, ``"by_duration:PT1H"``); ``bool`` is refused.
+        value: an ``int`` or a string (``"3"``, ``"by_duration:PT1H"``); ``bool`` is refused
+            except for ``share.renew.acknowledge.enable`` (``true``/``false``, any case).
         settings: the broker-level settings whose ``group.share.min/max.*`` bound the value.
 
     Returns:
@@ -237,6 +259,11 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     definition = _DEFINITIONS.get(name)
     if definition is None:
         raise _unknown(name)
+    if name == RENEW_ACKNOWLEDGE_ENABLE:
+        return _boolean(name, value)
+    if name == ASSIGNMENT_INTERVAL_MS:
+        low, high = ASSIGNMENT_INTERVAL_BOUNDS
+        return _integer(name, value, low, high, "(Kafka's default bounds)")
     if definition.min_attr is None:
         text = str(value).strip() if isinstance(value, str) else repr(value)
         parse_auto_offset_reset(text)
@@ -244,6 +271,21 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     low, high = _bounds(definition, settings)
     assert definition.max_attr is not None
     where = f"({lookup(definition.min_attr).name}..{lookup(definition.max_attr).name})"
+    return _integer(name, value, low, high, where)
+
+
+def _boolean(name: str, value: object) -> str:
+    """``true`` or ``false`` (any case, as Kafka's BOOLEAN configs), or a ``bool``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text not in ("true", "false"):
+        raise ConfigurationError(f"{name}={value!r} is not allowed: use true or false")
+    return text
+
+
+def _integer(name: str, value: object, low: int, high: int, where: str) -> str:
+    """``value`` as an integer in ``low..high`` (``where`` names the bounds' settings)."""
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -315,6 +357,8 @@ class GroupConfig:
         auto_offset_reset: ``share.auto.offset.reset`` (see :func:`parse_auto_offset_reset`).
         record_lock_duration_ms / delivery_count_limit / partition_max_record_locks /
             session_timeout_ms / heartbeat_interval_ms: the other group configs.
+        renew_acknowledge_enable: ``share.renew.acknowledge.enable`` (KIP-1222).
+        assignment_interval_ms: ``share.assignment.interval.ms`` (accepted, no effect).
     """
 
     auto_offset_reset: str
@@ -323,6 +367,8 @@ class GroupConfig:
     partition_max_record_locks: int
     session_timeout_ms: int
     heartbeat_interval_ms: int
+    renew_acknowledge_enable: bool = True
+    assignment_interval_ms: int = 1000
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -335,7 +381,7 @@ class GroupConfig:
 
         def value(name: str) -> str:
             got = merged.get(name)
-            return str(getattr(settings, _DEFINITIONS[name].default_attr)) if got is None else got
+            return _default(_DEFINITIONS[name], settings) if got is None else got
 
         return cls(
             auto_offset_reset=value(AUTO_OFFSET_RESET),
@@ -344,6 +390,8 @@ class GroupConfig:
             partition_max_record_locks=int(value(PARTITION_MAX_RECORD_LOCKS)),
             session_timeout_ms=int(value(SESSION_TIMEOUT_MS)),
             heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
+            renew_acknowledge_enable=value(RENEW_ACKNOWLEDGE_ENABLE).lower() == "true",
+            assignment_interval_ms=int(value(ASSIGNMENT_INTERVAL_MS)),
         )
 
     def value_of(self, name: str) -> str:
@@ -353,7 +401,7 @@ class GroupConfig:
         Raises:
             KeyError: ``name`` is not a group config.
         """
-        return str(getattr(self, _DEFINITIONS[name].default_attr))
+        return _text(getattr(self, _DEFINITIONS[name].field))
 
     @property
     def offset_reset(self) -> OffsetReset:
@@ -386,12 +434,26 @@ def describe_group_configs(
     """
     out = []
     for name, definition in _DEFINITIONS.items():
-        synonym = lookup(definition.default_attr).name
+        synonym = lookup(definition.default_attr).name if definition.default_attr else ""
         if name in dynamic:
             out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
         elif name in app:
             out.append(ConfigEntry(name, app[name], "APP_GROUP_CONFIG", synonym))
         else:
-            default = str(getattr(settings, definition.default_attr))
+            default = _default(definition, settings)
             out.append(ConfigEntry(name, default, "DEFAULT_CONFIG", synonym))
     return out
+
+
+def _text(value: object) -> str:
+    """A config value as Kafka writes it (``true``/``false`` for booleans)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _default(definition: _Definition, settings: ShareGroupSettings) -> str:
+    """The value of a config no one set: its broker-level setting's, or its literal one."""
+    if definition.default is not None:
+        return definition.default
+    return _text(getattr(settings, definition.default_attr))
