@@ -46,12 +46,12 @@ from queueflow.errors import ConfigurationError
 from queueflow.settings import ShareGroupSettings, lookup
 
 __all__ = [
+    "ASSIGNMENT_INTERVAL_MS",
     "AUTO_OFFSET_RESET",
     "DELIVERY_COUNT_LIMIT",
     "GROUP_CONFIG_NAMES",
     "HEARTBEAT_INTERVAL_MS",
     "LEADER_CONFIG_NAMES",
-    "ASSIGNMENT_INTERVAL_MS",
     "PARTITION_MAX_RECORD_LOCKS",
     "RECORD_LOCK_DURATION_MS",
     "RENEW_ACKNOWLEDGE_ENABLE",

@@ -7,11 +7,12 @@ rest from the broker-level settings (:func:`effective`). The coordinator applies
 timeout and heartbeat interval itself.
 
 The share-partition leaders need the lock duration, delivery count limit, in-flight limit,
-``share.renew.acknowledge.enable`` and ``share.auto.offset.reset``. They learn them from the assignment ticket every ShareFetch
-carries: the coordinator signs the group's values (those that differ from the broker-level
-settings) and their version into it (:func:`ticket_configs`), so no one but the coordinator can
-set them, and a leader has them before it initialises or loads a share-partition for the
-request. :class:`LeaderGroupConfigs` keeps the highest version seen per group.
+``share.renew.acknowledge.enable`` and ``share.auto.offset.reset``. They learn them from the
+assignment ticket every ShareFetch carries: the coordinator signs the group's values (those
+that differ from the broker-level settings) and their version into it (:func:`ticket_configs`),
+so no one but the coordinator can set them, and a leader has them before it initialises or
+loads a share-partition for the request. :class:`LeaderGroupConfigs` keeps the highest version
+seen per group.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ def test_renew_acknowledge_enable_is_a_boolean_applied_by_the_leaders() -> None:
     name = "share.renew.acknowledge.enable"
     assert validate_group_config(name, "FALSE", SETTINGS) == "false"
     assert validate_group_config(name, True, SETTINGS) == "true"
-    with pytest.raises(ConfigurationError, match="share.renew.acknowledge.enable='no' is not"):
+    with pytest.raises(ConfigurationError, match=r"share\.renew\.acknowledge\.enable='no' is not"):
         validate_group_config(name, "no", SETTINGS)
     assert GroupConfig.resolve(SETTINGS).renew_acknowledge_enable is True
     config = GroupConfig.resolve(SETTINGS, {name: "false"})

@@ -149,8 +149,13 @@ def test_record_limit_keeps_each_poll_within_max_poll_records_across_share_parti
     strict = asyncio.run(scenario("record_limit"))
     assert max(strict) <= 5 and sum(strict) == 12, strict
     assert asyncio.run(scenario("batch_optimized")) == [12]
-    with pytest.raises(ConfigurationError, match="share.acquire.mode='strict'"):
-        cluster_with(0).consumer("g", acquire_mode="strict")
+
+    async def refused() -> None:
+        async with cluster_with(0) as cluster:
+            with pytest.raises(ConfigurationError, match=r"share\.acquire\.mode='strict'"):
+                cluster.consumer("g", acquire_mode="strict")
+
+    run(refused())
 
 
 def test_a_late_acknowledgement_below_the_spso_is_skipped_and_close_reports_no_error() -> None:
