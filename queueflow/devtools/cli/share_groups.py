@@ -156,10 +156,10 @@ async def _run(
             header = ["GROUP", "COORDINATOR (ID)", "STATE"]
             header += ["GROUP-EPOCH", "ASSIGNMENT-EPOCH"] if verbose else []
             header += ["#MEMBERS"] + (["ASSIGNOR"] if verbose else [])
-            row: list[Any] = [d.group_id, d.coordinator or "-", d.state]
-            row += [d.group_epoch, d.assignment_epoch] if verbose else []
-            row += [len(d.members)] + ([d.assignor] if verbose else [])
-            texts.append(_table([header, row]))
+            cells: list[Any] = [d.group_id, d.coordinator or "-", d.state]
+            cells += [d.group_epoch, d.assignment_epoch] if verbose else []
+            cells += [len(d.members)] + ([d.assignor] if verbose else [])
+            texts.append(_table([header, cells]))
             if not d.members:
                 _no_members(d.group_id, as_json)
     return json.dumps(out) if as_json else "\n\n".join(texts)
