@@ -115,7 +115,11 @@ async def _run(
     state_filter: str | None,
     verbose: bool,
     as_json: bool,
+    notes: list[str] | None = None,
 ) -> str:
+    """``--list`` or ``--describe``: the text for stdout; Kafka's stderr lines (a group
+    without members) are added to ``notes``, to be printed after it."""
+    notes = [] if notes is None else notes
     if action == "list":
         states = None if state_filter in (None, "") else [state_filter or ""]
         listed = await admin.list_groups(states)
@@ -147,7 +151,7 @@ async def _run(
                 more = [m.member_epoch, ",".join(m.assignors) or "-", m.rack_id or "-"]
                 rows.append(row + (more if verbose else []))
             if not d.members:
-                _no_members(d.group_id, as_json)
+                notes += _no_members(d.group_id, as_json)
             else:
                 texts.append(_table(rows))
         else:
@@ -161,14 +165,13 @@ async def _run(
             cells += [len(d.members)] + ([d.assignor] if verbose else [])
             texts.append(_table([header, cells]))
             if not d.members:
-                _no_members(d.group_id, as_json)
+                notes += _no_members(d.group_id, as_json)
     return json.dumps(out) if as_json else "\n\n".join(texts)
 
 
-def _no_members(group: str, as_json: bool) -> None:
-    """Kafka's line for a group without members, on stderr as Kafka's tool prints it."""
-    if not as_json:
-        click.echo(f"\nShare group '{group}' has no active members.", err=True)
+def _no_members(group: str, as_json: bool) -> list[str]:
+    """Kafka's line for a group without members (its tool prints it on stderr)."""
+    return [] if as_json else [f"\nShare group '{group}' has no active members."]
 
 
 def _topic_partitions(spec: str) -> tuple[str, list[int] | None]:
@@ -466,6 +469,7 @@ def share_groups(
     admin = make_admin(app_id, bootstrap, timeout_ms)
     as_json = output == "json"
     ok = True
+    notes: list[str] = []  # Kafka's stderr lines, after the output
     try:
         if spec is not None:
             text = asyncio.run(
@@ -485,6 +489,7 @@ def share_groups(
                     state if do_list else None,
                     verbose,
                     as_json,
+                    notes,
                 )
             )
     except ShareGroupError as exc:
@@ -499,5 +504,7 @@ def share_groups(
         return
     if text:
         click.echo(text)
+    for note in notes:
+        click.echo(note, err=True)
     if not ok:
         sys.exit(1)
