@@ -534,10 +534,11 @@ class ShareGroupAdmin:
         ``Admin.describeConfigs`` of a ``GROUP`` resource): ``DYNAMIC_GROUP_CONFIG``
         (set with :meth:`alter_group_configs`), ``APP_GROUP_CONFIG`` (the app's
         ``group_configs``) or ``DEFAULT_CONFIG`` (the broker-level ``group.share.*`` setting).
-        Asked of the group's coordinator, so a worker of the app must be running.
+        Asked of the group's coordinator, so a worker of the app must be running. A group no
+        member has joined yet has the defaults and what was set for it (as Kafka).
 
         Raises:
-            ShareGroupError: ``GROUP_ID_NOT_FOUND``; ``REQUEST_TIMED_OUT`` (no answer within
+            ShareGroupError: ``REQUEST_TIMED_OUT`` (no answer within
                 ``timeout_ms``).
         """
         request = protocol.DescribeGroupConfigsRequest(
@@ -559,7 +560,9 @@ class ShareGroupAdmin:
         Deleted ones return to the app's default for the group, else the broker-level setting.
 
         Args:
-            group_id: an existing share group.
+            group_id: a share group; as with ``kafka-configs.sh``, it need not exist yet:
+                the configs are kept for it and apply from its first member's join (e.g.
+                ``share.auto.offset.reset=earliest`` before the group starts).
             set_configs: config name -> value (``int`` or text), e.g.
                 ``{"share.delivery.count.limit": 3, "share.auto.offset.reset": "earliest"}``.
             delete_configs: config names to delete.
@@ -568,7 +571,7 @@ class ShareGroupAdmin:
             Every group config after the change (as :meth:`describe_group_configs`).
 
         Raises:
-            ShareGroupError: ``GROUP_ID_NOT_FOUND``; ``INVALID_CONFIG`` (an unknown config
+            ShareGroupError: ``INVALID_CONFIG`` (an unknown config
                 name, a value not of its type or out of its range, a heartbeat interval not
                 below the session timeout; the message names the config, the value and the
                 allowed range); ``REQUEST_TIMED_OUT``. Nothing changes on an error.
@@ -906,6 +909,8 @@ class ShareGroupAdmin:
             group = group_codec.decode_group(
                 group_id, value, default_timeout, 2**31 - 1, now, stored_sessions=True
             )
+            if group.group_epoch == 0 and not group.members:
+                continue  # only configs set before its first join: no group yet, as in Kafka
             where = (topics.coordinator_topic(self.app_id), topics.coordinator_partition(group_id))
             if where not in owners:
                 lapsed = lapsed_members(group, now)

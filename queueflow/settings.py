@@ -45,6 +45,7 @@ __all__ = [
     "LogFormat",
     "ProcessingGuarantee",
     "Setting",
+    "ShareAcquireMode",
     "ShareGroupSettings",
     "StateDurability",
     "TicketPolicy",
@@ -88,6 +89,16 @@ class StateDurability(Choice):
 
     ACKED = "acked"
     BUFFERED = "buffered"
+
+
+class ShareAcquireMode(Choice):
+    """``share.acquire.mode`` (KIP-1206): how many records a ``ShareConsumer`` poll may
+    return. ``batch_optimized``: up to ``max.poll.records`` per share-partition per poll (Kafka:
+    whole batches, so possibly more); ``record_limit``: at most ``max.poll.records`` per poll
+    across all share-partitions."""
+
+    BATCH_OPTIMIZED = "batch_optimized"
+    RECORD_LIMIT = "record_limit"
 
 
 class ProcessingGuarantee(Choice):
@@ -460,6 +471,16 @@ SETTINGS: tuple[Setting, ...] = (
         10000,
         doc="Records a member acquires per ShareFetch.",
         read_by="member",
+    ),
+    Setting(
+        "share_acquire_mode",
+        "share.acquire.mode",
+        ShareAcquireMode.BATCH_OPTIMIZED,
+        doc="KIP-1206, for a ShareConsumer: batch_optimized (up to max.poll.records per "
+        "share-partition per poll) or record_limit (at most max.poll.records per poll across "
+        "all share-partitions; a fetch still under way when a poll returns counts against "
+        "the next poll's limit).",
+        read_by="share consumer",
     ),
     Setting(
         "acknowledgement_linger_ms",
@@ -926,6 +947,7 @@ class ShareGroupSettings:
     auto_offset_reset: AutoOffsetReset = choice_default("auto_offset_reset", AutoOffsetReset)
     snapshot_update_records_per_snapshot: int = int_default("snapshot_update_records_per_snapshot")
     max_poll_records: int = int_default("max_poll_records")
+    share_acquire_mode: ShareAcquireMode = choice_default("share_acquire_mode", ShareAcquireMode)
     acknowledgement_linger_ms: int = int_default("acknowledgement_linger_ms")
     request_timeout_ms: int = int_default("request_timeout_ms")
     join_timeout_ms: int = int_default("join_timeout_ms")

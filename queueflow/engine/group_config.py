@@ -24,6 +24,10 @@ Group config                           Default (broker-level setting) and bounds
                                        (key-ordered sharing, docs/concepts.md)
 ``share.isolation.level``              ``read_uncommitted`` (no broker-level setting, as Kafka);
                                        ``read_uncommitted`` or ``read_committed``
+``share.renew.acknowledge.enable``     ``share.renew.acknowledge.enable``; ``true`` or
+                                       ``false`` (KIP-1222 RENEW allowed)
+``share.assignment.interval.ms``       ``1000``, within [0..15000] (Kafka's broker bounds);
+                                       accepted, without effect: queueflow assigns at once
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -46,6 +50,7 @@ from queueflow.errors import ConfigurationError
 from queueflow.settings import ShareGroupSettings, lookup
 
 __all__ = [
+    "ASSIGNMENT_INTERVAL_MS",
     "AUTO_OFFSET_RESET",
     "DELIVERY_COUNT_LIMIT",
     "GROUP_CONFIG_NAMES",
@@ -57,6 +62,7 @@ __all__ = [
     "ORDERING_VALUES",
     "PARTITION_MAX_RECORD_LOCKS",
     "RECORD_LOCK_DURATION_MS",
+    "RENEW_ACKNOWLEDGE_ENABLE",
     "SESSION_TIMEOUT_MS",
     "ConfigEntry",
     "GroupConfig",
@@ -81,6 +87,11 @@ ORDERING_VALUES: Final = ("none", "key")
 ISOLATION_LEVEL: Final = "share.isolation.level"
 #: The values of ``share.isolation.level`` (Kafka's ``IsolationLevel`` names), default first.
 ISOLATION_LEVELS: Final = ("read_uncommitted", "read_committed")
+RENEW_ACKNOWLEDGE_ENABLE: Final = "share.renew.acknowledge.enable"
+ASSIGNMENT_INTERVAL_MS: Final = "share.assignment.interval.ms"
+#: Kafka's bounds of ``share.assignment.interval.ms`` (``group.share.min/max.assignment.
+#: interval.ms`` defaults); queueflow has no such broker-level settings.
+ASSIGNMENT_INTERVAL_BOUNDS: Final = (0, 15_000)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +150,8 @@ _DEFINITIONS: Final = {
             default=ISOLATION_LEVELS[0],
             choices=ISOLATION_LEVELS,
         ),
+        _Definition(RENEW_ACKNOWLEDGE_ENABLE, "renew_acknowledge_enable"),
+        _Definition(ASSIGNMENT_INTERVAL_MS, "assignment_interval_ms", default="1000"),
     )
 }
 
@@ -152,6 +165,7 @@ LEADER_CONFIG_NAMES: Final = (
     PARTITION_MAX_RECORD_LOCKS,
     ORDERING,
     ISOLATION_LEVEL,
+    RENEW_ACKNOWLEDGE_ENABLE,
 )
 
 _DURATION: Final = re.compile(
@@ -249,7 +263,8 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
 
     Args:
         name: a name of :data:`GROUP_CONFIG_NAMES`.
-        value: an ``int`` or a string (``"3"``, ``"by_duration:PT1H"``); ``bool`` is refused.
+        value: an ``int`` or a string (``"3"``, ``"by_duration:PT1H"``); ``bool`` is refused
+            except for ``share.renew.acknowledge.enable`` (``true``/``false``, any case).
         settings: the broker-level settings whose ``group.share.min/max.*`` bound the value.
 
     Returns:
@@ -265,6 +280,11 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     definition = _DEFINITIONS.get(name)
     if definition is None:
         raise _unknown(name)
+    if name == RENEW_ACKNOWLEDGE_ENABLE:
+        return _boolean(name, value)
+    if name == ASSIGNMENT_INTERVAL_MS:
+        low, high = ASSIGNMENT_INTERVAL_BOUNDS
+        return _integer(name, value, low, high, "(Kafka's default bounds)")
     if definition.choices:
         text = value.strip().lower() if isinstance(value, str) else repr(value)
         if text not in definition.choices:
@@ -279,6 +299,21 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     low, high = _bounds(definition, settings)
     assert definition.max_attr is not None
     where = f"({lookup(definition.min_attr).name}..{lookup(definition.max_attr).name})"
+    return _integer(name, value, low, high, where)
+
+
+def _boolean(name: str, value: object) -> str:
+    """``true`` or ``false`` (any case, as Kafka's BOOLEAN configs), or a ``bool``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text not in ("true", "false"):
+        raise ConfigurationError(f"{name}={value!r} is not allowed: use true or false")
+    return text
+
+
+def _integer(name: str, value: object, low: int, high: int, where: str) -> str:
+    """``value`` as an integer in ``low..high`` (``where`` names the bounds' settings)."""
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
@@ -355,6 +390,8 @@ class GroupConfig:
         isolation_level: ``share.isolation.level``: ``read_uncommitted`` (default) or
             ``read_committed`` (nothing past the last stable offset is acquired, aborted
             records are never handed to a handler; docs/concepts.md "read_committed").
+        renew_acknowledge_enable: ``share.renew.acknowledge.enable`` (KIP-1222).
+        assignment_interval_ms: ``share.assignment.interval.ms`` (accepted, no effect).
     """
 
     auto_offset_reset: str
@@ -365,6 +402,8 @@ class GroupConfig:
     heartbeat_interval_ms: int
     ordering: str = "none"
     isolation_level: str = ISOLATION_LEVELS[0]
+    renew_acknowledge_enable: bool = True
+    assignment_interval_ms: int = 1000
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -388,6 +427,8 @@ class GroupConfig:
             heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
             ordering=value(ORDERING),
             isolation_level=value(ISOLATION_LEVEL),
+            renew_acknowledge_enable=value(RENEW_ACKNOWLEDGE_ENABLE).lower() == "true",
+            assignment_interval_ms=int(value(ASSIGNMENT_INTERVAL_MS)),
         )
 
     def value_of(self, name: str) -> str:
@@ -397,7 +438,7 @@ class GroupConfig:
         Raises:
             KeyError: ``name`` is not a group config.
         """
-        return str(getattr(self, _DEFINITIONS[name].default_attr))
+        return _text(getattr(self, _DEFINITIONS[name].default_attr))
 
     @property
     def read_committed(self) -> bool:
@@ -442,12 +483,20 @@ def describe_group_configs(
         elif name in app:
             out.append(ConfigEntry(name, app[name], "APP_GROUP_CONFIG", synonym))
         else:
-            out.append(ConfigEntry(name, _default(definition, settings), "DEFAULT_CONFIG", synonym))
+            default = _default(definition, settings)
+            out.append(ConfigEntry(name, default, "DEFAULT_CONFIG", synonym))
     return out
 
 
+def _text(value: object) -> str:
+    """A config value as Kafka writes it (``true``/``false`` for booleans)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def _default(definition: _Definition, settings: ShareGroupSettings) -> str:
-    """A group config's default: its broker-level setting's value, else its literal default."""
+    """The value of a config no one set: its broker-level setting's, or its literal one."""
     if definition.default is not None:
         return definition.default
-    return str(getattr(settings, definition.default_attr))
+    return _text(getattr(settings, definition.default_attr))

@@ -839,7 +839,9 @@ class SharePartition:
 
         Args:
             member_id: the acknowledging member.
-            batches: ordered, non-overlapping batches within SPSO..SPEO-1.
+            batches: ordered, non-overlapping batches below the SPEO. Offsets below the SPSO
+                (finished by another member after this one's lock elapsed) are skipped, as
+                Kafka 4.3's broker skips them: no error, nothing changes for them.
             now_ms: the current time in ms (acknowledgements are accepted until the lock is
                 expired by :meth:`expire_locks`; RENEW counts its new lock from it).
             lock_duration_ms: the lock a RENEW grants, in ms; ``None`` is the group's
@@ -848,7 +850,7 @@ class SharePartition:
         Raises:
             InvalidRequestError: batches unordered or overlapping, ``first_offset >
                 last_offset``, a bad number of acknowledge types or an unknown type, offsets
-                outside SPSO..SPEO-1, a RENEW lock duration out of range, or a RENEW while
+                negative or at/after the SPEO, a RENEW lock duration out of range, or a RENEW while
                 ``renew_enabled`` is False (``share.renew.acknowledge.enable=false``).
             InvalidRecordStateError: an offset is not Acquired by ``member_id``, or a RENEW
                 can't extend a lock any more: the record has been Acquired for
@@ -1076,7 +1078,7 @@ class SharePartition:
                     f"batch ending at {prev_last}; batches must be ordered and non-overlapping"
                 )
             prev_last = last
-            if first < self._start or last >= self._end:
+            if first < 0 or last >= self._end:
                 raise InvalidRequestError(
                     f"acknowledgement batch {first}..{last} is outside the in-flight records "
                     f"{self._start}..{self._end - 1}"
@@ -1087,6 +1089,13 @@ class SharePartition:
                     f"acknowledgement batch {first}..{last} has {len(types)} acknowledge types; "
                     f"expected 1 or {last - first + 1} (one per offset)"
                 )
+            if first < self._start:
+                # Finished already (another member's delivery after this one's lock elapsed):
+                # skipped, as Kafka 4.3's SharePartition skips offsets below its start offset.
+                if last < self._start:
+                    continue
+                types = types if len(types) == 1 else types[self._start - first :]
+                first = self._start
             try:
                 acks = [AcknowledgeType(t) for t in types]
             except (ValueError, TypeError) as exc:
@@ -1123,8 +1132,9 @@ class SharePartition:
         self, member_id: str, batches: Sequence[AcknowledgementBatch]
     ) -> list[tuple[int, int]]:
         """The offsets of ``batches`` that ``member_id`` can no longer acknowledge: not Acquired
-        by it (Available, Acknowledged, Archived or Acquired by another member), or outside
-        SPSO..SPEO-1. Inclusive ranges in offset order, merged where adjacent.
+        by it (Available, Acknowledged, Archived or Acquired by another member), negative, or
+        at/after the SPEO (offsets below the SPSO are skipped, not stale). Inclusive ranges in
+        offset order, merged where adjacent.
 
         A refused request (see :meth:`acknowledge`) names these in its answer, so the member
         can send the rest of its outcomes again without them instead of losing all of them
@@ -1142,9 +1152,9 @@ class SharePartition:
         runs = self._runs
         for b in sorted(batches, key=lambda b: b.first_offset):
             first, last = b.first_offset, b.last_offset
-            if first < self._start:
-                add(first, min(last, self._start - 1))
-                first = self._start
+            if first < 0:
+                add(first, min(last, -1))
+            first = max(first, self._start)  # below the SPSO: skipped, not stale (as Kafka)
             hi = min(last, self._end - 1)
             i = self._index(first) if first <= hi else len(runs)
             while i < len(runs) and runs[i].first <= hi:

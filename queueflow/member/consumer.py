@@ -1,5 +1,7 @@
 """``ShareConsumer``: a plain share-group client for scripts, mirroring KIP-932's
-``KafkaShareConsumer`` (subscribe, poll, acknowledge, commit_sync/commit_async, close).
+``KafkaShareConsumer`` (subscribe, unsubscribe, subscription, poll, acknowledge by record or by
+topic/partition/offset, commit_sync/commit_async, metrics, close with a timeout; KIP-1206
+``share.acquire.mode``).
 
 It is asynchronous, like aiokafka's consumer::
 
@@ -22,36 +24,33 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
 
-from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
+from queueflow.errors import ConfigurationError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
+from queueflow.member.acquire_mode import split_budget
 from queueflow.member.browsing import Browsing
+from queueflow.member.consumer_acks import AcknowledgingConsumer, CommitCallback, IllegalStateError
+from queueflow.member.consumer_metrics import ShareConsumerMetrics
 from queueflow.member.context import MemberContext
 from queueflow.member.key_ordering import check_key_ordered, check_ordering
 from queueflow.member.session import FetchResult, ShareFetchSession
-from queueflow.settings import ShareGroupSettings, refuse_unknown_keywords
+from queueflow.settings import ShareAcquireMode, ShareGroupSettings, refuse_unknown_keywords
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
-__all__ = ["CommitCallback", "IllegalStateError", "ShareConsumer"]
+__all__ = ["CLOSE_TIMEOUT_MS", "CommitCallback", "IllegalStateError", "ShareConsumer"]
 
-#: ``callback(offsets: {(topic, partition): {offset, ...}}, exception or None)``.
-CommitCallback = Callable[[dict[TopicPartition, set[int]], Exception | None], Any]
-
+#: ``close()``'s bound when none is given, in ms (``KafkaShareConsumer.close()``'s 30 s).
+CLOSE_TIMEOUT_MS = 30_000
 
 log = structlog.get_logger("queueflow.member.consumer")
 
 
-class IllegalStateError(QueueflowError):
-    """The consumer was used out of order (e.g. explicit mode polled with unacknowledged
-    records, or used after close)."""
-
-
-class ShareConsumer(Browsing):
+class ShareConsumer(AcknowledgingConsumer, Browsing):
     """A member of a share group.
 
     Args:
@@ -60,7 +59,10 @@ class ShareConsumer(Browsing):
         bootstrap_servers: ``host:port[,host:port]`` or a ``kafka://`` URL.
         acknowledgement_mode: ``"implicit"`` (default) or ``"explicit"``
             (``share.acknowledgement.mode``).
-        max_poll_records: records acquired per share-partition per poll.
+        max_poll_records: records acquired per share-partition per poll (``max.poll.records``;
+            per poll across share-partitions with ``acquire_mode="record_limit"``).
+        acquire_mode: ``"batch_optimized"`` or ``"record_limit"`` (KIP-1206
+            ``share.acquire.mode``; default: the setting's, ``batch_optimized``).
         lock_duration_ms: this consumer's acquisition lock duration, or ``None`` for the group's.
         settings: share-group settings overrides.
         client_id: the Kafka client id, shown by admin tooling.
@@ -80,8 +82,8 @@ class ShareConsumer(Browsing):
             (``share.ordering``; docs/concepts.md "Key-ordered sharing"); default ``"none"``.
 
     Raises:
-        ConfigurationError: an invalid mode, ordering or setting, an invalid combination of
-            security arguments (the message names it), or a SASL/SSL cluster with
+        ConfigurationError: an invalid mode, acquire mode, ordering or setting, an invalid
+            combination of security arguments (the message names it), or a SASL/SSL cluster with
             ``queueflow.auth.mode=auto`` and no ``queueflow.auth.secret``.
     """
 
@@ -94,6 +96,7 @@ class ShareConsumer(Browsing):
         bootstrap_servers: str = "localhost:9092",
         acknowledgement_mode: str = "implicit",
         max_poll_records: int | None = None,
+        acquire_mode: str | None = None,
         lock_duration_ms: int | None = None,
         settings: ShareGroupSettings | Mapping[str, Any] | None = None,
         client_id: str = "queueflow-share-consumer",
@@ -134,6 +137,15 @@ class ShareConsumer(Browsing):
         self.ctx = context
         self.settings = context.settings
         self.max_poll_records = max_poll_records or self.settings.max_poll_records
+        try:
+            self.acquire_mode = ShareAcquireMode(acquire_mode or self.settings.share_acquire_mode)
+        except ValueError:
+            raise ConfigurationError(
+                f"share.acquire.mode={acquire_mode!r}; use 'batch_optimized' or 'record_limit'"
+            ) from None
+        self._metrics = ShareConsumerMetrics(context.clock.monotonic())
+        self._asked: dict[TopicPartition, int] = {}  # records each fetch under way asked for
+        self._turn = 0  # which share-partition is first in line for a record_limit remainder
         self.lock_duration_ms = lock_duration_ms
         self.client_id = client_id
         self._session: ShareFetchSession | None = None
@@ -155,6 +167,32 @@ class ShareConsumer(Browsing):
     def assignment(self) -> set[TopicPartition]:
         """The share-partitions the coordinator assigned to this member."""
         return set() if self._session is None else set(self._session.assignment)
+
+    def subscription(self) -> set[str]:
+        """The topics this consumer subscribes to (``KafkaShareConsumer.subscription()``);
+        empty before :meth:`subscribe` and after :meth:`unsubscribe`."""
+        return set() if self._session is None else set(self._session.topics)
+
+    async def unsubscribe(self) -> None:
+        """Leave the group, as :meth:`close` does (pending acknowledgements sent, records not
+        acknowledged released), but stay usable: :meth:`subscribe` joins again
+        (``KafkaShareConsumer.unsubscribe()``). Nothing happens when not subscribed.
+
+        Raises:
+            IllegalStateError: the consumer is closed.
+        """
+        self._check_open()
+        await self._leave()
+
+    def metrics(self) -> dict[str, dict[str, float]]:
+        """The consumer's metrics by the Java client's metric group and name (Kafka's "Share
+        Consumer Metrics"; see :mod:`queueflow.member.consumer_metrics`), e.g.
+        ``metrics()["consumer-share-fetch-manager-metrics"]["records-consumed-total"]``."""
+        snapshot = self._metrics.snapshot(self.ctx.clock.monotonic())
+        snapshot["consumer-share-fetch-manager-metrics"]["assigned-partitions"] = float(
+            len(self.assignment())
+        )
+        return snapshot
 
     async def subscribe(self, topics: Iterable[str]) -> None:
         """Join the share group subscribed to ``topics`` (exact names; no patterns).
@@ -183,51 +221,6 @@ class ShareConsumer(Browsing):
             await session.close(leave=False)  # leaves no client open behind the error
             raise
 
-    def set_acknowledgement_commit_callback(self, callback: CommitCallback | None) -> None:
-        """``callback(offsets: {(topic, partition): {offset, ...}}, exception or None)`` runs
-        after each acknowledgement batch a leader answers."""
-        self._callback = callback
-
-    def acknowledge(
-        self, record: ShareRecord, kind: AcknowledgeType = AcknowledgeType.ACCEPT
-    ) -> None:
-        """Acknowledge a record returned by the last poll (sent with the next poll or commit).
-
-        ``RENEW`` (KIP-1222) extends the record's acquisition lock instead: the record stays to
-        be acknowledged (with ACCEPT, RELEASE or REJECT; in explicit mode before the next poll).
-        Send it with :meth:`commit_sync` while the work on the record goes on.
-
-        Raises:
-            IllegalStateError: the record was not delivered by the last poll, or was already
-                acknowledged.
-            ConfigurationError: ``kind`` is not ACCEPT, RELEASE, REJECT or RENEW.
-        """
-        self._check_open()
-        key = (record.topic, record.partition, record.offset)
-        if kind is AcknowledgeType.RENEW:  # KIP-1222: keep it, with a fresh lock
-            if key not in self._delivered:
-                raise IllegalStateError(
-                    f"{record.topic}[{record.partition}]@{record.offset} was not returned by the "
-                    "last poll or is already acknowledged; only those can be renewed"
-                )
-            self._require_session().acknowledge(
-                TopicPartition(record.topic, record.partition), record.offset, kind
-            )
-            return
-        if kind not in (AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT):
-            raise ConfigurationError(
-                f"acknowledge type {kind!r}; use ACCEPT, RELEASE, REJECT or RENEW"
-            )
-        if self._delivered.pop(key, None) is None:
-            raise IllegalStateError(
-                f"{record.topic}[{record.partition}]@{record.offset} was not returned by the last "
-                "poll or is already acknowledged"
-            )
-        session = self._require_session()
-        session.acknowledge(TopicPartition(record.topic, record.partition), record.offset, kind)
-        if kind is AcknowledgeType.RELEASE:
-            session.remember_released(record)
-
     async def poll(self, timeout_ms: int = 1000) -> list[ShareRecord]:
         """Fetch records from the assigned share-partitions.
 
@@ -249,6 +242,15 @@ class ShareConsumer(Browsing):
         """
         session = self._require_session()
         self._settle_previous()
+        clock = self.ctx.clock
+        self._metrics.poll_started(clock.monotonic())
+        self._turn += 1
+        records = await self._poll(session, timeout_ms)
+        size = sum(len(r.raw_value or b"") + len(r.raw_key or b"") for r in records)
+        self._metrics.poll_ended(clock.monotonic(), len(records), size)
+        return records
+
+    async def _poll(self, session: ShareFetchSession, timeout_ms: int) -> list[ShareRecord]:
         clock = self.ctx.clock
         deadline = clock.monotonic() + timeout_ms / 1000
         backoff = 0.005
@@ -286,6 +288,7 @@ class ShareConsumer(Browsing):
             for tp, task in list(inflight.items()):
                 if task in done:
                     del inflight[tp]
+                    self._asked.pop(tp, None)
                     result = task.result()
                     if result is not None:
                         records += result.records
@@ -305,16 +308,29 @@ class ShareConsumer(Browsing):
         with ``pending_acks`` that has none under way; returns them."""
         inflight, started = self._inflight, []
         wait_ms = min(self.settings.fetch_max_wait_ms, int(remaining * 1000))
-        for tp in sorted(session.assignment | pending_acks):
-            if tp in inflight:
-                if tp in pending_acks:
-                    self._acknowledge_now(tp)  # don't wait for the long poll to end
-                continue
-            if tp in session.assignment:
+        idle = sorted(session.assignment - inflight.keys())
+        for tp in sorted(pending_acks & inflight.keys()):
+            self._acknowledge_now(tp)  # don't wait for the long poll to end
+        budgets = self._budgets(idle)
+        for tp in sorted((session.assignment | pending_acks) - inflight.keys()):
+            asked = budgets.get(tp, 0)
+            if not asked and tp not in pending_acks:
+                continue  # record_limit: no room left in this poll
+            if asked:
                 session.prepare(tp)  # idempotent: its reader connects once
-            inflight[tp] = asyncio.ensure_future(self._fetch(tp, tp in session.assignment, wait_ms))
+            self._asked[tp] = asked
+            inflight[tp] = asyncio.ensure_future(self._fetch(tp, asked, wait_ms if asked else 0))
             started.append(inflight[tp])
         return started
+
+    def _budgets(self, idle: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Records to ask each assigned share-partition with no fetch under way for:
+        ``max_poll_records`` each (``batch_optimized``), or what the fetches under way left of
+        ``max_poll_records``, split among them (``record_limit``, KIP-1206)."""
+        if self.acquire_mode is ShareAcquireMode.BATCH_OPTIMIZED:
+            return dict.fromkeys(idle, self.max_poll_records)
+        left = self.max_poll_records - sum(self._asked.get(tp, 0) for tp in self._inflight)
+        return split_budget(left, idle, self._turn)
 
     def _acknowledge_now(self, tp: TopicPartition) -> None:
         """Send ``tp``'s pending acknowledgements alone (ShareAcknowledge) while its ShareFetch
@@ -324,16 +340,18 @@ class ShareConsumer(Browsing):
             self._acking[tp] = asyncio.ensure_future(self._require_session().flush(tp))
 
     async def _fetch(
-        self, tp: TopicPartition, assigned: bool, max_wait_ms: int = 0
+        self, tp: TopicPartition, max_records: int, max_wait_ms: int = 0
     ) -> FetchResult | None:
         session = self._require_session()
         try:
-            result = await session.fetch(tp, self.max_poll_records if assigned else 0, max_wait_ms)
+            result = await session.fetch(tp, max_records, max_wait_ms)
         except ShareGroupError as exc:
             if not exc.code.retriable:
                 raise
             self._note_error(tp, exc)  # e.g. a leader failing over: try again next poll
             return None
+        if max_records:
+            self._metrics.fetched(result.round_trip_s, len(result.records))
         if result.error is not None:
             self._note_error(tp, result.error)
         else:
@@ -353,102 +371,77 @@ class ShareConsumer(Browsing):
             )
         self.partition_errors[tp] = error
 
-    def _report(
-        self, tp: TopicPartition, offsets: list[int], error: ShareGroupError | None
-    ) -> None:
-        if self._callback is not None and offsets:
-            self._callback({tp: set(offsets)}, error)
-
-    def _settle_previous(self) -> None:
-        if not self._delivered:
-            return
-        if self.mode == "explicit":
-            raise IllegalStateError(
-                f"{len(self._delivered)} records from the last poll are not acknowledged; in "
-                "explicit mode acknowledge every record before polling again"
-            )
-        session = self._require_session()
-        for topic, partition, offset in list(self._delivered):
-            session.acknowledge(TopicPartition(topic, partition), offset, AcknowledgeType.ACCEPT)
-        self._delivered.clear()
-
-    async def commit_sync(
-        self, timeout_ms: int | None = None
-    ) -> dict[TopicPartition, Exception | None]:
-        """Send pending acknowledgements now and wait for the leaders' answers.
-
-        In implicit mode this first ACCEPTs the records of the last poll. Acknowledgements a
-        leader refuses as stale are dropped and the others sent again (see
-        :class:`~queueflow.member.session.ShareFetchSession`); the commit callback hears of
-        both.
-
-        Args:
-            timeout_ms: the longest to wait, in ms (None: until every leader answered or timed
-                out, ``queueflow.request.timeout.ms`` each).
-
-        Returns:
-            ``{(topic, partition): None or the error}`` for each share-partition acknowledged:
-            the result of its last acknowledgement batch.
-
-        Raises:
-            asyncio.TimeoutError: ``timeout_ms`` passed first.
-        """
-        session = self._require_session()
-        if self.mode == "implicit":
-            self._settle_previous()
-        results: dict[TopicPartition, Exception | None] = {}
-
-        async def one(tp: TopicPartition) -> None:
-            results[tp] = await session.flush(tp)
-
-        work = asyncio.gather(*(one(tp) for tp in session.acks.partitions()))
-        if timeout_ms is None:
-            await work
-        else:
-            await asyncio.wait_for(work, timeout_ms / 1000)
-        return results
-
-    def commit_async(self) -> asyncio.Task[dict[TopicPartition, Exception | None]]:
-        """Send pending acknowledgements without waiting; results go to the commit callback."""
-        return asyncio.ensure_future(self.commit_sync())
-
-    async def close(self) -> None:
-        """Acknowledge what is pending, release the records not acknowledged, and leave.
+    async def close(self, timeout_ms: int | None = None) -> None:
+        """Acknowledge what is pending, release the records not acknowledged, and leave, within
+        ``timeout_ms`` (``KafkaShareConsumer.close(Duration)``).
 
         In implicit mode the records of the last poll are released, not accepted (as
         ``KafkaShareConsumer.close`` does); explicit acknowledgements already given are sent.
+        No error is reported for records another member finished after this one's lock
+        elapsed (below the start offset): Kafka's broker skips them too.
+
+        Args:
+            timeout_ms: the longest close may take, in ms (default :data:`CLOSE_TIMEOUT_MS`,
+                Kafka's 30 s; 0: at once). When it passes (a leader or the coordinator doesn't
+                answer), the consumer is closed without waiting any more: what it held comes back
+                when its locks or its session time out. Logged as
+                ``share_consumer_close_timed_out``.
         """
         if self._closed:
             return
-        if self._session is not None:
-            for result in await asyncio.gather(*self._inflight.values(), return_exceptions=True):
-                if isinstance(result, FetchResult):  # acquired after the last poll: release
-                    for record in result.records:
-                        self._delivered[(record.topic, record.partition, record.offset)] = record
-            self._inflight.clear()
-            await asyncio.gather(*self._acking.values(), return_exceptions=True)
-            self._acking.clear()
-            for topic, partition, offset in list(self._delivered):
-                self._session.acknowledge(
-                    TopicPartition(topic, partition), offset, AcknowledgeType.RELEASE
-                )
-            self._delivered.clear()
-            await self.commit_sync()
-            await self._session.close(leave=True)
+        limit_ms = CLOSE_TIMEOUT_MS if timeout_ms is None else max(timeout_ms, 0)
+        try:
+            await asyncio.wait_for(self._leave(), limit_ms / 1000)
+        except asyncio.TimeoutError:
+            log.warning(
+                "share_consumer_close_timed_out",
+                group=self.group,
+                member_id=self.member_id,
+                timeout_ms=limit_ms,
+                note="closed without leaving: held records come back when their locks or the "
+                "member's session time out",
+            )
+            await self._abandon()
         self._closed = True
+
+    async def _leave(self) -> None:
+        """Settle and leave the group (see :meth:`close`); the consumer stays open."""
+        session = self._session
+        if session is None:
+            return
+        for result in await asyncio.gather(*self._inflight.values(), return_exceptions=True):
+            if isinstance(result, FetchResult):  # acquired after the last poll: release
+                for record in result.records:
+                    self._delivered[(record.topic, record.partition, record.offset)] = record
+        self._inflight.clear()
+        self._asked.clear()
+        await asyncio.gather(*self._acking.values(), return_exceptions=True)
+        self._acking.clear()
+        for topic, partition, offset in list(self._delivered):
+            session.acknowledge(TopicPartition(topic, partition), offset, AcknowledgeType.RELEASE)
+        self._delivered.clear()
+        await self.commit_sync()
+        await session.close(leave=True)
+        self._session = None
+        self.partition_errors.clear()
+
+    async def _abandon(self) -> None:
+        """Stop every request under way and close the session's clients without leaving."""
+        for task in [*self._inflight.values(), *self._acking.values()]:
+            task.cancel()
+        await asyncio.gather(
+            *self._inflight.values(), *self._acking.values(), return_exceptions=True
+        )
+        self._inflight.clear()
+        self._acking.clear()
+        self._asked.clear()
+        self._delivered.clear()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close(leave=False)
 
     async def __aenter__(self) -> ShareConsumer:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise IllegalStateError("this ShareConsumer is closed")
-
-    def _require_session(self) -> ShareFetchSession:
-        self._check_open()
-        if self._session is None:
-            raise IllegalStateError("call subscribe() before poll() or commit")
-        return self._session

@@ -7,12 +7,12 @@ rest from the broker-level settings (:func:`effective`). The coordinator applies
 timeout and heartbeat interval itself.
 
 The share-partition leaders need the lock duration, delivery count limit, in-flight limit,
-``share.auto.offset.reset`` and ``share.isolation.level``. They learn them from the assignment
-ticket every ShareFetch carries: the coordinator signs the group's values (those that differ
-from the broker-level settings) and their version into it (:func:`ticket_configs`), so no one
-but the coordinator can set them, and a leader has them before it initialises or loads a
-share-partition for the request. :class:`LeaderGroupConfigs` keeps the highest version seen per
-group.
+``share.auto.offset.reset``, ``share.isolation.level`` and ``share.renew.acknowledge.enable``.
+They learn them from the assignment ticket every ShareFetch carries: the coordinator signs the
+group's values (those that differ from the broker-level settings) and their version into it
+(:func:`ticket_configs`), so no one but the coordinator can set them, and a leader has them
+before it initialises or loads a share-partition for the request. :class:`LeaderGroupConfigs`
+keeps the highest version seen per group.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePar
         record_lock_duration_ms=config.record_lock_duration_ms,
         max_record_lock_duration_ms=settings.max_record_lock_duration_ms,
         min_record_lock_duration_ms=settings.min_record_lock_duration_ms,
-        renew_enabled=settings.renew_acknowledge_enable,
+        renew_enabled=config.renew_acknowledge_enable,
         max_renewal_ms=settings.record_lock_max_renewal_ms,
         member_max_in_flight_records=settings.member_max_in_flight_records,
         member_max_acquisition_rate=settings.member_max_acquisition_rate,

@@ -12,8 +12,9 @@ then one ``name=value sensitive=false synonyms={SOURCE:name=value}`` line per co
 ``Completed updating config for group G.`` after an alter. It works through
 :meth:`queueflow.admin.ShareGroupAdmin.describe_group_configs` and
 :meth:`~queueflow.admin.ShareGroupAdmin.alter_group_configs`, answered by the group's
-coordinator, so a worker of the app must be running. Exit code 0 on success, 1 on an error
-(unknown group, unknown config, a value out of range, no answer in time, a refused flag
+coordinator, so a worker of the app must be running. A group no member has joined yet can be
+configured, as with ``kafka-configs.sh``. Exit code 0 on success, 1 on an error
+(unknown config, a value out of range, no answer in time, a refused flag
 combination) with the error on stderr.
 """
 
@@ -67,9 +68,9 @@ def _lines(group: str, entries: list[ConfigEntry], show_all: bool) -> str:
     lines = [f"{title} configs for group {group} are:"]
     for e in shown:
         synonym = e.name if e.source != "DEFAULT_CONFIG" else e.synonym
-        lines.append(
-            f"  {e.name}={e.value} sensitive=false synonyms={{{e.source}:{synonym}={e.value}}}"
-        )
+        # a literal default (no broker-level setting) has no synonym: Kafka prints {}
+        synonyms = f"{e.source}:{synonym}={e.value}" if synonym else ""
+        lines.append(f"  {e.name}={e.value} sensitive=false synonyms={{{synonyms}}}")
     return "\n".join(lines)
 
 
@@ -88,7 +89,16 @@ def _json(group: str, entries: list[ConfigEntry], show_all: bool) -> str:
 
 async def _describe(admin: ShareGroupAdmin, group: str, show_all: bool, as_json: bool) -> str:
     entries = await admin.describe_group_configs(group)
-    return _json(group, entries, show_all) if as_json else _lines(group, entries, show_all)
+    if as_json:
+        return _json(group, entries, show_all)
+    if not show_all and not any(e.source == "DYNAMIC_GROUP_CONFIG" for e in entries):
+        try:
+            exists = group in {g.group_id for g in await admin.list_groups()}
+        except QueueflowError:  # no group table yet: no group
+            exists = False
+        if not exists:  # Kafka 4.3.1's words
+            return f"The group '{group}' doesn't exist and doesn't have dynamic config."
+    return _lines(group, entries, show_all)
 
 
 async def _alter(

@@ -14,6 +14,15 @@ usage-error code 2.
 ``--reset-offsets`` takes Kafka's ``--to-earliest``, ``--to-latest`` and ``--to-datetime``, plus
 ``--by-duration`` and ``--to-offset`` as ``kafka-consumer-groups.sh`` has them (Kafka 4.3's
 ``kafka-share-groups.sh`` lacks those two).
+
+Where Kafka 4.3.1's tool has its own words, they are printed (docs/operations.md, "Inspecting
+share groups"): a group with members refused by ``--delete`` (``GroupNotEmptyException: Share
+group 'G' is not EMPTY.``), ``--reset-offsets`` (``Share group 'G' is not empty.``, on stderr
+without ``Error:``) and ``--delete-offsets`` (``Error: The group is not empty.`` and the
+``TOPIC STATUS`` table, as is a topic the group doesn't have); a group with no share-partitions
+(``Share group 'G' has no offset information.``); an empty group's ``--state`` and ``--members``
+(``Share group 'G' has no active members.`` on stderr). Unlike Kafka's tool, which exits 0 after
+some of these, queueflow exits 1 whenever something was refused.
 """
 
 from __future__ import annotations
@@ -61,6 +70,13 @@ _SCENARIOS = ("--to-earliest", "--to-latest", "--to-datetime", "--by-duration", 
 
 class _Refused(Exception):
     """A flag combination or an argument the tool refuses (exit 1, message on stderr)."""
+
+
+#: Kafka's exception class and message for a group with members, in ``--delete``'s answer.
+_NOT_EMPTY = "org.apache.kafka.common.errors.GroupNotEmptyException: Share group '{}' is not EMPTY."
+#: Kafka's ``--delete-offsets`` status of a group with members, and of a topic it lacks.
+_OFFSETS_NOT_EMPTY = "Error: The group is not empty."
+_NO_SUCH_TOPIC = "Error: This server does not host this topic-partition."
 
 
 def make_admin(app_id: str, bootstrap: str, timeout_ms: int) -> ShareGroupAdmin:
@@ -146,7 +162,11 @@ async def _run(
     state_filter: str | None,
     verbose: bool,
     as_json: bool,
+    notes: list[str] | None = None,
 ) -> str:
+    """``--list`` or ``--describe``: the text for stdout; Kafka's stderr lines (a group
+    without members) are added to ``notes``, to be printed after it."""
+    notes = [] if notes is None else notes
     if action == "list":
         states = None if state_filter in (None, "") else [state_filter or ""]
         listed = await admin.list_groups(states)
@@ -163,10 +183,13 @@ async def _run(
         if mode == "offsets":
             offsets = await admin.list_offsets(d.group_id)
             out.append({"group": d.group_id, "offsets": describe_json(offsets)})
-            texts.append(_table(_offset_rows(d.group_id, offsets, verbose)))
-            parked = parked_rows(d.group_id, offsets)  # key-ordered groups' parked keys
-            if parked:
-                texts.append(_table(parked))
+            if offsets:
+                texts.append(_table(_offset_rows(d.group_id, offsets, verbose)))
+                parked = parked_rows(d.group_id, offsets)  # key-ordered groups' parked keys
+                if parked:
+                    texts.append(_table(parked))
+            else:  # Kafka's words for a group with no share-partitions
+                texts.append(f"Share group '{d.group_id}' has no offset information.")
         elif mode == "members":
             out.append(describe_json(d))
             header = ["GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS", "ASSIGNMENT"]
@@ -179,19 +202,29 @@ async def _run(
                 more += _heartbeat(m.last_heartbeat_ms)
                 rows.append(row + (more if verbose else []))
             if not d.members:
-                texts.append(f"Share group '{d.group_id}' has no active members.")
+                notes += _no_members(d.group_id, as_json)
             else:
                 texts.append(_table(rows))
             texts[-1] += _lapsed_note(d)
         else:
             out.append({k: v for k, v in describe_json(d).items() if k != "members"})
-            header = ["GROUP", "COORDINATOR (ID)", "STATE", "#MEMBERS"]
-            extra = ["GROUP-EPOCH", "ASSIGNMENT-EPOCH", "ASSIGNOR"] if verbose else []
-            row = [d.group_id, d.coordinator or "-", d.state, len(d.members)]
-            row += [d.group_epoch, d.assignment_epoch, d.assignor] if verbose else []
+            # Kafka's columns (the epochs before #MEMBERS with --verbose), then our ASSIGNOR
+            header = ["GROUP", "COORDINATOR (ID)", "STATE"]
+            header += ["GROUP-EPOCH", "ASSIGNMENT-EPOCH"] if verbose else []
+            header += ["#MEMBERS"] + (["ASSIGNOR"] if verbose else [])
+            cells: list[Any] = [d.group_id, d.coordinator or "-", d.state]
+            cells += [d.group_epoch, d.assignment_epoch] if verbose else []
+            cells += [len(d.members)] + ([d.assignor] if verbose else [])
             held = f"\nHeld non-empty by: {holders(d)}" if d.members else ""
-            texts.append(_table([header + extra, row]) + held + _lapsed_note(d))
+            texts.append(_table([header, cells]) + held + _lapsed_note(d))
+            if not d.members:
+                notes += _no_members(d.group_id, as_json)
     return json.dumps(out) if as_json else "\n\n".join(texts)
+
+
+def _no_members(group: str, as_json: bool) -> list[str]:
+    """Kafka's line for a group without members (its tool prints it on stderr)."""
+    return [] if as_json else [f"\nShare group '{group}' has no active members."]
 
 
 def _topic_partitions(spec: str) -> tuple[str, list[int] | None]:
@@ -261,13 +294,30 @@ async def _reset(
 
 async def _delete_offsets(
     admin: ShareGroupAdmin, group: str, topic_names: list[str], as_json: bool
-) -> str:
-    """``--delete-offsets``: Kafka's ``TOPIC STATUS`` table."""
-    await admin.delete_share_group_offsets(group, topic_names)
+) -> tuple[str, bool]:
+    """``--delete-offsets``: Kafka's ``TOPIC STATUS`` table (a topic the group doesn't have
+    gets Kafka's error status, the others are deleted; a group with members: Kafka's
+    ``Error: The group is not empty.`` for each); False if a topic was refused."""
     names = sorted(set(topic_names))
+    (description,) = await admin.describe_groups([group])
+    status = dict.fromkeys(names, _OFFSETS_NOT_EMPTY)
+    if not description.members:
+        known = [t for t in names if t in description.partitions]
+        status = {t: "Successful" if t in known else _NO_SUCH_TOPIC for t in names}
+        try:
+            if known:
+                await admin.delete_share_group_offsets(group, known)
+        except ShareGroupError as exc:
+            if exc.code is not ErrorCode.NON_EMPTY_GROUP:  # a member joined in between
+                raise
+            status = dict.fromkeys(names, _OFFSETS_NOT_EMPTY)
+    ok = all(v == "Successful" for v in status.values())
     if as_json:
-        return json.dumps([{"topic": t, "status": "Successful"} for t in names])
-    return _table([["TOPIC", "STATUS"], *[[t, "Successful"] for t in names]])
+        return json.dumps([{"topic": t, "status": status[t]} for t in names]), ok
+    table = _table([["TOPIC", "STATUS"], *[[t, status[t]] for t in names]])
+    if _OFFSETS_NOT_EMPTY in status.values():
+        return f"{_OFFSETS_NOT_EMPTY}\n\n{table}", False
+    return table, ok
 
 
 async def _delete(
@@ -276,7 +326,7 @@ async def _delete(
     """``--delete``: Kafka's messages; False if a group could not be deleted."""
     names = groups if groups is not None else [g.group_id for g in await admin.list_groups()]
     results = await admin.delete_share_groups(names)
-    failed = {g: e for g, e in results.items() if e is not None}
+    failed: dict[str, Any] = {g: e for g, e in results.items() if e is not None}
     if as_json:
         out = {
             g: None if e is None else {"error": e.code.value, "message": e.message}
@@ -287,8 +337,12 @@ async def _delete(
     quoted = ", ".join(f"'{g}'" for g in done)
     if not failed:
         return f"Deletion of requested share groups ({quoted}) was successful.", True
-    lines = ["Deletion of some share groups failed:"]
-    lines += [f"* Group '{g}' could not be deleted due to: {e}" for g, e in failed.items()]
+    lines = ["Error: Deletion of some share groups failed:"]
+    lines += [
+        f"* Group '{g}' could not be deleted due to: "
+        + (_NOT_EMPTY.format(g) if e.code is ErrorCode.NON_EMPTY_GROUP else str(e))
+        for g, e in failed.items()
+    ]
     if done:
         lines += ["", f"These share groups were deleted successfully: {quoted}"]
     return "\n".join(lines), False
@@ -567,13 +621,14 @@ def share_groups(
         return
     admin = make_admin(app_id, bootstrap, timeout_ms)
     ok = True
+    notes: list[str] = []  # Kafka's stderr lines, after the output
     try:
         if spec is not None:
             text = asyncio.run(
                 _reset(admin, group_ids[0], list(topic_specs), spec, execute, as_json)
             )
         elif delete_offsets:
-            text = asyncio.run(_delete_offsets(admin, group_ids[0], list(topic_specs), as_json))
+            text, ok = asyncio.run(_delete_offsets(admin, group_ids[0], list(topic_specs), as_json))
         elif delete:
             text, ok = asyncio.run(_delete(admin, list(group_ids) or None, as_json))
         else:
@@ -586,21 +641,23 @@ def share_groups(
                     state if do_list else None,
                     verbose,
                     as_json,
+                    notes,
                 )
             )
     except ShareGroupError as exc:
-        # Kafka's wording for the refusals it has its own message for
-        refuse(
-            exc.message
-            if exc.code is ErrorCode.NON_EMPTY_GROUP and exc.message.startswith("Share group")
-            else str(exc)
-        )
+        if exc.code is ErrorCode.NON_EMPTY_GROUP and exc.message.startswith("Share group"):
+            # Kafka's words, as its tool prints them (stderr, no "Error:")
+            click.echo(exc.message, err=True)
+            sys.exit(1)
+        refuse(str(exc))
         return
     except (_Refused, QueueflowError, TimeoutError) as exc:
         refuse(str(exc))
         return
     if text:
         click.echo(text)
+    for note in notes:
+        click.echo(note, err=True)
     if not ok:
         sys.exit(1)
 

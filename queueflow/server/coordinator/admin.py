@@ -393,21 +393,25 @@ def handle_group_configs(
     message: protocol.DescribeGroupConfigsRequest | protocol.AlterGroupConfigsRequest,
     now_ms: int,
 ) -> CoordinatorResult:
-    """Describe or alter a group's configs (docs/operations.md, "Group configs"): the group
-    must exist; an alter is validated against the broker-level bounds as a whole
-    (``INVALID_CONFIG``: nothing changes), stored with the group under a new config version,
-    and answered with every config after it. The session timeout applies at once, the
-    heartbeat interval at the members' next heartbeat, the leaders' configs with the tickets
-    of their next heartbeat."""
+    """Describe or alter a group's configs (docs/operations.md, "Group configs"): an alter is
+    validated against the broker-level bounds as a whole (``INVALID_CONFIG``: nothing
+    changes), stored with the group under a new config version, and answered with every
+    config after it. The session timeout applies at once, the heartbeat interval at the
+    members' next heartbeat, the leaders' configs with the tickets of their next heartbeat.
+
+    As ``kafka-configs.sh --entity-type groups`` allows, the group need not exist yet: its
+    configs are stored for it (a group no member has joined is not listed) and apply from its
+    first join, e.g. ``share.auto.offset.reset=earliest``; a describe answers the defaults."""
     late = _expired(message, now_ms)
     if late is not None:
         return CoordinatorResult(events=(late,))
     response = protocol.AdminResponse(message.admin_id, message.request_id)
     result = NOTHING
     try:
-        group = state.existing_group(message.group, now_ms)
+        group = _config_target(state, message.group, now_ms)
         if isinstance(message, protocol.AlterGroupConfigsRequest):
-            result = _alter_configs(state, message, group)
+            result = _alter_configs(state, message, group, now_ms)
+            group = state.groups.get(group.group_id, group)
         response.configs = [
             (e.name, e.value, e.source, e.synonym) for e in group_configs.describe(state.ctx, group)
         ]
@@ -416,8 +420,28 @@ def handle_group_configs(
     return result + CoordinatorResult(replies=(_answer(message, response),))
 
 
+def _config_target(state: CoordinatorState, group_id: str, now_ms: int) -> ShareGroup:
+    """The group whose configs are described or altered; a group not stored yet is a new,
+    empty one, not kept unless an alter changes its configs (Kafka keeps a group's configs
+    apart from the group: they can be set before the first member joins).
+
+    Raises:
+        ShareGroupError: ``CORRUPT_STATE``.
+    """
+    try:
+        return state.existing_group(group_id, now_ms)
+    except ShareGroupError as exc:
+        if exc.code is not ErrorCode.GROUP_ID_NOT_FOUND:
+            raise
+    settings = state.ctx.settings
+    return ShareGroup(group_id, settings.session_timeout_ms, settings.max_size)
+
+
 def _alter_configs(
-    state: CoordinatorState, message: protocol.AlterGroupConfigsRequest, group: ShareGroup
+    state: CoordinatorState,
+    message: protocol.AlterGroupConfigsRequest,
+    group: ShareGroup,
+    now_ms: int,
 ) -> CoordinatorResult:
     try:
         dynamic = validate_group_configs(
@@ -432,6 +456,7 @@ def _alter_configs(
     events: list[LogEvent] = []
     records: tuple[GroupRecord, ...] = ()
     if dynamic != group.configs:
+        group = state.group(group.group_id, now_ms)  # kept from now on if it was new
         group.configs = dynamic
         group.config_version += 1
         group.session_timeout_ms = group_configs.effective(state.ctx, group).session_timeout_ms

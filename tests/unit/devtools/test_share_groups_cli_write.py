@@ -150,8 +150,8 @@ def test_delete_offsets_and_delete_print_kafka_s_messages() -> None:
             await finished_group(cluster, "g")
             await finished_group(cluster, "h")
             admin = cluster.admin()
-            text = await command._delete_offsets(admin, "g", [TOPIC], False)
-            assert [line.split() for line in text.splitlines()] == [
+            text, ok = await command._delete_offsets(admin, "g", [TOPIC], False)
+            assert ok and [line.split() for line in text.splitlines()] == [
                 ["TOPIC", "STATUS"],
                 [TOPIC, "Successful"],
             ]
@@ -160,7 +160,7 @@ def test_delete_offsets_and_delete_print_kafka_s_messages() -> None:
             text, ok = await command._delete(admin, ["nope", "h"], False)
             assert not ok
             lines = text.splitlines()
-            assert lines[0] == "Deletion of some share groups failed:"
+            assert lines[0] == "Error: Deletion of some share groups failed:"  # Kafka 4.3.1
             assert lines[1].startswith("* Group 'nope' could not be deleted due to: ")
             assert "GROUP_ID_NOT_FOUND" in lines[1]
             assert lines[-1] == "These share groups were deleted successfully: 'h'"
@@ -241,5 +241,60 @@ def test_browse_prints_offset_state_delivery_count_lock_key_and_a_value_preview(
             assert empty == f"Share group 'g' has no records of {TOPIC}[0] from offset 5 to browse."
             assert held.offset == 0
             await holder.close()
+
+
+def test_a_group_with_members_is_refused_in_kafka_4_3_s_words() -> None:
+    """What kafka-share-groups.sh 4.3.1 prints for a group with members (docs/operations.md,
+    "Inspecting share groups"): --delete's GroupNotEmptyException line, --delete-offsets'
+    "Error: The group is not empty." table; and a topic the group lacks gets Kafka's status
+    while the others are deleted."""
+
+    async def scenario() -> None:
+        async with cluster_with(2) as cluster:
+            member = cluster.consumer("g")
+            await member.subscribe([TOPIC])
+            await settle(cluster)
+            admin = cluster.admin()
+            text, ok = await command._delete(admin, ["g"], False)
+            assert not ok and text.splitlines() == [
+                "Error: Deletion of some share groups failed:",
+                "* Group 'g' could not be deleted due to: "
+                "org.apache.kafka.common.errors.GroupNotEmptyException: Share group 'g' is not "
+                "EMPTY.",
+            ]
+            text, ok = await command._delete_offsets(admin, "g", [TOPIC], False)
+            assert not ok
+            assert [line.split() for line in text.splitlines()] == [
+                ["Error:", "The", "group", "is", "not", "empty."],
+                [],
+                ["TOPIC", "STATUS"],
+                [TOPIC, "Error:", "The", "group", "is", "not", "empty."],
+            ]
+            await member.close()
+            await settle(cluster)
+            text, ok = await command._delete_offsets(admin, "g", [TOPIC, "nosuch"], False)
+            assert not ok
+            assert [" ".join(line.split()) for line in text.splitlines()] == [
+                "TOPIC STATUS",
+                f"{TOPIC} Successful",
+                "nosuch Error: This server does not host this topic-partition.",
+            ]
+            (described,) = await admin.describe_groups(["g"])
+            assert described.partitions == {}
+            # after --delete-offsets, and an empty group's --state (--verbose: Kafka's order)
+            text = await command._run(admin, "describe", ["g"], "offsets", None, False, False)
+            assert text == "Share group 'g' has no offset information."
+            notes: list[str] = []
+            text = await command._run(admin, "describe", ["g"], "state", None, True, False, notes)
+            assert text.splitlines()[0].split("  ")[:6] == [
+                "GROUP",
+                "COORDINATOR (ID)",
+                "STATE",
+                "GROUP-EPOCH",
+                "ASSIGNMENT-EPOCH",
+                "#MEMBERS",
+            ]
+            assert text.splitlines()[1].split()[2:] == ["Empty", "2", "2", "0", "simple"]
+            assert notes == ["\nShare group 'g' has no active members."]  # for stderr
 
     run(scenario())

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from queueflow.engine.group import ShareGroup
 from queueflow.engine.group_config import (
     GROUP_CONFIG_NAMES,
+    LEADER_CONFIG_NAMES,
     GroupConfig,
     OffsetReset,
     describe_group_configs,
@@ -59,13 +60,38 @@ INT_CONFIGS = {
 }
 
 
-def test_the_six_group_configs_of_the_issue() -> None:
-    assert set(GROUP_CONFIG_NAMES) == {
-        "share.auto.offset.reset",
-        "share.ordering",
-        "share.isolation.level",
-        *INT_CONFIGS,
-    }
+KAFKA_4_3_OTHERS = {"share.renew.acknowledge.enable", "share.assignment.interval.ms"}
+
+
+def test_the_share_group_configs_kafka_lists() -> None:
+    """Kafka 4.3's ``share.*`` group configs (group_config.html); ``share.isolation.level``
+    is defined with read_committed."""
+    assert set(GROUP_CONFIG_NAMES) >= {"share.auto.offset.reset", *INT_CONFIGS, *KAFKA_4_3_OTHERS}
+
+
+def test_renew_acknowledge_enable_is_a_boolean_applied_by_the_leaders() -> None:
+    name = "share.renew.acknowledge.enable"
+    assert validate_group_config(name, "FALSE", SETTINGS) == "false"
+    assert validate_group_config(name, True, SETTINGS) == "true"
+    with pytest.raises(ConfigurationError, match=r"share\.renew\.acknowledge\.enable='no' is not"):
+        validate_group_config(name, "no", SETTINGS)
+    assert GroupConfig.resolve(SETTINGS).renew_acknowledge_enable is True
+    config = GroupConfig.resolve(SETTINGS, {name: "false"})
+    assert config.renew_acknowledge_enable is False and config.value_of(name) == "false"
+    assert name in LEADER_CONFIG_NAMES
+    entry = {e.name: e for e in describe_group_configs(SETTINGS, {}, {})}[name]
+    assert (entry.value, entry.source) == ("true", "DEFAULT_CONFIG")
+
+
+def test_assignment_interval_has_kafka_s_default_and_bounds() -> None:
+    name = "share.assignment.interval.ms"
+    entry = {e.name: e for e in describe_group_configs(SETTINGS, {}, {})}[name]
+    # No broker-level setting: its own synonym, as share.ordering's.
+    assert (entry.value, entry.source, entry.synonym) == ("1000", "DEFAULT_CONFIG", name)
+    assert validate_group_config(name, "0", SETTINGS) == "0"
+    with pytest.raises(ConfigurationError, match=r"=15001 is out of range: allowed \[0..15000\]"):
+        validate_group_config(name, 15001, SETTINGS)
+    assert GroupConfig.resolve(SETTINGS, {name: "250"}).assignment_interval_ms == 250
 
 
 def test_share_ordering_is_none_or_key_with_a_literal_default() -> None:

@@ -352,10 +352,11 @@ def test_stale_acknowledgements_name_every_offset_the_member_cannot_acknowledge(
         batch(10, 11, A.ACCEPT),
         batch(15, 16, A.ACCEPT),
     ]
-    with pytest.raises(InvalidRequestError):  # 0..1 is below the SPSO
+    with pytest.raises(InvalidRequestError):  # 15..16 is at/after the SPEO
         sp.acknowledge("m", request, 1)
-    # below the SPSO, acknowledged, Available, another member's, at/after the SPEO
-    assert sp.stale_acknowledgements("m", request) == [(0, 1), (4, 4), (6, 6), (10, 11), (15, 16)]
+    # acknowledged, Available, another member's, at/after the SPEO (0..1, below the SPSO, is
+    # skipped as Kafka skips it, so not stale)
+    assert sp.stale_acknowledgements("m", request) == [(4, 4), (6, 6), (10, 11), (15, 16)]
     assert sp.stale_acknowledgements("m", [batch(2, 3, A.ACCEPT)]) == []
     assert sp.stale_acknowledgements("nobody", [batch(2, 3, A.ACCEPT)]) == [(2, 3)]
     # what is left once the stale offsets are taken out is accepted
@@ -384,7 +385,8 @@ def test_property_acknowledging_all_but_the_stale_offsets_succeeds(
     assert stale <= requested
     in_window = range(sp.start_offset, sp.end_offset)
     mine = {o for o in in_window if sp.record(o).state is AQ and sp.record(o).member_id == "m"}
-    assert valid == requested & mine
+    below = {o for o in requested if o < sp.start_offset}  # skipped, as Kafka skips them
+    assert valid == (requested & mine) | below
     before = full_state(sp)
     if stale:
         with pytest.raises((InvalidRecordStateError, InvalidRequestError)):
@@ -417,10 +419,29 @@ def test_acknowledge_out_of_range() -> None:
     sp = SharePartition(CFG, 100)
     sp.acquire("m", 10, 110, 0)
     sp.acknowledge("m", [batch(100, 101, A.ACCEPT)], 0)
-    for first, last in ((99, 99), (101, 102), (110, 110), (105, 110), (-1, 0)):
+    for first, last in ((110, 110), (105, 110), (-1, 0)):
         with pytest.raises(InvalidRequestError, match="outside the in-flight records"):
             sp.acknowledge("m", [batch(first, last, A.ACCEPT)], 1)
     assert sp.acquired_count == 8
+
+
+def test_acknowledgements_below_the_spso_are_skipped_as_kafka_skips_them() -> None:
+    """Kafka 4.3's SharePartition skips offsets below its start offset (records another
+    member finished after this one's lock elapsed): no INVALID_REQUEST, the rest applies."""
+    sp = SharePartition(CFG, 100)
+    sp.acquire("m", 10, 110, 0)
+    sp.acknowledge("m", [batch(100, 101, A.ACCEPT)], 0)  # SPSO -> 102
+    before = full_state(sp)
+    sp.acknowledge("m", [batch(99, 99, A.ACCEPT), batch(100, 101, A.REJECT)], 1)
+    assert full_state(sp) == before  # wholly below the SPSO: nothing changes, no error
+    # a batch straddling the SPSO: the part from the SPSO on applies, per-offset types sliced
+    sp.acknowledge(
+        "m", [AcknowledgementBatch(100, 103, (A.REJECT, A.REJECT, A.ACCEPT, A.RELEASE))], 1
+    )
+    assert sp.start_offset == 103
+    assert (sp.record(103).state, sp.record(103).delivery_count) == (AV, 1)
+    assert sp.stale_acknowledgements("m", [batch(90, 102, A.ACCEPT)]) == []
+    assert sp.acquired_count == 6
 
 
 def test_empty_acknowledgement_is_a_no_op() -> None:

@@ -112,14 +112,14 @@ class Model:
             if (
                 b.first_offset > b.last_offset
                 or (prev is not None and b.first_offset <= prev)
-                or b.first_offset < self.spso
+                or b.first_offset < 0
                 or b.last_offset >= self.speo
                 or len(b.acknowledge_types) not in (1, n)
             ):
                 raise InvalidRequestError("model")
             prev = b.last_offset
         for b in batches:
-            for o in range(b.first_offset, b.last_offset + 1):
+            for o in range(max(b.first_offset, self.spso), b.last_offset + 1):  # below: skipped
                 rec = self.recs[o]
                 if rec[0] is not AQ or rec[2] != member:
                     raise InvalidRecordStateError("model")
@@ -130,6 +130,8 @@ class Model:
         for b in batches:
             types = b.acknowledge_types
             for k, o in enumerate(range(b.first_offset, b.last_offset + 1)):
+                if o < self.spso:  # as Kafka 4.3: finished already, skipped
+                    continue
                 t = types[0] if len(types) == 1 else types[k]
                 rec = self.recs[o]
                 if t is AcknowledgeType.ACCEPT:

@@ -352,10 +352,18 @@ def test_group_configs_are_altered_stored_and_described() -> None:
     )
     refused = admin.handle_group_configs(state, bad, T0)
     assert answer(refused).error == ErrorCode.INVALID_CONFIG.value and refused.records == ()
+    # As Kafka: a group no member joined yet has configs (the defaults), and they can be set.
     missing = protocol.DescribeGroupConfigsRequest("nope", "admin", 3, 0)
-    assert answer(admin.handle_group_configs(state, missing, T0)).error == (
-        ErrorCode.GROUP_ID_NOT_FOUND.value
+    described = admin.handle_group_configs(state, missing, T0)
+    assert answer(described).error == ErrorCode.NONE.value and described.records == ()
+    assert "nope" not in state.groups
+    early = protocol.AlterGroupConfigsRequest(
+        "nope", "admin", 4, 0, set_configs={"share.auto.offset.reset": "earliest"}
     )
+    [record] = admin.handle_group_configs(state, early, T0).records
+    assert isinstance(record, PersistGroup)
+    assert state.groups["nope"].configs == {"share.auto.offset.reset": "earliest"}
+    assert state.groups["nope"].group_epoch == 0 and not state.groups["nope"].members
 
 
 # -- results ----------------------------------------------------------------------------------

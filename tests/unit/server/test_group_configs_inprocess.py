@@ -238,7 +238,13 @@ def test_configs_survive_a_new_coordinator() -> None:
 @pytest.mark.parametrize(
     ("group", "set_configs", "delete", "code", "message"),
     [
-        ("nope", {LIMIT: 3}, [], ErrorCode.GROUP_ID_NOT_FOUND, "share group 'nope' does not exist"),
+        (
+            "nope",
+            {LIMIT: 11},
+            [],
+            ErrorCode.INVALID_CONFIG,
+            "share.delivery.count.limit=11 is out of range",
+        ),
         (
             "A",
             {"share.isolation.level": "x"},
@@ -294,10 +300,8 @@ def test_bad_input_is_refused_clearly_and_changes_nothing(
             assert dict(cluster.tables["groups"]) == before
             assert cluster.coordinator.groups["A"].configs == {LIMIT: "4"}
             assert cluster.coordinator.groups["A"].config_version == 1
-            if group == "nope":
-                with pytest.raises(ShareGroupError) as info:
-                    await admin.describe_group_configs("nope")
-                assert info.value.code is ErrorCode.GROUP_ID_NOT_FOUND
+            if group == "nope":  # refused: the group is not kept
+                assert "nope" not in cluster.coordinator.groups
 
     run(scenario())
 
@@ -333,5 +337,37 @@ def test_a_partition_added_at_runtime_is_assigned_and_starts_at_offset_0() -> No
             # Durable: a new coordinator still knows partition 1 was added.
             again = group_codec.decode_group("g", cluster.tables["groups"][b"g"], 10_000, 200, 0)
             assert again.added_partitions == {TOPIC: 1}
+
+    run(scenario())
+
+
+def test_configs_set_before_the_first_join_apply_when_the_group_starts() -> None:
+    """As ``kafka-configs.sh`` allows: ``share.auto.offset.reset=earliest`` set for a group no
+    member has joined yet (Kafka answers no GROUP_ID_NOT_FOUND), and the records produced
+    before its first join are delivered; the configs-only group is not listed until then."""
+
+    async def scenario() -> None:
+        async with cluster_with(3, auto_offset_reset="latest") as cluster:
+            admin = cluster.admin()
+            described = {
+                e.name: (e.value, e.source) for e in await admin.describe_group_configs("early")
+            }
+            assert described["share.auto.offset.reset"] == ("latest", "DEFAULT_CONFIG")
+            assert "early" not in cluster.coordinator.groups  # a describe keeps nothing
+            entries = await admin.alter_group_configs(
+                "early", {"share.auto.offset.reset": "earliest"}
+            )
+            assert {e.name: e.value for e in entries}["share.auto.offset.reset"] == "earliest"
+            assert await admin.list_groups() == []
+            consumer = cluster.consumer("early")
+            await consumer.subscribe([TOPIC])
+            got: list[bytes | None] = []
+            for _ in range(20):
+                got += [r.value for r in await consumer.poll(timeout_ms=200)]
+                if len(got) == 3:
+                    break
+            assert got == [b"r0", b"r1", b"r2"]
+            await consumer.close()
+            assert [g.group_id for g in await admin.list_groups()] == ["early"]
 
     run(scenario())
