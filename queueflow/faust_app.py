@@ -56,7 +56,6 @@ from queueflow.kafka.transactions import check_ack_topics_readable, check_transa
 from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.agent.outputs import Outbound
 from queueflow.member.context import MemberContext
-from queueflow.member.lifecycle import AGENT_STOPPING
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
 from queueflow.server.auth_health import AuthHealth
@@ -427,7 +426,7 @@ class ShareAgentService(mode.Service):
         return f"ShareAgent: {self.agent.name}"
 
     async def on_start(self) -> None:
-        if self.agent.lifecycle.state in AGENT_STOPPING:
+        if self.agent.stopping:
             # A SIGTERM while the worker was still starting (joining its Faust group, say):
             # Faust stopped the agents before it started this service. Nothing was joined, so
             # there is nothing to leave; starting now would crash the shutdown (exit 1).

@@ -4,7 +4,8 @@ interrupting").
 
 * a pytest session that started its broker and a worker, SIGTERMed (as ``timeout``, CI or a
   process manager stop ``make test``): the session's teardown stops both;
-* ``make demo`` (``python -m examples.demo``) SIGTERMed once its workers run;
+* ``make demo`` (``python -m examples.demo``) and ``make chaos`` (``python -m examples.chaos``)
+  SIGTERMed once their workers run;
 * a share-agent worker SIGTERMed while it is still joining (Faust's first rebalance): exit 0.
 
 Every process these start carries a marker in its environment (inherited by the broker JVM and
@@ -148,6 +149,28 @@ def test_sigterm_of_make_demo_stops_its_broker_and_workers(tmp_path: Path) -> No
         )
         assert run.proc.poll() is None, tail(log)
         assert len(run.descendants()) >= 6, run.descendants()  # itself, the JVM, 4 workers
+
+        run.proc.send_signal(signal.SIGTERM)
+
+        code = run.proc.wait(timeout=EXIT_TIMEOUT_S)
+        assert code == 128 + signal.SIGTERM, tail(log)
+        assert_all_gone(run)
+
+
+def test_sigterm_of_make_chaos_stops_its_broker_and_workers(tmp_path: Path) -> None:
+    log = tmp_path / "chaos.log"
+    argv = [sys.executable, "-m", "examples.chaos", "--records", "300", "--all-workers", "1"]
+    argv += ["--member-workers", "1", "--kill-interval", "0", "--no-broker-restart"]
+    argv += ["--run-dir", str(tmp_path / "run")]
+    with marked_process(argv, log) as run:
+        wait_until(
+            "the chaos run's workers started",
+            lambda: "started 2 workers" in tail(log, 100_000) or run.proc.poll() is not None,
+            START_TIMEOUT_S,
+            log,
+        )
+        assert run.proc.poll() is None, tail(log)
+        assert len(run.descendants()) >= 4, run.descendants()  # itself, the JVM, 2 workers
 
         run.proc.send_signal(signal.SIGTERM)
 

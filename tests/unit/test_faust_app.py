@@ -459,6 +459,7 @@ def test_share_agent_service_starts_and_stops_its_agent(loop: asyncio.AbstractEv
 
     class Agent:
         name = "a"
+        stopping = False
 
         async def start(self) -> None:
             calls.append("start")
