@@ -6,7 +6,8 @@ interrupting").
   process manager stop ``make test``): the session's teardown stops both;
 * ``make demo`` (``python -m examples.demo``) and ``make chaos`` (``python -m examples.chaos``)
   SIGTERMed once their workers run;
-* a share-agent worker SIGTERMed while it is still joining (Faust's first rebalance): exit 0.
+* a share-agent worker SIGTERMed while Faust starts its services, joining its app (a
+  rebalance): exit 0.
 
 Every process these start carries a marker in its environment (inherited by the broker JVM and
 the workers), so "none left" means no process on the machine has it.
@@ -31,6 +32,7 @@ import pytest
 
 from queueflow.testing import WorkerProcess, faust_worker_argv
 from queueflow.testing import produce as produce_records
+from tests.integration.agent_env import GATE_LINE
 
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "QF_INTERRUPT_MARK"
@@ -179,24 +181,30 @@ def test_sigterm_of_make_chaos_stops_its_broker_and_workers(tmp_path: Path) -> N
         assert_all_gone(run)
 
 
-def test_a_worker_sigterm_while_it_joins_its_group_exits_0(
+def test_a_worker_sigterm_while_it_starts_exits_0(
     kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
 ) -> None:
-    """The second worker of an app is SIGTERMed while Faust starts it (its first rebalance,
-    before its share agent started): it stops cleanly, exit 0; the first one keeps working."""
+    """The second worker of an app, joining it (a rebalance of the app's Faust group), is
+    SIGTERMed while Faust starts its services, before its share agent's (held there by the
+    gate of :mod:`tests.integration.gated_agent_app`): it stops cleanly, exit 0 (it used to
+    start the stopped agent: IllegalTransitionError, exit 1). The first worker is unaffected
+    and handles every record."""
     topic = topic_factory(2)
-    asyncio.run(produce_records(kafka_bootstrap, topic, [json.dumps({"i": i}) for i in range(20)]))
+    records = 20
+    values = [json.dumps({"i": i}) for i in range(records)]
+    asyncio.run(produce_records(kafka_bootstrap, topic, values))
+    ledger = tmp_path / "ledger.jsonl"
     env = {
         "AGENT_APP_ID": f"qf-join-{uuid.uuid4().hex[:8]}",
         "AGENT_TOPIC": topic,
         "AGENT_BROKER": f"kafka://{kafka_bootstrap}",
-        "AGENT_LEDGER": str(tmp_path / "ledger.jsonl"),
+        "AGENT_LEDGER": str(ledger),
     }
     workers = [
         WorkerProcess(
-            faust_worker_argv("tests.integration.agent_app", tmp_path / f"data-{i}"),
+            faust_worker_argv("tests.integration.gated_agent_app", tmp_path / f"data-{i}"),
             tmp_path / f"worker-{i}.log",
-            env,
+            {**env, "AGENT_GATE": str(i)},
             cwd=ROOT,
         )
         for i in range(2)
@@ -208,7 +216,7 @@ def test_a_worker_sigterm_while_it_joins_its_group_exits_0(
         second.start()
         wait_until(
             "the second worker starting its services",
-            lambda: "Waiting for agents to start" in second.log_text() or not second.alive(),
+            lambda: GATE_LINE in second.log_text() or not second.alive(),
             90,
             second.log_path,
         )
@@ -219,6 +227,12 @@ def test_a_worker_sigterm_while_it_joins_its_group_exits_0(
         code = second.process.wait(timeout=EXIT_TIMEOUT_S)
         assert code == 0, second.log_tail(80)
         assert "IllegalTransitionError" not in second.log_text()
+        wait_until(
+            "every record handled",
+            lambda: ledger.exists() and len(ledger.read_text().splitlines()) >= records,
+            60,
+            first.log_path,
+        )
         assert first.alive(), first.log_tail()
         first.terminate()
         assert first.process is not None
