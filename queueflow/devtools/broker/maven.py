@@ -82,11 +82,15 @@ def kafka_libs(progress: Callable[[str], None] | None = None) -> Path:
     find_java()
     mvn = _find_mvn()
     home.mkdir(parents=True, exist_ok=True)
+    say = progress or log.info
     with open(home / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            say(f"another process is resolving the Kafka {KAFKA_VERSION} jars; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
         if _marker_ok(marker, digest) and libs.is_dir():
             return libs
-        say = progress or log.info
         approx = APPROX_LIBS_BYTES.get(KAFKA_VERSION)
         say(
             f"resolving the Kafka {KAFKA_VERSION} jars with Maven into {libs} (once"

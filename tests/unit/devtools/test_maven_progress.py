@@ -5,7 +5,10 @@ Maven prints in batch mode."""
 
 from __future__ import annotations
 
+import fcntl
 import stat
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +77,26 @@ def test_a_first_resolution_says_files_bytes_and_percentage(fake_maven: Path) ->
     again: list[str] = []
     maven.kafka_libs(progress=again.append)
     assert again == []  # resolved once: nothing to say
+
+
+def test_a_second_process_says_it_waits_for_the_first(fake_maven: Path) -> None:
+    home = fake_maven / f"kafka-{KAFKA_VERSION}"
+    home.mkdir(parents=True)
+    lines: list[str] = []
+    with open(home / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the first process, resolving
+        waiter = threading.Thread(target=maven.kafka_libs, args=(lines.append,))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not lines:
+            assert time.monotonic() < deadline, "the second caller said nothing"
+            time.sleep(0.01)
+        assert lines == [
+            f"another process is resolving the Kafka {KAFKA_VERSION} jars; waiting for it"
+        ]
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    assert lines[-1].startswith(f"resolved 2 Kafka {KAFKA_VERSION} jars")
 
 
 def test_a_failed_resolution_still_shows_mavens_output(
