@@ -158,7 +158,9 @@ def main() -> None:
         bootstrap = args.bootstrap
         if bootstrap is None:
             port, cport = find_free_ports(2)
-            broker = LocalBroker(Path(tmp) / "broker", port=port, controller_port=cport)
+            broker = LocalBroker(
+                Path(tmp) / "broker", port=port, controller_port=cport, die_with_parent=True
+            )
             broker.start(timeout_s=120)
             bootstrap = broker.bootstrap
         try:

@@ -86,7 +86,9 @@ def dropped(web_port: int) -> float:
 def main(count: int, which: str, use_committed: bool) -> None:
     base = Path(tempfile.mkdtemp(prefix="qf-junk-bench-"))
     port, controller_port = find_free_ports(2)
-    broker = LocalBroker(base / "kafka", port=port, controller_port=controller_port)
+    broker = LocalBroker(
+        base / "kafka", port=port, controller_port=controller_port, die_with_parent=True
+    )
     broker.start()
     try:
         bootstrap = broker.bootstrap

@@ -247,12 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if bootstrap is None:
             port, cport = find_free_ports(2)
-            broker = LocalBroker(run_dir / "broker", port=port, controller_port=cport)
-            print(
-                f"starting a local Kafka broker on 127.0.0.1:{port} ({run_dir / 'broker'})",
-                flush=True,
+            broker = LocalBroker(
+                run_dir / "broker", port=port, controller_port=cport, die_with_parent=True
             )
-            broker.start(timeout_s=120)
+            broker.start(timeout_s=120, progress=lambda line: print(line, flush=True))
             bootstrap = broker.bootstrap
         results["broker"] = {"bootstrap": bootstrap, "local": broker is not None}
         ctx = Context(bootstrap, run_dir, args)

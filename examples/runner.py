@@ -64,9 +64,10 @@ class ExampleRun:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not self.bootstrap:
             port, cport = find_free_ports(2)
-            self.broker = LocalBroker(self.run_dir / "broker", port=port, controller_port=cport)
-            self.say(f"starting a local Kafka broker on 127.0.0.1:{port} ...")
-            self.broker.start(timeout_s=180)
+            self.broker = LocalBroker(
+                self.run_dir / "broker", port=port, controller_port=cport, die_with_parent=True
+            )
+            self.broker.start(timeout_s=180, progress=self.say)
             self.bootstrap = self.broker.bootstrap
         return self
 

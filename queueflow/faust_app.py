@@ -475,6 +475,11 @@ class ShareAgentService(mode.Service):
         return f"ShareAgent: {self.agent.name}"
 
     async def on_start(self) -> None:
+        if self.agent.stopping:
+            # A SIGTERM while the worker was still starting (joining its Faust group, say):
+            # Faust stopped the agents before it started this service. Nothing was joined, so
+            # there is nothing to leave; starting now would crash the shutdown (exit 1).
+            return
         await self.agent.start()
 
     async def on_stop(self) -> None:

@@ -12,11 +12,18 @@
 
 Tests under ``tests/integration/`` are marked ``integration`` automatically
 (``pytest -m "not integration"`` runs only the fast ones).
+
+A SIGTERM of the session unwinds like Ctrl-C (pytest tears the fixtures down: the brokers and
+workers it started are stopped); the brokers and workers also get SIGTERM from the kernel if
+the session dies without that (``die_with_parent``, see :mod:`queueflow.devtools.children`).
 """
 
 from __future__ import annotations
 
 import re
+import signal
+import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -58,13 +65,40 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM: as Ctrl-C, so the session fixtures' teardown stops the brokers and workers."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _say(config: pytest.Config) -> Callable[[str], None]:
+    """Print a line past pytest's output capture (the broker's start, a first jar download)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:
+        if capture is None:
+            print(f"queueflow: {line}", file=sys.stderr, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            print(f"\nqueueflow: {line}", file=sys.stderr, flush=True)
+
+    return say
+
+
 def _port_taken(exc: Exception) -> bool:
     """The broker could not bind a port: our check found it taken, or the JVM's bind failed."""
     return isinstance(exc, BrokerError) and "already in use" in str(exc)
 
 
 @pytest.fixture(scope="session")
-def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker | None]:
+def local_broker(
+    tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config
+) -> Iterator[LocalBroker | None]:
     """The session's LocalBroker (started), or None when ``QUEUEFLOW_BROKER`` is set."""
     if bootstrap_from_env():
         yield None
@@ -77,9 +111,11 @@ def local_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrok
     ):
         with attempt:
             port, controller_port = find_free_ports(2)
-            broker = LocalBroker(data_dir, port=port, controller_port=controller_port)
+            broker = LocalBroker(
+                data_dir, port=port, controller_port=controller_port, die_with_parent=True
+            )
             try:
-                broker.start(timeout_s=BROKER_START_TIMEOUT_S)
+                broker.start(timeout_s=BROKER_START_TIMEOUT_S, progress=_say(pytestconfig))
             except BrokerError as exc:
                 if not _port_taken(exc):
                     raise

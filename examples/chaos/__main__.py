@@ -145,9 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if bootstrap is None:
             port, cport = find_free_ports(2)
-            broker = LocalBroker(run_dir / "broker", port=port, controller_port=cport)
-            say(f"starting the local Kafka broker on 127.0.0.1:{port} ...")
-            broker.start(timeout_s=120)
+            broker = LocalBroker(
+                run_dir / "broker", port=port, controller_port=cport, die_with_parent=True
+            )
+            broker.start(timeout_s=120, progress=say)
             bootstrap = broker.bootstrap
         elif config.broker_restart:
             say("$QUEUEFLOW_BROKER is set: an external cluster, no broker restart")

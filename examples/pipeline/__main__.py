@@ -160,9 +160,10 @@ class Pipeline:
         if bootstrap is not None:
             return bootstrap
         port, cport = find_free_ports(2)
-        self.broker = LocalBroker(self.run_dir / "broker", port=port, controller_port=cport)
-        self.say(f"starting the local Kafka broker on 127.0.0.1:{port}")
-        self.broker.start()
+        self.broker = LocalBroker(
+            self.run_dir / "broker", port=port, controller_port=cport, die_with_parent=True
+        )
+        self.broker.start(progress=self.say)
         return self.broker.bootstrap
 
     def start_workers(self, bootstrap: str, flights: str, results: str) -> list[Path]:

@@ -162,8 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{args.kill_interval:g} s; {run_dir}"
     )
     port, cport = find_free_ports(2)
-    broker = LocalBroker(run_dir / "broker", port=port, controller_port=cport)
-    broker.start(timeout_s=120)
+    broker = LocalBroker(run_dir / "broker", port=port, controller_port=cport, die_with_parent=True)
+    broker.start(timeout_s=120, progress=print)
     bootstrap = broker.bootstrap
     run_id = uuid.uuid4().hex[:8]
     topic, app_id = f"soak-{run_id}", f"queueflow-soak-{run_id}"

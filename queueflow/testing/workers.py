@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from queueflow.devtools.broker import find_free_ports
+from queueflow.devtools.children import parent_death_signal
 from queueflow.settings import SETTINGS
 from queueflow.testing.logs import JSON_LOG_ENV, events
 
@@ -72,6 +73,10 @@ class WorkerProcess:
         env: environment on top of ``os.environ`` (and of ``QUEUEFLOW_LOG_FORMAT=json``).
         cwd: working directory of the process (default: this process's).
         json_logs: set ``QUEUEFLOW_LOG_FORMAT=json`` (an ``env`` entry still wins).
+        die_with_parent: on Linux, the process gets SIGTERM (a graceful stop) when the thread
+            that started it dies, even by SIGKILL, so an interrupted test session or example
+            run leaves no worker behind (see :mod:`queueflow.devtools.children`). Start it from
+            a thread that lives as long as the worker should (the main thread).
     """
 
     READY_LINE = READY_LINE
@@ -84,12 +89,14 @@ class WorkerProcess:
         *,
         cwd: Path | None = None,
         json_logs: bool = True,
+        die_with_parent: bool = True,
     ) -> None:
         self.argv = list(argv)
         self.log_path = Path(log_path)
         self.env: dict[str, str] = dict(env or {})
         self.cwd = cwd
         self.json_logs = json_logs
+        self.die_with_parent = die_with_parent
         self.process: subprocess.Popen[bytes] | None = None
         #: Byte offset of the log where the latest start began.
         self.log_start = 0
@@ -121,6 +128,7 @@ class WorkerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=parent_death_signal() if self.die_with_parent else None,
             )
         return self
 

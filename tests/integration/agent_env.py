@@ -8,6 +8,9 @@ from typing import Any, TextIO
 
 import queueflow
 
+#: What the gate of ``gated_agent_app`` logs when it holds the worker's start-up.
+GATE_LINE = "gate: holding the worker's start-up"
+
 
 def app_from_env() -> tuple[queueflow.App, Any, TextIO]:
     """(app, JSON topic, line-buffered ledger file) for a worker started by the test."""

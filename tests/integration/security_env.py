@@ -42,7 +42,14 @@ def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBr
     security = BrokerSecurity(
         base / "certs", sasl_port, ssl_port, USERS, admin="admin", client_certs=["qf-mtls"]
     )
-    broker = LocalBroker(base / "data", port, controller_port, security=security, jvm_opts=JVM_OPTS)
+    broker = LocalBroker(
+        base / "data",
+        port,
+        controller_port,
+        security=security,
+        jvm_opts=JVM_OPTS,
+        die_with_parent=True,
+    )
     broker.start(timeout_s=START_TIMEOUT_S)
     try:
         yield broker

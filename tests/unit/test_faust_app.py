@@ -32,6 +32,7 @@ from queueflow.faust_app import (
 )
 from queueflow.member.agent import ShareAgent
 from queueflow.member.agent.outputs import Outbound
+from queueflow.member.lifecycle import AgentState
 from queueflow.protocol import topics
 from queueflow.server.transport import monotonic_ms
 from queueflow.settings import ShareGroupSettings
@@ -86,6 +87,22 @@ def test_an_app_of_role_all_hosts_coordinator_leaders_and_agents() -> None:
     services = [s for s in app._extra_services if isinstance(s, ShareAgentService)]
     assert [s.agent for s in services] == [agent]
     assert services[0].label == f"ShareAgent: {agent.name}"
+
+
+def test_an_agent_stopped_before_its_service_started_is_not_started(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A SIGTERM while the worker starts (in its first rebalance): Faust stops the agents,
+    then starts the services it had not started yet; the stopped agent stays stopped (it
+    used to raise IllegalTransitionError, and the worker exited 1)."""
+    app = make_app()
+    agent = app.share_agent("jobs", group="g")(handler)
+    (service,) = [s for s in app._extra_services if isinstance(s, ShareAgentService)]
+    loop.run_until_complete(agent.stop())
+
+    loop.run_until_complete(service.on_start())
+
+    assert agent.lifecycle.state is AgentState.STOPPED
 
 
 def test_a_member_worker_is_producer_only_and_leads_nothing(
@@ -455,6 +472,7 @@ def test_share_agent_service_starts_and_stops_its_agent(loop: asyncio.AbstractEv
 
     class Agent:
         name = "a"
+        stopping = False
 
         async def start(self) -> None:
             calls.append("start")

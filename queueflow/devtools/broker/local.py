@@ -20,7 +20,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from queueflow.devtools.broker.java import find_java, jvm_opts_from_env
@@ -38,6 +38,7 @@ from queueflow.devtools.broker.ports import PortInUseError, port_in_use
 from queueflow.devtools.broker.probe import SHARE_VERSION, probe
 from queueflow.devtools.broker.secure import BrokerSecurity
 from queueflow.devtools.broker.tools import log4j_option, run_kafka_tool
+from queueflow.devtools.children import parent_death_signal
 from queueflow.errors import BrokerError
 
 __all__ = ["DEFAULT_BROKER_JVM_OPTS", "BrokerStatus", "LocalBroker"]
@@ -83,7 +84,8 @@ class LocalBroker:
 
     The storage is formatted (with ``share.version=1``) only on the first start, so
     ``stop()``/``start()`` and ``kill()``/``start()`` keep topics, offsets and share-group state.
-    The broker keeps running after this Python process exits; call :meth:`stop`.
+    The broker keeps running after this Python process exits (call :meth:`stop`), unless
+    ``die_with_parent`` is set.
 
     Args:
         data_dir: data directory (created if missing).
@@ -98,6 +100,10 @@ class LocalBroker:
             users added at format time, certificates generated at the first start); see
             :mod:`queueflow.devtools.broker.secure`. The PLAINTEXT listener stays, for the
             readiness probe, and gets no ACLs.
+        die_with_parent: on Linux, the JVM gets SIGTERM (a controlled shutdown) when the thread
+            that started it dies, even by SIGKILL (see :mod:`queueflow.devtools.children`):
+            for test sessions and example runs, whose broker must not outlive them. Off for
+            ``queueflow broker start``, whose broker is meant to.
     """
 
     def __init__(
@@ -109,6 +115,7 @@ class LocalBroker:
         *,
         jvm_opts: Sequence[str] | None = None,
         security: BrokerSecurity | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         if port == controller_port:
             raise BrokerError(f"port and controller_port must differ (both {port})")
@@ -120,6 +127,7 @@ class LocalBroker:
         }
         self.jvm_opts = list(jvm_opts) if jvm_opts is not None else None
         self.security = security
+        self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_offsets: tuple[int, int] = (0, 0)  # sizes of broker.log/.out at launch
 
@@ -252,7 +260,7 @@ class LocalBroker:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def start(self, timeout_s: float = 90) -> None:
+    def start(self, timeout_s: float = 90, progress: Callable[[str], None] | None = None) -> None:
         """Start the broker (formatting storage on first use) and wait until it serves.
 
         Returns once the broker answers requests, its metadata lists it as a live broker and
@@ -262,6 +270,9 @@ class LocalBroker:
 
         Args:
             timeout_s: seconds from JVM launch until it must serve (typically ~10 s).
+            progress: where to say what it is doing (resolving the jars, with bytes
+                downloaded; launching; serving after how many seconds), one line a call, e.g.
+                ``print``; None: the ``queueflow.devtools.broker`` logger (INFO).
 
         Raises:
             BrokerError: Java/Maven missing, a port in use, formatting failed, the JVM exited,
@@ -280,8 +291,9 @@ class LocalBroker:
             )
             self._wait_serving(time.monotonic() + timeout_s, timeout_s)
             return
+        say = progress or log.info
         java = find_java()
-        libs = kafka_libs()
+        libs = kafka_libs(progress)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._check_format_ports()
         ports = [self.port, self.controller_port]
@@ -298,13 +310,20 @@ class LocalBroker:
                 )
         self._write_configs()
         if not self.is_formatted():
+            say(f"formatting the broker's KRaft storage in {self.log_dirs} (first start)")
             self._format()
+        launched = time.monotonic()
+        say(
+            f"starting the Kafka {KAFKA_VERSION} broker on {self.bootstrap} (JVM launch until "
+            f"it serves: ~10 s, at most {timeout_s:g} s; log: {self.log_path})"
+        )
         self._launch(java, libs)
         try:
             self._wait_serving(time.monotonic() + timeout_s, timeout_s)
         except BrokerError:
             self.kill()
             raise
+        say(f"Kafka broker serving on {self.bootstrap} after {time.monotonic() - launched:.1f} s")
 
     def stop(self, timeout_s: float = 30) -> None:
         """Stop the broker: SIGTERM (controlled shutdown), then SIGKILL after ``timeout_s``.
@@ -453,9 +472,6 @@ class LocalBroker:
             "kafka.Kafka",
             str(self.config_path),
         ]
-        log.info(
-            "Starting Kafka %s broker on %s (%s)", KAFKA_VERSION, self.bootstrap, self.data_dir
-        )
         self._log_offsets = (file_size(self.log_path), file_size(self.stdout_path))
         with open(self.stdout_path, "ab") as out:
             stamp = datetime.datetime.now().isoformat(timespec="seconds")
@@ -468,6 +484,7 @@ class LocalBroker:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # detached: Ctrl-C in the caller does not reach it
+                preexec_fn=parent_death_signal() if self.die_with_parent else None,
             )
         self.pid_path.write_text(f"{self._proc.pid}\n")
 
