@@ -8,14 +8,17 @@ broker's, and ``render`` (the example's "your code") is defined to write what it
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, cast
 
 from queueflow.devtools.broker import create_topic
-from queueflow.testing import WorkerProcess, faust_worker_argv, produce
+from queueflow.testing import WorkerProcess, faust_worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 200
@@ -36,6 +39,18 @@ def readme_example() -> str:
     return found.group(1)
 
 
+def guide_enqueue() -> Callable[..., Awaitable[None]]:
+    """docs/guide.md "Enqueueing records": the producer example, as written."""
+    text = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    found = re.search(
+        r"### Enqueueing records\n.*?<!-- runnable -->\n```python\n(.*?)```", text, re.DOTALL
+    )
+    assert found, "docs/guide.md has no runnable producer example under 'Enqueueing records'"
+    namespace: dict[str, Any] = {}
+    exec(compile(found.group(1), "docs/guide.md", "exec"), namespace)
+    return cast(Callable[..., Awaitable[None]], namespace["enqueue"])
+
+
 def test_the_readme_example_handles_records_produced_before_it_started(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
@@ -50,8 +65,9 @@ def test_the_readme_example_handles_records_produced_before_it_started(
     )
     (tmp_path / "readme_app.py").write_text(RENDER + code, encoding="utf-8")
     create_topic(kafka_bootstrap, topic, 2)  # "The topic jobs must exist before workers start"
-    values = [f"job-{i}" for i in range(RECORDS)]
-    asyncio.run(produce(kafka_bootstrap, topic, values))
+    jobs = [{"job": i} for i in range(RECORDS)]
+    asyncio.run(guide_enqueue()(jobs, topic=topic, bootstrap=kafka_bootstrap))
+    values = [json.dumps(job) for job in jobs]
     ledger = tmp_path / "ledger.txt"
     worker = WorkerProcess(
         faust_worker_argv("readme_app", tmp_path / "data"),

@@ -77,3 +77,38 @@ def test_every_runnable_block_runs(block: Block) -> None:
                 value()
     finally:
         del sys.modules[name]
+
+
+SIGNATURES = {
+    "queueflow.App(": ("queueflow.faust_app", "App.__init__"),
+    "app.share_agent(": ("queueflow.faust_app", "App.share_agent"),
+    "queueflow.attach(": ("queueflow.faust_app", "attach"),
+    "queueflow.ShareConsumer(": ("queueflow.member.consumer", "ShareConsumer.__init__"),
+}
+
+
+@pytest.mark.parametrize("prefix", sorted(SIGNATURES))
+def test_the_documented_signatures_name_every_parameter(prefix: str) -> None:
+    """docs/configuration.md "App and agent options" gives each public signature in full: the
+    same parameters, in order, with the same defaults."""
+    import importlib
+    import inspect
+
+    module, qualname = SIGNATURES[prefix]
+    target: object = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    real = [
+        p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+        for p in inspect.signature(inspect.unwrap(target)).parameters.values()  # type: ignore[arg-type]
+        if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    found = re.search(r"^`" + re.escape(prefix) + r"(.*?)\)`", text, re.MULTILINE)
+    assert found, f"docs/configuration.md gives no signature `{prefix}...)`"
+    documented = [
+        p.strip().replace('"', "'")
+        for p in found.group(1).split(",")
+        if p.strip() not in ("*", "") and not p.strip().startswith("**")
+    ]
+    assert documented == [p.replace('"', "'") for p in real], f"{prefix}: the code has {real}"

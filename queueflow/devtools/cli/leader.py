@@ -45,9 +45,10 @@ def leader(
 ) -> None:
     """Lead the share groups of APP on TOPICs (replaces this process with a Faust worker).
 
-    A new share group starts at share.auto.offset.reset, which is `latest` unless
-    QUEUEFLOW_SHARE_AUTO_OFFSET_RESET=earliest is set: records produced before the group's first
-    member joined are then never delivered.
+    A new share group starts at share.auto.offset.reset. With `latest` (the default, as Kafka's)
+    it skips the records produced before its first fetch, and the leader logs how many
+    (share_partition_started_past_records); to have them, set
+    QUEUEFLOW_SHARE_AUTO_OFFSET_RESET=earliest or the group config share.auto.offset.reset.
     """
     broker = broker or f"kafka://{bootstrap_from_env() or 'localhost:9092'}"
     datadir = datadir or Path(".queueflow") / f"{app_id}-leader"
