@@ -190,7 +190,9 @@ class ShareMachine(RuleBasedStateMachine):
     )
     def setup(self, limit: int, max_in_flight: int, start: int) -> None:
         self.cfg = SharePartitionConfig(
-            max_in_flight_records=max_in_flight, delivery_count_limit=limit
+            max_in_flight_records=max_in_flight,
+            delivery_count_limit=limit,
+            throttle_delivery=False,  # the model acquires whole batches (test_redelivery.py)
         )
         self.sp = SharePartition(self.cfg, start)
         self.model = Model(self.cfg, start)
