@@ -20,6 +20,11 @@ Group config                           Default (broker-level setting) and bounds
                                        ``group.share.min/max.session.timeout.ms``
 ``share.heartbeat.interval.ms``        ``group.share.heartbeat.interval.ms``, within
                                        ``group.share.min/max.heartbeat.interval.ms``
+``share.redelivery.backoff.ms``        0 (no back-off), within
+                                       0..``queueflow.redelivery.max.delay.ms``
+``share.redelivery.backoff.multiplier`` 2.0, within 1..1000
+``share.redelivery.backoff.max.ms``    60000, within 0..``queueflow.redelivery.max.delay.ms``
+``share.delivery.count.mode``          ``acquisitions`` (KIP-932) or ``attempts``
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -33,22 +38,28 @@ Pure and standard-library only: the coordinator validates with it, the App check
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from queueflow.engine.redelivery import DELIVERY_COUNT_MODES
 from queueflow.errors import ConfigurationError
 from queueflow.settings import ShareGroupSettings, lookup
 
 __all__ = [
     "AUTO_OFFSET_RESET",
     "DELIVERY_COUNT_LIMIT",
+    "DELIVERY_COUNT_MODE",
     "GROUP_CONFIG_NAMES",
     "HEARTBEAT_INTERVAL_MS",
     "LEADER_CONFIG_NAMES",
     "PARTITION_MAX_RECORD_LOCKS",
     "RECORD_LOCK_DURATION_MS",
+    "REDELIVERY_BACKOFF_MAX_MS",
+    "REDELIVERY_BACKOFF_MS",
+    "REDELIVERY_BACKOFF_MULTIPLIER",
     "SESSION_TIMEOUT_MS",
     "ConfigEntry",
     "GroupConfig",
@@ -66,6 +77,10 @@ DELIVERY_COUNT_LIMIT: Final = "share.delivery.count.limit"
 PARTITION_MAX_RECORD_LOCKS: Final = "share.partition.max.record.locks"
 SESSION_TIMEOUT_MS: Final = "share.session.timeout.ms"
 HEARTBEAT_INTERVAL_MS: Final = "share.heartbeat.interval.ms"
+REDELIVERY_BACKOFF_MS: Final = "share.redelivery.backoff.ms"
+REDELIVERY_BACKOFF_MULTIPLIER: Final = "share.redelivery.backoff.multiplier"
+REDELIVERY_BACKOFF_MAX_MS: Final = "share.redelivery.backoff.max.ms"
+DELIVERY_COUNT_MODE: Final = "share.delivery.count.mode"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +92,51 @@ class _Definition:
     default_attr: str
     min_attr: str | None = None
     max_attr: str | None = None
+    #: A literal default for a config with no broker-level setting (``default_attr`` is then
+    #: the :class:`GroupConfig` field), and the parser returning its normal form.
+    default: str | None = None
+    parse: Callable[[str, object, ShareGroupSettings], str] | None = None
+
+
+def _delay_ms(name: str, value: object, settings: ShareGroupSettings) -> str:
+    """A delay in ms, 0..``queueflow.redelivery.max.delay.ms``."""
+    top = settings.redelivery_max_delay_ms
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+        number = int(value)
+    if number is None or not 0 <= number <= top:
+        raise ConfigurationError(
+            f"{name}={value!r} is not allowed: give an integer number of ms in [0..{top}] "
+            "(queueflow.redelivery.max.delay.ms)"
+        )
+    return str(number)
+
+
+def _multiplier(name: str, value: object, settings: ShareGroupSettings) -> str:
+    """A float in 1..1000."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number) or not 1.0 <= number <= 1000.0:
+        raise ConfigurationError(f"{name}={value!r} is not allowed: give a number in [1..1000]")
+    return repr(number)
+
+
+def _count_mode(name: str, value: object, settings: ShareGroupSettings) -> str:
+    """``acquisitions`` or ``attempts``."""
+    text = value.strip() if isinstance(value, str) else None
+    if text not in DELIVERY_COUNT_MODES:
+        raise ConfigurationError(
+            f"{name}={value!r} is not allowed: choose " + " or ".join(DELIVERY_COUNT_MODES)
+        )
+    return text
 
 
 _DEFINITIONS: Final = {
@@ -113,6 +173,19 @@ _DEFINITIONS: Final = {
             "min_heartbeat_interval_ms",
             "max_heartbeat_interval_ms",
         ),
+        _Definition(REDELIVERY_BACKOFF_MS, "redelivery_backoff_ms", default="0", parse=_delay_ms),
+        _Definition(
+            REDELIVERY_BACKOFF_MULTIPLIER,
+            "redelivery_backoff_multiplier",
+            default="2.0",
+            parse=_multiplier,
+        ),
+        _Definition(
+            REDELIVERY_BACKOFF_MAX_MS, "redelivery_backoff_max_ms", default="60000", parse=_delay_ms
+        ),
+        _Definition(
+            DELIVERY_COUNT_MODE, "delivery_count_mode", default="acquisitions", parse=_count_mode
+        ),
     )
 }
 
@@ -124,6 +197,10 @@ LEADER_CONFIG_NAMES: Final = (
     RECORD_LOCK_DURATION_MS,
     DELIVERY_COUNT_LIMIT,
     PARTITION_MAX_RECORD_LOCKS,
+    REDELIVERY_BACKOFF_MS,
+    REDELIVERY_BACKOFF_MULTIPLIER,
+    REDELIVERY_BACKOFF_MAX_MS,
+    DELIVERY_COUNT_MODE,
 )
 
 _DURATION: Final = re.compile(
@@ -237,6 +314,8 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     definition = _DEFINITIONS.get(name)
     if definition is None:
         raise _unknown(name)
+    if definition.parse is not None:
+        return definition.parse(name, value, settings)
     if definition.min_attr is None:
         text = str(value).strip() if isinstance(value, str) else repr(value)
         parse_auto_offset_reset(text)
@@ -323,6 +402,10 @@ class GroupConfig:
     partition_max_record_locks: int
     session_timeout_ms: int
     heartbeat_interval_ms: int
+    redelivery_backoff_ms: int = 0
+    redelivery_backoff_multiplier: float = 2.0
+    redelivery_backoff_max_ms: int = 60000
+    delivery_count_mode: str = "acquisitions"
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -335,7 +418,12 @@ class GroupConfig:
 
         def value(name: str) -> str:
             got = merged.get(name)
-            return str(getattr(settings, _DEFINITIONS[name].default_attr)) if got is None else got
+            if got is not None:
+                return got
+            definition = _DEFINITIONS[name]
+            if definition.default is not None:
+                return definition.default
+            return str(getattr(settings, definition.default_attr))
 
         return cls(
             auto_offset_reset=value(AUTO_OFFSET_RESET),
@@ -344,6 +432,10 @@ class GroupConfig:
             partition_max_record_locks=int(value(PARTITION_MAX_RECORD_LOCKS)),
             session_timeout_ms=int(value(SESSION_TIMEOUT_MS)),
             heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
+            redelivery_backoff_ms=int(value(REDELIVERY_BACKOFF_MS)),
+            redelivery_backoff_multiplier=float(value(REDELIVERY_BACKOFF_MULTIPLIER)),
+            redelivery_backoff_max_ms=int(value(REDELIVERY_BACKOFF_MAX_MS)),
+            delivery_count_mode=value(DELIVERY_COUNT_MODE),
         )
 
     def value_of(self, name: str) -> str:
@@ -386,12 +478,13 @@ def describe_group_configs(
     """
     out = []
     for name, definition in _DEFINITIONS.items():
-        synonym = lookup(definition.default_attr).name
+        literal = definition.default
+        synonym = "" if literal is not None else lookup(definition.default_attr).name
         if name in dynamic:
             out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
         elif name in app:
             out.append(ConfigEntry(name, app[name], "APP_GROUP_CONFIG", synonym))
         else:
-            default = str(getattr(settings, definition.default_attr))
+            default = literal if literal is not None else str(getattr(settings, definition.default_attr))
             out.append(ConfigEntry(name, default, "DEFAULT_CONFIG", synonym))
     return out
