@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         Send,
     )
     from queueflow.member.consumer import IllegalStateError, ShareConsumer
+    from queueflow.member.outcomes import Release, release
     from queueflow.settings import ShareGroupSettings
     from queueflow.structs import ShareRecord, TopicPartition
 
@@ -71,6 +72,8 @@ _LAZY = {
     "USE_RECORD_KEY": "queueflow.member.agent.outputs",
     "COPY_OF_RECORD": "queueflow.member.agent.outputs",
     "ShareConsumer": "queueflow.member.consumer",
+    "Release": "queueflow.member.outcomes",
+    "release": "queueflow.member.outcomes",
     "IllegalStateError": "queueflow.member.consumer",
     "ShareRecord": "queueflow.structs",
     "TopicPartition": "queueflow.structs",
@@ -111,6 +114,7 @@ __all__ = [
     "ErrorCode",
     "IllegalStateError",
     "QueueflowError",
+    "Release",
     "Result",
     "Send",
     "ShareAgent",
@@ -122,4 +126,5 @@ __all__ = [
     "TopicPartition",
     "__version__",
     "attach",
+    "release",
 ]

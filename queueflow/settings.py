@@ -764,7 +764,7 @@ SETTINGS: tuple[Setting, ...] = (
         doc="Throttled delivery (as Kafka 4.2): records past half the delivery count limit are "
         "acquired in smaller batches, halved with every further delivery, and the last attempt "
         "alone, so a poison record takes fewer neighbours towards the limit (docs/concepts.md "
-        "\"Throttled delivery\"). false: every acquisition takes up to max records.",
+        '"Throttled delivery"). false: every acquisition takes up to max records.',
         read_by="leader",
     ),
     Setting(

@@ -485,6 +485,8 @@ def describe_group_configs(
         elif name in app:
             out.append(ConfigEntry(name, app[name], "APP_GROUP_CONFIG", synonym))
         else:
-            default = literal if literal is not None else str(getattr(settings, definition.default_attr))
+            default = (
+                literal if literal is not None else str(getattr(settings, definition.default_attr))
+            )
             out.append(ConfigEntry(name, default, "DEFAULT_CONFIG", synonym))
     return out

@@ -1557,7 +1557,9 @@ class SharePartition:
                 sp._lock_group(deadline).ranges.append((first, b.last_offset))
                 # The acquisition time isn't durable: the RENEW cap counts from the restored
                 # lock's start (one lock duration before its deadline).
-                acquired = None if is_reserved(member) else deadline - config.record_lock_duration_ms
+                acquired = (
+                    None if is_reserved(member) else deadline - config.record_lock_duration_ms
+                )
                 runs.append(
                     _Run(first, b.last_offset, state, b.delivery_count, member, deadline, acquired)
                 )

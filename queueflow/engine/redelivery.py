@@ -4,8 +4,8 @@ Pure functions the engine (:mod:`queueflow.engine.partition`) applies; each is d
 docs/concepts.md:
 
 * "Delayed redelivery": :func:`backoff_ms`, the group's back-off policy for a RELEASEd (or
-  raised) record, ``share.redelivery.backoff.ms`` × ``share.redelivery.backoff.multiplier`` ^
-  (delivery count − 1), capped at ``share.redelivery.backoff.max.ms``;
+  raised) record, ``share.redelivery.backoff.ms`` x ``share.redelivery.backoff.multiplier`` ^
+  (delivery count - 1), capped at ``share.redelivery.backoff.max.ms``;
 * "Throttled delivery": :func:`throttle_cap`, how many records one acquisition may take when
   the records are past half the delivery count limit (after Kafka 4.2's throttled delivery,
   apache/kafka#20837 and #21217);
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Final
 
 __all__ = [
-    "ATTEMPTS",
     "ACQUISITIONS",
+    "ATTEMPTS",
     "DELIVERY_COUNT_MODES",
     "ArchivedRange",
     "backoff_ms",
@@ -37,7 +37,7 @@ DELIVERY_COUNT_MODES: Final = (ACQUISITIONS, ATTEMPTS)
 
 def backoff_ms(delivery_count: int, initial_ms: int, multiplier: float, max_ms: int) -> int:
     """The delay (ms) before a record RELEASEd after its ``delivery_count``-th delivery is
-    Available again: ``initial_ms × multiplier^(delivery_count − 1)``, at most ``max_ms``; 0
+    Available again: ``initial_ms x multiplier^(delivery_count - 1)``, at most ``max_ms``; 0
     when ``initial_ms`` is 0 (no back-off).
 
     >>> [backoff_ms(n, 1000, 2.0, 5000) for n in (1, 2, 3, 4)]
@@ -59,7 +59,7 @@ def throttle_cap(delivery: int, limit: int, max_records: int) -> int:
     ``delivery``-th time (1-based; ``limit``: the delivery count limit).
 
     Up to half the limit (``delivery <= limit // 2``): ``max_records``. Past it the batch
-    halves with every further delivery, ``max_records >> (delivery − limit // 2)`` (at least
+    halves with every further delivery, ``max_records >> (delivery - limit // 2)`` (at least
     1), and the last attempt (``delivery >= limit``) is acquired alone. With a limit of 5 and
     500 records: deliveries 1-2 take 500, the 3rd 250, the 4th 125, the 5th 1.
 

@@ -21,6 +21,7 @@ next poll, or are sent at once by :meth:`commit_sync` / :meth:`commit_async`.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -31,6 +32,7 @@ from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
 from queueflow.member.context import MemberContext
+from queueflow.member.outcomes import Release, release
 from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
@@ -183,7 +185,11 @@ class ShareConsumer:
         self._callback = callback
 
     def acknowledge(
-        self, record: ShareRecord, kind: AcknowledgeType = AcknowledgeType.ACCEPT
+        self,
+        record: ShareRecord,
+        kind: AcknowledgeType | Release = AcknowledgeType.ACCEPT,
+        *,
+        delay: float | datetime.timedelta | None = None,
     ) -> None:
         """Acknowledge a record returned by the last poll (sent with the next poll or commit).
 
@@ -191,12 +197,31 @@ class ShareConsumer:
         be acknowledged (with ACCEPT, RELEASE or REJECT; in explicit mode before the next poll).
         Send it with :meth:`commit_sync` while the work on the record goes on.
 
+        ``delay`` (seconds or a timedelta; RELEASE only), or ``kind=queueflow.release(delay)``:
+        the record is Available again only that long after the leader applies the RELEASE
+        (docs/concepts.md "Delayed redelivery").
+
         Raises:
             IllegalStateError: the record was not delivered by the last poll, or was already
                 acknowledged.
-            ConfigurationError: ``kind`` is not ACCEPT, RELEASE, REJECT or RENEW.
+            ConfigurationError: ``kind`` is not ACCEPT, RELEASE, REJECT or RENEW; a delay with
+                another type than RELEASE; a negative delay or one above
+                ``queueflow.redelivery.max.delay.ms``. Nothing is recorded.
         """
         self._check_open()
+        delay_ms = 0
+        if isinstance(kind, Release):
+            kind, delay_ms = AcknowledgeType.RELEASE, kind.delay_ms
+        if delay is not None:
+            if kind is not AcknowledgeType.RELEASE:
+                raise ConfigurationError(
+                    f"delay={delay!r} applies to RELEASE only, not to {kind!r}; acknowledge "
+                    "without a delay"
+                )
+            delay_ms = release(delay, max_delay_ms=self.settings.redelivery_max_delay_ms).delay_ms
+        elif delay_ms > self.settings.redelivery_max_delay_ms:
+            release(delay_ms / 1000, max_delay_ms=self.settings.redelivery_max_delay_ms)
+        assert isinstance(kind, AcknowledgeType)
         key = (record.topic, record.partition, record.offset)
         if kind is AcknowledgeType.RENEW:  # KIP-1222: keep it, with a fresh lock
             if key not in self._delivered:
@@ -218,7 +243,8 @@ class ShareConsumer:
                 "poll or is already acknowledged"
             )
         session = self._require_session()
-        session.acknowledge(TopicPartition(record.topic, record.partition), record.offset, kind)
+        tp = TopicPartition(record.topic, record.partition)
+        session.acknowledge(tp, record.offset, kind, delay_ms=delay_ms)
         if kind is AcknowledgeType.RELEASE:
             session.remember_released(record)
 
@@ -282,7 +308,7 @@ class ShareConsumer:
                     del inflight[tp]
                     result = task.result()
                     if result is not None:
-                        records += result.records
+                        records += self._give_back_expiring(session, result.records)
                         long_polled = long_polled or result.long_polled
             if records or clock.monotonic() >= deadline:
                 for r in records:
@@ -291,6 +317,24 @@ class ShareConsumer:
             if not long_polled:  # answered empty at once (request topic, errors): back off
                 await asyncio.sleep(min(backoff, max(deadline - clock.monotonic(), 0)))
                 backoff = min(backoff * 2, 0.1)
+
+    def _give_back_expiring(
+        self, session: ShareFetchSession, records: list[ShareRecord]
+    ) -> list[ShareRecord]:
+        """``records`` without those whose lock ends within a second (fetched by a long poll
+        that ended while the app did not poll): those are RELEASEd with their delivery given
+        back, never having reached the app (docs/concepts.md "Delivery counts")."""
+        limit = self.ctx.clock.monotonic() + 1.0
+        if all(r.lock_deadline > limit for r in records):
+            return records
+        kept = []
+        for r in records:
+            if r.lock_deadline > limit:
+                kept.append(r)
+            else:
+                tp = TopicPartition(r.topic, r.partition)
+                session.acknowledge(tp, r.offset, AcknowledgeType.RELEASE, undelivered=True)
+        return kept
 
     def _start_fetches(
         self, session: ShareFetchSession, pending_acks: set[TopicPartition], remaining: float
@@ -416,9 +460,14 @@ class ShareConsumer:
             return
         if self._session is not None:
             for result in await asyncio.gather(*self._inflight.values(), return_exceptions=True):
-                if isinstance(result, FetchResult):  # acquired after the last poll: release
-                    for record in result.records:
-                        self._delivered[(record.topic, record.partition, record.offset)] = record
+                if isinstance(result, FetchResult):  # acquired after the last poll: given back
+                    for r in result.records:
+                        self._session.acknowledge(
+                            TopicPartition(r.topic, r.partition),
+                            r.offset,
+                            AcknowledgeType.RELEASE,
+                            undelivered=True,
+                        )
             self._inflight.clear()
             await asyncio.gather(*self._acking.values(), return_exceptions=True)
             self._acking.clear()
