@@ -24,7 +24,7 @@ import asyncio
 import datetime
 import ssl
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import structlog
 
@@ -211,7 +211,7 @@ class ShareConsumer:
         self._check_open()
         delay_ms = 0
         if isinstance(kind, Release):
-            delay_ms = cast(Release, kind).delay_ms  # (an IntEnum narrows oddly)
+            delay_ms = kind.delay_ms
             kind = AcknowledgeType.RELEASE
         if delay is not None:
             if kind is not AcknowledgeType.RELEASE:
