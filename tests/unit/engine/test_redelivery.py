@@ -219,7 +219,7 @@ def test_back_off_group_configs_are_checked() -> None:
     resolved = GroupConfig.resolve(settings, {"share.delivery.count.mode": "attempts"})
     assert (resolved.redelivery_backoff_ms, resolved.redelivery_backoff_max_ms) == (0, 60000)
     assert resolved.delivery_count_mode == "attempts"
-    with pytest.raises(ConfigurationError, match="share.delivery.count.mode"):
+    with pytest.raises(ConfigurationError, match=r"share\.delivery\.count\.mode"):
         cfg(delivery_count_mode="x")
 
 
