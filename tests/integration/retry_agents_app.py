@@ -1,0 +1,56 @@
+"""Share agents for test_redelivery (issue scenarios of docs/concepts.md "Delivery counts" and
+"Throttled delivery"). Env: ``AGENT_APP_ID``, ``AGENT_BROKER``, ``HUNG_TOPIC``,
+``POISON_TOPIC``, ``AGENT_LEDGER``; records are JSON ``{"i": n}``.
+
+* ``hung`` (concurrency 4, 5 s lock, delivery count limit 2): records 0..9 never return
+  (cancelled at their deadline: a failed attempt each time); the others are ACCEPTed.
+* ``poison`` (a batch handler, batches of 10, limit 3): raises for any batch holding record 3.
+
+Each handler call appends ``{"agent", "i", "delivery_count", "batch"}`` lines to the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import queueflow
+
+HUNG = 10  # records 0..HUNG-1 hang
+POISON = 3
+
+app = queueflow.App(
+    os.environ["AGENT_APP_ID"],
+    broker=os.environ["AGENT_BROKER"],
+    share_settings={"share.auto.offset.reset": "earliest"},
+    group_configs={
+        "hung": {"share.delivery.count.limit": 2, "share.record.lock.duration.ms": 5000},
+        "poison": {"share.delivery.count.limit": 3},
+    },
+)
+hung_topic = app.topic(os.environ["HUNG_TOPIC"], value_serializer="json")
+poison_topic = app.topic(os.environ["POISON_TOPIC"], value_serializer="json")
+ledger = open(os.environ["AGENT_LEDGER"], "a", buffering=1)  # noqa: SIM115
+
+
+def note(agent: str, record: queueflow.ShareRecord, batch: int = 1) -> None:
+    entry = {"agent": agent, "i": record.value["i"], "delivery_count": record.delivery_count}
+    ledger.write(json.dumps({**entry, "batch": batch}) + "\n")
+
+
+@app.share_agent(hung_topic, group="hung", concurrency=4)
+async def hung(record: queueflow.ShareRecord) -> object:
+    if record.value["i"] < HUNG:
+        await asyncio.Event().wait()  # never returns
+    note("hung", record)
+    return queueflow.ACCEPT
+
+
+@app.share_agent(poison_topic, group="poison", batch=True, batch_size=10)
+async def poison(records: list[queueflow.ShareRecord]) -> object:
+    for record in records:
+        note("poison", record, len(records))
+    if any(record.value["i"] == POISON for record in records):
+        raise RuntimeError(f"record {POISON} is poison")
+    return queueflow.ACCEPT
