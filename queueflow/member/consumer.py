@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import math
 import ssl
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -32,7 +33,7 @@ from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
 from queueflow.member.context import MemberContext
-from queueflow.member.outcomes import Release, release
+from queueflow.member.outcomes import Release, release_options
 from queueflow.member.session import FetchResult, ShareFetchSession
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
@@ -49,6 +50,11 @@ log = structlog.get_logger("queueflow.member.consumer")
 class IllegalStateError(QueueflowError):
     """The consumer was used out of order (e.g. explicit mode polled with unacknowledged
     records, or used after close)."""
+
+
+#: ``ShareConsumer.acknowledge``'s ``kind`` and ``delay`` (seconds).
+_Kind = AcknowledgeType | Release
+_Delay = float | datetime.timedelta | None
 
 
 class ShareConsumer:
@@ -185,44 +191,24 @@ class ShareConsumer:
         self._callback = callback
 
     def acknowledge(
-        self,
-        record: ShareRecord,
-        kind: AcknowledgeType | Release = AcknowledgeType.ACCEPT,
-        *,
-        delay: float | datetime.timedelta | None = None,
+        self, record: ShareRecord, kind: _Kind = AcknowledgeType.ACCEPT, *, delay: _Delay = None
     ) -> None:
         """Acknowledge a record returned by the last poll (sent with the next poll or commit).
 
         ``RENEW`` (KIP-1222) extends the record's acquisition lock instead: the record stays to
         be acknowledged (with ACCEPT, RELEASE or REJECT; in explicit mode before the next poll).
-        Send it with :meth:`commit_sync` while the work on the record goes on.
-
-        ``delay`` (seconds or a timedelta; RELEASE only), or ``kind=queueflow.release(delay)``:
-        the record is Available again only that long after the leader applies the RELEASE
-        (docs/concepts.md "Delayed redelivery").
+        Send it with :meth:`commit_sync` while the work on the record goes on. A RELEASE
+        ``delay`` (s or timedelta), or ``kind=queueflow.release(delay)``: docs/concepts.md
+        "Delayed redelivery".
 
         Raises:
             IllegalStateError: the record was not delivered by the last poll, or was already
                 acknowledged.
-            ConfigurationError: ``kind`` is not ACCEPT, RELEASE, REJECT or RENEW; a delay with
-                another type than RELEASE; a negative delay or one above
-                ``queueflow.redelivery.max.delay.ms``. Nothing is recorded.
+            ConfigurationError: ``kind`` is not ACCEPT, RELEASE, REJECT or RENEW; a bad
+                delay (:func:`~queueflow.member.outcomes.release_options`).
         """
         self._check_open()
-        delay_ms = 0
-        if isinstance(kind, Release):
-            delay_ms = kind.delay_ms
-            kind = AcknowledgeType.RELEASE
-        if delay is not None:
-            if kind is not AcknowledgeType.RELEASE:
-                raise ConfigurationError(
-                    f"delay={delay!r} applies to RELEASE only, not to {kind!r}; acknowledge "
-                    "without a delay"
-                )
-            delay_ms = release(delay, max_delay_ms=self.settings.redelivery_max_delay_ms).delay_ms
-        elif delay_ms > self.settings.redelivery_max_delay_ms:
-            release(delay_ms / 1000, max_delay_ms=self.settings.redelivery_max_delay_ms)
-        assert isinstance(kind, AcknowledgeType)
+        kind, delay_ms = release_options(kind, delay, self.settings.redelivery_max_delay_ms)
         key = (record.topic, record.partition, record.offset)
         if kind is AcknowledgeType.RENEW:  # KIP-1222: keep it, with a fresh lock
             if key not in self._delivered:
@@ -243,8 +229,7 @@ class ShareConsumer:
                 f"{record.topic}[{record.partition}]@{record.offset} was not returned by the last "
                 "poll or is already acknowledged"
             )
-        session = self._require_session()
-        tp = TopicPartition(record.topic, record.partition)
+        session, tp = self._require_session(), TopicPartition(record.topic, record.partition)
         session.acknowledge(tp, record.offset, kind, delay_ms=delay_ms)
         if kind is AcknowledgeType.RELEASE:
             session.remember_released(record)
@@ -309,7 +294,7 @@ class ShareConsumer:
                     del inflight[tp]
                     result = task.result()
                     if result is not None:
-                        records += self._give_back_expiring(session, result.records)
+                        records += _give_back_expiring(session, result.records)
                         long_polled = long_polled or result.long_polled
             if records or clock.monotonic() >= deadline:
                 for r in records:
@@ -318,24 +303,6 @@ class ShareConsumer:
             if not long_polled:  # answered empty at once (request topic, errors): back off
                 await asyncio.sleep(min(backoff, max(deadline - clock.monotonic(), 0)))
                 backoff = min(backoff * 2, 0.1)
-
-    def _give_back_expiring(
-        self, session: ShareFetchSession, records: list[ShareRecord]
-    ) -> list[ShareRecord]:
-        """``records`` without those whose lock ends within a second (fetched by a long poll
-        that ended while the app did not poll): those are RELEASEd with their delivery given
-        back, never having reached the app (docs/concepts.md "Delivery counts")."""
-        limit = self.ctx.clock.monotonic() + 1.0
-        if all(r.lock_deadline > limit for r in records):
-            return records
-        kept = []
-        for r in records:
-            if r.lock_deadline > limit:
-                kept.append(r)
-            else:
-                tp = TopicPartition(r.topic, r.partition)
-                session.acknowledge(tp, r.offset, AcknowledgeType.RELEASE, undelivered=True)
-        return kept
 
     def _start_fetches(
         self, session: ShareFetchSession, pending_acks: set[TopicPartition], remaining: float
@@ -462,13 +429,7 @@ class ShareConsumer:
         if self._session is not None:
             for result in await asyncio.gather(*self._inflight.values(), return_exceptions=True):
                 if isinstance(result, FetchResult):  # acquired after the last poll: given back
-                    for r in result.records:
-                        self._session.acknowledge(
-                            TopicPartition(r.topic, r.partition),
-                            r.offset,
-                            AcknowledgeType.RELEASE,
-                            undelivered=True,
-                        )
+                    _give_back_expiring(self._session, result.records, math.inf)
             self._inflight.clear()
             await asyncio.gather(*self._acking.values(), return_exceptions=True)
             self._acking.clear()
@@ -496,3 +457,22 @@ class ShareConsumer:
         if self._session is None:
             raise IllegalStateError("call subscribe() before poll() or commit")
         return self._session
+
+
+def _give_back_expiring(
+    session: ShareFetchSession, records: list[ShareRecord], within_s: float = 1.0
+) -> list[ShareRecord]:
+    """``records`` without those whose lock ends within ``within_s`` (fetched by a long poll
+    that ended while the app did not poll; ``inf``: all): those are RELEASEd with their
+    delivery given back, never having reached the app (docs/concepts.md "Delivery counts")."""
+    limit = session.ctx.clock.monotonic() + within_s
+    if all(r.lock_deadline > limit for r in records):
+        return records
+    kept = []
+    for r in records:
+        if r.lock_deadline > limit:
+            kept.append(r)
+        else:
+            tp = TopicPartition(r.topic, r.partition)
+            session.acknowledge(tp, r.offset, AcknowledgeType.RELEASE, undelivered=True)
+    return kept

@@ -17,7 +17,15 @@ from queueflow.errors import ConfigurationError
 from queueflow.settings import int_default, lookup
 from queueflow.structs import AcknowledgeType
 
-__all__ = ["MAX_DELAY_MS", "Release", "delay_of", "is_outcome", "kind_of", "release"]
+__all__ = [
+    "MAX_DELAY_MS",
+    "Release",
+    "delay_of",
+    "is_outcome",
+    "kind_of",
+    "release",
+    "release_options",
+]
 
 #: The most any leader may allow (the upper bound of ``queueflow.redelivery.max.delay.ms``);
 #: a leader refuses what exceeds its own value of that setting (12 hours by default).
@@ -74,6 +82,34 @@ def release(delay: float | datetime.timedelta, *, max_delay_ms: int | None = Non
             "delay, or park the record elsewhere"
         )
     return Release(ms)
+
+
+def release_options(
+    kind: AcknowledgeType | Release,
+    delay: float | datetime.timedelta | None,
+    max_delay_ms: int,
+) -> tuple[AcknowledgeType, int]:
+    """``ShareConsumer.acknowledge``'s ``kind`` and ``delay=`` as (acknowledge type, delay in
+    ms), checked against ``max_delay_ms`` (``queueflow.redelivery.max.delay.ms``).
+
+    Raises:
+        ConfigurationError: a delay with another type than RELEASE, or a bad delay (see
+            :func:`release`).
+    """
+    delay_ms = 0
+    if isinstance(kind, Release):
+        delay_ms = kind.delay_ms
+        kind = AcknowledgeType.RELEASE
+    if delay is not None:
+        if kind is not AcknowledgeType.RELEASE:
+            raise ConfigurationError(
+                f"delay={delay!r} applies to RELEASE only, not to {kind!r}; acknowledge without "
+                "a delay"
+            )
+        delay_ms = release(delay, max_delay_ms=max_delay_ms).delay_ms
+    elif delay_ms > max_delay_ms:
+        release(delay_ms / 1000, max_delay_ms=max_delay_ms)
+    return kind, delay_ms
 
 
 def kind_of(value: Any) -> Any:

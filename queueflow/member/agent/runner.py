@@ -389,7 +389,7 @@ class HandlerRunner:
                 self._acknowledged[kind].inc(count)
                 self._ack_counts[kind] = 0
 
-    def lock_expired_unhandled(self, record: ShareRecord) -> None:
+    def lock_expired_unhandled(self, record: ShareRecord, undelivered: bool = True) -> None:
         """The record's acquisition lock expired, or would within the lock margin, while it
         waited for a handler: the leader may have delivered it to another member already, or
         would before its outcome arrived, so don't process it; RELEASE it (refused harmlessly
@@ -397,7 +397,7 @@ class HandlerRunner:
         agent = self.agent
         agent.stats.lock_expired += 1
         self._lock_expired.inc()
-        self.acknowledge(record, _RELEASE, undelivered=True)  # no handler saw it
+        self.acknowledge(record, _RELEASE, undelivered=undelivered)  # unless a handler saw it
         agent.dispatch.unreserve(1)
         if record.lock_deadline != self._last_expired_deadline:
             self._last_expired_deadline = record.lock_deadline
