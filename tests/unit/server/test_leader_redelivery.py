@@ -4,13 +4,18 @@ is logged once as ``records_archived`` (docs/operations.md)."""
 
 from __future__ import annotations
 
+import msgspec
+from inprocess_helpers import TOPIC, RawMember, cluster_with, run, settle
+
 from queueflow.engine.partition import SharePartitionConfig
 from queueflow.engine.reserved import DELAYED_OWNER
 from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics
 from queueflow.server.durable import DurableSharePartition
-from queueflow.server.leader import handlers
+from queueflow.server.leader import ShareLeader, handlers
 from queueflow.server.leader.results import LogEvent
 from queueflow.structs import AcknowledgeType
+from queueflow.testing import FakeClock
 
 NOW = 1_000_000
 RELEASE, REJECT = int(AcknowledgeType.RELEASE), int(AcknowledgeType.REJECT)
@@ -94,3 +99,37 @@ def test_every_archived_record_is_logged_once_with_its_reason() -> None:
         2,
     )
     assert archived_lines(handlers.tick([durable], NOW + 10**6).logs) == []  # once only
+
+
+def test_a_delay_survives_a_leader_failover() -> None:
+    """A delayed record is durable (the v3 lock section, owner ``__delayed__``): after the
+    partition moves to a new leader it is still not Available before its time, then is
+    delivered again with its count (the delay's end counts no delivery)."""
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        async with cluster_with(3, clock=clock) as cluster:
+            m = RawMember(cluster, "m")
+            assert (await m.fetch(0, 10)).acquired == [(0, 2, 1)]
+            request = msgspec.structs.replace(
+                m.fetch_request(0, 0, acks=[(0, 2, (RELEASE,))]), ack_delay_ms=[(0, 2, 60_000)]
+            )
+            answer = await m.call(topics.request_topic(cluster.app_id, TOPIC), 0, request)
+            assert isinstance(answer, protocol.ShareFetchResponse)
+            assert answer.ack_error == "NONE"
+            await settle(cluster)
+            cluster.leaders[TOPIC].revoke({0})  # failover: the partition moves away
+            fresh = ShareLeader(cluster.server, TOPIC, cluster.tables[TOPIC])
+            fresh.assign({0}, 2)
+            await fresh.send_fences()
+            await fresh.handle(0, 100, cluster.bus.sent[-1][2])  # its fence read back: live
+            other = RawMember(cluster, "m-other")
+            early = await other.fetch(0, 10, handler=fresh.handle, offset=101)
+            assert early.error == "NONE" and early.acquired == []
+            engine = fresh.partitions[("g", 0)].engine
+            assert engine.record(1).member_id == DELAYED_OWNER and engine.delayed_count == 3
+            clock.advance(60_001)
+            late = await other.fetch(0, 10, handler=fresh.handle, offset=102)
+            assert late.acquired == [(0, 2, 2)]
+
+    run(scenario())
