@@ -760,11 +760,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "delivery_throttle_enable",
         "queueflow.delivery.throttle.enable",
-        True,
+        False,
         doc="Throttled delivery (as Kafka 4.2): records past half the delivery count limit are "
         "acquired in smaller batches, halved with every further delivery, and the last attempt "
         "alone, so a poison record takes fewer neighbours towards the limit (docs/concepts.md "
-        '"Throttled delivery"). false: every acquisition takes up to max records.',
+        '"Throttled delivery"). Off by default: with it, a member that acquires and RELEASEs '
+        "in a loop can Archive up to `share.member.release.abuse.records` / (limit - 1) "
+        "records before it is fenced.",
         read_by="leader",
     ),
     Setting(

@@ -230,7 +230,8 @@ class SharePartitionConfig:
             member's release doesn't count).
         throttle_delivery: ``queueflow.delivery.throttle.enable``; records past half the
             delivery count limit are acquired in smaller batches, the last attempt alone
-            (:func:`~queueflow.engine.redelivery.throttle_cap`). Default True.
+            (:func:`~queueflow.engine.redelivery.throttle_cap`). Default False (see the
+            setting's documentation for why).
 
     Raises:
         ConfigurationError: on construction (see :meth:`validate`).

@@ -32,12 +32,7 @@ def batch(first: int, last: int, *types: AcknowledgeType) -> AcknowledgementBatc
 
 
 def cfg(**overrides: int) -> SharePartitionConfig:
-    # Whole batches on every delivery: the attacks below acquire n records a round (throttled
-    # delivery slows such a loop down near the limit: tests/unit/engine/test_redelivery.py).
-    return SharePartitionConfig(  # type: ignore[misc]
-        record_lock_duration_ms=LOCK,
-        **{"throttle_delivery": False, **overrides},  # type: ignore[arg-type]
-    )
+    return SharePartitionConfig(record_lock_duration_ms=LOCK, **overrides)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------

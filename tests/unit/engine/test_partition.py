@@ -596,8 +596,7 @@ def test_take_changes_content() -> None:
 
 
 def test_changes_replay_to_snapshot() -> None:
-    # Whole batches on every delivery (throttled delivery: tests/unit/engine/test_redelivery.py).
-    sp = SharePartition(SharePartitionConfig(delivery_count_limit=2, throttle_delivery=False), 0)
+    sp = SharePartition(SharePartitionConfig(delivery_count_limit=2), 0)
     updates: list[ShareUpdate] = []
     start = ShareSnapshot(0, 0, 0, 0, ())
     ops = [
@@ -693,7 +692,7 @@ def test_restore_archives_records_acquired_at_the_delivery_limit() -> None:
     """A record whose last delivery attempt (at the limit) was cut short by a leader crash is
     Archived when its restored lock elapses, instead of being delivered again. State written
     before locks were persisted (Acquired as Available at the limit) is Archived on restore."""
-    config = SharePartitionConfig(delivery_count_limit=2, throttle_delivery=False)
+    config = SharePartitionConfig(delivery_count_limit=2)
     sp = SharePartition(config, 0)
     sp.acquire("m", 2, log_end_offset=2, now_ms=0)
     sp.acknowledge("m", [AcknowledgementBatch(0, 1, (AcknowledgeType.RELEASE,))], now_ms=1)

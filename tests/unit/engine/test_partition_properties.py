@@ -190,9 +190,7 @@ class ShareMachine(RuleBasedStateMachine):
     )
     def setup(self, limit: int, max_in_flight: int, start: int) -> None:
         self.cfg = SharePartitionConfig(
-            max_in_flight_records=max_in_flight,
-            delivery_count_limit=limit,
-            throttle_delivery=False,  # the model acquires whole batches (test_redelivery.py)
+            max_in_flight_records=max_in_flight, delivery_count_limit=limit
         )
         self.sp = SharePartition(self.cfg, start)
         self.model = Model(self.cfg, start)

@@ -32,7 +32,8 @@ LOCK = 30_000
 
 
 def cfg(**kw: object) -> SharePartitionConfig:
-    return SharePartitionConfig(**kw)  # type: ignore[arg-type]
+    """Throttled delivery on unless ``throttle_delivery=False`` (its default is off)."""
+    return SharePartitionConfig(**{"throttle_delivery": True, **kw})  # type: ignore[arg-type]
 
 
 def rel(

@@ -50,9 +50,7 @@ WHERE = "group=G topic=T partition=3"
 G, T, P = "G", "T", 3
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
-CFG = SharePartitionConfig(  # whole batches on every delivery (no throttled delivery)
-    max_in_flight_records=1000, delivery_count_limit=5, throttle_delivery=False
-)
+CFG = SharePartitionConfig(max_in_flight_records=1000, delivery_count_limit=5)
 
 SnapshotEncoder = Callable[[ShareSnapshot], bytes]
 UpdateEncoder = Callable[..., bytes]

@@ -24,9 +24,7 @@ AK = RecordState.ACKNOWLEDGED
 AR = RecordState.ARCHIVED
 G, T, P = "G", "T", 3
 WHERE = f"group={G} topic={T} partition={P}"
-CFG = SharePartitionConfig(
-    max_in_flight_records=1000, delivery_count_limit=3, throttle_delivery=False
-)
+CFG = SharePartitionConfig(max_in_flight_records=1000, delivery_count_limit=3)
 SKEY = snapshot_key(G, P)
 
 Table = dict[bytes, bytes]

@@ -23,7 +23,7 @@ ACCEPT, RELEASE, RENEW = (
 
 
 def share_partition(**limits: int) -> DurableSharePartition:
-    config = SharePartitionConfig(**{"throttle_delivery": False, **limits})  # type: ignore[arg-type]
+    config = SharePartitionConfig(**limits)  # type: ignore[arg-type]
     return DurableSharePartition.create({}, "g", TOPIC, 0, config, 0, 0)
 
 
