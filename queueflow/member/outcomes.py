@@ -11,25 +11,13 @@ from __future__ import annotations
 import datetime
 import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 from queueflow.errors import ConfigurationError
-from queueflow.settings import int_default, lookup
+from queueflow.settings import int_default
 from queueflow.structs import AcknowledgeType
 
-__all__ = [
-    "MAX_DELAY_MS",
-    "Release",
-    "delay_of",
-    "is_outcome",
-    "kind_of",
-    "release",
-    "release_options",
-]
-
-#: The most any leader may allow (the upper bound of ``queueflow.redelivery.max.delay.ms``);
-#: a leader refuses what exceeds its own value of that setting (12 hours by default).
-MAX_DELAY_MS: Final = int(lookup("queueflow.redelivery.max.delay.ms").maximum or 0)
+__all__ = ["Release", "delay_of", "kind_of", "release", "release_options"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +103,6 @@ def release_options(
 def kind_of(value: Any) -> Any:
     """``RELEASE`` for a :class:`Release`, else ``value`` unchanged."""
     return AcknowledgeType.RELEASE if type(value) is Release else value
-
-
-def is_outcome(value: Any) -> bool:
-    """True for a :class:`Release`."""
-    return type(value) is Release
 
 
 def delay_of(value: Any) -> int:
