@@ -2,8 +2,10 @@
 "Throttled delivery"). Env: ``AGENT_APP_ID``, ``AGENT_BROKER``, ``HUNG_TOPIC``,
 ``POISON_TOPIC``, ``AGENT_LEDGER``; records are JSON ``{"i": n}``.
 
-* ``hung`` (concurrency 4, 5 s lock, delivery count limit 2): records 0..9 never return
-  (cancelled at their deadline: a failed attempt each time); the others are ACCEPTed.
+* ``hung`` (concurrency 4, 5 s lock, delivery count limit 2): the 10 records of :data:`HUNG`
+  never return (cancelled at their deadline: a failed attempt each time); the others are
+  ACCEPTed. Records 0..3 hang first, so the records fetched with them wait behind all four
+  handler tasks, on both of their deliveries.
 * ``poison`` (a batch handler, batches of 10, limit 3): raises for any batch holding record 3.
 
 Each handler call appends ``{"agent", "i", "delivery_count", "batch"}`` lines to the ledger.
@@ -17,7 +19,7 @@ import os
 
 import queueflow
 
-HUNG = 10  # records 0..HUNG-1 hang
+HUNG = frozenset([0, 1, 2, 3, 40, 41, 42, 43, 44, 45])  # their handlers never return
 POISON = 3
 
 app = queueflow.App(
@@ -41,7 +43,7 @@ def note(agent: str, record: queueflow.ShareRecord, batch: int = 1) -> None:
 
 @app.share_agent(hung_topic, group="hung", concurrency=4)
 async def hung(record: queueflow.ShareRecord) -> object:
-    if record.value["i"] < HUNG:
+    if record.value["i"] in HUNG:
         await asyncio.Event().wait()  # never returns
     note("hung", record)
     return queueflow.ACCEPT
