@@ -839,7 +839,10 @@ class SharePartition:
 
         ``ACCEPT`` -> Acknowledged; ``REJECT`` -> Archived; ``GAP`` -> Archived (no record at that
         offset); ``RELEASE`` -> Available, or Archived once the delivery count has reached
-        ``delivery_count_limit``; the acquisition lock is cleared. ``RENEW`` (KIP-1222) keeps
+        ``delivery_count_limit``; the acquisition lock is cleared. A RELEASE batch's
+        ``delay_ms`` (or the group's back-off policy) holds the records by
+        :data:`~queueflow.engine.reserved.DELAYED_OWNER` until then instead; ``undelivered``
+        gives the delivery back (count - 1, never Archived). ``RENEW`` (KIP-1222) keeps
         the record Acquired by the member, with the same delivery count, and moves its lock
         deadline to ``now_ms + lock_duration_ms``.
 
@@ -854,8 +857,10 @@ class SharePartition:
         Raises:
             InvalidRequestError: batches unordered or overlapping, ``first_offset >
                 last_offset``, a bad number of acknowledge types or an unknown type, offsets
-                outside SPSO..SPEO-1, a RENEW lock duration out of range, or a RENEW while
-                ``renew_enabled`` is False (``share.renew.acknowledge.enable=false``).
+                outside SPSO..SPEO-1, a RENEW lock duration out of range, a RENEW while
+                ``renew_enabled`` is False (``share.renew.acknowledge.enable=false``), or a
+                ``delay_ms`` / ``undelivered`` on another type than RELEASE or a delay out of
+                ``0..max_release_delay_ms``.
             InvalidRecordStateError: an offset is not Acquired by ``member_id``, or a RENEW
                 can't extend a lock any more: the record has been Acquired for
                 ``share.record.lock.max.renewal.ms`` since its acquisition (Kafka answers a
@@ -1281,7 +1286,9 @@ class SharePartition:
         """Release every record Acquired by ``member_id``, as if it had acknowledged ``RELEASE``.
 
         Used when a member leaves or is removed from the share group. Records go back to
-        Available, or to Archived at the delivery count limit; then the SPSO advances.
+        Available, or to Archived at the delivery count limit (with
+        ``delivery_count_mode="attempts"``: Available, that delivery given back); then the SPSO
+        advances.
 
         With ``config.release_by_lock_end`` the records stay Acquired until their own lock
         deadlines instead: :meth:`expire_locks` releases them, and the member may acknowledge
