@@ -6,7 +6,8 @@
   never return (cancelled at their deadline: a failed attempt each time); the others are
   ACCEPTed. Records 0..3 hang first, so the records fetched with them wait behind all four
   handler tasks, on both of their deliveries.
-* ``poison`` (a batch handler, batches of 10, limit 3): raises for any batch holding record 3.
+* ``poison`` (a batch handler, up to 8 records a batch, limit 3): raises for any batch
+  holding record 3.
 
 Each handler call appends ``{"agent", "i", "delivery_count", "batch"}`` lines to the ledger.
 """
@@ -49,7 +50,9 @@ async def hung(record: queueflow.ShareRecord) -> object:
     return queueflow.ACCEPT
 
 
-@app.share_agent(poison_topic, group="poison", batch=True, batch_size=10)
+# concurrency 8: the agent's flow control then acquires 8 records per ShareFetch from the
+# start (half of 2 x concurrency), so the poison record shares its batch with 7 neighbours.
+@app.share_agent(poison_topic, group="poison", concurrency=8, batch=True, batch_size=10)
 async def poison(records: list[queueflow.ShareRecord]) -> object:
     for record in records:
         note("poison", record, len(records))
