@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
-from inprocess_helpers import TOPIC, cluster_with, eventually, run, settle
+from inprocess_helpers import TOPIC, cluster_with, eventually, run, settle, until
 
 import queueflow
 from queueflow.engine.partition import RecordState
@@ -78,3 +78,34 @@ def test_an_agent_returning_release_with_a_delay() -> None:
             await settle(cluster)
 
     run(scenario())
+
+
+def test_a_poison_record_in_a_batch_fails_alone() -> None:
+    """A batch handler raising for one record: its batch's records are handled again one by
+    one on the same delivery, so the neighbours are ACCEPTed once and only the poison record
+    goes on to the delivery count limit (docs/concepts.md "Throttled delivery")."""
+    seen: list[tuple[int, int, int]] = []
+
+    async def handler(records: list[ShareRecord]) -> object:
+        seen.extend((r.offset, r.delivery_count, len(records)) for r in records)
+        if any(r.offset == 2 for r in records):
+            raise RuntimeError("poison")
+        return None
+
+    async def scenario() -> None:
+        clock = FakeClock()
+        async with cluster_with(6, clock=clock) as cluster:
+            agent = await cluster.agent(handler, TOPIC, "g", batch=True, concurrency=4)
+            await until(lambda: spso(cluster) == 6, "every record done", clock)
+            await agent.stop()
+            await settle(cluster)
+
+    def spso(cluster: object) -> int:
+        sp = cluster.share_partition("g", TOPIC, 0)  # type: ignore[attr-defined]
+        return -1 if sp is None else int(sp.start_offset)
+
+    run(scenario())
+    first_batch = [s for s in seen if s[2] > 1]
+    assert first_batch and any(o == 2 for o, _, _ in first_batch)  # it shared a batch
+    assert {c for o, c, _ in seen if o != 2} == {1}  # neighbours: one delivery each
+    assert {c for o, c, _ in seen if o == 2} == {1, 2, 3, 4, 5}  # poison: to the limit
