@@ -22,7 +22,13 @@ from queueflow.engine.group import ShareGroup
 from queueflow.engine.group_config import GroupConfig, validate_group_config
 from queueflow.engine.redelivery import ArchivedRange, backoff_ms, throttle_cap
 from queueflow.engine.reserved import DELAYED_OWNER, describe_owner, is_reserved
-from queueflow.errors import ConfigurationError, ErrorCode, InvalidRequestError, ShareGroupError
+from queueflow.errors import (
+    ConfigurationError,
+    ErrorCode,
+    InvalidRecordStateError,
+    InvalidRequestError,
+    ShareGroupError,
+)
 from queueflow.server.leader.ack_batches import ack_batches
 from queueflow.settings import ShareGroupSettings
 
@@ -402,3 +408,20 @@ def test_ack_batches_split_where_the_options_change() -> None:
         (8, 8, (A.RELEASE,), 0, True),
     ]
     assert ack_batches([(0, 1, (1,))]) == [AcknowledgementBatch(0, 1, (A.ACCEPT,))]
+
+
+def test_a_renew_of_records_the_member_does_not_hold_is_refused_and_changes_nothing() -> None:
+    """Bad input: RENEW by a member that doesn't hold the records (another member's, or a
+    delayed one, even by the member that released it) is refused with INVALID_RECORD_STATE
+    naming the offsets; nothing changes, and the stale offsets are named for the member to
+    drop."""
+    sp = SharePartition(cfg(), 0)
+    acquired(sp, "m", 2, 0, leo=4)
+    sp.acknowledge("m", [rel(1, 1, delay_ms=5000)], now_ms=1)
+    before = sp.snapshot()
+    for member, offset in (("n", 0), ("n", 1), ("m", 1)):  # another's; delayed (twice)
+        renew = [AcknowledgementBatch(offset, offset, (A.RENEW,))]
+        with pytest.raises(InvalidRecordStateError, match=f"records {offset}..{offset} are not"):
+            sp.acknowledge(member, renew, now_ms=2)
+        assert sp.snapshot() == before
+    assert sp.stale_acknowledgements("n", [AcknowledgementBatch(0, 1, (A.RENEW,))]) == [(0, 1)]
