@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     )
     from queueflow.member.browse import BrowsedRecord
     from queueflow.member.consumer import IllegalStateError, ShareConsumer
+    from queueflow.member.outcomes import Release, release
     from queueflow.settings import ShareGroupSettings
     from queueflow.structs import ShareRecord, TopicPartition
 
@@ -73,6 +74,8 @@ _LAZY = {
     "COPY_OF_RECORD": "queueflow.member.agent.outputs",
     "ShareConsumer": "queueflow.member.consumer",
     "BrowsedRecord": "queueflow.member.browse",
+    "Release": "queueflow.member.outcomes",
+    "release": "queueflow.member.outcomes",
     "IllegalStateError": "queueflow.member.consumer",
     "ShareRecord": "queueflow.structs",
     "TopicPartition": "queueflow.structs",
@@ -114,6 +117,7 @@ __all__ = [
     "ErrorCode",
     "IllegalStateError",
     "QueueflowError",
+    "Release",
     "Result",
     "Send",
     "ShareAgent",
@@ -125,4 +129,5 @@ __all__ = [
     "TopicPartition",
     "__version__",
     "attach",
+    "release",
 ]

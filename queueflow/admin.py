@@ -59,6 +59,7 @@ from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.engine.group import Member, ShareGroup
 from queueflow.engine.group_config import ConfigEntry, parse_duration
 from queueflow.engine.key_order import ParkedKey, parse_key_hash, show_hash
+from queueflow.engine.reserved import DELAYED_OWNER, describe_owner
 from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts, group_partition_owners
@@ -176,6 +177,10 @@ class InFlightBatch:
         state: ``AVAILABLE``, ``ACQUIRED``, ``ACKNOWLEDGED`` or ``ARCHIVED``.
         delivery_count: delivery attempts so far (0: never delivered).
         member_id: the member holding the acquisition lock (``ACQUIRED`` only, else None).
+        status: how to read a record the leader holds itself (a reserved owner,
+            :mod:`queueflow.engine.reserved`), e.g. ``Available (delayed until
+            2026-01-01T12:00:00.000Z)`` for a delayed RELEASE (its ``state`` is then
+            ``AVAILABLE``); ``None`` otherwise.
     """
 
     first_offset: int
@@ -183,6 +188,7 @@ class InFlightBatch:
     state: str
     delivery_count: int
     member_id: str | None = None
+    status: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1136,7 +1142,10 @@ def _offsets(
     counts: Counter[str] = Counter()
     speo = spso
     for b in batches:
-        counts[RecordState(b.state).name] += b.last_offset - b.first_offset + 1
+        name = RecordState(b.state).name
+        if b.member_id == DELAYED_OWNER:  # delayed: Available once its time comes
+            name = RecordState.AVAILABLE.name
+        counts[name] += b.last_offset - b.first_offset + 1
         speo = b.last_offset + 1
     listed = sum(counts.values())
     counts[RecordState.AVAILABLE.name] += (speo - spso) - listed  # never delivered
@@ -1184,9 +1193,11 @@ def _batches(spso: int, speo: int, batches: Iterable[Any], limit: int) -> tuple[
             break
         first, last = max(b.first_offset, at), min(b.last_offset, stop - 1)
         if first <= last:
-            out.append(
-                InFlightBatch(first, last, RecordState(b.state).name, b.delivery_count, b.member_id)
-            )
+            state, member = RecordState(b.state).name, b.member_id
+            status = describe_owner(member, b.lock_deadline_ms)
+            if member == DELAYED_OWNER:
+                state, member = available, None
+            out.append(InFlightBatch(first, last, state, b.delivery_count, member, status))
             at = last + 1
     if at < stop:
         out.append(InFlightBatch(at, stop - 1, available, 0))

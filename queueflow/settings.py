@@ -778,6 +778,30 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader, coordinator (ticker)",
     ),
     Setting(
+        "redelivery_max_delay_ms",
+        "queueflow.redelivery.max.delay.ms",
+        43200000,
+        1000,
+        604800000,
+        doc="The longest delay (ms) a RELEASE may ask for before the record is Available again "
+        "(`queueflow.release(delay=...)`; 12 hours by default, as an SQS visibility timeout); "
+        "a longer one is refused with INVALID_REQUEST, the record unchanged. It also bounds "
+        "the group config `share.redelivery.backoff.max.ms`.",
+        read_by="leader",
+    ),
+    Setting(
+        "delivery_throttle_enable",
+        "queueflow.delivery.throttle.enable",
+        False,
+        doc="Throttled delivery (as Kafka 4.2): records past half the delivery count limit are "
+        "acquired in smaller batches, halved with every further delivery, and the last attempt "
+        "alone, so a poison record takes fewer neighbours towards the limit (docs/concepts.md "
+        '"Throttled delivery"). Off by default: with it, a member that acquires and RELEASEs '
+        "in a loop can Archive up to `share.member.release.abuse.records` / (limit - 1) "
+        "records before it is fenced.",
+        read_by="leader",
+    ),
+    Setting(
         "auth_mode",
         "queueflow.auth.mode",
         AuthMode.AUTO,
@@ -981,6 +1005,8 @@ class ShareGroupSettings:
     member_release_abuse_window_ms: int = int_default("member_release_abuse_window_ms")
     member_join_grace_ms: int = int_default("member_join_grace_ms")
     lock_check_interval_ms: int = int_default("lock_check_interval_ms")
+    redelivery_max_delay_ms: int = int_default("redelivery_max_delay_ms")
+    delivery_throttle_enable: bool = bool_default("delivery_throttle_enable")
     auth_mode: AuthMode = choice_default("auth_mode", AuthMode)
     auth_secret: str = dataclasses.field(default=str_default("auth_secret"), repr=False)
     auth_member_credential: str = dataclasses.field(

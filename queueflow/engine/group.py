@@ -45,6 +45,7 @@ from queueflow.engine.assignors import (
     get_assignor,
     select_assignor,
 )
+from queueflow.engine.reserved import RESERVED_PREFIX, is_reserved
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.settings import int_default
 from queueflow.structs import TopicPartition
@@ -196,7 +197,8 @@ class ShareGroup:
 
         Raises:
             ShareGroupError: ``INVALID_REQUEST`` for more than :data:`MAX_ADVERTISED` assignor
-                names, a name of 0 or more than 64 characters, or a rack id of more than 255
+                names, a name of 0 or more than 64 characters, a rack id of more than 255, or
+                a member id starting with ``__`` (reserved: :mod:`queueflow.engine.reserved`)
                 (nothing changes); ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a
                 member the group doesn't know (it must rejoin with epoch 0);
                 ``GROUP_MAX_SIZE_REACHED``; ``GROUP_ID_NOT_FOUND`` if the group was deleted.
@@ -213,6 +215,12 @@ class ShareGroup:
                 f"member {member_id} advertises {len(assignors)} assignor names; at most "
                 f"{MAX_ADVERTISED} names of 1-64 characters are allowed "
                 "(queueflow.member.assignors)",
+            )
+        if is_reserved(member_id):
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"member id {member_id!r} starts with {RESERVED_PREFIX!r}, which is reserved for "
+                "the share-partition leaders' own records; use another member id (a UUID)",
             )
         if len(rack_id) > 255:
             raise ShareGroupError(

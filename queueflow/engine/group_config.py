@@ -28,6 +28,11 @@ Group config                           Default (broker-level setting) and bounds
                                        ``false`` (KIP-1222 RENEW allowed)
 ``share.assignment.interval.ms``       ``1000``, within [0..15000] (Kafka's broker bounds);
                                        accepted, without effect: queueflow assigns at once
+``share.redelivery.backoff.ms``        0 (no back-off), within
+                                       0..``queueflow.redelivery.max.delay.ms``
+``share.redelivery.backoff.multiplier`` 2.0, within 1..1000
+``share.redelivery.backoff.max.ms``    60000, within 0..``queueflow.redelivery.max.delay.ms``
+``share.delivery.count.mode``          ``acquisitions`` (KIP-932) or ``attempts``
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -41,11 +46,13 @@ Pure and standard-library only: the coordinator validates with it, the App check
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from queueflow.engine.redelivery import DELIVERY_COUNT_MODES
 from queueflow.errors import ConfigurationError
 from queueflow.settings import ShareGroupSettings, lookup
 
@@ -53,6 +60,7 @@ __all__ = [
     "ASSIGNMENT_INTERVAL_MS",
     "AUTO_OFFSET_RESET",
     "DELIVERY_COUNT_LIMIT",
+    "DELIVERY_COUNT_MODE",
     "GROUP_CONFIG_NAMES",
     "HEARTBEAT_INTERVAL_MS",
     "ISOLATION_LEVEL",
@@ -62,6 +70,9 @@ __all__ = [
     "ORDERING_VALUES",
     "PARTITION_MAX_RECORD_LOCKS",
     "RECORD_LOCK_DURATION_MS",
+    "REDELIVERY_BACKOFF_MAX_MS",
+    "REDELIVERY_BACKOFF_MS",
+    "REDELIVERY_BACKOFF_MULTIPLIER",
     "RENEW_ACKNOWLEDGE_ENABLE",
     "SESSION_TIMEOUT_MS",
     "ConfigEntry",
@@ -92,6 +103,10 @@ ASSIGNMENT_INTERVAL_MS: Final = "share.assignment.interval.ms"
 #: Kafka's bounds of ``share.assignment.interval.ms`` (``group.share.min/max.assignment.
 #: interval.ms`` defaults); queueflow has no such broker-level settings.
 ASSIGNMENT_INTERVAL_BOUNDS: Final = (0, 15_000)
+REDELIVERY_BACKOFF_MS: Final = "share.redelivery.backoff.ms"
+REDELIVERY_BACKOFF_MULTIPLIER: Final = "share.redelivery.backoff.multiplier"
+REDELIVERY_BACKOFF_MAX_MS: Final = "share.redelivery.backoff.max.ms"
+DELIVERY_COUNT_MODE: Final = "share.delivery.count.mode"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +122,49 @@ class _Definition:
     max_attr: str | None = None
     default: str | None = None
     choices: tuple[str, ...] = ()
+    #: The parser returning the normal form of a config that is not a bounded int.
+    parse: Callable[[str, object, ShareGroupSettings], str] | None = None
+
+
+def _delay_ms(name: str, value: object, settings: ShareGroupSettings) -> str:
+    """A delay in ms, 0..``queueflow.redelivery.max.delay.ms``."""
+    top = settings.redelivery_max_delay_ms
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
+        number = int(value)
+    if number is None or not 0 <= number <= top:
+        raise ConfigurationError(
+            f"{name}={value!r} is not allowed: give an integer number of ms in [0..{top}] "
+            "(queueflow.redelivery.max.delay.ms)"
+        )
+    return str(number)
+
+
+def _multiplier(name: str, value: object, settings: ShareGroupSettings) -> str:
+    """A float in 1..1000."""
+    number: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = None
+    if number is None or not math.isfinite(number) or not 1.0 <= number <= 1000.0:
+        raise ConfigurationError(f"{name}={value!r} is not allowed: give a number in [1..1000]")
+    return repr(number)
+
+
+def _count_mode(name: str, value: object, settings: ShareGroupSettings) -> str:
+    """``acquisitions`` or ``attempts``."""
+    text = value.strip() if isinstance(value, str) else None
+    if text not in DELIVERY_COUNT_MODES:
+        raise ConfigurationError(
+            f"{name}={value!r} is not allowed: choose " + " or ".join(DELIVERY_COUNT_MODES)
+        )
+    return text
 
 
 _DEFINITIONS: Final = {
@@ -152,6 +210,19 @@ _DEFINITIONS: Final = {
         ),
         _Definition(RENEW_ACKNOWLEDGE_ENABLE, "renew_acknowledge_enable"),
         _Definition(ASSIGNMENT_INTERVAL_MS, "assignment_interval_ms", default="1000"),
+        _Definition(REDELIVERY_BACKOFF_MS, "redelivery_backoff_ms", default="0", parse=_delay_ms),
+        _Definition(
+            REDELIVERY_BACKOFF_MULTIPLIER,
+            "redelivery_backoff_multiplier",
+            default="2.0",
+            parse=_multiplier,
+        ),
+        _Definition(
+            REDELIVERY_BACKOFF_MAX_MS, "redelivery_backoff_max_ms", default="60000", parse=_delay_ms
+        ),
+        _Definition(
+            DELIVERY_COUNT_MODE, "delivery_count_mode", default="acquisitions", parse=_count_mode
+        ),
     )
 }
 
@@ -166,6 +237,10 @@ LEADER_CONFIG_NAMES: Final = (
     ORDERING,
     ISOLATION_LEVEL,
     RENEW_ACKNOWLEDGE_ENABLE,
+    REDELIVERY_BACKOFF_MS,
+    REDELIVERY_BACKOFF_MULTIPLIER,
+    REDELIVERY_BACKOFF_MAX_MS,
+    DELIVERY_COUNT_MODE,
 )
 
 _DURATION: Final = re.compile(
@@ -280,6 +355,8 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     definition = _DEFINITIONS.get(name)
     if definition is None:
         raise _unknown(name)
+    if definition.parse is not None:
+        return definition.parse(name, value, settings)
     if name == RENEW_ACKNOWLEDGE_ENABLE:
         return _boolean(name, value)
     if name == ASSIGNMENT_INTERVAL_MS:
@@ -404,6 +481,10 @@ class GroupConfig:
     isolation_level: str = ISOLATION_LEVELS[0]
     renew_acknowledge_enable: bool = True
     assignment_interval_ms: int = 1000
+    redelivery_backoff_ms: int = 0
+    redelivery_backoff_multiplier: float = 2.0
+    redelivery_backoff_max_ms: int = 60000
+    delivery_count_mode: str = "acquisitions"
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -429,6 +510,10 @@ class GroupConfig:
             isolation_level=value(ISOLATION_LEVEL),
             renew_acknowledge_enable=value(RENEW_ACKNOWLEDGE_ENABLE).lower() == "true",
             assignment_interval_ms=int(value(ASSIGNMENT_INTERVAL_MS)),
+            redelivery_backoff_ms=int(value(REDELIVERY_BACKOFF_MS)),
+            redelivery_backoff_multiplier=float(value(REDELIVERY_BACKOFF_MULTIPLIER)),
+            redelivery_backoff_max_ms=int(value(REDELIVERY_BACKOFF_MAX_MS)),
+            delivery_count_mode=value(DELIVERY_COUNT_MODE),
         )
 
     def value_of(self, name: str) -> str:

@@ -31,6 +31,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from queueflow.engine.key_order import KeyOrder, consecutive
+from queueflow.engine.redelivery import (
+    ATTEMPTS,
+    DELIVERY_COUNT_MODES,
+    ArchivedRange,
+    backoff_ms,
+    merge_archived,
+    throttle_cap,
+)
+from queueflow.engine.reserved import DELAYED_OWNER, is_reserved
 from queueflow.engine.state import (
     PERSISTED_STATES,
     RecordState,
@@ -53,6 +62,7 @@ __all__ = [
     "AcknowledgeType",
     "AcknowledgementBatch",
     "AcquiredRecords",
+    "ArchivedRange",
     "MemberFence",
     "RecordState",
     "RecordView",
@@ -91,11 +101,19 @@ class AcknowledgementBatch:
     ``acknowledge_types`` holds one type for the whole range, or exactly one per offset
     (``last_offset - first_offset + 1`` entries), as in KIP-932 ShareAcknowledge
     ``AcknowledgementBatches``.
+
+    ``delay_ms`` (RELEASE only, ms, 0..``max_release_delay_ms``): the records are Available
+    again only that long after the acknowledgement (docs/concepts.md "Delayed redelivery");
+    0: the group's back-off policy (``share.redelivery.backoff.*``, off by default).
+    ``undelivered`` (RELEASE only): the member never handed the records to a handler, so
+    their delivery is given back (docs/concepts.md "Delivery counts").
     """
 
     first_offset: int
     last_offset: int
     acknowledge_types: tuple[AcknowledgeType, ...]
+    delay_ms: int = 0
+    undelivered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +219,20 @@ class SharePartitionConfig:
             (and results) may still commit. A removed or fenced member may still acknowledge
             the records it holds (docs/architecture.md "Exactly-once: transactional
             acknowledgements"). Default False.
+        redelivery_backoff_ms / redelivery_backoff_multiplier / redelivery_backoff_max_ms:
+            the group configs ``share.redelivery.backoff.ms`` (0: off, the default),
+            ``.multiplier`` (>= 1, default 2.0) and ``.max.ms`` (default 60000): a RELEASE
+            without its own delay makes the record Available again only
+            :func:`~queueflow.engine.redelivery.backoff_ms` later.
+        max_release_delay_ms: ``queueflow.redelivery.max.delay.ms``; the longest delay a
+            RELEASE may ask for (default 12 h).
+        delivery_count_mode: ``share.delivery.count.mode``: ``acquisitions`` (KIP-932: every
+            acquisition counts) or ``attempts`` (a delivery ended by a lock expiry or the
+            member's release doesn't count).
+        throttle_delivery: ``queueflow.delivery.throttle.enable``; records past half the
+            delivery count limit are acquired in smaller batches, the last attempt alone
+            (:func:`~queueflow.engine.redelivery.throttle_cap`). Default False (see the
+            setting's documentation for why).
 
     Raises:
         ConfigurationError: on construction (see :meth:`validate`).
@@ -220,6 +252,12 @@ class SharePartitionConfig:
     release_abuse_ratio_percent: int = int_default("share.member.release.abuse.ratio.percent")
     release_abuse_window_ms: int = int_default("share.member.release.abuse.window.ms")
     release_by_lock_end: bool = False
+    redelivery_backoff_ms: int = 0
+    redelivery_backoff_multiplier: float = 2.0
+    redelivery_backoff_max_ms: int = 60000
+    max_release_delay_ms: int = int_default("queueflow.redelivery.max.delay.ms")
+    delivery_count_mode: str = "acquisitions"
+    throttle_delivery: bool = bool_default("queueflow.delivery.throttle.enable")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -251,6 +289,8 @@ class SharePartitionConfig:
         _check_range("share.member.release.abuse.records", self.release_abuse_records)
         _check_range("share.member.release.abuse.ratio.percent", self.release_abuse_ratio_percent)
         _check_range("share.member.release.abuse.window.ms", self.release_abuse_window_ms)
+        _check_range("queueflow.redelivery.max.delay.ms", self.max_release_delay_ms)
+        self._validate_redelivery()
         low, high = self.min_record_lock_duration_ms, self.max_record_lock_duration_ms
         if low > high:
             raise ConfigurationError(
@@ -262,6 +302,34 @@ class SharePartitionConfig:
                 f"group.share.record.lock.duration.ms={self.record_lock_duration_ms} is out of "
                 f"range: allowed {low}..{high} (it must lie within "
                 "group.share.min.record.lock.duration.ms..group.share.max.record.lock.duration.ms)"
+            )
+
+    def _validate_redelivery(self) -> None:
+        """Check the back-off policy and ``delivery_count_mode``."""
+        top = self.max_release_delay_ms
+        for name, value in (
+            ("share.redelivery.backoff.ms", self.redelivery_backoff_ms),
+            ("share.redelivery.backoff.max.ms", self.redelivery_backoff_max_ms),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= top:
+                raise ConfigurationError(
+                    f"{name}={value!r} is out of range: allowed 0..{top} ms "
+                    "(queueflow.redelivery.max.delay.ms)"
+                )
+        multiplier = self.redelivery_backoff_multiplier
+        if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
+            raise ConfigurationError(
+                f"share.redelivery.backoff.multiplier={multiplier!r} must be a number >= 1"
+            )
+        if not 1.0 <= float(multiplier) <= 1000.0:
+            raise ConfigurationError(
+                f"share.redelivery.backoff.multiplier={multiplier!r} is out of range: "
+                "allowed 1..1000"
+            )
+        if self.delivery_count_mode not in DELIVERY_COUNT_MODES:
+            raise ConfigurationError(
+                f"share.delivery.count.mode={self.delivery_count_mode!r}; use "
+                + " or ".join(DELIVERY_COUNT_MODES)
             )
 
 
@@ -366,17 +434,6 @@ def _same(a: _Run, b: _Run) -> bool:
 _Transform = Callable[[_Run], tuple[RecordState, int, str | None, int | None] | None]
 
 
-#: Why an acknowledgement Archives records (a key-ordered share-partition parks the key of a
-#: record Archived for a reason; a GAP names no record, so it parks nothing).
-_ARCHIVE_REASONS = {
-    AcknowledgeType.ACCEPT: "",
-    AcknowledgeType.RELEASE: "delivery_limit",
-    AcknowledgeType.REJECT: "rejected",
-    AcknowledgeType.GAP: "",
-    AcknowledgeType.RENEW: "",
-}
-
-
 def _accept(r: _Run) -> tuple[RecordState, int, None, None]:
     return (_ACKNOWLEDGED, r.count, None, None)
 
@@ -400,7 +457,7 @@ class SharePartition:
     """
 
     __slots__ = (
-        "_archive_reason",
+        "_archived_log",
         "_archived_total",
         "_config",
         "_dirty",
@@ -413,6 +470,7 @@ class SharePartition:
         "_locks",
         "_n_acquired",
         "_n_available",
+        "_reason",
         "_reset_pending",
         "_runs",
         "_start",
@@ -441,14 +499,15 @@ class SharePartition:
         self._reset_pending = False
         # Records moved to Archived by this object (REJECT, GAP, the delivery count limit).
         self._archived_total = 0
+        # Archive transitions since take_archived(), and the reason the current change gives.
+        self._archived_log: list[ArchivedRange] = []
+        self._reason = "delivery_limit"
         # Member -> records it holds Acquired here; member -> its use (rate, releases, fence).
         self._held: dict[str, int] = {}
         self._use: dict[str, _MemberUse] = {}
         self._fences: list[MemberFence] = []
-        # share.ordering=key (queueflow.engine.key_order), and why records being Archived now
-        # are (a GAP parks no key).
+        # share.ordering=key (queueflow.engine.key_order).
         self._key_order: KeyOrder | None = None
-        self._archive_reason = "delivery_limit"
 
     # ----------------------------------------------------------------------------------------
     # Views
@@ -512,6 +571,19 @@ class SharePartition:
         GAP, or a release or lock expiry at ``delivery_count_limit``): a monotonic count for
         metrics; records restored as Archived are not counted."""
         return self._archived_total
+
+    @property
+    def delayed_count(self) -> int:
+        """Records held by :data:`~queueflow.engine.reserved.DELAYED_OWNER` until their delay
+        ends (counted in :attr:`acquired_count` too; Available to no one until then)."""
+        return self._held.get(DELAYED_OWNER, 0)
+
+    def take_archived(self) -> list[ArchivedRange]:
+        """The records moved to Archived since the previous call (REJECT, or a RELEASE, lock
+        expiry or member release at the delivery count limit; not GAP offsets, which hold no
+        record), adjacent ranges of one count and reason merged; each is returned once."""
+        archived, self._archived_log = self._archived_log, []
+        return merge_archived(archived) if archived else []
 
     @property
     def run_count(self) -> int:
@@ -613,6 +685,7 @@ class SharePartition:
 
         # KIP-932 "Record delivery and acknowledgement": the leader "starts at the SPSO and finds
         # Available records"; each moves to Acquired and its delivery count is bumped.
+        throttled: int | None = None  # the delivery count of a throttled batch
         if self._n_available and remaining > 0:
             lock = self._lock_group(deadline)
             to_see = self._n_available
@@ -621,6 +694,19 @@ class SharePartition:
             while i < len(runs) and remaining > 0 and to_see > 0:
                 r = runs[i]
                 if r.state is _AVAILABLE:
+                    # Throttled delivery (docs/concepts.md): records past half the delivery
+                    # count limit go in smaller batches of their own, the last attempt alone.
+                    cap = (
+                        throttle_cap(r.count + 1, cfg.delivery_count_limit, max_records)
+                        if cfg.throttle_delivery
+                        else max_records
+                    )
+                    if throttled is None and cap < max_records:
+                        if ranges:
+                            break
+                        throttled, remaining = r.count, min(remaining, cap)
+                    elif throttled is not None and r.count != throttled:
+                        break
                     n = r.last - r.first + 1
                     to_see -= n
                     if n > remaining:
@@ -644,7 +730,7 @@ class SharePartition:
 
         # Then new records from the SPEO. KIP-932 "In-flight records": the distance between the
         # SPSO and SPEO is bounded by group.share.partition.max.record.locks.
-        if remaining > 0:
+        if remaining > 0 and throttled is None:
             stop = min(
                 max(log_end_offset, self._end),
                 self._start + cfg.max_in_flight_records,
@@ -833,7 +919,10 @@ class SharePartition:
 
         ``ACCEPT`` -> Acknowledged; ``REJECT`` -> Archived; ``GAP`` -> Archived (no record at that
         offset); ``RELEASE`` -> Available, or Archived once the delivery count has reached
-        ``delivery_count_limit``; the acquisition lock is cleared. ``RENEW`` (KIP-1222) keeps
+        ``delivery_count_limit``; the acquisition lock is cleared. A RELEASE batch's
+        ``delay_ms`` (or the group's back-off policy) holds the records by
+        :data:`~queueflow.engine.reserved.DELAYED_OWNER` until then instead; ``undelivered``
+        gives the delivery back (count - 1, never Archived). ``RENEW`` (KIP-1222) keeps
         the record Acquired by the member, with the same delivery count, and moves its lock
         deadline to ``now_ms + lock_duration_ms``.
 
@@ -850,8 +939,10 @@ class SharePartition:
         Raises:
             InvalidRequestError: batches unordered or overlapping, ``first_offset >
                 last_offset``, a bad number of acknowledge types or an unknown type, offsets
-                negative or at/after the SPEO, a RENEW lock duration out of range, or a RENEW while
-                ``renew_enabled`` is False (``share.renew.acknowledge.enable=false``).
+                outside SPSO..SPEO-1, a RENEW lock duration out of range, a RENEW while
+                ``renew_enabled`` is False (``share.renew.acknowledge.enable=false``), or a
+                ``delay_ms`` / ``undelivered`` on another type than RELEASE or a delay out of
+                ``0..max_release_delay_ms``.
             InvalidRecordStateError: an offset is not Acquired by ``member_id``, or a RENEW
                 can't extend a lock any more: the record has been Acquired for
                 ``share.record.lock.max.renewal.ms`` since its acquisition (Kafka answers a
@@ -879,14 +970,16 @@ class SharePartition:
         member = sys.intern(member_id)
         if not self._config.release_by_lock_end:  # else: settling what it holds is allowed
             self._check_fence(member, now_ms)
-        plan = self._validate_acks(member_id, batches)
+        opts: list[tuple[int, bool]] = []  # (delay_ms, undelivered) of each plan segment
+        plan = self._validate_acks(member_id, batches, opts)
         renew_deadline: int | None = None
         released: list[tuple[int, int]] = []
         handled = 0
         renews = False
-        for first, last, ack in plan:
+        for (first, last, ack), (_delay, undelivered) in zip(plan, opts, strict=True):
             if ack is _RELEASE:
-                released.append((first, last))
+                if not undelivered:  # a delivery given back is no RELEASE without handling
+                    released.append((first, last))
             elif ack is _RENEW:
                 renews = True
             elif ack is not _GAP:
@@ -906,15 +999,18 @@ class SharePartition:
             member, self._redelivered(released) if released else 0, handled, now_ms
         )
         archived: list[tuple[int, int]] = []
-        for first, last, ack in plan:
+        for (first, last, ack), (delay_ms, undelivered) in zip(plan, opts, strict=True):
             if ack is _RENEW:
                 assert renew_deadline is not None
                 self._renew(first, last, renew_deadline)
-            elif ack is not _RELEASE or abusive is None:
-                # Why a record Archived here is (a key-ordered share-partition parks its key).
-                self._archive_reason = _ARCHIVE_REASONS[ack]
+            elif ack is _RELEASE:
+                if abusive is None:
+                    release = self._release_ack(now_ms, delay_ms, undelivered, archived)
+                    self._apply(first, last, release)
+            else:
+                self._reason = "rejected" if ack is AcknowledgeType.REJECT else "gap"
                 self._apply(first, last, self._ack_transform(ack, archived))
-                self._archive_reason = "delivery_limit"
+                self._reason = "delivery_limit"
         self._advance()
         if abusive is not None:  # its RELEASEs above stay held and are returned uncounted
             return self._fence(member, self._use[member], abusive[0], abusive[1], now_ms)
@@ -1063,9 +1159,13 @@ class SharePartition:
         return MemberFence(member, released, handled, len(touched), returned, until)
 
     def _validate_acks(
-        self, member_id: str, batches: Sequence[AcknowledgementBatch]
+        self,
+        member_id: str,
+        batches: Sequence[AcknowledgementBatch],
+        opts: list[tuple[int, bool]] | None = None,
     ) -> list[tuple[int, int, AcknowledgeType]]:
-        """Check a whole ShareAcknowledge request; return (first, last, type) segments."""
+        """Check a whole ShareAcknowledge request; return (first, last, type) segments (and
+        append each segment's ``(delay_ms, undelivered)`` to ``opts``)."""
         plan: list[tuple[int, int, AcknowledgeType]] = []
         prev_last: int | None = None
         for b in batches:
@@ -1102,6 +1202,8 @@ class SharePartition:
                 raise InvalidRequestError(
                     f"acknowledgement batch {first}..{last}: unknown acknowledge type ({exc})"
                 ) from None
+            self._check_release_options(b, acks)
+            segments = len(plan)
             if len(acks) == 1:
                 plan.append((first, last, acks[0]))
             else:
@@ -1110,6 +1212,8 @@ class SharePartition:
                     if k == len(acks) or acks[k] is not acks[k - 1]:
                         plan.append((seg_start, first + k - 1, acks[k - 1]))
                         seg_start = first + k
+            if opts is not None:
+                opts.extend([(b.delay_ms, b.undelivered)] * (len(plan) - segments))
         # KIP-932 ShareAcknowledge INVALID_RECORD_STATE: only the member holding the acquisition
         # lock can acknowledge a record.
         runs = self._runs
@@ -1127,6 +1231,32 @@ class SharePartition:
                     )
                 i += 1
         return plan
+
+    def _check_release_options(self, b: AcknowledgementBatch, acks: list[AcknowledgeType]) -> None:
+        """Refuse a delay or ``undelivered`` on anything but RELEASE, and a delay out of
+        ``0..max_release_delay_ms`` (docs/concepts.md "Delayed redelivery")."""
+        delay, undelivered = b.delay_ms, b.undelivered
+        if not delay and not undelivered:
+            return
+        where = f"acknowledgement batch {b.first_offset}..{b.last_offset}"
+        top = self._config.max_release_delay_ms
+        if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+            raise InvalidRequestError(
+                f"{where}: release delay {delay!r} ms is not allowed: give 0..{top} ms "
+                "(queueflow.redelivery.max.delay.ms)"
+            )
+        if delay > top:
+            raise InvalidRequestError(
+                f"{where}: release delay {delay} ms is above the maximum of {top} ms "
+                "(queueflow.redelivery.max.delay.ms); release with a shorter delay"
+            )
+        other = sorted({a.name for a in acks if a is not _RELEASE})
+        if other:
+            what = "a delay" if delay else "undelivered"
+            raise InvalidRequestError(
+                f"{where}: {what} applies to RELEASE only, not to {', '.join(other)}; "
+                "acknowledge those without it"
+            )
 
     def stale_acknowledgements(
         self, member_id: str, batches: Sequence[AcknowledgementBatch]
@@ -1195,6 +1325,42 @@ class SharePartition:
         # record (KIP-932 "unmaterialized record batch" gaps) -> Archived.
         return _archive
 
+    def _release_ack(
+        self, now_ms: int, delay_ms: int, undelivered: bool, archived: list[tuple[int, int]]
+    ) -> _Transform:
+        """A member's RELEASE: its delivery given back (``undelivered``), Archived at the
+        limit, held by :data:`DELAYED_OWNER` for ``delay_ms`` (0: the group's back-off
+        policy), or Available."""
+        cfg = self._config
+
+        def release(r: _Run) -> tuple[RecordState, int, str | None, int | None]:
+            if undelivered:  # never handed to a handler: that delivery doesn't count
+                return (_AVAILABLE, max(r.count - 1, 0), None, None)
+            new = self._release_transform(r)
+            if new[0] is _ARCHIVED:
+                archived.append((r.first, r.last))
+                return new
+            delay = delay_ms or backoff_ms(
+                r.count,
+                cfg.redelivery_backoff_ms,
+                cfg.redelivery_backoff_multiplier,
+                cfg.redelivery_backoff_max_ms,
+            )
+            if delay <= 0:
+                return new
+            until = now_ms + delay
+            self._lock_group(until).ranges.append((r.first, r.last))
+            return (_ACQUIRED, r.count, DELAYED_OWNER, until)
+
+        return release
+
+    def _lapse_transform(self, r: _Run) -> tuple[RecordState, int, None, None]:
+        """A delivery that ended without an acknowledgement (lock expiry, member released):
+        as a RELEASE, or with ``share.delivery.count.mode=attempts`` given back."""
+        if self._config.delivery_count_mode == ATTEMPTS:
+            return (_AVAILABLE, max(r.count - 1, 0), None, None)
+        return self._release_transform(r)
+
     def _release_transform(self, r: _Run) -> tuple[RecordState, int, None, None]:
         # KIP-932 state diagram: a failed delivery attempt (released, or lock elapsed) goes back to
         # Available "if (delivery count < group.share.delivery.count.limit)", else Archived.
@@ -1210,7 +1376,9 @@ class SharePartition:
         """Release every record Acquired by ``member_id``, as if it had acknowledged ``RELEASE``.
 
         Used when a member leaves or is removed from the share group. Records go back to
-        Available, or to Archived at the delivery count limit; then the SPSO advances.
+        Available, or to Archived at the delivery count limit (with
+        ``delivery_count_mode="attempts"``: Available, that delivery given back); then the SPSO
+        advances.
 
         With ``config.release_by_lock_end`` the records stay Acquired until their own lock
         deadlines instead: :meth:`expire_locks` releases them, and the member may acknowledge
@@ -1237,7 +1405,7 @@ class SharePartition:
 
         def transform(r: _Run) -> tuple[RecordState, int, None, None] | None:
             if r.state is _ACQUIRED and r.member == member_id:
-                return self._release_transform(r)
+                return self._lapse_transform(r)
             return None
 
         released = 0
@@ -1279,7 +1447,9 @@ class SharePartition:
             def transform(r: _Run, d: int = deadline) -> tuple[RecordState, int, None, None] | None:
                 if r.state is not _ACQUIRED or r.deadline != d:
                     return None
-                new = self._release_transform(r)
+                if is_reserved(r.member):  # a delay ended: Available, no delivery counted
+                    return (_AVAILABLE, r.count, None, None)
+                new = self._lapse_transform(r)
                 if r.acquired is not None and r.member and d >= r.acquired + cap:
                     held, archived = capped.setdefault(r.member, ([], []))
                     held.append((r.first, r.last))
@@ -1347,15 +1517,18 @@ class SharePartition:
         """
         if offset < 0:
             raise InvalidRequestError(f"start offset must be >= 0, got {offset}")
-        if self._n_acquired:
+        held = self._n_acquired - self.delayed_count  # delayed records are discarded too
+        if held:
             raise InvalidRequestError(
-                f"cannot reset the start offset: {self._n_acquired} records are Acquired by "
+                f"cannot reset the start offset: {held} records are Acquired by "
                 "members; the share group must be empty (stop its consumers or wait for their "
                 "locks to elapse)"
             )
         self._runs.clear()
         self._locks.clear()
         self._heap.clear()
+        self._held.clear()
+        self._n_acquired = 0
         self._dirty.clear()
         for use in self._use.values():  # those offsets mean other records from now on
             use.releases.clear()
@@ -1476,13 +1649,18 @@ class SharePartition:
                 # like a lock expiry, so the record is Archived rather than delivered again.
                 state = RecordState.ARCHIVED
                 sp._mark_dirty(first, b.last_offset)
+                sp._archived_log.append(
+                    ArchivedRange(first, b.last_offset, b.delivery_count, "delivery_limit")
+                )
             if locked:
                 assert b.member_id is not None and b.lock_deadline_ms is not None
                 member, deadline = sys.intern(b.member_id), b.lock_deadline_ms
                 sp._lock_group(deadline).ranges.append((first, b.last_offset))
                 # The acquisition time isn't durable: the RENEW cap counts from the restored
                 # lock's start (one lock duration before its deadline).
-                acquired = deadline - config.record_lock_duration_ms
+                acquired = (
+                    None if is_reserved(member) else deadline - config.record_lock_duration_ms
+                )
                 runs.append(
                     _Run(first, b.last_offset, state, b.delivery_count, member, deadline, acquired)
                 )
@@ -1608,16 +1786,19 @@ class SharePartition:
             self._n_available -= n
         if state is _ARCHIVED and r.state is not _ARCHIVED:
             self._archived_total += n
+            if self._reason != "gap":  # a GAP offset holds no record
+                self._archived_log.append(ArchivedRange(r.first, r.last, count, self._reason))
         if self._key_order is not None:  # a REJECTed or dead-lettered record parks its key
             if state is _ARCHIVED and r.state is _ACQUIRED:
-                self._key_order.on_archived(r.first, r.last, self._archive_reason)
+                reason = "" if self._reason == "gap" else self._reason
+                self._key_order.on_archived(r.first, r.last, reason)
             elif state is _AVAILABLE and r.state is _ARCHIVED:
                 self._key_order.on_revived(r.first, r.last)
         r.state = state
         r.count = count
         r.member = member
         r.deadline = deadline
-        if state is not _ACQUIRED:
+        if state is not _ACQUIRED or (member is not None and is_reserved(member)):
             r.acquired = None
 
     def _lock_group(self, deadline: int) -> _LockGroup:

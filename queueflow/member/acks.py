@@ -52,12 +52,68 @@ class AcknowledgementBuffer:
         self._pending: dict[TopicPartition, dict[int, AcknowledgeType]] = defaultdict(dict)
         self._since: dict[TopicPartition, float] = {}
         self._uncertain: dict[TopicPartition, list[list[WireAck]]] = {}
+        # offset -> (delay_ms, undelivered) of a pending RELEASE with options, kept until its
+        # outcome is answered (they travel with whichever request carries the offset).
+        self._options: dict[TopicPartition, dict[int, tuple[int, bool]]] = {}
 
-    def add(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
-        """Record the outcome of one record (a later outcome for the same offset wins)."""
+    def add(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        kind: AcknowledgeType,
+        *,
+        delay_ms: int = 0,
+        undelivered: bool = False,
+    ) -> None:
+        """Record the outcome of one record (a later outcome for the same offset wins).
+
+        ``delay_ms`` / ``undelivered``: options of a RELEASE (docs/concepts.md "Delayed
+        redelivery", "Delivery counts"), sent as the request's ``ack_delay_ms`` /
+        ``ack_undelivered``."""
         self._pending[tp][offset] = kind
+        if delay_ms or undelivered:
+            self._options.setdefault(tp, {})[offset] = (delay_ms, undelivered)
+        elif tp in self._options:
+            self._options[tp].pop(offset, None)
         if tp not in self._since:
             self._since[tp] = time.monotonic()
+
+    def options(
+        self, tp: TopicPartition, acks: list[WireAck]
+    ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+        """The RELEASE options of the offsets in ``acks``: ``(first, last, delay_ms)`` and
+        ``(first, last)`` ranges (``ShareFetchRequest.ack_delay_ms`` / ``ack_undelivered``)."""
+        known = self._options.get(tp)
+        if not known:
+            return [], []
+        delays: list[tuple[int, int, int]] = []
+        undelivered: list[tuple[int, int]] = []
+        for first, last, _ in acks:
+            for offset in range(first, last + 1):
+                option = known.get(offset)
+                if option is None:
+                    continue
+                delay, given_back = option
+                if delay:
+                    if delays and delays[-1][1] == offset - 1 and delays[-1][2] == delay:
+                        delays[-1] = (delays[-1][0], offset, delay)
+                    else:
+                        delays.append((offset, offset, delay))
+                if given_back:
+                    if undelivered and undelivered[-1][1] == offset - 1:
+                        undelivered[-1] = (undelivered[-1][0], offset)
+                    else:
+                        undelivered.append((offset, offset))
+        return delays, undelivered
+
+    def settled(self, tp: TopicPartition, offsets: Sequence[int]) -> None:
+        """Forget the RELEASE options of ``offsets`` (their outcome was answered)."""
+        known = self._options.get(tp)
+        if known:
+            for offset in offsets:
+                known.pop(offset, None)
+            if not known:
+                del self._options[tp]
 
     def take(self, tp: TopicPartition) -> list[WireAck]:
         """Remove and return the acknowledgements for the next request of ``tp``, as wire

@@ -23,6 +23,7 @@ next poll, or are sent at once by :meth:`commit_sync` / :meth:`commit_async`.
 from __future__ import annotations
 
 import asyncio
+import math
 import ssl
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -291,7 +292,7 @@ class ShareConsumer(AcknowledgingConsumer, Browsing):
                     self._asked.pop(tp, None)
                     result = task.result()
                     if result is not None:
-                        records += result.records
+                        records += _give_back_expiring(session, result.records)
                         long_polled = long_polled or result.long_polled
             if records or clock.monotonic() >= deadline:
                 for r in records:
@@ -410,9 +411,8 @@ class ShareConsumer(AcknowledgingConsumer, Browsing):
         if session is None:
             return
         for result in await asyncio.gather(*self._inflight.values(), return_exceptions=True):
-            if isinstance(result, FetchResult):  # acquired after the last poll: release
-                for record in result.records:
-                    self._delivered[(record.topic, record.partition, record.offset)] = record
+            if isinstance(result, FetchResult):  # acquired after the last poll: given back
+                _give_back_expiring(session, result.records, math.inf)
         self._inflight.clear()
         self._asked.clear()
         await asyncio.gather(*self._acking.values(), return_exceptions=True)
@@ -445,3 +445,30 @@ class ShareConsumer(AcknowledgingConsumer, Browsing):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _give_back_expiring(
+    session: ShareFetchSession, records: list[ShareRecord], within_s: float = 1.0
+) -> list[ShareRecord]:
+    """``records`` without those whose lock ends within ``within_s`` (at most a tenth of the
+    lock; fetched by a long poll that ended while the app did not poll; ``inf``: all): those
+    are RELEASEd with their delivery given back, never having reached the app
+    (docs/concepts.md "Delivery counts")."""
+    now = session.ctx.clock.monotonic()
+
+    def expiring(r: ShareRecord) -> bool:
+        if within_s == math.inf:
+            return True
+        lock_s = r.lock_deadline - r.delivered_at  # delivered_at: when it was read
+        return r.lock_deadline <= now + min(within_s, lock_s / 10)
+
+    if not any(expiring(r) for r in records):
+        return records
+    kept = []
+    for r in records:
+        if not expiring(r):
+            kept.append(r)
+        else:
+            tp = TopicPartition(r.topic, r.partition)
+            session.acknowledge(tp, r.offset, AcknowledgeType.RELEASE, undelivered=True)
+    return kept

@@ -6,12 +6,15 @@ long, AcknowledgeType)``), the commit callback, ``commit_sync`` and ``commit_asy
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import Callable
 from typing import Any, overload
 
 from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.member.consumer_metrics import ShareConsumerMetrics
+from queueflow.member.outcomes import Release, release_options
 from queueflow.member.session import ShareFetchSession
+from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 __all__ = ["AcknowledgingConsumer", "CommitCallback", "IllegalStateError"]
@@ -20,6 +23,9 @@ __all__ = ["AcknowledgingConsumer", "CommitCallback", "IllegalStateError"]
 CommitCallback = Callable[[dict[TopicPartition, set[int]], Exception | None], Any]
 
 _OUTCOMES = (AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT)
+#: ``acknowledge``'s ``kind`` (an outcome, or ``queueflow.release(delay)``) and ``delay`` (s).
+_Kind = AcknowledgeType | Release
+_Delay = float | datetime.timedelta | None
 
 
 class IllegalStateError(QueueflowError):
@@ -32,6 +38,7 @@ class AcknowledgingConsumer:
     sets these attributes and delivers the records)."""
 
     mode: str
+    settings: ShareGroupSettings
     _metrics: ShareConsumerMetrics
     _session: ShareFetchSession | None
     _delivered: dict[tuple[str, int, int], ShareRecord]
@@ -45,7 +52,7 @@ class AcknowledgingConsumer:
 
     @overload
     def acknowledge(
-        self, record: ShareRecord, kind: AcknowledgeType = AcknowledgeType.ACCEPT, /
+        self, record: ShareRecord, kind: _Kind = AcknowledgeType.ACCEPT, /, *, delay: _Delay = None
     ) -> None: ...
 
     @overload
@@ -54,27 +61,33 @@ class AcknowledgingConsumer:
         topic: str,
         partition: int,
         offset: int,
-        kind: AcknowledgeType = AcknowledgeType.ACCEPT,
+        kind: _Kind = AcknowledgeType.ACCEPT,
         /,
+        *,
+        delay: _Delay = None,
     ) -> None: ...
 
-    def acknowledge(self, record: ShareRecord | str, /, *args: Any) -> None:
+    def acknowledge(self, record: ShareRecord | str, /, *args: Any, delay: _Delay = None) -> None:
         """Acknowledge a record returned by the last poll (sent with the next poll or commit):
         ``acknowledge(record[, kind])`` or, as ``KafkaShareConsumer``,
         ``acknowledge(topic, partition, offset[, kind])``; ``kind`` defaults to ACCEPT.
 
         ``RENEW`` (KIP-1222) extends the record's acquisition lock instead: the record stays to
         be acknowledged (with ACCEPT, RELEASE or REJECT; in explicit mode before the next poll).
-        Send it with :meth:`commit_sync` while the work on the record goes on.
+        Send it with :meth:`commit_sync` while the work on the record goes on. A RELEASE
+        ``delay`` (s or timedelta), or ``kind=queueflow.release(delay)``: docs/concepts.md
+        "Delayed redelivery".
 
         Raises:
             IllegalStateError: the record was not delivered by the last poll, or was already
                 acknowledged.
-            ConfigurationError: ``kind`` is not ACCEPT, RELEASE, REJECT or RENEW.
+            ConfigurationError: ``kind`` is not ACCEPT, RELEASE, REJECT or RENEW; a bad
+                delay (:func:`~queueflow.member.outcomes.release_options`).
             TypeError: other arguments than those above.
         """
         self._check_open()
-        record, kind = self._target(record, args)
+        record, raw_kind = self._target(record, args)
+        kind, delay_ms = release_options(raw_kind, delay, self.settings.redelivery_max_delay_ms)
         key = (record.topic, record.partition, record.offset)
         tp = TopicPartition(record.topic, record.partition)
         if kind is AcknowledgeType.RENEW:  # KIP-1222: keep it, with a fresh lock
@@ -95,13 +108,11 @@ class AcknowledgingConsumer:
                 "poll or is already acknowledged"
             )
         session = self._require_session()
-        session.acknowledge(tp, record.offset, kind)
+        session.acknowledge(tp, record.offset, kind, delay_ms=delay_ms)
         if kind is AcknowledgeType.RELEASE:
             session.remember_released(record)
 
-    def _target(
-        self, first: ShareRecord | str, args: tuple[Any, ...]
-    ) -> tuple[ShareRecord, AcknowledgeType]:
+    def _target(self, first: ShareRecord | str, args: tuple[Any, ...]) -> tuple[ShareRecord, _Kind]:
         """The record and type of :meth:`acknowledge`'s arguments."""
         if isinstance(first, ShareRecord):
             if len(args) > 1:

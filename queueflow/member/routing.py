@@ -9,6 +9,8 @@ keeps the long polls under way on the direct path so that a reassignment can end
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import structlog
 
 from queueflow.errors import ErrorCode, ShareGroupError
@@ -62,6 +64,15 @@ class FetchRouter:
         self.direct = direct
         #: Long polls under way on the direct path: tp -> {request_id: leader address}.
         self.long_polls: dict[TopicPartition, dict[int, str]] = {}
+        #: ``(tp, acks) -> (ack_delay_ms, ack_undelivered)`` for a request's RELEASE options
+        #: (the session's acknowledgement buffer); None: none.
+        self.ack_options: (
+            Callable[
+                [TopicPartition, list[protocol.WireAck]],
+                tuple[list[tuple[int, int, int]], list[tuple[int, int]]],
+            ]
+            | None
+        ) = None
         self._log = get_logger("queueflow.member.session", group=group, member_id=member_id)
 
     async def request(
@@ -129,6 +140,8 @@ class FetchRouter:
             max_wait_ms=max_wait_ms if max_records else 0,
             ticket=self.membership.ticket,
         )
+        if acks and self.ack_options is not None:
+            request.ack_delay_ms, request.ack_undelivered = self.ack_options(tp, acks)
         address = self.membership.leaders.get(tp)
         if address is not None:
             timeout_s = (settings.request_timeout_ms + request.max_wait_ms) / 1000
@@ -186,6 +199,8 @@ class FetchRouter:
             max_wait_ms=0,
             ticket=self.membership.ticket,
         )
+        if acks and self.ack_options is not None:
+            request.ack_delay_ms, request.ack_undelivered = self.ack_options(tp, acks)
         sealed = requester.auth.seal(protocol.encode(request), topic_dest(topic, tp.partition))
         return key, sealed
 

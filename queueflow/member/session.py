@@ -199,6 +199,7 @@ class ShareFetchSession:
             self._membership,
             self._direct,
         )
+        self.router.ack_options = self.acks.options
         self._lifecycle: Lifecycle[SessionState] = Lifecycle(
             f"ShareFetch session of member {self.member_id}",
             SessionState.CREATED,
@@ -277,9 +278,18 @@ class ShareFetchSession:
         await self._requester.close()
 
     # -- acknowledgements ------------------------------------------------------------------
-    def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
-        """Record the outcome of one record; it leaves with the next request of ``tp``."""
-        self.acks.add(tp, offset, kind)
+    def acknowledge(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        kind: AcknowledgeType,
+        *,
+        delay_ms: int = 0,
+        undelivered: bool = False,
+    ) -> None:
+        """Record the outcome of one record; it leaves with the next request of ``tp``.
+        RELEASE options: :meth:`AcknowledgementBuffer.add`."""
+        self.acks.add(tp, offset, kind, delay_ms=delay_ms, undelivered=undelivered)
 
     def acknowledge_range(
         self, tp: TopicPartition, first: int, last: int, kind: AcknowledgeType
@@ -441,8 +451,8 @@ class ShareFetchSession:
             )
         except Exception:
             for first, last, _count in response.acquired:
-                for offset in range(first, last + 1):
-                    self.acks.add(tp, offset, AcknowledgeType.RELEASE)
+                for offset in range(first, last + 1):  # no handler saw them
+                    self.acks.add(tp, offset, AcknowledgeType.RELEASE, undelivered=True)
             raise
         for offset in gaps:
             self.acks.add(tp, offset, AcknowledgeType.GAP)
@@ -457,24 +467,8 @@ class ShareFetchSession:
         return records
 
     def _reject_undecodable(self, record: ShareRecord, reason: str) -> None:
-        """REJECT a record that can't be decoded (it would fail the same way on every
-        delivery; docs/guide.md "Handler outcomes"), count it, log it (rate-limited)."""
-        tp = TopicPartition(record.topic, record.partition)
-        self.acks.add(tp, record.offset, AcknowledgeType.REJECT)
-        self.undecodable += 1
-        self.ctx.metrics.handler_errors.labels(self.group, record.topic, "undecodable").inc()
-        suppressed = self._undecodable_log.admit()
-        if suppressed is not None:
-            self._log.error(
-                "undecodable_record_rejected",
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-                delivery_count=record.delivery_count,
-                error=reason,
-                suppressed=suppressed,
-                note="REJECTed before any handler saw it: it can't be decoded on any delivery",
-            )
+        """REJECT a record that can't be decoded (:func:`_reject_undecodable`)."""
+        _reject_undecodable(self, record, reason)
 
     def _acknowledged(
         self,
@@ -482,48 +476,85 @@ class ShareFetchSession:
         acks: list[protocol.WireAck],
         response: protocol.ShareFetchResponse,
     ) -> ShareGroupError | None:
-        """Handle the leader's answer to a request's acknowledgements; returns its error.
+        """Handle the leader's answer to a request's acknowledgements; returns its error
+        (:func:`_acknowledged`)."""
+        return _acknowledged(self, tp, acks, response)
 
-        Refused as stale (``INVALID_RECORD_STATE``, ``INVALID_REQUEST``): the offsets the leader
-        names are dropped and the rest is sent again on its own (only the stale ones are lost,
-        and their records are delivered again). Refused otherwise (``CORRUPT_STATE`` ...): all
-        are lost and their records are delivered again.
-        """
-        callback = self.on_acknowledged
-        if response.ack_error == ErrorCode.NONE.value:
-            if callback is not None:
-                callback(tp, _offsets(acks), None)
-            return None
-        error = ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
-        if response.ack_error not in _SPLITTABLE:
-            self._log.warning(
-                "acknowledgement_refused",
-                topic=tp.topic,
-                partition=tp.partition,
-                error=response.ack_error,
-                detail=response.ack_error_message,
-                records=sum(last - first + 1 for first, last, _ in acks),
-                note="these records will be delivered again",
-            )
-            if callback is not None:
-                callback(tp, _offsets(acks), error)
-            return error
-        dropped = self.acks.refused(tp, acks, response.ack_stale)
-        if dropped:
-            self.acks_dropped += len(dropped)
-            self.ctx.metrics.acknowledgements_dropped.labels(self.group, tp.topic).inc(len(dropped))
-            self._log.warning(
-                "stale_acknowledgements_dropped",
-                topic=tp.topic,
-                partition=tp.partition,
-                offsets=ranges_text(dropped),
-                error=response.ack_error,
-                detail=response.ack_error_message,
-                note=(
-                    "not held for this member any more (lock elapsed, settled, or below the "
-                    "SPSO): unsettled ones are delivered again"
-                ),
-            )
-            if callback is not None:
-                callback(tp, dropped, error)
+
+def _reject_undecodable(session: ShareFetchSession, record: ShareRecord, reason: str) -> None:
+    """REJECT a record that can't be decoded (it would fail the same way on every delivery;
+    docs/guide.md "Handler outcomes"), count it, log it (rate-limited)."""
+    tp = TopicPartition(record.topic, record.partition)
+    session.acks.add(tp, record.offset, AcknowledgeType.REJECT)
+    session.undecodable += 1
+    session.ctx.metrics.handler_errors.labels(session.group, record.topic, "undecodable").inc()
+    suppressed = session._undecodable_log.admit()
+    if suppressed is not None:
+        session._log.error(
+            "undecodable_record_rejected",
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            delivery_count=record.delivery_count,
+            error=reason,
+            suppressed=suppressed,
+            note="REJECTed before any handler saw it: it can't be decoded on any delivery",
+        )
+
+
+def _acknowledged(
+    session: ShareFetchSession,
+    tp: TopicPartition,
+    acks: list[protocol.WireAck],
+    response: protocol.ShareFetchResponse,
+) -> ShareGroupError | None:
+    """Handle the leader's answer to ``session``'s acknowledgements; returns its error.
+
+    Refused as stale (``INVALID_RECORD_STATE``, ``INVALID_REQUEST``): the offsets the leader
+    names are dropped and the rest is sent again on its own (only the stale ones are lost,
+    and their records are delivered again). Refused otherwise (``CORRUPT_STATE`` ...): all
+    are lost and their records are delivered again.
+    """
+    callback = session.on_acknowledged
+    if response.ack_error == ErrorCode.NONE.value:
+        session.acks.settled(tp, _offsets(acks))
+        if callback is not None:
+            callback(tp, _offsets(acks), None)
+        return None
+    error = ShareGroupError(ErrorCode(response.ack_error), response.ack_error_message)
+    if response.ack_error not in _SPLITTABLE:
+        session.acks.settled(tp, _offsets(acks))
+        session._log.warning(
+            "acknowledgement_refused",
+            topic=tp.topic,
+            partition=tp.partition,
+            error=response.ack_error,
+            detail=response.ack_error_message,
+            records=sum(last - first + 1 for first, last, _ in acks),
+            note="these records will be delivered again",
+        )
+        if callback is not None:
+            callback(tp, _offsets(acks), error)
         return error
+    dropped = session.acks.refused(tp, acks, response.ack_stale)
+    session.acks.settled(tp, dropped)
+    if dropped:
+        session.acks_dropped += len(dropped)
+        session.ctx.metrics.acknowledgements_dropped.labels(session.group, tp.topic).inc(
+            len(dropped)
+        )
+        session._log.warning(
+            "stale_acknowledgements_dropped",
+            topic=tp.topic,
+            partition=tp.partition,
+            offsets=ranges_text(dropped),
+            error=response.ack_error,
+            detail=response.ack_error_message,
+            note=(
+                "not held for this member any more (lock elapsed, settled, or below the "
+                "SPSO): unsettled ones are delivered again"
+            ),
+        )
+        if callback is not None:
+            callback(tp, dropped, error)
+    return error

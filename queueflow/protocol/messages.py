@@ -147,6 +147,14 @@ class ShareFetchRequest(_Message, tag="fetch"):
             (:attr:`HeartbeatResponse.ticket`, opaque bytes; empty: none). The leader checks it
             before acknowledging or acquiring (:mod:`queueflow.server.tickets`); leaders of
             earlier releases ignore it.
+        ack_delay_ms: ``(first, last, delay_ms)``: the RELEASEs of these offsets make the
+            records Available only ``delay_ms`` later (docs/concepts.md "Delayed
+            redelivery"); offsets not named: 0, the group's back-off policy. Keyed by offsets
+            rather than by batch so that it survives re-batching (a batch split after a
+            refusal).
+        ack_undelivered: ``(first, last)``: the RELEASEs of these offsets are of records never
+            handed to a handler, whose delivery is given back (docs/concepts.md "Delivery
+            counts").
         v: schema version (keyword only).
     """
 
@@ -164,6 +172,8 @@ class ShareFetchRequest(_Message, tag="fetch"):
     deadline_ms: _Int64 = 0
     max_wait_ms: _Int64 = 0
     ticket: bytes = b""
+    ack_delay_ms: list[tuple[_Int64, _Int64, _Int64]] = msgspec.field(default_factory=list)
+    ack_undelivered: list[tuple[_Int64, _Int64]] = msgspec.field(default_factory=list)
 
 
 class ShareFetchResponse(_Message, tag="fetch_response"):

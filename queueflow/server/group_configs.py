@@ -79,6 +79,12 @@ def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePar
         release_abuse_ratio_percent=settings.member_release_abuse_ratio_percent,
         release_abuse_window_ms=settings.member_release_abuse_window_ms,
         release_by_lock_end=settings.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE,
+        redelivery_backoff_ms=config.redelivery_backoff_ms,
+        redelivery_backoff_multiplier=config.redelivery_backoff_multiplier,
+        redelivery_backoff_max_ms=config.redelivery_backoff_max_ms,
+        max_release_delay_ms=settings.redelivery_max_delay_ms,
+        delivery_count_mode=config.delivery_count_mode,
+        throttle_delivery=settings.delivery_throttle_enable,
     )
 
 

@@ -362,6 +362,13 @@ def test_engine_defaults_come_from_the_table() -> None:
     assert {f.name for f in dataclasses.fields(cfg)} == set(ENGINE_FIELDS) | set(LIMIT_FIELDS) | {
         "renew_enabled",
         "release_by_lock_end",  # from queueflow.processing.guarantee (group_configs)
+        # group configs with literal defaults (queueflow.engine.group_config)
+        "redelivery_backoff_ms",
+        "redelivery_backoff_multiplier",
+        "redelivery_backoff_max_ms",
+        "delivery_count_mode",
+        "max_release_delay_ms",  # queueflow.redelivery.max.delay.ms
+        "throttle_delivery",  # queueflow.delivery.throttle.enable
     }
     assert cfg.release_by_lock_end is False
     for attr, name in {**ENGINE_FIELDS, **LIMIT_FIELDS}.items():

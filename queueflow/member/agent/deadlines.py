@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from queueflow.member.agent.giveback import release_expiring
 from queueflow.member.lifecycle import HEALTH_TRANSITIONS, HandlersHealth, Lifecycle
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -197,6 +198,10 @@ class Deadlines:
                         "(it catches CancelledError or blocks the event loop)",
                     )
                     self.check_stuck()
+            # Records still queued whose locks are about to end go back now, uncounted
+            # (docs/concepts.md "Delivery counts"), rather than expire in the queue.
+            if runner.queued and release_expiring(runner, now, 2 * self.lock_margin_s()):
+                agent.spawn(agent.dispatch.flush_all())
             await asyncio.sleep(HANDLER_WATCH_INTERVAL_S)
 
     def check_stuck(self) -> None:

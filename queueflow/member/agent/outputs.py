@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from queueflow.member.outcomes import kind_of
 from queueflow.structs import AcknowledgeType, ShareRecord
 
 __all__ = [
@@ -194,6 +195,7 @@ def generator_outcome(items: Sequence[Any]) -> tuple[AcknowledgeType, list[Any]]
     outcome: AcknowledgeType | None = None
     values: list[Any] = []
     for item in items:
+        item = kind_of(item)  # a queueflow.release(delay=...) is a RELEASE (its delay: judge)
         if isinstance(item, AcknowledgeType):
             if item not in _OUTCOMES:
                 raise InvalidResult(f"yielded {item.name}, which is not an outcome")
@@ -217,10 +219,11 @@ def result_parts(value: Any) -> tuple[AcknowledgeType, Sequence[Any]] | None:
     """
     if value is None:
         return _ACCEPT, ()
+    value = kind_of(value)
     if isinstance(value, AcknowledgeType):
         return (value, ()) if value in _OUTCOMES else None
     if type(value) is Result:
-        outcome = _ACCEPT if value.outcome is None else value.outcome
+        outcome = _ACCEPT if value.outcome is None else kind_of(value.outcome)
         if not (isinstance(outcome, AcknowledgeType) and outcome in _OUTCOMES):
             raise InvalidResult(f"Result.outcome={outcome!r} is not ACCEPT, RELEASE or REJECT")
         if not isinstance(value.values, (list, tuple)):

@@ -25,6 +25,7 @@ from queueflow.member.agent.outputs import (
     result_parts,
     sort_outputs,
 )
+from queueflow.member.outcomes import Release, delay_of, kind_of
 from queueflow.structs import AcknowledgeType, ShareRecord
 
 __all__ = [
@@ -51,6 +52,7 @@ def outcome_of(result: Any) -> AcknowledgeType | None:
     """Map a handler's return value to an acknowledge type; ``None`` if it is not one."""
     if result is None:
         return AcknowledgeType.ACCEPT
+    result = kind_of(result)  # queueflow.release(delay=...): its delay is taken by judge()
     if isinstance(result, AcknowledgeType) and result in OUTCOMES:
         return result
     return None
@@ -81,6 +83,7 @@ def batch_outcomes(result: Any, count: int) -> list[AcknowledgeType] | Acknowled
     append = outcomes.append
     accept = AcknowledgeType.ACCEPT
     for item in result:
+        item = kind_of(item)
         if item is None:
             append(accept)
         elif isinstance(item, AcknowledgeType) and item in OUTCOMES:
@@ -202,6 +205,8 @@ class HandlerResult(NamedTuple):
             recorded (:func:`~queueflow.member.agent.outputs.sort_outputs`); ``None`` when no
             record has any (the common case: nothing to publish).
         detail: why the results are invalid (with ``Failure.INVALID_RESULT``).
+        delays: per record (same order), the delay in ms of a RELEASE given as
+            ``queueflow.release(delay=...)`` (0: none); ``None`` when no record has one.
     """
 
     records: Sequence[ShareRecord]
@@ -211,6 +216,7 @@ class HandlerResult(NamedTuple):
     batch: bool = False
     outputs: tuple[tuple[Outbound, ...], ...] | None = None
     detail: str | None = None
+    delays: tuple[int, ...] | None = None
 
     @property
     def handler_errors(self) -> int:
@@ -253,6 +259,15 @@ def _parts(
     return parts
 
 
+def _delays(value: Any, count: int, batch: bool) -> tuple[int, ...] | None:
+    """Each record's RELEASE delay (ms) from a valid return value; ``None`` if none has one."""
+    if not batch or not isinstance(value, Sequence) or isinstance(value, (str, bytes)):
+        delay = delay_of(value)
+        return (delay,) * count if delay else None
+    delays = tuple(delay_of(item) for item in value)
+    return delays if any(delays) else None
+
+
 def judge(
     ended: CallEnd, records: Sequence[ShareRecord], batch: bool, routes: Routes | None = None
 ) -> HandlerResult:
@@ -274,8 +289,13 @@ def judge(
         if outcome is not None and (
             routes is None or routes.dead_letter is None or outcome is not AcknowledgeType.REJECT
         ):
+            delays: tuple[int, ...] | None = (
+                (ended.value.delay_ms,) if type(ended.value) is Release else None
+            )
             # tuple.__new__: a third cheaper than the named tuple's own __new__ (per record)
-            return _new(HandlerResult, (records, (outcome,), None, ended, False, None, None))
+            return _new(
+                HandlerResult, (records, (outcome,), None, ended, False, None, None, delays)
+            )
     count = len(records)
     release = (AcknowledgeType.RELEASE,) * count
     match ended:
@@ -305,4 +325,5 @@ def judge(
                 return HandlerResult(records, release, Failure.INVALID_OUTCOME, ended, batch)
             outcomes = tuple(outcome for outcome, _ in parts)
             published = outputs if any(outputs) else None
-            return HandlerResult(records, outcomes, None, ended, batch, published)
+            delays = _delays(value, count, batch)
+            return HandlerResult(records, outcomes, None, ended, batch, published, None, delays)

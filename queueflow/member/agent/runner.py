@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from queueflow.member.agent.deadlines import HandlerCall
 from queueflow.member.agent.failures import log_failure
+from queueflow.member.agent.giveback import retry_alone
 from queueflow.member.agent.outputs import DeadLetter, Routes, Yielded, sort_outputs
 from queueflow.member.agent.results import (
     OUTCOMES,
@@ -117,12 +118,13 @@ class HandlerRunner:
         self._queued.set()
 
     def release_queued(self) -> int:
-        """RELEASE every record waiting for a handler; returns how many."""
+        """RELEASE every record waiting for a handler, its delivery given back (it never
+        reached one: docs/concepts.md "Delivery counts"); returns how many."""
         released = 0
         queue = self._queue
         while queue:
             for record in queue.popleft():
-                self.acknowledge(record, _RELEASE)
+                self.acknowledge(record, _RELEASE, undelivered=True)
                 released += 1
         self.queued = 0
         self.agent.stats.released += released
@@ -251,6 +253,9 @@ class HandlerRunner:
         self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
         result = judge(ended, records, self.batch, self.routes)
         transactions = self.agent.transactions
+        if len(records) > 1 and result.failure is Failure.RAISED and transactions is None:
+            await retry_alone(self, result, call)
+            return
         if transactions is not None:  # exactly_once: ACCEPT/REJECT and results in a transaction
             result = transactions.submit(result)
         elif result.outputs is not None:
@@ -317,11 +322,15 @@ class HandlerRunner:
         stats, ack_counts = agent.stats, self._ack_counts
         session = agent.session
         acknowledge = self.acknowledge
-        for record, outcome in zip(records, result.outcomes, strict=True):
+        delays = result.delays
+        for i, (record, outcome) in enumerate(zip(records, result.outcomes, strict=True)):
             if not failed:  # a failed call's records were counted by _failed
                 ack_counts[outcome] += 1
                 stats.count(outcome)
-            acknowledge(record, outcome)
+            if delays is not None and delays[i]:
+                acknowledge(record, outcome, delay_ms=delays[i])
+            else:
+                acknowledge(record, outcome)
             if outcome is _RELEASE and session is not None:
                 session.remember_released(record)
         agent.dispatch.unreserve(len(records))
@@ -347,21 +356,30 @@ class HandlerRunner:
             stats.handler_errors += count
         log_failure(agent, result)
 
-    def acknowledge(self, record: ShareRecord, kind: AcknowledgeType) -> None:
-        """Record ``kind`` for ``record`` in the session (it leaves with the next request of
-        its share-partition) and observe the delivery-to-outcome latency.
-
-        A RELEASE of a record whose lock has expired is not sent: the leader releases it
-        anyway, and may have delivered it again, to this member too; acknowledgements name
-        offsets, not deliveries, so the RELEASE would release that newer delivery."""
+    def acknowledge(
+        self,
+        record: ShareRecord,
+        kind: AcknowledgeType,
+        *,
+        delay_ms: int = 0,
+        undelivered: bool = False,
+    ) -> None:
+        """Record ``kind`` (RELEASE options: :meth:`ShareFetchSession.acknowledge`) for
+        ``record`` in the session and observe the delivery-to-outcome latency. A RELEASE of a
+        record whose lock has expired is not sent: the leader releases it anyway, and may have
+        delivered it again; acknowledgements name offsets, not deliveries."""
         agent = self.agent
         if kind is _RELEASE and record.lock_deadline <= agent.ctx.clock.monotonic():
             return
-        if record.delivered_at and kind is not AcknowledgeType.RENEW:
+        if record.delivered_at and kind is not AcknowledgeType.RENEW and not undelivered:
             self._ack_latency.observe(agent.ctx.clock.monotonic() - record.delivered_at)
         if agent.session is not None:
             agent.session.acknowledge(
-                TopicPartition(record.topic, record.partition), record.offset, kind
+                TopicPartition(record.topic, record.partition),
+                record.offset,
+                kind,
+                delay_ms=delay_ms,
+                undelivered=undelivered,
             )
 
     def publish_ack_counts(self) -> None:
@@ -371,7 +389,7 @@ class HandlerRunner:
                 self._acknowledged[kind].inc(count)
                 self._ack_counts[kind] = 0
 
-    def lock_expired_unhandled(self, record: ShareRecord) -> None:
+    def lock_expired_unhandled(self, record: ShareRecord, undelivered: bool = True) -> None:
         """The record's acquisition lock expired, or would within the lock margin, while it
         waited for a handler: the leader may have delivered it to another member already, or
         would before its outcome arrived, so don't process it; RELEASE it (refused harmlessly
@@ -379,7 +397,7 @@ class HandlerRunner:
         agent = self.agent
         agent.stats.lock_expired += 1
         self._lock_expired.inc()
-        self.acknowledge(record, _RELEASE)
+        self.acknowledge(record, _RELEASE, undelivered=undelivered)  # unless a handler saw it
         agent.dispatch.unreserve(1)
         if record.lock_deadline != self._last_expired_deadline:
             self._last_expired_deadline = record.lock_deadline

@@ -238,7 +238,8 @@ class TransactionalPublisher:
         ready, late = split_late(pending, now, agent.deadlines.lock_margin_s())
         for item in late:
             self.offsets.unclaim(item.record)
-            agent.runner.lock_expired_unhandled(item.record)  # RELEASE, counted and logged
+            # RELEASE, counted (its handler ran) and logged
+            agent.runner.lock_expired_unhandled(item.record, undelivered=False)
         if not ready:
             return
         try:

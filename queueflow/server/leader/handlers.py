@@ -11,11 +11,13 @@ the result (:meth:`~queueflow.server.leader.manager.ShareLeader._apply`).
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Literal
 
 from queueflow.engine.partition import AcknowledgementBatch, MemberFence
 from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
 from queueflow.protocol import messages as protocol
 from queueflow.server.durable import DurableSharePartition
+from queueflow.server.leader.ack_batches import ack_batches
 from queueflow.server.leader.results import (
     NOTHING,
     FetchResult,
@@ -25,11 +27,11 @@ from queueflow.server.leader.results import (
     MetricIncrement,
 )
 from queueflow.server.tickets import TicketRefusal
-from queueflow.structs import AcknowledgeType
 
 __all__ = [
     "acquire",
     "answer_from_log",
+    "archived_effects",
     "expire",
     "fence_effects",
     "new_response",
@@ -144,10 +146,7 @@ def share_fetch(
     if request.acks:
         batches: list[AcknowledgementBatch] = []
         try:
-            batches = [
-                AcknowledgementBatch(first, last, tuple(AcknowledgeType(t) for t in types))
-                for first, last, types in request.acks
-            ]
+            batches = ack_batches(request.acks, request.ack_delay_ms, request.ack_undelivered)
             fence = engine.acknowledge(request.member_id, batches, now_ms, request.lock_duration_ms)
             if fence is not None:
                 effects = effects + fence_effects(durable, fence)
@@ -163,7 +162,33 @@ def share_fetch(
     if acquire_from is not None:
         log_end, refusal = acquire_from
         effects = effects + acquire(durable, request, response, now_ms, log_end, refusal)
-    return FetchResult(response, durable, effects)
+    return FetchResult(response, durable, effects + archived_effects(durable))
+
+
+def archived_effects(durable: DurableSharePartition) -> LeaderResult:
+    """The records the share-partition Archived since the last call, each logged once as
+    ``records_archived`` (docs/operations.md): one line per reason and delivery count, with
+    the offset ranges merged. ``warning`` for records archived at the delivery count limit,
+    ``info`` for REJECTed ones."""
+    archived = durable.engine.take_archived()
+    if not archived:
+        return NOTHING
+    groups: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for a in archived:
+        groups.setdefault((a.reason, a.delivery_count), []).append((a.first, a.last))
+    logs = []
+    for (reason, count), ranges in groups.items():
+        fields = {
+            "group": durable.group,
+            "partition": durable.partition,
+            "offsets": ",".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in ranges),
+            "records": sum(hi - lo + 1 for lo, hi in ranges),
+            "reason": reason,
+            "delivery_count": count,
+        }
+        level: Literal["info", "warning"] = "info" if reason == "rejected" else "warning"
+        logs.append(LogEvent(level, "records_archived", fields))
+    return LeaderResult(logs=tuple(logs))
 
 
 def fence_effects(durable: DurableSharePartition, fence: MemberFence) -> LeaderResult:
@@ -268,6 +293,7 @@ def tick(live: list[DurableSharePartition], now_ms: int) -> LeaderResult:
         expired, effects = expire(durable, now_ms)
         if expired:
             result = result + effects + LeaderResult(writes=(durable,), changed=True)
+            result = result + archived_effects(durable)
     return result
 
 
@@ -284,7 +310,7 @@ def release_member(
     released = 0 if holder is None else holder.engine.release_member(message.member_id, now_ms)
     if not released or holder is None:
         return NOTHING
-    return LeaderResult(
+    return archived_effects(holder) + LeaderResult(
         writes=(holder,),
         position=offset,
         changed=True,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from queueflow.engine.partition import SharePartition
+from queueflow.engine.reserved import DELAYED_OWNER
 from queueflow.metrics import SharePartitionSample
 from queueflow.server.context import LogOffsetsSource
 from queueflow.server.durable import DurableSharePartition
@@ -42,7 +43,9 @@ def samples(live: Live, topic: str, offsets: LogOffsetsSource) -> list[SharePart
         engine = durable.engine
         counts = dict.fromkeys(("available", "acquired", "acknowledged", "archived"), 0)
         for run in engine.in_flight():
-            counts[run.state.name.lower()] += run.last_offset - run.first_offset + 1
+            # a delayed record counts as Available, as in the admin answers
+            name = "available" if run.member_id == DELAYED_OWNER else run.state.name.lower()
+            counts[name] += run.last_offset - run.first_offset + 1
         end = offsets.known_end(TopicPartition(topic, partition))
         lag = None
         if end is not None:

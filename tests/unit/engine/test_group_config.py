@@ -60,6 +60,19 @@ INT_CONFIGS = {
 }
 
 
+#: Group configs with a literal default (no broker-level setting), and their owners' tests.
+LITERAL_CONFIGS = {
+    "share.redelivery.backoff.ms",
+    "share.redelivery.backoff.multiplier",
+    "share.redelivery.backoff.max.ms",
+    "share.delivery.count.mode",
+}
+
+
+def test_the_literal_default_group_configs_are_defined() -> None:
+    assert set(GROUP_CONFIG_NAMES) >= {"share.auto.offset.reset", *INT_CONFIGS, *LITERAL_CONFIGS}
+
+
 KAFKA_4_3_OTHERS = {"share.renew.acknowledge.enable", "share.assignment.interval.ms"}
 
 

@@ -137,6 +137,8 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "deadline_ms",
         "max_wait_ms",
         "ticket",
+        "ack_delay_ms",
+        "ack_undelivered",
     ),
     ShareFetchResponse: (
         "member_id",
