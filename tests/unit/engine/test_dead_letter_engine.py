@@ -18,7 +18,7 @@ from queueflow.engine.reserved import (
     DEAD_LETTER_OWNER,
     is_reserved,
 )
-from queueflow.engine.state import ShareSnapshot, StateBatch
+from queueflow.engine.state import StateBatch
 from queueflow.errors import InvalidRecordStateError, InvalidRequestError
 
 A = AcknowledgeType
@@ -97,8 +97,7 @@ def test_hold_is_durable_and_restored() -> None:
     sp.acquire("m", 2, 2, 0)
     ack(sp, "m", 0, 0, A.REJECT)
     start, batches = sp.snapshot()
-    snap = ShareSnapshot(start, batches)
-    again = SharePartition.restore(DLQ, snap.start_offset, snap.batches)
+    again = SharePartition.restore(DLQ, start, batches)
     assert held(again) == [(0, 0, 1)]
     assert again.archive_dead_letters(0, 0) == 1
     assert again.start_offset == 1
