@@ -20,6 +20,9 @@ Group config                           Default (broker-level setting) and bounds
                                        ``group.share.min/max.session.timeout.ms``
 ``share.heartbeat.interval.ms``        ``group.share.heartbeat.interval.ms``, within
                                        ``group.share.min/max.heartbeat.interval.ms``
+``errors.deadletterqueue.topic.name``  ``""`` (no dead-letter topic; KIP-1191), a topic name
+``errors.deadletterqueue.copy.record.  ``false``; ``true`` copies key and value into the DLQ
+enable``                               (KIP-1191)
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -43,6 +46,8 @@ from queueflow.settings import ShareGroupSettings, lookup
 
 __all__ = [
     "AUTO_OFFSET_RESET",
+    "DEAD_LETTER_COPY_RECORD",
+    "DEAD_LETTER_TOPIC",
     "DELIVERY_COUNT_LIMIT",
     "GROUP_CONFIG_NAMES",
     "HEARTBEAT_INTERVAL_MS",
@@ -66,6 +71,12 @@ DELIVERY_COUNT_LIMIT: Final = "share.delivery.count.limit"
 PARTITION_MAX_RECORD_LOCKS: Final = "share.partition.max.record.locks"
 SESSION_TIMEOUT_MS: Final = "share.session.timeout.ms"
 HEARTBEAT_INTERVAL_MS: Final = "share.heartbeat.interval.ms"
+#: KIP-1191: the group's dead-letter topic (empty: none); docs/guide.md "Dead-letter topics".
+DEAD_LETTER_TOPIC: Final = "errors.deadletterqueue.topic.name"
+#: KIP-1191: whether a dead-letter record carries the source record's key and value.
+DEAD_LETTER_COPY_RECORD: Final = "errors.deadletterqueue.copy.record.enable"
+#: Kafka's legal topic names (``org.apache.kafka.common.internals.Topic``).
+_TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +88,9 @@ class _Definition:
     default_attr: str
     min_attr: str | None = None
     max_attr: str | None = None
+    #: A literal default for a group config with no broker-level setting (``default_attr``
+    #: then names the :class:`GroupConfig` field only).
+    default: str | None = None
 
 
 _DEFINITIONS: Final = {
@@ -113,6 +127,8 @@ _DEFINITIONS: Final = {
             "min_heartbeat_interval_ms",
             "max_heartbeat_interval_ms",
         ),
+        _Definition(DEAD_LETTER_TOPIC, "dead_letter_topic", default=""),
+        _Definition(DEAD_LETTER_COPY_RECORD, "dead_letter_copy_record", default="false"),
     )
 }
 
@@ -124,6 +140,8 @@ LEADER_CONFIG_NAMES: Final = (
     RECORD_LOCK_DURATION_MS,
     DELIVERY_COUNT_LIMIT,
     PARTITION_MAX_RECORD_LOCKS,
+    DEAD_LETTER_TOPIC,
+    DEAD_LETTER_COPY_RECORD,
 )
 
 _DURATION: Final = re.compile(
@@ -237,6 +255,13 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
     definition = _DEFINITIONS.get(name)
     if definition is None:
         raise _unknown(name)
+    if name == DEAD_LETTER_TOPIC:
+        return _dead_letter_topic(value)
+    if name == DEAD_LETTER_COPY_RECORD:
+        text = str(value).strip().lower() if isinstance(value, (str, bool)) else repr(value)
+        if text not in ("true", "false"):
+            raise ConfigurationError(f"{name}={value!r} is not allowed: choose true or false")
+        return text
     if definition.min_attr is None:
         text = str(value).strip() if isinstance(value, str) else repr(value)
         parse_auto_offset_reset(text)
@@ -258,6 +283,22 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
             f"{name}={number} is out of range: allowed [{low}..{high}] {where}"
         )
     return str(number)
+
+
+def _dead_letter_topic(value: object) -> str:
+    """``errors.deadletterqueue.topic.name`` checked: empty (no DLQ) or a legal topic name."""
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"{DEAD_LETTER_TOPIC}={value!r} is not a topic name; give a topic name, or an "
+            "empty string for no dead-letter topic"
+        )
+    text = value.strip()
+    if text and (not _TOPIC_NAME.fullmatch(text) or text in (".", "..")):
+        raise ConfigurationError(
+            f"{DEAD_LETTER_TOPIC}={value!r} is not a legal Kafka topic name: use 1 to 249 "
+            "characters among a-z, A-Z, 0-9, '.', '_' and '-' (or an empty string for none)"
+        )
+    return text
 
 
 def validate_group_configs(
@@ -315,6 +356,8 @@ class GroupConfig:
         auto_offset_reset: ``share.auto.offset.reset`` (see :func:`parse_auto_offset_reset`).
         record_lock_duration_ms / delivery_count_limit / partition_max_record_locks /
             session_timeout_ms / heartbeat_interval_ms: the other group configs.
+        dead_letter_topic: ``errors.deadletterqueue.topic.name`` (``""``: no DLQ).
+        dead_letter_copy_record: ``errors.deadletterqueue.copy.record.enable``.
     """
 
     auto_offset_reset: str
@@ -323,6 +366,8 @@ class GroupConfig:
     partition_max_record_locks: int
     session_timeout_ms: int
     heartbeat_interval_ms: int
+    dead_letter_topic: str = ""
+    dead_letter_copy_record: bool = False
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -335,7 +380,12 @@ class GroupConfig:
 
         def value(name: str) -> str:
             got = merged.get(name)
-            return str(getattr(settings, _DEFINITIONS[name].default_attr)) if got is None else got
+            if got is not None:
+                return got
+            definition = _DEFINITIONS[name]
+            if definition.default is not None:
+                return definition.default
+            return str(getattr(settings, definition.default_attr))
 
         return cls(
             auto_offset_reset=value(AUTO_OFFSET_RESET),
@@ -344,6 +394,8 @@ class GroupConfig:
             partition_max_record_locks=int(value(PARTITION_MAX_RECORD_LOCKS)),
             session_timeout_ms=int(value(SESSION_TIMEOUT_MS)),
             heartbeat_interval_ms=int(value(HEARTBEAT_INTERVAL_MS)),
+            dead_letter_topic=value(DEAD_LETTER_TOPIC),
+            dead_letter_copy_record=value(DEAD_LETTER_COPY_RECORD) == "true",
         )
 
     def value_of(self, name: str) -> str:
@@ -353,7 +405,8 @@ class GroupConfig:
         Raises:
             KeyError: ``name`` is not a group config.
         """
-        return str(getattr(self, _DEFINITIONS[name].default_attr))
+        got = getattr(self, _DEFINITIONS[name].default_attr)
+        return str(got).lower() if isinstance(got, bool) else str(got)
 
     @property
     def offset_reset(self) -> OffsetReset:
@@ -386,12 +439,15 @@ def describe_group_configs(
     """
     out = []
     for name, definition in _DEFINITIONS.items():
-        synonym = lookup(definition.default_attr).name
+        literal = definition.default
+        synonym = "" if literal is not None else lookup(definition.default_attr).name
         if name in dynamic:
             out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
         elif name in app:
             out.append(ConfigEntry(name, app[name], "APP_GROUP_CONFIG", synonym))
         else:
-            default = str(getattr(settings, definition.default_attr))
+            default = (
+                literal if literal is not None else str(getattr(settings, definition.default_attr))
+            )
             out.append(ConfigEntry(name, default, "DEFAULT_CONFIG", synonym))
     return out

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from queueflow.engine.reserved import DEAD_LETTER_DEADLINE_MS, DEAD_LETTER_OWNER
 from queueflow.engine.state import (
     PERSISTED_STATES,
     RecordState,
@@ -45,7 +46,6 @@ from queueflow.errors import (
     InvalidRequestError,
     ShareGroupError,
 )
-from queueflow.engine.reserved import DEAD_LETTER_DEADLINE_MS, DEAD_LETTER_OWNER
 from queueflow.settings import bool_default, int_default, lookup
 from queueflow.structs import AcknowledgeType
 

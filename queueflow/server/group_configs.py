@@ -78,6 +78,7 @@ def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePar
         release_abuse_ratio_percent=settings.member_release_abuse_ratio_percent,
         release_abuse_window_ms=settings.member_release_abuse_window_ms,
         release_by_lock_end=settings.processing_guarantee is ProcessingGuarantee.EXACTLY_ONCE,
+        dead_letter=bool(config.dead_letter_topic),
     )
 
 
@@ -87,6 +88,7 @@ class _Known:
     configs: tuple[tuple[str, str], ...]
     engine: SharePartitionConfig
     offset_reset: OffsetReset
+    config: GroupConfig
 
 
 class LeaderGroupConfigs:
@@ -137,11 +139,20 @@ class LeaderGroupConfigs:
         self, version: int, configs: tuple[tuple[str, str], ...], values: Mapping[str, str]
     ) -> _Known:
         config = GroupConfig.resolve(self.settings, values)
-        return _Known(version, configs, engine_config(self.settings, config), config.offset_reset)
+        engine = engine_config(self.settings, config)
+        return _Known(version, configs, engine, config.offset_reset, config)
 
     def engine(self, group: str) -> SharePartitionConfig:
         """The engine limits of ``group``'s share-partitions."""
         return self._groups.get(group, self._default).engine
+
+    def dead_letter(self, group: str) -> tuple[str, bool, bool]:
+        """``group``'s dead-letter topic (``""``: none), whether its records are copied into
+        it (``errors.deadletterqueue.*``, KIP-1191), and whether the leader knows the group's
+        configs from a ticket (else they are the app's defaults, maybe not the group's)."""
+        known = self._groups.get(group, self._default)
+        config = known.config
+        return config.dead_letter_topic, config.dead_letter_copy_record, known.version >= 0
 
     def offset_reset(self, group: str, topic: str = "", partition: int = -1) -> OffsetReset:
         """Where ``group``'s new share-partition ``topic[partition]`` starts: ``earliest`` if

@@ -60,7 +60,7 @@ INT_CONFIGS = {
 
 
 def test_the_six_group_configs_of_the_issue() -> None:
-    assert set(GROUP_CONFIG_NAMES) == {"share.auto.offset.reset", *INT_CONFIGS}
+    assert {"share.auto.offset.reset", *INT_CONFIGS} <= set(GROUP_CONFIG_NAMES)
 
 
 @pytest.mark.parametrize("name", sorted(INT_CONFIGS))
