@@ -65,6 +65,7 @@ from queueflow.server.endpoint import LeaderEndpoint
 from queueflow.server.junk import JunkGate
 from queueflow.server.leader import ShareLeader
 from queueflow.server.leader.acks_reader import AckReader
+from queueflow.server.leader.dead_letters import DeadLetterWriter, KafkaDeadLetterIO
 from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
 from queueflow.server.transport import monotonic_ms
@@ -521,6 +522,8 @@ class ShareGroups:
         self._changelog: ChangelogWriter | None = None  # needs the running loop: see lead()
         #: exactly_once: each leader's reader of its ack topic (started in prepare()).
         self._ack_readers: dict[str, AckReader] = {}
+        #: Each leader's DLQ writer (errors.deadletterqueue.topic.name; started in prepare()).
+        self._dead_letter_writers: dict[str, DeadLetterWriter] = {}
         self._expose_metrics()
         self._expose_dashboard()
         if role == "member":
@@ -708,6 +711,8 @@ class ShareGroups:
             self._tables[topic] = table
             if self.exactly_once:
                 self._ack_readers[topic] = AckReader(leader, self.kafka, self._offsets)
+            io = KafkaDeadLetterIO(self.kafka)
+            self._dead_letter_writers[topic] = DeadLetterWriter(leader, io)
         return self.leaders[topic]
 
     async def prepare(self) -> None:
@@ -745,6 +750,8 @@ class ShareGroups:
             )
         if self.exactly_once:
             await self._prepare_exactly_once()
+        for writer in self._dead_letter_writers.values():
+            writer.start()
         if self.endpoint is not None and self.leaders:
             await self.endpoint.start()
 
@@ -798,6 +805,8 @@ class ShareGroups:
         """Close the leaders' endpoint, ack readers and metadata clients."""
         for reader in self._ack_readers.values():
             await reader.stop()
+        for writer in self._dead_letter_writers.values():
+            await writer.stop()
         if self.leads:
             if self.endpoint is not None:
                 await self.endpoint.close()

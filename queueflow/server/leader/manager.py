@@ -25,6 +25,7 @@ from dataclasses import replace
 import structlog
 
 from queueflow.engine.fencing import LeaderFencing
+from queueflow.engine.reserved import DEAD_LETTER_OWNER
 from queueflow.errors import ErrorCode, FencedStateEpochError, ShareGroupError
 from queueflow.logging import get_logger
 from queueflow.metrics import SharePartitionSample
@@ -217,7 +218,8 @@ class ShareLeader:
     def has_acquired(self, partition: int) -> bool:
         """True if a share-partition of request partition ``partition`` has Acquired records
         (whose locks the ticker must expire)."""
-        return any(d.engine.acquired_count for _key, d in self.cache.live(partition))
+        live = self.cache.live(partition)  # records held for the DLQ have no lock to expire
+        return any(d.engine.acquired_count > d.engine.held_by(DEAD_LETTER_OWNER) for _k, d in live)
 
     # -- the request log -------------------------------------------------------------------
     async def handle(self, partition: int, offset: int, value: bytes) -> None:
