@@ -32,6 +32,7 @@ from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.security import security_kwargs
 from queueflow.member.context import MemberContext
 from queueflow.member.session import FetchResult, ShareFetchSession
+from queueflow.protocol.messages import AckError
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -42,6 +43,7 @@ CommitCallback = Callable[[dict[TopicPartition, set[int]], Exception | None], An
 
 
 log = structlog.get_logger("queueflow.member.consumer")
+_ACK = AcknowledgeType.ACCEPT  # the default outcome
 
 
 class IllegalStateError(QueueflowError):
@@ -183,13 +185,16 @@ class ShareConsumer:
         self._callback = callback
 
     def acknowledge(
-        self, record: ShareRecord, kind: AcknowledgeType = AcknowledgeType.ACCEPT
+        self, record: ShareRecord, kind: AcknowledgeType = _ACK, *, error: Exception | None = None
     ) -> None:
         """Acknowledge a record returned by the last poll (sent with the next poll or commit).
 
         ``RENEW`` (KIP-1222) extends the record's acquisition lock instead: the record stays to
         be acknowledged (with ACCEPT, RELEASE or REJECT; in explicit mode before the next poll).
         Send it with :meth:`commit_sync` while the work on the record goes on.
+
+        ``error``: why you RELEASE or REJECT it, for the dead-letter headers (``queueflow.
+        dead_letter.exception.*``; docs/guide.md "Dead-letter topics").
 
         Raises:
             IllegalStateError: the record was not delivered by the last poll, or was already
@@ -217,8 +222,8 @@ class ShareConsumer:
                 f"{record.topic}[{record.partition}]@{record.offset} was not returned by the last "
                 "poll or is already acknowledged"
             )
-        session = self._require_session()
-        session.acknowledge(TopicPartition(record.topic, record.partition), record.offset, kind)
+        session, tp = self._require_session(), TopicPartition(record.topic, record.partition)
+        session.acks.add(tp, record.offset, kind, None if error is None else AckError.of(error))
         if kind is AcknowledgeType.RELEASE:
             session.remember_released(record)
 

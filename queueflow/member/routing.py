@@ -13,6 +13,7 @@ import structlog
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import get_logger
+from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient, DirectPathError
 from queueflow.member.membership import Membership
@@ -60,6 +61,8 @@ class FetchRouter:
         self.requester = requester
         self.membership = membership
         self.direct = direct
+        #: The member's pending acknowledgements (and their errors, sent along with them).
+        self.acks = AcknowledgementBuffer()
         #: Long polls under way on the direct path: tp -> {request_id: leader address}.
         self.long_polls: dict[TopicPartition, dict[int, str]] = {}
         self._log = get_logger("queueflow.member.session", group=group, member_id=member_id)
@@ -128,6 +131,7 @@ class FetchRouter:
             deadline_ms=self.ctx.clock.now_ms() + settings.request_timeout_ms,
             max_wait_ms=max_wait_ms if max_records else 0,
             ticket=self.membership.ticket,
+            ack_errors=self.acks.errors_for(tp, acks) if acks else [],
         )
         address = self.membership.leaders.get(tp)
         if address is not None:
@@ -185,6 +189,7 @@ class FetchRouter:
             deadline_ms=self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms,
             max_wait_ms=0,
             ticket=self.membership.ticket,
+            ack_errors=self.acks.errors_for(tp, acks),
         )
         sealed = requester.auth.seal(protocol.encode(request), topic_dest(topic, tp.partition))
         return key, sealed

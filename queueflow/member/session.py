@@ -28,7 +28,6 @@ from aiokafka.errors import KafkaError
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import SkipLogLimiter, get_logger
-from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient
 from queueflow.member.lifecycle import SESSION_TRANSITIONS, Lifecycle, SessionState
@@ -155,7 +154,6 @@ class ShareFetchSession:
         self.group = group
         self.lock_duration_ms = lock_duration_ms
         self.on_acknowledged = on_acknowledged
-        self.acks = AcknowledgementBuffer()
         self.partitions: dict[str, int] = {}
         #: Outcomes the leaders refused as stale (their records are delivered again).
         self.acks_dropped = 0
@@ -196,6 +194,7 @@ class ShareFetchSession:
             self._membership,
             self._direct,
         )
+        self.acks = self.router.acks
         self._lifecycle: Lifecycle[SessionState] = Lifecycle(
             f"ShareFetch session of member {self.member_id}",
             SessionState.CREATED,
@@ -456,7 +455,7 @@ class ShareFetchSession:
         """REJECT a record that can't be decoded (it would fail the same way on every
         delivery; docs/guide.md "Handler outcomes"), count it, log it (rate-limited)."""
         tp = TopicPartition(record.topic, record.partition)
-        self.acks.add(tp, record.offset, AcknowledgeType.REJECT)
+        self.acks.add(tp, record.offset, AcknowledgeType.REJECT, _undecodable(reason))
         self.undecodable += 1
         self.ctx.metrics.handler_errors.labels(self.group, record.topic, "undecodable").inc()
         suppressed = self._undecodable_log.admit()
@@ -523,3 +522,9 @@ class ShareFetchSession:
             if callback is not None:
                 callback(tp, dropped, error)
         return error
+
+
+def _undecodable(reason: str) -> protocol.AckError:
+    """The error sent with the REJECT of an undecodable record (dead-letter reason
+    ``undecodable``; docs/guide.md "Dead-letter topics")."""
+    return protocol.AckError(message=reason[: protocol.ACK_ERROR_MESSAGE_MAX], reason="undecodable")

@@ -33,6 +33,7 @@ from queueflow.member.agent.results import (
 )
 from queueflow.member.lifecycle import AGENT_STOPPING
 from queueflow.member.session import ranges_text
+from queueflow.protocol.messages import AckError
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HandlerRunner", "collect_yields"]
 
+_ACCEPT = AcknowledgeType.ACCEPT
 _RELEASE = AcknowledgeType.RELEASE
 _REJECT = AcknowledgeType.REJECT
 
@@ -317,11 +319,13 @@ class HandlerRunner:
         stats, ack_counts = agent.stats, self._ack_counts
         session = agent.session
         acknowledge = self.acknowledge
+        ended = result.ended
+        error = AckError.of(ended.error) if isinstance(ended, Raised) else None
         for record, outcome in zip(records, result.outcomes, strict=True):
             if not failed:  # a failed call's records were counted by _failed
                 ack_counts[outcome] += 1
                 stats.count(outcome)
-            acknowledge(record, outcome)
+            acknowledge(record, outcome, error if outcome is not _ACCEPT else None)
             if outcome is _RELEASE and session is not None:
                 session.remember_released(record)
         agent.dispatch.unreserve(len(records))
@@ -347,9 +351,12 @@ class HandlerRunner:
             stats.handler_errors += count
         log_failure(agent, result)
 
-    def acknowledge(self, record: ShareRecord, kind: AcknowledgeType) -> None:
+    def acknowledge(
+        self, record: ShareRecord, kind: AcknowledgeType, error: AckError | None = None
+    ) -> None:
         """Record ``kind`` for ``record`` in the session (it leaves with the next request of
-        its share-partition) and observe the delivery-to-outcome latency.
+        its share-partition, with ``error``: why the handler RELEASEd or REJECTed it) and
+        observe the delivery-to-outcome latency.
 
         A RELEASE of a record whose lock has expired is not sent: the leader releases it
         anyway, and may have delivered it again, to this member too; acknowledgements name
@@ -360,9 +367,8 @@ class HandlerRunner:
         if record.delivered_at and kind is not AcknowledgeType.RENEW:
             self._ack_latency.observe(agent.ctx.clock.monotonic() - record.delivered_at)
         if agent.session is not None:
-            agent.session.acknowledge(
-                TopicPartition(record.topic, record.partition), record.offset, kind
-            )
+            tp = TopicPartition(record.topic, record.partition)
+            agent.session.acks.add(tp, record.offset, kind, error)
 
     def publish_ack_counts(self) -> None:
         """Add the outcomes counted since the last call to ``queueflow_acknowledgements``."""
@@ -409,7 +415,7 @@ class HandlerRunner:
             return
         agent.stats.rejected += 1
         self._ack_counts[_REJECT] += 1
-        self.acknowledge(record, _REJECT)
+        self.acknowledge(record, _REJECT, AckError.of(exc, reason="undecodable"))
         agent.dispatch.unreserve(1)
 
     async def settle(self, result: HandlerResult) -> None:

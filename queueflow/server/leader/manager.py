@@ -218,8 +218,7 @@ class ShareLeader:
     def has_acquired(self, partition: int) -> bool:
         """True if a share-partition of request partition ``partition`` has Acquired records
         (whose locks the ticker must expire)."""
-        live = self.cache.live(partition)  # records held for the DLQ have no lock to expire
-        return any(d.engine.acquired_count > d.engine.held_by(DEAD_LETTER_OWNER) for _k, d in live)
+        return any(_has_locks(d) for _key, d in self.cache.live(partition))
 
     # -- the request log -------------------------------------------------------------------
     async def handle(self, partition: int, offset: int, value: bytes) -> None:
@@ -464,3 +463,8 @@ class ShareLeader:
     async def _apply(self, result: LeaderResult, partition: int, sender_key: bytes = b"") -> None:
         """Perform ``result`` (:meth:`~queueflow.server.leader.applier.ResultApplier.apply`)."""
         await self.applier.apply(result, partition, sender_key)
+
+
+def _has_locks(durable: DurableSharePartition) -> bool:
+    """Records Acquired with a lock that elapses (those held for the DLQ don't)."""
+    return durable.engine.acquired_count > durable.engine.held_by(DEAD_LETTER_OWNER)

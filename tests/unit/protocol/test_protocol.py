@@ -137,6 +137,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "deadline_ms",
         "max_wait_ms",
         "ticket",
+        "ack_errors",
     ),
     ShareFetchResponse: (
         "member_id",
