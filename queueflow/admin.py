@@ -58,6 +58,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.engine.group import ShareGroup
 from queueflow.engine.group_config import ConfigEntry, parse_duration
+from queueflow.engine.reserved import DEAD_LETTER_OWNER
 from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts, group_partition_owners
@@ -186,7 +187,10 @@ class SharePartitionOffsets:
             count"); ``None`` without state.
         in_flight: in-flight records per state name (``AVAILABLE``, ``ACQUIRED``,
             ``ACKNOWLEDGED``, ``ARCHIVED``); records between the SPSO and the SPEO that were
-            never delivered count as ``AVAILABLE``.
+            never delivered count as ``AVAILABLE``. ``ARCHIVING``, present when non-zero:
+            records held Acquired by ``__dead_letter__`` while they are written to the
+            group's dead-letter topic (docs/guide.md "Dead-letter topics"; not in
+            ``ACQUIRED``).
         error: why the state could not be read (corrupt state), else ``None``.
         batches: the in-flight records from the SPSO, in offset order, covering
             ``start_offset..`` without gaps (never-delivered records are ``AVAILABLE`` with
@@ -984,13 +988,18 @@ def _offsets(
     counts: Counter[str] = Counter()
     speo = spso
     for b in batches:
-        counts[RecordState(b.state).name] += b.last_offset - b.first_offset + 1
+        name = RecordState(b.state).name
+        if b.member_id == DEAD_LETTER_OWNER:
+            name = "ARCHIVING"  # being written to the dead-letter topic
+        counts[name] += b.last_offset - b.first_offset + 1
         speo = b.last_offset + 1
     listed = sum(counts.values())
     counts[RecordState.AVAILABLE.name] += (speo - spso) - listed  # never delivered
     complete = counts[RecordState.ACKNOWLEDGED.name] + counts[RecordState.ARCHIVED.name]
     lag = max(log_end - spso - complete, 0)
     in_flight = {s.name: counts[s.name] for s in RecordState}
+    if counts["ARCHIVING"]:
+        in_flight["ARCHIVING"] = counts["ARCHIVING"]
     shown = _batches(spso, speo, batches, records_limit) if records_limit else ()
     return SharePartitionOffsets(topic, partition, spso, speo, log_end, lag, in_flight, None, shown)
 

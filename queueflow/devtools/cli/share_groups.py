@@ -80,6 +80,10 @@ def _offset_rows(
     if verbose:
         header += ["END-OFFSET", "LOG-END-OFFSET", "AVAILABLE", "ACQUIRED", "ACKNOWLEDGED"]
         header += ["ARCHIVED", "LEADER"]
+    # Records held while they are written to the dead-letter topic (shown when there are any).
+    archiving = verbose and any(o.in_flight.get("ARCHIVING") for o in offsets)
+    if archiving:
+        header.insert(-1, "ARCHIVING")
     rows: list[list[Any]] = [header]
     for o in offsets:
         row: list[Any] = [group, o.topic, o.partition, o.start_offset, o.lag]
@@ -87,6 +91,8 @@ def _offset_rows(
             row += [o.end_offset, o.log_end_offset]
             row += [o.in_flight.get(s) for s in ("AVAILABLE", "ACQUIRED", "ACKNOWLEDGED")]
             row += [o.in_flight.get("ARCHIVED"), o.leader]
+            if archiving:
+                row.insert(-1, o.in_flight.get("ARCHIVING", 0))
         rows.append(row)
     return rows
 
