@@ -440,7 +440,8 @@ def describe_group_configs(
     out = []
     for name, definition in _DEFINITIONS.items():
         literal = definition.default
-        synonym = "" if literal is not None else lookup(definition.default_attr).name
+        # A config with a literal default is its own synonym (no broker-level setting).
+        synonym = name if literal is not None else lookup(definition.default_attr).name
         if name in dynamic:
             out.append(ConfigEntry(name, dynamic[name], "DYNAMIC_GROUP_CONFIG", synonym))
         elif name in app:

@@ -36,6 +36,7 @@ from queueflow.admin import (
 )
 from queueflow.devtools.broker import bootstrap_from_env
 from queueflow.devtools.cli import cli
+from queueflow.devtools.cli.redrive import redrive_text
 from queueflow.errors import ErrorCode, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
@@ -43,7 +44,7 @@ from queueflow.structs import TopicPartition
 __all__ = ["share_groups"]
 
 _MODES = ("offsets", "members", "state")
-_ACTIONS = ("--list", "--describe", "--delete", "--reset-offsets", "--delete-offsets")
+_ACTIONS = ("--list", "--describe", "--delete", "--reset-offsets", "--delete-offsets", "--redrive")
 _SCENARIOS = ("--to-earliest", "--to-latest", "--to-datetime", "--by-duration", "--to-offset")
 
 
@@ -275,6 +276,13 @@ def _scenario(
 @click.option(
     "--delete", is_flag=True, help="Delete empty share groups (--group G or --all-groups)."
 )
+@click.option(
+    "--redrive",
+    is_flag=True,
+    help="Move the records of --group G's dead-letter topic back to their source topics "
+    "(or --to TOPIC); --dry-run only counts them.",
+)
+@click.option("--to", "redrive_to", default=None, help="With --redrive: the destination topic.")
 @click.option("--group", "group_ids", multiple=True, help="A share group (repeatable).")
 @click.option("--all-groups", is_flag=True, help="With --describe or --delete: every share group.")
 @click.option(
@@ -304,7 +312,9 @@ def _scenario(
     default=None,
     help="Reset to this offset (clamped to the log start and end).",
 )
-@click.option("--dry-run", is_flag=True, help="With --reset-offsets: only show the new offsets.")
+@click.option(
+    "--dry-run", is_flag=True, help="With --reset-offsets or --redrive: only show the plan."
+)
 @click.option("--execute", is_flag=True, help="With --reset-offsets: reset.")
 @click.option("--offsets", is_flag=True, help="With --describe: SPSO and lag (the default).")
 @click.option("--members", is_flag=True, help="With --describe: members and assignments.")
@@ -330,6 +340,8 @@ def share_groups(
     reset_offsets: bool,
     delete_offsets: bool,
     delete: bool,
+    redrive: bool,
+    redrive_to: str | None,
     group_ids: tuple[str, ...],
     all_groups: bool,
     topic_specs: tuple[str, ...],
@@ -355,7 +367,7 @@ def share_groups(
         click.echo(f"Error: {message}", err=True)
         sys.exit(1)
 
-    actions = (do_list, describe, delete, reset_offsets, delete_offsets)
+    actions = (do_list, describe, delete, reset_offsets, delete_offsets, redrive)
     if sum(actions) != 1:
         refuse(f"Command must include exactly one action: {', '.join(_ACTIONS)}.")
     scenarios = (
@@ -370,7 +382,13 @@ def share_groups(
         for n, on in (("--all-topics", all_topics), ("--dry-run", dry_run), ("--execute", execute))
         if on
     ]
-    if reset_only and not reset_offsets:
+    if redrive and reset_only and reset_only != ["--dry-run"]:
+        refuse(f"{reset_only[0]} may be used with --reset-offsets only")
+    if redrive and len(group_ids) != 1:
+        refuse("--redrive takes exactly one --group")
+    if redrive_to is not None and not redrive:
+        refuse("--to may be used with --redrive only")
+    if reset_only and not (reset_offsets or redrive):
         refuse(f"{reset_only[0]} may be used with --reset-offsets only")
     if topic_specs and not (reset_offsets or delete_offsets):
         refuse("--topic may be used with --reset-offsets or --delete-offsets only")
@@ -422,7 +440,9 @@ def share_groups(
     as_json = output == "json"
     ok = True
     try:
-        if spec is not None:
+        if redrive:
+            text = asyncio.run(redrive_text(admin, group_ids[0], redrive_to, dry_run, as_json))
+        elif spec is not None:
             text = asyncio.run(
                 _reset(admin, group_ids[0], list(topic_specs), spec, execute, as_json)
             )
