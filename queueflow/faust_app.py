@@ -40,7 +40,7 @@ from queueflow import _compat, dashboard
 from queueflow import logging as qf_logging
 from queueflow.admin import ShareGroupAdmin
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
-from queueflow.engine.group_config import validate_group_configs
+from queueflow.engine.group_config import DEAD_LETTER_TOPIC, validate_group_configs
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.admin import (
     TopicMetadata,
@@ -433,6 +433,29 @@ class ShareAgentService(mode.Service):
         await self.agent.stop()
 
 
+def _warn_dead_letter_twice(group: str, dead_letter: Any, configs: Mapping[str, str]) -> None:
+    """Warn when a share agent's ``dead_letter=`` topic is also its group's dead-letter topic
+    (``errors.deadletterqueue.topic.name``): each REJECT of it would land there twice, once
+    published by the agent and once written by the leader (docs/guide.md "Dead-letter
+    topics")."""
+    if dead_letter is None:
+        return
+    name = dead_letter if isinstance(dead_letter, str) else None
+    get_name = getattr(dead_letter, "get_topic_name", None)
+    if name is None and callable(get_name):
+        name = get_name()
+    group_topic = configs.get(DEAD_LETTER_TOPIC, "")
+    if name and name == group_topic:
+        log.warning(
+            "dead_letter_topic_twice",
+            group=group,
+            topic=name,
+            detail=f"the agent's dead_letter= topic is also the group's {DEAD_LETTER_TOPIC}: a "
+            "REJECTed record would be in it twice; drop dead_letter= (the group's DLQ gets "
+            "every archived record) or use another topic",
+        )
+
+
 def app_group_configs(
     group_configs: Mapping[str, Mapping[str, Any]] | None, settings: ShareGroupSettings
 ) -> dict[str, dict[str, str]]:
@@ -684,6 +707,7 @@ class ShareGroups:
                 client_id=f"{self.app_id}:{options.agent_name(handler)}",
             )
             self.agents.append(agent)
+            _warn_dead_letter_twice(group, dead_letter, self.group_configs.get(group, {}))
             if self.leads:
                 self.lead(topic_name)
             if self.role != "leader":  # started after table recovery
