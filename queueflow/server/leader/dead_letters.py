@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
+from queueflow._compat import tolerate_undecodable_records, undecodable_records
 from queueflow.engine.partition import RunView
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
@@ -87,6 +88,7 @@ class KafkaDeadLetterIO:
     """
 
     def __init__(self, kafka: KafkaClientConfig, read_timeout_s: float = 10.0) -> None:
+        tolerate_undecodable_records()  # a record with a non-UTF-8 header name is read too
         self.kafka = kafka
         self.read_timeout_s = read_timeout_s
         self._producer: AIOKafkaProducer | None = None
@@ -135,7 +137,9 @@ class KafkaDeadLetterIO:
             consumer.seek(tp, first)
             position = first
             while position <= last and loop.time() < deadline:
-                batch = await consumer.getmany(tp, timeout_ms=200, max_records=last - position + 1)
+                with undecodable_records():  # its header names come with U+FFFD
+                    wanted = last - position + 1
+                    batch = await consumer.getmany(tp, timeout_ms=200, max_records=wanted)
                 for record in batch.get(tp, []):
                     position = record.offset + 1
                     if first <= record.offset <= last:
