@@ -16,6 +16,9 @@
    while, the leaders' state says they are done with it), or ``--timeout``;
 6. check the ledgers against what was produced and print one JSON line (stdout; progress goes to
    stderr). Exit status 1 if any record was lost.
+7. the group has a dead-letter topic ``<topic>-dlq`` (KIP-1191 group configs): every archived
+   record must be in it (:mod:`examples.chaos.dead_letters`: ``archived``, ``in_dlq``,
+   ``dlq_missing``; exit status 1 if any is missing).
 
 ``--exactly-once`` (``make chaos-exactly-once``): the share agent runs with
 ``processing_guarantee="exactly_once"`` and publishes one result per ACCEPTed record to
@@ -158,12 +161,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if broker is not None and summary["lost"] == 0 and not args.keep_broker_data:
         shutil.rmtree(broker.log_dirs, ignore_errors=True)  # topic data; broker.log stays
     print_summary(summary)
+    if "archived" in summary:
+        say(
+            f"dead letters: archived {summary['archived']}, in DLQ {summary['in_dlq']}, "
+            f"missing {summary['dlq_missing']}"
+        )
     return 1 if failed(summary) else 0
 
 
 def failed(summary: dict[str, Any]) -> bool:
-    """A record was lost, or (``--exactly-once``) a result is duplicated, missing or unexpected."""
-    eos = ("results_duplicates", "results_missing", "results_unexpected")
+    """A record was lost, an archived record is not in the DLQ, or (``--exactly-once``) a
+    result is duplicated, missing or unexpected."""
+    eos = ("results_duplicates", "results_missing", "results_unexpected", "dlq_missing")
     return bool(summary["lost"]) or any(summary.get(k, 0) for k in eos)
 
 
