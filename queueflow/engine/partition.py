@@ -954,7 +954,9 @@ class SharePartition:
 
         def revive(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
             # Archived at the limit by its RELEASE: Available again (the count is undone below).
-            return (_AVAILABLE, r.count, None, None) if r.state is _ARCHIVED else None
+            # (or held for the DLQ: it comes back before the DLQ writer archives it)
+            back = r.state is _ARCHIVED or r.member == DEAD_LETTER_OWNER
+            return (_AVAILABLE, r.count, None, None) if back else None
 
         def undo(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
             floor = 1 if r.state is _ACQUIRED else 0
@@ -1087,7 +1089,7 @@ class SharePartition:
 
             def release(r: _Run) -> tuple[RecordState, int, str | None, int | None]:
                 new = self._release_transform(r)
-                if new[0] is _ARCHIVED:
+                if new[0] is _ARCHIVED or new[2] == DEAD_LETTER_OWNER:
                     archived.append((r.first, r.last))
                 return new
 
@@ -1194,7 +1196,7 @@ class SharePartition:
                 if r.acquired is not None and r.member and d >= r.acquired + cap:
                     held, archived = capped.setdefault(r.member, ([], []))
                     held.append((r.first, r.last))
-                    if new[0] is _ARCHIVED:
+                    if new[0] is _ARCHIVED or new[2] == DEAD_LETTER_OWNER:
                         archived.append((r.first, r.last))
                 return new
 

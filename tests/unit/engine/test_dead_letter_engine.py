@@ -127,3 +127,30 @@ def test_reset_refused_while_dead_letters_are_held() -> None:
     ack(sp, "m", 0, 1, A.REJECT)
     with pytest.raises(InvalidRequestError, match="dead-letter topic"):
         sp.reset_start_offset(0)
+
+
+def test_a_release_abuse_fence_brings_back_records_it_sent_to_the_dlq() -> None:
+    """A member fenced for RELEASing without handling (share.member.release.abuse.*): the
+    records its RELEASEs took to the delivery limit come back Available, not to the DLQ."""
+    sp = SharePartition(
+        SharePartitionConfig(
+            delivery_count_limit=3,
+            dead_letter=True,
+            release_abuse_records=60,
+            release_abuse_ratio_percent=90,
+        ),
+        0,
+    )
+    sp.acquire("honest", 1, 1, 0)  # holds offset 0: the SPSO can't pass the others
+    now, fenced = 0, None
+    while fenced is None:
+        now += 10
+        got = sp.acquire("attacker", 20, 1_000_000, now)
+        assert got, "the attacker was refused before it was fenced"
+        fenced = sp.acknowledge(
+            "attacker",
+            [AcknowledgementBatch(a.first_offset, a.last_offset, (A.RELEASE,)) for a in got],
+            now,
+        )
+    assert held(sp) == []
+    assert all(r.state is RecordState.AVAILABLE for r in sp.in_flight() if r.first_offset > 0)
