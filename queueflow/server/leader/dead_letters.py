@@ -31,6 +31,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow._compat import tolerate_undecodable_records, undecodable_records
 from queueflow.engine.partition import RunView
+from queueflow.errors import FencedStateEpochError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.logging import get_logger
@@ -233,6 +234,8 @@ class DeadLetterWriter:
                 self._retry.pop(key, None)
             except asyncio.CancelledError:
                 raise
+            except FencedStateEpochError:
+                continue  # no longer the leader: the new one writes them
             except Exception as exc:
                 self._failed(durable, runs, failures + 1, exc)
         for key in self._pending - held_now:  # moved away or all written
