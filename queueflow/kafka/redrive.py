@@ -26,6 +26,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.errors import ConfigurationError
+from queueflow.kafka.admin import admin_client, existing_partition_counts
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.protocol.dead_letters import HEADER_PREFIX, source_of
@@ -85,6 +86,14 @@ async def redrive(
         ConfigurationError: the DLQ topic (or ``to``) does not exist.
         aiokafka.errors.KafkaError: the cluster could not be reached or written.
     """
+    counts = await _partition_counts(kafka, [dead_letter_topic, *([to] if to else [])])
+    if dead_letter_topic not in counts:
+        raise ConfigurationError(
+            f"the dead-letter topic {dead_letter_topic!r} does not exist: check the group's "
+            "errors.deadletterqueue.topic.name"
+        )
+    if to is not None and to not in counts:
+        raise ConfigurationError(f"the redrive destination topic {to!r} does not exist")
     consumer = AIOKafkaConsumer(
         **kafka.client_kwargs(),
         group_id=group_id,
@@ -98,30 +107,21 @@ async def redrive(
         await reader.start()
         if not dry_run:
             await producer.start()
-        parts = consumer.partitions_for_topic(dead_letter_topic) or set()
-        if not parts:
-            await consumer._client.force_metadata_update()
-            parts = consumer.partitions_for_topic(dead_letter_topic) or set()
-        if not parts:
-            raise ConfigurationError(
-                f"the dead-letter topic {dead_letter_topic!r} does not exist: check the group's "
-                "errors.deadletterqueue.topic.name"
-            )
-        if to is not None and not await _exists(consumer, to):
-            raise ConfigurationError(f"the redrive destination topic {to!r} does not exist")
         run = _Redrive(consumer, producer, reader, dead_letter_topic, to, dry_run)
-        return await run.all(sorted(parts), timeout_s)
+        return await run.all(list(range(counts[dead_letter_topic])), timeout_s)
     finally:
         await stop_quietly("redrive producer", producer.stop)
         await stop_quietly("redrive reader", reader.stop)
         await stop_quietly("redrive consumer", consumer.stop)
 
 
-async def _exists(consumer: AIOKafkaConsumer, topic: str) -> bool:
-    if consumer.partitions_for_topic(topic):
-        return True
-    await consumer._client.force_metadata_update()
-    return bool(consumer.partitions_for_topic(topic))
+async def _partition_counts(kafka: KafkaClientConfig, names: list[str]) -> dict[str, int]:
+    admin = admin_client(kafka)
+    try:
+        await admin.start()
+        return await existing_partition_counts(admin, names)
+    finally:
+        await stop_quietly("redrive admin", admin.close)
 
 
 class _Redrive:

@@ -362,6 +362,7 @@ def test_engine_defaults_come_from_the_table() -> None:
     assert {f.name for f in dataclasses.fields(cfg)} == set(ENGINE_FIELDS) | set(LIMIT_FIELDS) | {
         "renew_enabled",
         "release_by_lock_end",  # from queueflow.processing.guarantee (group_configs)
+        "dead_letter",  # errors.deadletterqueue.topic.name is set (a group config)
     }
     assert cfg.release_by_lock_end is False
     for attr, name in {**ENGINE_FIELDS, **LIMIT_FIELDS}.items():
