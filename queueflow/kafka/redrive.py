@@ -9,8 +9,8 @@ started again resumes after the last committed batch; a batch produced but not c
 it stopped is produced once more (at least once). It stops at the DLQ's end offsets as of its
 start, so records dead-lettered again meanwhile wait for the next redrive.
 
-A DLQ record without the source's key and value (``errors.deadletterqueue.copy.record.enable``
-was false) is redriven from the source record itself, read by offset; if retention deleted it,
+A DLQ record without the source's key and value (no key, an empty value:
+``errors.deadletterqueue.copy.record.enable`` was false) is redriven from the source record itself, read by offset; if retention deleted it,
 it is skipped and counted in :attr:`RedriveResult.missing`. Records without the headers are
 counted in :attr:`RedriveResult.skipped` (their offsets are committed: they can't be redriven).
 """
@@ -174,7 +174,7 @@ class _Redrive:
             topic, partition, offset = source
             key, value = r.key, r.value
             kept = [h for h in headers if not h[0].startswith(HEADER_PREFIX)]
-            if key is None and value is None:  # no copy: the source record itself
+            if key is None and not value:  # no copy: the source record itself
                 original = await self._read(topic, partition, offset)
                 if original is None:
                     self.missing += 1

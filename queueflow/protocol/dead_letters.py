@@ -57,8 +57,9 @@ def dead_letter_record(
     """The DLQ record of the source record at ``offset``: its headers, then
     ``queueflow.dead_letter.{group,topic,partition,offset,delivery_count,reason}`` and, for a
     handler that raised, ``.exception.type`` / ``.exception.message`` (UTF-8 text); its key and
-    value only with ``copy_record`` (``errors.deadletterqueue.copy.record.enable``, KIP-1191).
-    ``source`` ``None``: the record is no longer in the log (retention), headers only."""
+    value only with ``copy_record`` (``errors.deadletterqueue.copy.record.enable``, KIP-1191);
+    without them the DLQ record has no key and an empty value (a Kafka producer needs one of
+    them). ``source`` ``None``: the record is no longer in the log (retention), headers only."""
     fields = [
         ("group", group),
         ("topic", topic),
@@ -72,10 +73,10 @@ def dead_letter_record(
         fields.append(("exception.message", error.message))
     ours = tuple((HEADER_PREFIX + name, text.encode()) for name, text in fields)
     if source is None:
-        return DeadLetterRecord(None, None, ours)
+        return DeadLetterRecord(None, b"", ours)
     theirs = tuple(h for h in source.headers if not h[0].startswith(HEADER_PREFIX))
-    if not copy_record:
-        return DeadLetterRecord(None, None, theirs + ours)
+    if not copy_record or (source.key is None and source.value is None):
+        return DeadLetterRecord(None, b"", theirs + ours)
     return DeadLetterRecord(source.key, source.value, theirs + ours)
 
 

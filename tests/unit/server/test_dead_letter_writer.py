@@ -93,7 +93,7 @@ def test_rejected_and_limit_records_are_written_then_archived() -> None:
             assert dict(by_offset[b"1"].headers)["queueflow.dead_letter.exception.message"] == (
                 b"no 1"
             )
-            assert by_offset[b"0"].value is None  # copy.record.enable defaults to false
+            assert by_offset[b"0"].value == b""  # copy.record.enable defaults to false
             await consumer.close()
             await writer.stop()
             assert io.closed
