@@ -11,8 +11,9 @@ start, so records dead-lettered again meanwhile wait for the next redrive.
 
 A DLQ record without the source's key and value (no key, an empty value:
 ``errors.deadletterqueue.copy.record.enable`` was false) is redriven from the source record
-itself, read by offset; if retention deleted it, it is skipped and counted in :attr:`RedriveResult.missing`. Records without the headers are
-counted in :attr:`RedriveResult.skipped` (their offsets are committed: they can't be redriven).
+itself, read by offset; if retention deleted it, it is skipped and counted in
+:attr:`RedriveResult.missing`. Records without the headers are counted in
+:attr:`RedriveResult.skipped` (their offsets are committed: they can't be redriven).
 """
 
 from __future__ import annotations
