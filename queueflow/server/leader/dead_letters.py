@@ -127,6 +127,8 @@ class KafkaDeadLetterIO:
 
         Raises:
             aiokafka.errors.KafkaError: the broker could not be reached.
+            TimeoutError: a run was not read to its end within ``read_timeout_s`` (a partial
+                read would write records without their payload).
         """
         _producer, consumer = await self._clients()
         tp = KafkaTopicPartition(topic, partition)
@@ -150,6 +152,11 @@ class KafkaDeadLetterIO:
                         )
                 if not batch:  # offsets without records (retention, markers) are skipped
                     position = max(position, await consumer.position(tp))
+            if position <= last:  # not a missing record: a slow read, tried again later
+                raise TimeoutError(
+                    f"{topic}[{partition}] was read up to offset {position} of {first}..{last} "
+                    f"within {self.read_timeout_s} s"
+                )
         return out
 
     async def send(self, topic: str, records: list[DeadLetterRecord]) -> None:
