@@ -44,6 +44,7 @@ from queueflow.engine.assignors import (
     get_assignor,
     select_assignor,
 )
+from queueflow.engine.reserved import is_reserved
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.settings import int_default
 from queueflow.structs import TopicPartition
@@ -190,8 +191,8 @@ class ShareGroup:
 
         Raises:
             ShareGroupError: ``INVALID_REQUEST`` for more than :data:`MAX_ADVERTISED` assignor
-                names, a name of 0 or more than 64 characters, or a rack id of more than 255
-                (nothing changes); ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a
+                names, a name of 0 or more than 64 characters, a rack id of more than 255, or
+                a member id starting with ``__`` (reserved; nothing changes); ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a
                 member the group doesn't know (it must rejoin with epoch 0);
                 ``GROUP_MAX_SIZE_REACHED``; ``GROUP_ID_NOT_FOUND`` if the group was deleted.
         """
@@ -217,6 +218,12 @@ class ShareGroup:
         if member_epoch == -1:
             released = self.leave(member_id)
             return HeartbeatResult(-1, [], released)
+        if is_reserved(member_id):  # owners the leaders hold records by (engine/reserved.py)
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"member id {member_id!r} starts with '__', which is reserved for the leaders; "
+                "use another member id (members generate a UUID)",
+            )
         member = self.members.get(member_id)
         evicted: list[tuple[str, list[TopicPartition]]] = []
         if member is None:

@@ -13,13 +13,19 @@ from queueflow.engine import (
     SharePartition,
     SharePartitionConfig,
 )
+from queueflow.engine.group import ShareGroup
 from queueflow.engine.reserved import (
     DEAD_LETTER_DEADLINE_MS,
     DEAD_LETTER_OWNER,
     is_reserved,
 )
 from queueflow.engine.state import StateBatch
-from queueflow.errors import InvalidRecordStateError, InvalidRequestError
+from queueflow.errors import (
+    ErrorCode,
+    InvalidRecordStateError,
+    InvalidRequestError,
+    ShareGroupError,
+)
 
 A = AcknowledgeType
 AQ = RecordState.ACQUIRED
@@ -154,3 +160,11 @@ def test_a_release_abuse_fence_brings_back_records_it_sent_to_the_dlq() -> None:
         )
     assert held(sp) == []
     assert all(r.state is RecordState.AVAILABLE for r in sp.in_flight() if r.first_offset > 0)
+
+
+def test_a_member_id_reserved_for_the_leaders_is_refused_at_join() -> None:
+    group = ShareGroup("G", session_timeout_ms=45_000, max_size=10)
+    with pytest.raises(ShareGroupError) as info:
+        group.heartbeat(DEAD_LETTER_OWNER, 0, ["t"], 0, {"t": 1})
+    assert info.value.code is ErrorCode.INVALID_REQUEST and "reserved" in info.value.message
+    assert not group.members
