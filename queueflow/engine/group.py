@@ -192,9 +192,10 @@ class ShareGroup:
         Raises:
             ShareGroupError: ``INVALID_REQUEST`` for more than :data:`MAX_ADVERTISED` assignor
                 names, a name of 0 or more than 64 characters, a rack id of more than 255, or
-                a member id starting with ``__`` (reserved; nothing changes); ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a
-                member the group doesn't know (it must rejoin with epoch 0);
-                ``GROUP_MAX_SIZE_REACHED``; ``GROUP_ID_NOT_FOUND`` if the group was deleted.
+                a member id starting with ``__`` (reserved; nothing changes);
+                ``UNKNOWN_MEMBER_ID`` for a heartbeat with epoch > 0 from a member the group
+                doesn't know (it must rejoin with epoch 0); ``GROUP_MAX_SIZE_REACHED``;
+                ``GROUP_ID_NOT_FOUND`` if the group was deleted.
         """
         if self.dead:
             raise ShareGroupError(
