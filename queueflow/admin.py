@@ -57,13 +57,14 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.engine.group import Member, ShareGroup
-from queueflow.engine.group_config import ConfigEntry, parse_duration
+from queueflow.engine.group_config import DEAD_LETTER_TOPIC, ConfigEntry, parse_duration
 from queueflow.engine.key_order import ParkedKey, parse_key_hash, show_hash
-from queueflow.engine.reserved import DELAYED_OWNER, describe_owner
+from queueflow.engine.reserved import DEAD_LETTER_OWNER, DELAYED_OWNER, describe_owner
 from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts, group_partition_owners
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
+from queueflow.kafka.redrive import RedriveResult, redrive, redrive_group_id
 from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import group_codec, topics
 from queueflow.protocol import messages as protocol
@@ -83,6 +84,7 @@ __all__ = [
     "OffsetLookup",
     "OffsetSpec",
     "ParkedKeyDescription",
+    "RedriveResult",
     "ShareGroupAdmin",
     "ShareGroupDescription",
     "ShareGroupListing",
@@ -224,7 +226,10 @@ class SharePartitionOffsets:
             count"); ``None`` without state.
         in_flight: in-flight records per state name (``AVAILABLE``, ``ACQUIRED``,
             ``ACKNOWLEDGED``, ``ARCHIVED``); records between the SPSO and the SPEO that were
-            never delivered count as ``AVAILABLE``.
+            never delivered count as ``AVAILABLE``. ``ARCHIVING``, present when non-zero:
+            records held Acquired by ``__dead_letter__`` while they are written to the
+            group's dead-letter topic (docs/guide.md "Dead-letter topics"; not in
+            ``ACQUIRED``).
         error: why the state could not be read (corrupt state), else ``None``.
         batches: the in-flight records from the SPSO, in offset order, covering
             ``start_offset..`` without gaps (never-delivered records are ``AVAILABLE`` with
@@ -661,6 +666,53 @@ class ShareGroupAdmin:
                 f"--describe --group {group_id}'",
             )
         return done
+
+    # -- dead-letter topics (KIP-1191; docs/guide.md "Dead-letter topics") ---------------------
+    async def redrive(
+        self,
+        group_id: str,
+        *,
+        to: str | None = None,
+        dry_run: bool = False,
+        dead_letter_topic: str | None = None,
+    ) -> RedriveResult:
+        """Move the records of ``group_id``'s dead-letter topic back to their source topics
+        and partitions (named by their ``queueflow.dead_letter.*`` headers), SQS's redrive,
+        where the group's members handle them again as new records. Safe to interrupt: the
+        progress is committed in the consumer group ``queueflow-redrive-<app>-<group>`` after
+        each produced batch, and a new call resumes there (a batch produced but not committed
+        is produced again). See :mod:`queueflow.kafka.redrive`.
+
+        Args:
+            group_id: the share group.
+            to: produce every record to this topic instead of its source.
+            dry_run: only count what would move.
+            dead_letter_topic: the DLQ topic; default: the group's
+                ``errors.deadletterqueue.topic.name`` (asked of its coordinator, so a worker
+                must be running).
+
+        Raises:
+            ConfigurationError: the group has no dead-letter topic, or it (or ``to``) does
+                not exist.
+            ShareGroupError: ``GROUP_ID_NOT_FOUND``, ``REQUEST_TIMED_OUT``.
+        """
+        topic = dead_letter_topic
+        if topic is None:
+            configs = {e.name: e.value for e in await self.describe_group_configs(group_id)}
+            topic = configs.get(DEAD_LETTER_TOPIC, "")
+        if not topic:
+            raise ConfigurationError(
+                f"share group {group_id!r} has no dead-letter topic: set "
+                f"{DEAD_LETTER_TOPIC} (queueflow share-groups --alter-config) or name the topic"
+            )
+        return await redrive(
+            self.config,
+            topic,
+            redrive_group_id(self.app_id, group_id),
+            to=to,
+            dry_run=dry_run,
+            timeout_s=self.timeout_ms / 1000,
+        )
 
     async def resolve_offsets(
         self, partitions: Iterable[TopicPartition], spec: OffsetSpec
@@ -1145,6 +1197,8 @@ def _offsets(
         name = RecordState(b.state).name
         if b.member_id == DELAYED_OWNER:  # delayed: Available once its time comes
             name = RecordState.AVAILABLE.name
+        elif b.member_id == DEAD_LETTER_OWNER:
+            name = "ARCHIVING"  # being written to the dead-letter topic
         counts[name] += b.last_offset - b.first_offset + 1
         speo = b.last_offset + 1
     listed = sum(counts.values())
@@ -1152,6 +1206,8 @@ def _offsets(
     complete = counts[RecordState.ACKNOWLEDGED.name] + counts[RecordState.ARCHIVED.name]
     lag = max(log_end - spso - complete, 0)
     in_flight = {s.name: counts[s.name] for s in RecordState}
+    if counts["ARCHIVING"]:
+        in_flight["ARCHIVING"] = counts["ARCHIVING"]
     shown = _batches(spso, speo, batches, records_limit) if records_limit else ()
     parked = _parked(entries.parked, where)
     return SharePartitionOffsets(

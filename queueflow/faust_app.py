@@ -42,7 +42,7 @@ from queueflow import _compat, dashboard
 from queueflow import logging as qf_logging
 from queueflow.admin import ShareGroupAdmin
 from queueflow.engine.fencing import MembershipLease, RecoveryWatch
-from queueflow.engine.group_config import ORDERING, validate_group_configs
+from queueflow.engine.group_config import DEAD_LETTER_TOPIC, ORDERING, validate_group_configs
 from queueflow.errors import ConfigurationError, UnknownNameWarning
 from queueflow.kafka.admin import (
     TopicMetadata,
@@ -68,6 +68,7 @@ from queueflow.server.endpoint import LeaderEndpoint
 from queueflow.server.junk import JunkGate
 from queueflow.server.leader import ShareLeader
 from queueflow.server.leader.acks_reader import AckReader
+from queueflow.server.leader.dead_letters import DeadLetterWriter, KafkaDeadLetterIO
 from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
 from queueflow.server.transport import monotonic_ms
@@ -486,6 +487,29 @@ class ShareAgentService(mode.Service):
         await self.agent.stop()
 
 
+def _warn_dead_letter_twice(group: str, dead_letter: Any, configs: Mapping[str, str]) -> None:
+    """Warn when a share agent's ``dead_letter=`` topic is also its group's dead-letter topic
+    (``errors.deadletterqueue.topic.name``): each REJECT of it would land there twice, once
+    published by the agent and once written by the leader (docs/guide.md "Dead-letter
+    topics")."""
+    if dead_letter is None:
+        return
+    name = dead_letter if isinstance(dead_letter, str) else None
+    get_name = getattr(dead_letter, "get_topic_name", None)
+    if name is None and callable(get_name):
+        name = get_name()
+    group_topic = configs.get(DEAD_LETTER_TOPIC, "")
+    if name and name == group_topic:
+        log.warning(
+            "dead_letter_topic_twice",
+            group=group,
+            topic=name,
+            detail=f"the agent's dead_letter= topic is also the group's {DEAD_LETTER_TOPIC}: a "
+            "REJECTed record would be in it twice; drop dead_letter= (the group's DLQ gets "
+            "every archived record) or use another topic",
+        )
+
+
 def app_group_configs(
     group_configs: Mapping[str, Mapping[str, Any]] | None, settings: ShareGroupSettings
 ) -> dict[str, dict[str, str]]:
@@ -575,6 +599,8 @@ class ShareGroups:
         self._changelog: ChangelogWriter | None = None  # needs the running loop: see lead()
         #: exactly_once: each leader's reader of its ack topic (started in prepare()).
         self._ack_readers: dict[str, AckReader] = {}
+        #: Each leader's DLQ writer (errors.deadletterqueue.topic.name; started in prepare()).
+        self._dead_letter_writers: dict[str, DeadLetterWriter] = {}
         self._expose_metrics()
         self._expose_dashboard()
         if role == "member":
@@ -742,6 +768,7 @@ class ShareGroups:
                 client_id=f"{self.app_id}:{options.agent_name(handler)}",
             )
             self.agents.append(agent)
+            _warn_dead_letter_twice(group, dead_letter, self.group_configs.get(group, {}))
             if self.leads:
                 self.lead(topic_name)
             if self.role != "leader":  # started after table recovery
@@ -785,6 +812,8 @@ class ShareGroups:
             self._tables[topic] = table
             if self.exactly_once:
                 self._ack_readers[topic] = AckReader(leader, self.kafka, self._offsets)
+            io = KafkaDeadLetterIO(self.kafka)
+            self._dead_letter_writers[topic] = DeadLetterWriter(leader, io)
         return self.leaders[topic]
 
     async def prepare(self) -> None:
@@ -822,6 +851,8 @@ class ShareGroups:
             )
         if self.exactly_once:
             await self._prepare_exactly_once()
+        for writer in self._dead_letter_writers.values():
+            writer.start()
         if self.endpoint is not None and self.leaders:
             await self.endpoint.start()
 
@@ -877,6 +908,8 @@ class ShareGroups:
             await reader.stop()
         for leader in self.leaders.values():
             await leader.keys.close()
+        for writer in self._dead_letter_writers.values():
+            await writer.stop()
         if self.leads:
             if self.endpoint is not None:
                 await self.endpoint.close()

@@ -51,6 +51,12 @@ Leaders, counted as they happen:
 * ``queueflow_ack_reader_lag_seconds{topic,partition}``: how far the lock clock of an
   exactly-once leader trails the wall clock (-1 until its ack reader caught up once): lock
   expiries and releases on that partition wait this long.
+* ``queueflow_dead_letter_records_total{group,topic,dead_letter_topic,reason}``: records a
+  leader wrote to a group's dead-letter topic (``errors.deadletterqueue.topic.name``);
+* ``queueflow_dead_letter_write_failures_total{group,topic,dead_letter_topic}``: failed DLQ
+  writes (the topic missing or not writable): the records stay held and are retried;
+* ``queueflow_dead_letter_pending_records{group,topic,partition}``: records held for the DLQ
+  (Acquired by ``__dead_letter__``) as of the DLQ writer's last round.
 
 Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
 
@@ -263,6 +269,24 @@ class Metrics:
             "queueflow_transactional_acks",
             "Transactional acknowledgements applied from the ack topic (exactly_once)",
             ("topic",),
+            registry=reg,
+        )
+        self.dead_letters = Counter(
+            "queueflow_dead_letter_records",
+            "Records written to a group's dead-letter topic (errors.deadletterqueue.topic.name)",
+            ("group", "topic", "dead_letter_topic", "reason"),
+            registry=reg,
+        )
+        self.dead_letter_failures = Counter(
+            "queueflow_dead_letter_write_failures",
+            "Failed writes to a dead-letter topic; the records stay held and are retried",
+            ("group", "topic", "dead_letter_topic"),
+            registry=reg,
+        )
+        self.dead_letter_pending = Gauge(
+            "queueflow_dead_letter_pending_records",
+            "Records held for the dead-letter topic (Acquired by __dead_letter__)",
+            ("group", "topic", "partition"),
             registry=reg,
         )
         self.ack_reader_lag_seconds = Gauge(

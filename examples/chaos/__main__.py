@@ -17,6 +17,9 @@
 6. check the ledgers against what was produced and print one JSON line (stdout; progress goes to
    stderr). Exit status 1 if any record was lost or a delivery count repeated (one record
    handled twice at the same delivery count: ``repeated_delivery_counts``).
+7. the group has a dead-letter topic ``<topic>-dlq`` (KIP-1191 group configs): every archived
+   record must be in it (:mod:`examples.chaos.dead_letters`: ``archived``, ``in_dlq``,
+   ``dlq_missing``; exit status 1 if any is missing).
 
 ``--exactly-once`` (``make chaos-exactly-once``): the share agent runs with
 ``processing_guarantee="exactly_once"`` and publishes one result per ACCEPTed record to
@@ -160,15 +163,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if broker is not None and summary["lost"] == 0 and not args.keep_broker_data:
         shutil.rmtree(broker.log_dirs, ignore_errors=True)  # topic data; broker.log stays
     print_summary(summary)
+    if "archived" in summary:
+        say(
+            f"dead letters: archived {summary['archived']}, in DLQ {summary['in_dlq']}, "
+            f"missing {summary['dlq_missing']}"
+        )
     return 1 if failed(summary) else 0
 
 
 def failed(summary: dict[str, Any]) -> bool:
     """A record was lost, a delivery count was handed to handlers twice for one record
-    (delivery counts are exact across crashes: docs/concepts.md), or (``--exactly-once``) a
-    result is duplicated, missing or unexpected."""
+    (delivery counts are exact across crashes: docs/concepts.md), an archived record is not in
+    the DLQ, or (``--exactly-once``) a result is duplicated, missing or unexpected."""
     eos = ("results_duplicates", "results_missing", "results_unexpected")
-    checks = ("lost", "repeated_delivery_counts", *eos)
+    checks = ("lost", "repeated_delivery_counts", "dlq_missing", *eos)
     return any(summary.get(k, 0) for k in checks)
 
 

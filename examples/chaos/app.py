@@ -40,6 +40,8 @@ LEDGER_EVERY = int(os.environ.get("CHAOS_LEDGER_EVERY", "1"))
 SHARE_SETTINGS = json.loads(os.environ.get("CHAOS_SHARE_SETTINGS", "{}"))
 #: The results topic of ``--exactly-once`` runs ("" : no results, at-least-once).
 RESULTS_TOPIC = os.environ.get("CHAOS_RESULTS_TOPIC", "")
+#: The group's dead-letter topic (KIP-1191 group configs; empty: none).
+DLQ_TOPIC = os.environ.get("CHAOS_DLQ_TOPIC", "")
 if RESULTS_TOPIC:
     SHARE_SETTINGS.setdefault("queueflow.processing.guarantee", "exactly_once")
 #: Faust consumer-group timeouts (s) of the leaders' group: a SIGKILLed leader must be noticed
@@ -74,6 +76,14 @@ app = queueflow.App(
     share_settings=SHARE_SETTINGS,
     broker_session_timeout=FAUST_SESSION_TIMEOUT_S,
     broker_heartbeat_interval=FAUST_HEARTBEAT_S,
+    group_configs={
+        "chaos": {
+            "errors.deadletterqueue.topic.name": DLQ_TOPIC,
+            "errors.deadletterqueue.copy.record.enable": "true",
+        }
+    }
+    if DLQ_TOPIC
+    else None,
 )
 records = app.topic(
     os.environ.get("CHAOS_TOPIC", "chaos"), key_serializer="raw", value_serializer="raw"

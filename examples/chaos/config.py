@@ -72,6 +72,9 @@ class ChaosConfig:
     #: ``processing_guarantee="exactly_once"``; the run counts them downstream
     #: (:mod:`examples.chaos.results`)
     exactly_once: bool = False
+    #: give the group a dead-letter topic (``<topic>-dlq``) and check that every archived
+    #: record is in it (:mod:`examples.chaos.dead_letters`)
+    dead_letters: bool = True
 
     @property
     def delivery_limit(self) -> int:

@@ -16,6 +16,13 @@ from typing import Any
 
 from examples.chaos.analysis import analyse, worker_log_events
 from examples.chaos.config import ROOT, ChaosConfig
+from examples.chaos.dead_letters import (
+    archived_ids,
+    check_dead_letters,
+    dead_letter_topic,
+    read_dead_letters,
+    wait_for_dead_letters,
+)
 from examples.chaos.leader_state import replay_diagnostics, settle
 from examples.chaos.ledger import Ledger, terminal_line
 from examples.chaos.report import say
@@ -81,6 +88,9 @@ def run(
     create_topic(bootstrap, topic, config.partitions)
     if config.exactly_once:
         create_topic(bootstrap, results_topic(topic), config.partitions)
+    dlq = dead_letter_topic(topic) if config.dead_letters else ""
+    if dlq:
+        create_topic(bootstrap, dlq, config.partitions)
     # Only the run's parameters: the workers add os.environ and QUEUEFLOW_LOG_FORMAT=json.
     env = dict(
         CHAOS_APP_ID=app_id,
@@ -94,6 +104,7 @@ def run(
         CHAOS_CONCURRENCY=str(config.concurrency),
         CHAOS_SHARE_SETTINGS=json.dumps(config.share_settings),
         CHAOS_RESULTS_TOPIC=results_topic(topic) if config.exactly_once else "",
+        CHAOS_DLQ_TOPIC=dlq,
     )
     workers = [
         Worker(i, role, run_dir, env, config.log_level) for i, role in enumerate(config.roles)
@@ -273,6 +284,10 @@ def run(
             if terminal_line(ledger.lines[record_id], limit):
                 open_ids.discard(record_id)
         finished = finished or not open_ids
+        if dlq:  # the last archives are written within a round of the leaders' DLQ writers
+            expected = archived_ids(ledger, config.records, limit)
+            progress(f"dead letters: waiting until the {len(expected)} archived are in {dlq}")
+            wait_for_dead_letters(bootstrap, dlq, config.partitions, expected, 60.0)
     finally:
         stop_all(workers)
         if broker is not None and not broker.is_running():
@@ -287,6 +302,10 @@ def run(
     if config.exactly_once:
         counts = asyncio.run(read_results(bootstrap, results_topic(topic), config.partitions))
         summary.update(check_results(ledger, counts, config.records))
+    if dlq:
+        letters = asyncio.run(read_dead_letters(bootstrap, dlq, config.partitions))
+        archived = archived_ids(ledger, config.records, limit, settled)
+        summary.update(check_dead_letters(archived, letters))
     if config.diagnose:
         with contextlib.suppress(Exception):
             timeout_ms = int(config.share_settings.get("queueflow.request.timeout.ms", 10000))

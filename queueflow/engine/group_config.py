@@ -33,6 +33,9 @@ Group config                           Default (broker-level setting) and bounds
 ``share.redelivery.backoff.multiplier`` 2.0, within 1..1000
 ``share.redelivery.backoff.max.ms``    60000, within 0..``queueflow.redelivery.max.delay.ms``
 ``share.delivery.count.mode``          ``acquisitions`` (KIP-932) or ``attempts``
+``errors.deadletterqueue.topic.name``  ``""`` (no dead-letter topic; KIP-1191), a topic name
+``errors.deadletterqueue.copy.record.  ``false``; ``true`` copies key and value into the DLQ
+enable``                               (KIP-1191)
 =====================================  ========================================================
 
 A group's effective value of each config comes from, in order: the value set with the admin
@@ -59,6 +62,8 @@ from queueflow.settings import ShareGroupSettings, lookup
 __all__ = [
     "ASSIGNMENT_INTERVAL_MS",
     "AUTO_OFFSET_RESET",
+    "DEAD_LETTER_COPY_RECORD",
+    "DEAD_LETTER_TOPIC",
     "DELIVERY_COUNT_LIMIT",
     "DELIVERY_COUNT_MODE",
     "GROUP_CONFIG_NAMES",
@@ -107,6 +112,12 @@ REDELIVERY_BACKOFF_MS: Final = "share.redelivery.backoff.ms"
 REDELIVERY_BACKOFF_MULTIPLIER: Final = "share.redelivery.backoff.multiplier"
 REDELIVERY_BACKOFF_MAX_MS: Final = "share.redelivery.backoff.max.ms"
 DELIVERY_COUNT_MODE: Final = "share.delivery.count.mode"
+#: KIP-1191: the group's dead-letter topic (empty: none); docs/guide.md "Dead-letter topics".
+DEAD_LETTER_TOPIC: Final = "errors.deadletterqueue.topic.name"
+#: KIP-1191: whether a dead-letter record carries the source record's key and value.
+DEAD_LETTER_COPY_RECORD: Final = "errors.deadletterqueue.copy.record.enable"
+#: Kafka's legal topic names (``org.apache.kafka.common.internals.Topic``).
+_TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +234,8 @@ _DEFINITIONS: Final = {
         _Definition(
             DELIVERY_COUNT_MODE, "delivery_count_mode", default="acquisitions", parse=_count_mode
         ),
+        _Definition(DEAD_LETTER_TOPIC, "dead_letter_topic", default=""),
+        _Definition(DEAD_LETTER_COPY_RECORD, "dead_letter_copy_record", default="false"),
     )
 }
 
@@ -241,6 +254,8 @@ LEADER_CONFIG_NAMES: Final = (
     REDELIVERY_BACKOFF_MULTIPLIER,
     REDELIVERY_BACKOFF_MAX_MS,
     DELIVERY_COUNT_MODE,
+    DEAD_LETTER_TOPIC,
+    DEAD_LETTER_COPY_RECORD,
 )
 
 _DURATION: Final = re.compile(
@@ -357,7 +372,9 @@ def validate_group_config(name: str, value: object, settings: ShareGroupSettings
         raise _unknown(name)
     if definition.parse is not None:
         return definition.parse(name, value, settings)
-    if name == RENEW_ACKNOWLEDGE_ENABLE:
+    if name == DEAD_LETTER_TOPIC:
+        return _dead_letter_topic(value)
+    if name in (RENEW_ACKNOWLEDGE_ENABLE, DEAD_LETTER_COPY_RECORD):
         return _boolean(name, value)
     if name == ASSIGNMENT_INTERVAL_MS:
         low, high = ASSIGNMENT_INTERVAL_BOUNDS
@@ -405,6 +422,22 @@ def _integer(name: str, value: object, low: int, high: int, where: str) -> str:
             f"{name}={number} is out of range: allowed [{low}..{high}] {where}"
         )
     return str(number)
+
+
+def _dead_letter_topic(value: object) -> str:
+    """``errors.deadletterqueue.topic.name`` checked: empty (no DLQ) or a legal topic name."""
+    if not isinstance(value, str):
+        raise ConfigurationError(
+            f"{DEAD_LETTER_TOPIC}={value!r} is not a topic name; give a topic name, or an "
+            "empty string for no dead-letter topic"
+        )
+    text = value.strip()
+    if text and (not _TOPIC_NAME.fullmatch(text) or text in (".", "..")):
+        raise ConfigurationError(
+            f"{DEAD_LETTER_TOPIC}={value!r} is not a legal Kafka topic name: use 1 to 249 "
+            "characters among a-z, A-Z, 0-9, '.', '_' and '-' (or an empty string for none)"
+        )
+    return text
 
 
 def validate_group_configs(
@@ -469,6 +502,8 @@ class GroupConfig:
             records are never handed to a handler; docs/concepts.md "read_committed").
         renew_acknowledge_enable: ``share.renew.acknowledge.enable`` (KIP-1222).
         assignment_interval_ms: ``share.assignment.interval.ms`` (accepted, no effect).
+        dead_letter_topic: ``errors.deadletterqueue.topic.name`` (``""``: no DLQ).
+        dead_letter_copy_record: ``errors.deadletterqueue.copy.record.enable``.
     """
 
     auto_offset_reset: str
@@ -485,6 +520,8 @@ class GroupConfig:
     redelivery_backoff_multiplier: float = 2.0
     redelivery_backoff_max_ms: int = 60000
     delivery_count_mode: str = "acquisitions"
+    dead_letter_topic: str = ""
+    dead_letter_copy_record: bool = False
 
     @classmethod
     def resolve(cls, settings: ShareGroupSettings, *layers: Mapping[str, str]) -> GroupConfig:
@@ -514,6 +551,8 @@ class GroupConfig:
             redelivery_backoff_multiplier=float(value(REDELIVERY_BACKOFF_MULTIPLIER)),
             redelivery_backoff_max_ms=int(value(REDELIVERY_BACKOFF_MAX_MS)),
             delivery_count_mode=value(DELIVERY_COUNT_MODE),
+            dead_letter_topic=value(DEAD_LETTER_TOPIC),
+            dead_letter_copy_record=value(DEAD_LETTER_COPY_RECORD) == "true",
         )
 
     def value_of(self, name: str) -> str:

@@ -39,7 +39,12 @@ from queueflow.engine.redelivery import (
     merge_archived,
     throttle_cap,
 )
-from queueflow.engine.reserved import DELAYED_OWNER, is_reserved
+from queueflow.engine.reserved import (
+    DEAD_LETTER_DEADLINE_MS,
+    DEAD_LETTER_OWNER,
+    DELAYED_OWNER,
+    is_reserved,
+)
 from queueflow.engine.state import (
     PERSISTED_STATES,
     RecordState,
@@ -233,6 +238,12 @@ class SharePartitionConfig:
             delivery count limit are acquired in smaller batches, the last attempt alone
             (:func:`~queueflow.engine.redelivery.throttle_cap`). Default False (see the
             setting's documentation for why).
+        dead_letter: the group has a dead-letter topic (``errors.deadletterqueue.topic.name``,
+            KIP-1191): a record that would be Archived (REJECT, the delivery count limit, a
+            lock expiry or restore at the limit; not a GAP) is held Acquired by
+            :data:`~queueflow.engine.reserved.DEAD_LETTER_OWNER` instead, until the leader has
+            written it to the DLQ and calls :meth:`SharePartition.archive_dead_letters`.
+            Default False.
 
     Raises:
         ConfigurationError: on construction (see :meth:`validate`).
@@ -258,6 +269,7 @@ class SharePartitionConfig:
     max_release_delay_ms: int = int_default("queueflow.redelivery.max.delay.ms")
     delivery_count_mode: str = "acquisitions"
     throttle_delivery: bool = bool_default("queueflow.delivery.throttle.enable")
+    dead_letter: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -1141,7 +1153,9 @@ class SharePartition:
 
         def revive(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
             # Archived at the limit by its RELEASE: Available again (the count is undone below).
-            return (_AVAILABLE, r.count, None, None) if r.state is _ARCHIVED else None
+            # (or held for the DLQ: it comes back before the DLQ writer archives it)
+            back = r.state is _ARCHIVED or r.member == DEAD_LETTER_OWNER
+            return (_AVAILABLE, r.count, None, None) if back else None
 
         def undo(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
             floor = 1 if r.state is _ACQUIRED else 0
@@ -1314,16 +1328,16 @@ class SharePartition:
             return _accept
         if ack is _RELEASE:
 
-            def release(r: _Run) -> tuple[RecordState, int, None, None]:
+            def release(r: _Run) -> tuple[RecordState, int, str | None, int | None]:
                 new = self._release_transform(r)
-                if new[0] is _ARCHIVED:
+                if new[0] is _ARCHIVED or new[2] == DEAD_LETTER_OWNER:
                     archived.append((r.first, r.last))
                 return new
 
             return release
-        # REJECT: "rejected by consumer as unprocessable" -> Archived. GAP: the offset holds no
-        # record (KIP-932 "unmaterialized record batch" gaps) -> Archived.
-        return _archive
+        # GAP: the offset holds no record (KIP-932 "unmaterialized record batch" gaps) ->
+        # Archived. REJECT: "rejected by consumer as unprocessable" -> Archived (or the DLQ).
+        return _archive if ack is _GAP else self._archive_target
 
     def _release_ack(
         self, now_ms: int, delay_ms: int, undelivered: bool, archived: list[tuple[int, int]]
@@ -1337,7 +1351,7 @@ class SharePartition:
             if undelivered:  # never handed to a handler: that delivery doesn't count
                 return (_AVAILABLE, max(r.count - 1, 0), None, None)
             new = self._release_transform(r)
-            if new[0] is _ARCHIVED:
+            if new[0] is _ARCHIVED or new[2] == DEAD_LETTER_OWNER:
                 archived.append((r.first, r.last))
                 return new
             delay = delay_ms or backoff_ms(
@@ -1354,19 +1368,27 @@ class SharePartition:
 
         return release
 
-    def _lapse_transform(self, r: _Run) -> tuple[RecordState, int, None, None]:
+    def _lapse_transform(self, r: _Run) -> tuple[RecordState, int, str | None, int | None]:
         """A delivery that ended without an acknowledgement (lock expiry, member released):
         as a RELEASE, or with ``share.delivery.count.mode=attempts`` given back."""
         if self._config.delivery_count_mode == ATTEMPTS:
             return (_AVAILABLE, max(r.count - 1, 0), None, None)
         return self._release_transform(r)
 
-    def _release_transform(self, r: _Run) -> tuple[RecordState, int, None, None]:
+    def _release_transform(self, r: _Run) -> tuple[RecordState, int, str | None, int | None]:
         # KIP-932 state diagram: a failed delivery attempt (released, or lock elapsed) goes back to
         # Available "if (delivery count < group.share.delivery.count.limit)", else Archived.
         if r.count >= self._config.delivery_count_limit:
-            return (_ARCHIVED, r.count, None, None)
+            return self._archive_target(r)
         return (_AVAILABLE, r.count, None, None)
+
+    def _archive_target(self, r: _Run) -> tuple[RecordState, int, str | None, int | None]:
+        """Where a record being Archived goes: Archived, or with ``config.dead_letter`` held by
+        :data:`~queueflow.engine.reserved.DEAD_LETTER_OWNER` until it is in the DLQ."""
+        if self._config.dead_letter:
+            self._lock_group(DEAD_LETTER_DEADLINE_MS)  # one group; it never elapses
+            return (_ACQUIRED, r.count, DEAD_LETTER_OWNER, DEAD_LETTER_DEADLINE_MS)
+        return (_ARCHIVED, r.count, None, None)
 
     # ----------------------------------------------------------------------------------------
     # Releases: member gone, lock elapsed (KIP-932 "Record delivery and acknowledgement")
@@ -1403,7 +1425,7 @@ class SharePartition:
             (r.first, r.last) for r in self._runs if r.state is _ACQUIRED and r.member == member_id
         ]
 
-        def transform(r: _Run) -> tuple[RecordState, int, None, None] | None:
+        def transform(r: _Run) -> tuple[RecordState, int, str | None, int | None] | None:
             if r.state is _ACQUIRED and r.member == member_id:
                 return self._lapse_transform(r)
             return None
@@ -1444,16 +1466,18 @@ class SharePartition:
             if group is None:
                 continue  # stale heap entry: every record with this deadline was settled
 
-            def transform(r: _Run, d: int = deadline) -> tuple[RecordState, int, None, None] | None:
+            def transform(
+                r: _Run, d: int = deadline
+            ) -> tuple[RecordState, int, str | None, int | None] | None:
                 if r.state is not _ACQUIRED or r.deadline != d:
                     return None
-                if is_reserved(r.member):  # a delay ended: Available, no delivery counted
+                if r.member == DELAYED_OWNER:  # a delay ended: Available, no delivery counted
                     return (_AVAILABLE, r.count, None, None)
                 new = self._lapse_transform(r)
                 if r.acquired is not None and r.member and d >= r.acquired + cap:
                     held, archived = capped.setdefault(r.member, ([], []))
                     held.append((r.first, r.last))
-                    if new[0] is _ARCHIVED:
+                    if new[0] is _ARCHIVED or new[2] == DEAD_LETTER_OWNER:
                         archived.append((r.first, r.last))
                 return new
 
@@ -1496,6 +1520,39 @@ class SharePartition:
         return fences
 
     # ----------------------------------------------------------------------------------------
+    # Dead-letter topics (KIP-1191; docs/guide.md "Dead-letter topics")
+    # ----------------------------------------------------------------------------------------
+
+    def dead_letters(self) -> list[RunView]:
+        """The runs held by :data:`~queueflow.engine.reserved.DEAD_LETTER_OWNER` (records to
+        write to the group's dead-letter topic), in offset order; O(1) when there are none."""
+        if not self._held.get(DEAD_LETTER_OWNER):
+            return []
+        return [
+            RunView(r.first, r.last, r.state, r.count, r.member, r.deadline)
+            for r in self._runs
+            if r.state is _ACQUIRED and r.member == DEAD_LETTER_OWNER
+        ]
+
+    def archive_dead_letters(self, first: int, last: int) -> int:
+        """Archive the records of ``first..last`` held by
+        :data:`~queueflow.engine.reserved.DEAD_LETTER_OWNER` (they are in the dead-letter topic
+        now), then advance the SPSO. Other offsets, and offsets outside SPSO..SPEO-1, are left
+        alone. Returns the records Archived."""
+        first, last = max(first, self._start), min(last, self._end - 1)
+        if first > last or not self._held.get(DEAD_LETTER_OWNER):
+            return 0
+
+        def transform(r: _Run) -> tuple[RecordState, int, None, None] | None:
+            if r.state is _ACQUIRED and r.member == DEAD_LETTER_OWNER:
+                return (_ARCHIVED, r.count, None, None)
+            return None
+
+        n = self._apply(first, last, transform)
+        self._advance()
+        return n
+
+    # ----------------------------------------------------------------------------------------
     # Admin reset (KIP-932 "Managing the SPSO and SPEO")
     # ----------------------------------------------------------------------------------------
 
@@ -1517,6 +1574,13 @@ class SharePartition:
         """
         if offset < 0:
             raise InvalidRequestError(f"start offset must be >= 0, got {offset}")
+        dead = self._held.get(DEAD_LETTER_OWNER, 0)
+        if dead:
+            raise InvalidRequestError(
+                f"cannot reset the start offset: {dead} records are being written to the "
+                "dead-letter topic (errors.deadletterqueue.topic.name); make the topic writable "
+                "and wait until they are in it (see the leader's dead_letter_write_failed log)"
+            )
         held = self._n_acquired - self.delayed_count  # delayed records are discarded too
         if held:
             raise InvalidRequestError(
@@ -1643,18 +1707,27 @@ class SharePartition:
             if first > end:  # offsets between batches are Available, never delivered
                 runs.append(_Run(end, first - 1, _AVAILABLE, 0, None, None))
             state = RecordState(b.state)
+            member_id, deadline_ms = b.member_id, b.lock_deadline_ms
             if state is _AVAILABLE and b.delivery_count >= config.delivery_count_limit:
                 # Acquired at the limit when the old leader stopped (the bump is persisted at
                 # acquisition): that delivery attempt ended without an acknowledgement, exactly
-                # like a lock expiry, so the record is Archived rather than delivered again.
+                # like a lock expiry, so the record is Archived rather than delivered again
+                # (or held for the dead-letter topic first).
                 state = RecordState.ARCHIVED
+                if config.dead_letter:
+                    state, member_id, deadline_ms = (
+                        _ACQUIRED,
+                        DEAD_LETTER_OWNER,
+                        DEAD_LETTER_DEADLINE_MS,
+                    )
+                    locked = True
                 sp._mark_dirty(first, b.last_offset)
                 sp._archived_log.append(
                     ArchivedRange(first, b.last_offset, b.delivery_count, "delivery_limit")
                 )
             if locked:
-                assert b.member_id is not None and b.lock_deadline_ms is not None
-                member, deadline = sys.intern(b.member_id), b.lock_deadline_ms
+                assert member_id is not None and deadline_ms is not None
+                member, deadline = sys.intern(member_id), deadline_ms
                 sp._lock_group(deadline).ranges.append((first, b.last_offset))
                 # The acquisition time isn't durable: the RENEW cap counts from the restored
                 # lock's start (one lock duration before its deadline).

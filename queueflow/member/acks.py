@@ -11,8 +11,11 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
-from queueflow.protocol.messages import WireAck
+from queueflow.protocol.messages import AckError, WireAck
 from queueflow.structs import AcknowledgeType, TopicPartition
+
+#: The most errors kept per share-partition.
+_MAX_ERRORS = 4096
 
 
 def to_wire(outcomes: dict[int, AcknowledgeType]) -> list[WireAck]:
@@ -55,17 +58,21 @@ class AcknowledgementBuffer:
         # offset -> (delay_ms, undelivered) of a pending RELEASE with options, kept until its
         # outcome is answered (they travel with whichever request carries the offset).
         self._options: dict[TopicPartition, dict[int, tuple[int, bool]]] = {}
+        #: Why records were RELEASEd or REJECTed (sent along for the dead-letter headers).
+        self._errors: dict[TopicPartition, dict[int, AckError]] = {}
 
     def add(
         self,
         tp: TopicPartition,
         offset: int,
         kind: AcknowledgeType,
+        error: AckError | None = None,
         *,
         delay_ms: int = 0,
         undelivered: bool = False,
     ) -> None:
-        """Record the outcome of one record (a later outcome for the same offset wins).
+        """Record the outcome of one record (a later outcome for the same offset wins), and
+        for a RELEASE or REJECT the ``error`` that caused it.
 
         ``delay_ms`` / ``undelivered``: options of a RELEASE (docs/concepts.md "Delayed
         redelivery", "Delivery counts"), sent as the request's ``ack_delay_ms`` /
@@ -77,6 +84,38 @@ class AcknowledgementBuffer:
             self._options[tp].pop(offset, None)
         if tp not in self._since:
             self._since[tp] = time.monotonic()
+        errors = self._errors.get(tp)
+        if error is not None:
+            errors = self._errors.setdefault(tp, {})
+            errors.pop(offset, None)
+            errors[offset] = error
+            if len(errors) > _MAX_ERRORS:  # the oldest go: they were sent long ago
+                del errors[next(iter(errors))]
+        elif errors:
+            errors.pop(offset, None)
+
+    def errors_for(
+        self, tp: TopicPartition, acks: list[WireAck]
+    ) -> list[tuple[int, int, AckError]]:
+        """The errors of the offsets of ``acks`` (``(first, last, error)``, adjacent offsets
+        with the same error merged), for :attr:`ShareFetchRequest.ack_errors
+        <queueflow.protocol.messages.ShareFetchRequest.ack_errors>`."""
+        errors = self._errors.get(tp)
+        out: list[tuple[int, int, AckError]] = []
+        if not errors:
+            return out
+        for first, last, _kinds in acks:
+            if last - first >= len(errors):
+                offsets = sorted(o for o in errors if first <= o <= last)
+            else:
+                offsets = [o for o in range(first, last + 1) if o in errors]
+            for offset in offsets:
+                error = errors[offset]
+                if out and out[-1][1] == offset - 1 and out[-1][2] == error:
+                    out[-1] = (out[-1][0], offset, error)
+                else:
+                    out.append((offset, offset, error))
+        return out
 
     def options(
         self, tp: TopicPartition, acks: list[WireAck]

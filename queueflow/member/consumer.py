@@ -49,6 +49,7 @@ __all__ = ["CLOSE_TIMEOUT_MS", "CommitCallback", "IllegalStateError", "ShareCons
 CLOSE_TIMEOUT_MS = 30_000
 
 log = structlog.get_logger("queueflow.member.consumer")
+_ACK = AcknowledgeType.ACCEPT  # the default outcome
 
 
 class ShareConsumer(AcknowledgingConsumer, Browsing):

@@ -14,6 +14,7 @@ from queueflow.errors import ConfigurationError, QueueflowError, ShareGroupError
 from queueflow.member.consumer_metrics import ShareConsumerMetrics
 from queueflow.member.outcomes import Release, release_options
 from queueflow.member.session import ShareFetchSession
+from queueflow.protocol.messages import AckError
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -52,7 +53,13 @@ class AcknowledgingConsumer:
 
     @overload
     def acknowledge(
-        self, record: ShareRecord, kind: _Kind = AcknowledgeType.ACCEPT, /, *, delay: _Delay = None
+        self,
+        record: ShareRecord,
+        kind: _Kind = AcknowledgeType.ACCEPT,
+        /,
+        *,
+        delay: _Delay = None,
+        error: Exception | None = None,
     ) -> None: ...
 
     @overload
@@ -65,9 +72,17 @@ class AcknowledgingConsumer:
         /,
         *,
         delay: _Delay = None,
+        error: Exception | None = None,
     ) -> None: ...
 
-    def acknowledge(self, record: ShareRecord | str, /, *args: Any, delay: _Delay = None) -> None:
+    def acknowledge(
+        self,
+        record: ShareRecord | str,
+        /,
+        *args: Any,
+        delay: _Delay = None,
+        error: Exception | None = None,
+    ) -> None:
         """Acknowledge a record returned by the last poll (sent with the next poll or commit):
         ``acknowledge(record[, kind])`` or, as ``KafkaShareConsumer``,
         ``acknowledge(topic, partition, offset[, kind])``; ``kind`` defaults to ACCEPT.
@@ -76,7 +91,8 @@ class AcknowledgingConsumer:
         be acknowledged (with ACCEPT, RELEASE or REJECT; in explicit mode before the next poll).
         Send it with :meth:`commit_sync` while the work on the record goes on. A RELEASE
         ``delay`` (s or timedelta), or ``kind=queueflow.release(delay)``: docs/concepts.md
-        "Delayed redelivery".
+        "Delayed redelivery". ``error``: why you RELEASE or REJECT it, for the dead-letter
+        headers (``queueflow.dead_letter.exception.*``; docs/guide.md "Dead-letter topics").
 
         Raises:
             IllegalStateError: the record was not delivered by the last poll, or was already
@@ -108,7 +124,8 @@ class AcknowledgingConsumer:
                 "poll or is already acknowledged"
             )
         session = self._require_session()
-        session.acknowledge(tp, record.offset, kind, delay_ms=delay_ms)
+        why = None if error is None else AckError.of(error)
+        session.acknowledge(tp, record.offset, kind, why, delay_ms=delay_ms)
         if kind is AcknowledgeType.RELEASE:
             session.remember_released(record)
 

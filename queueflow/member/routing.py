@@ -9,12 +9,11 @@ keeps the long polls under way on the direct path so that a reassignment can end
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import structlog
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import get_logger
+from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient, DirectPathError
 from queueflow.member.membership import Membership
@@ -62,17 +61,10 @@ class FetchRouter:
         self.requester = requester
         self.membership = membership
         self.direct = direct
+        #: The member's pending acknowledgements (and their errors, sent along with them).
+        self.acks = AcknowledgementBuffer()
         #: Long polls under way on the direct path: tp -> {request_id: leader address}.
         self.long_polls: dict[TopicPartition, dict[int, str]] = {}
-        #: ``(tp, acks) -> (ack_delay_ms, ack_undelivered)`` for a request's RELEASE options
-        #: (the session's acknowledgement buffer); None: none.
-        self.ack_options: (
-            Callable[
-                [TopicPartition, list[protocol.WireAck]],
-                tuple[list[tuple[int, int, int]], list[tuple[int, int]]],
-            ]
-            | None
-        ) = None
         self._log = get_logger("queueflow.member.session", group=group, member_id=member_id)
 
     async def request(
@@ -139,9 +131,10 @@ class FetchRouter:
             deadline_ms=self.ctx.clock.now_ms() + settings.request_timeout_ms,
             max_wait_ms=max_wait_ms if max_records else 0,
             ticket=self.membership.ticket,
+            ack_errors=self.acks.errors_for(tp, acks) if acks else [],
         )
-        if acks and self.ack_options is not None:
-            request.ack_delay_ms, request.ack_undelivered = self.ack_options(tp, acks)
+        if acks:  # RELEASE options (docs/concepts.md "Delayed redelivery")
+            request.ack_delay_ms, request.ack_undelivered = self.acks.options(tp, acks)
         address = self.membership.leaders.get(tp)
         if address is not None:
             timeout_s = (settings.request_timeout_ms + request.max_wait_ms) / 1000
@@ -198,9 +191,10 @@ class FetchRouter:
             deadline_ms=self.ctx.clock.now_ms() + self.ctx.settings.request_timeout_ms,
             max_wait_ms=0,
             ticket=self.membership.ticket,
+            ack_errors=self.acks.errors_for(tp, acks),
         )
-        if acks and self.ack_options is not None:
-            request.ack_delay_ms, request.ack_undelivered = self.ack_options(tp, acks)
+        if acks:  # RELEASE options (docs/concepts.md "Delayed redelivery")
+            request.ack_delay_ms, request.ack_undelivered = self.acks.options(tp, acks)
         sealed = requester.auth.seal(protocol.encode(request), topic_dest(topic, tp.partition))
         return key, sealed
 

@@ -28,7 +28,6 @@ from aiokafka.errors import KafkaError
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import SkipLogLimiter, get_logger
-from queueflow.member.acks import AcknowledgementBuffer
 from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient
 from queueflow.member.lifecycle import SESSION_TRANSITIONS, Lifecycle, SessionState
@@ -158,7 +157,6 @@ class ShareFetchSession:
         self.group = group
         self.lock_duration_ms = lock_duration_ms
         self.on_acknowledged = on_acknowledged
-        self.acks = AcknowledgementBuffer()
         self.partitions: dict[str, int] = {}
         #: Outcomes the leaders refused as stale (their records are delivered again).
         self.acks_dropped = 0
@@ -199,7 +197,7 @@ class ShareFetchSession:
             self._membership,
             self._direct,
         )
-        self.router.ack_options = self.acks.options
+        self.acks = self.router.acks
         self._lifecycle: Lifecycle[SessionState] = Lifecycle(
             f"ShareFetch session of member {self.member_id}",
             SessionState.CREATED,
@@ -283,13 +281,14 @@ class ShareFetchSession:
         tp: TopicPartition,
         offset: int,
         kind: AcknowledgeType,
+        error: protocol.AckError | None = None,
         *,
         delay_ms: int = 0,
         undelivered: bool = False,
     ) -> None:
         """Record the outcome of one record; it leaves with the next request of ``tp``.
-        RELEASE options: :meth:`AcknowledgementBuffer.add`."""
-        self.acks.add(tp, offset, kind, delay_ms=delay_ms, undelivered=undelivered)
+        ``error`` and the RELEASE options: :meth:`AcknowledgementBuffer.add`."""
+        self.acks.add(tp, offset, kind, error, delay_ms=delay_ms, undelivered=undelivered)
 
     def acknowledge_range(
         self, tp: TopicPartition, first: int, last: int, kind: AcknowledgeType
@@ -485,7 +484,7 @@ def _reject_undecodable(session: ShareFetchSession, record: ShareRecord, reason:
     """REJECT a record that can't be decoded (it would fail the same way on every delivery;
     docs/guide.md "Handler outcomes"), count it, log it (rate-limited)."""
     tp = TopicPartition(record.topic, record.partition)
-    session.acks.add(tp, record.offset, AcknowledgeType.REJECT)
+    session.acks.add(tp, record.offset, AcknowledgeType.REJECT, _undecodable(reason))
     session.undecodable += 1
     session.ctx.metrics.handler_errors.labels(session.group, record.topic, "undecodable").inc()
     suppressed = session._undecodable_log.admit()
@@ -558,3 +557,9 @@ def _acknowledged(
         if callback is not None:
             callback(tp, dropped, error)
     return error
+
+
+def _undecodable(reason: str) -> protocol.AckError:
+    """The error sent with the REJECT of an undecodable record (dead-letter reason
+    ``undecodable``; docs/guide.md "Dead-letter topics")."""
+    return protocol.AckError(message=reason[: protocol.ACK_ERROR_MESSAGE_MAX], reason="undecodable")

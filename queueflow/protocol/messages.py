@@ -56,9 +56,11 @@ import msgspec
 from queueflow.errors import ErrorCode, InvalidRequestError
 
 __all__ = [
+    "ACK_ERROR_MESSAGE_MAX",
     "BINARY_FORMAT_VERSION",
     "PROTOCOL_VERSION",
     "SUPPORTED_PROTOCOL_VERSIONS",
+    "AckError",
     "AdminResponse",
     "AlterGroupConfigsRequest",
     "AlterShareGroupOffsetsRequest",
@@ -104,6 +106,42 @@ WireAcquired = tuple[int, int, int]
 # The same shapes with range checks, used for the fields (mypy sees plain ints).
 _WireAck = tuple[_Int64, _Int64, tuple[_Int64, ...]]
 _WireAcquired = tuple[_Int64, _Int64, _Int64]
+
+
+#: The longest exception message an :class:`AckError` carries (characters; longer ones are cut).
+ACK_ERROR_MESSAGE_MAX: Final = 1000
+
+
+class AckError(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Why a member RELEASEd or REJECTed records: its handler raised, or the record could not
+    be decoded. The leader keeps the last one per offset (in memory) for the dead-letter
+    headers ``queueflow.dead_letter.exception.type`` / ``.exception.message`` and ``.reason``
+    (docs/guide.md "Dead-letter topics").
+
+    Attributes:
+        type: the exception's qualified type name (``""``: none, e.g. a plain REJECT).
+        message: its message, at most :data:`ACK_ERROR_MESSAGE_MAX` characters.
+        reason: ``undecodable`` for a record that could not be decoded, else ``""``.
+    """
+
+    type: str = ""
+    message: str = ""
+    reason: str = ""
+
+    @classmethod
+    def of(cls, exc: BaseException, reason: str = "") -> AckError:
+        """The error of ``exc`` (``module.QualName`` and ``str(exc)`` cut to the limit)."""
+        kind = type(exc)
+        name = (
+            kind.__qualname__
+            if kind.__module__ == "builtins"
+            else f"{kind.__module__}.{kind.__qualname__}"
+        )
+        try:
+            text = str(exc)
+        except Exception:  # a broken __str__ must not lose the acknowledgement
+            text = repr(kind)
+        return cls(type=name, message=text[:ACK_ERROR_MESSAGE_MAX], reason=reason)
 
 
 class _Message(
@@ -155,6 +193,8 @@ class ShareFetchRequest(_Message, tag="fetch"):
         ack_undelivered: ``(first, last)``: the RELEASEs of these offsets are of records never
             handed to a handler, whose delivery is given back (docs/concepts.md "Delivery
             counts").
+        ack_errors: ``(first, last, error)``: why the RELEASEs / REJECTs of those offsets
+            happened (:class:`AckError`); leaders of earlier releases ignore it.
         v: schema version (keyword only).
     """
 
@@ -174,6 +214,7 @@ class ShareFetchRequest(_Message, tag="fetch"):
     ticket: bytes = b""
     ack_delay_ms: list[tuple[_Int64, _Int64, _Int64]] = msgspec.field(default_factory=list)
     ack_undelivered: list[tuple[_Int64, _Int64]] = msgspec.field(default_factory=list)
+    ack_errors: list[tuple[_Int64, _Int64, AckError]] = msgspec.field(default_factory=list)
 
 
 class ShareFetchResponse(_Message, tag="fetch_response"):

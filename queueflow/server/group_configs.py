@@ -85,6 +85,7 @@ def engine_config(settings: ShareGroupSettings, config: GroupConfig) -> SharePar
         max_release_delay_ms=settings.redelivery_max_delay_ms,
         delivery_count_mode=config.delivery_count_mode,
         throttle_delivery=settings.delivery_throttle_enable,
+        dead_letter=bool(config.dead_letter_topic),
     )
 
 
@@ -162,6 +163,14 @@ class LeaderGroupConfigs:
         acquire nothing at or past the last stable offset (docs/concepts.md
         "read_committed")."""
         return self._groups.get(group, self._default).config.read_committed
+
+    def dead_letter(self, group: str) -> tuple[str, bool, bool]:
+        """``group``'s dead-letter topic (``""``: none), whether its records are copied into
+        it (``errors.deadletterqueue.*``, KIP-1191), and whether the leader knows the group's
+        configs from a ticket (else they are the app's defaults, maybe not the group's)."""
+        known = self._groups.get(group, self._default)
+        config = known.config
+        return config.dead_letter_topic, config.dead_letter_copy_record, known.version >= 0
 
     def offset_reset(self, group: str, topic: str = "", partition: int = -1) -> OffsetReset:
         """Where ``group``'s new share-partition ``topic[partition]`` starts: ``earliest`` if

@@ -69,6 +69,9 @@ def test_chaos_nothing_lost(
     # Every record ended exactly one way.
     ended = summary["accepted_ids"] + summary["rejected_ids"] + summary["archived_ids"]
     assert ended == RECORDS, detail
+    # Every record the group archived is in its dead-letter topic (KIP-1191 group configs).
+    assert summary["archived"] > 0 and summary["dlq_missing"] == 0, detail
+    assert summary["in_dlq"] == summary["archived"], detail
 
 
 def test_chaos_exactly_once_results(

@@ -95,7 +95,8 @@ def test_configs_set_describe_and_refuse_bad_input(
     every = run_cli(
         *base, "--entity-type", "groups", "--entity-name", "workers", "--describe", "--all"
     )
-    assert every.exit_code == 0 and len(every.output.splitlines()) == 1 + len(GROUP_CONFIG_NAMES)
+    assert every.exit_code == 0
+    assert len(every.output.splitlines()) == 1 + len(GROUP_CONFIG_NAMES)
     assert "  share.auto.offset.reset=latest sensitive=false synonyms={DEFAULT_CONFIG:" in (
         every.output
     )

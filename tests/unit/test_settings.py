@@ -369,6 +369,7 @@ def test_engine_defaults_come_from_the_table() -> None:
         "delivery_count_mode",
         "max_release_delay_ms",  # queueflow.redelivery.max.delay.ms
         "throttle_delivery",  # queueflow.delivery.throttle.enable
+        "dead_letter",  # errors.deadletterqueue.topic.name is set (a group config)
     }
     assert cfg.release_by_lock_end is False
     for attr, name in {**ENGINE_FIELDS, **LIMIT_FIELDS}.items():

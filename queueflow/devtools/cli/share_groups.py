@@ -49,6 +49,7 @@ from queueflow.devtools.broker import bootstrap_from_env
 from queueflow.devtools.cli import browse as browsing
 from queueflow.devtools.cli import cli
 from queueflow.devtools.cli.parked_keys import check_key_action, parked_rows, run_key_action
+from queueflow.devtools.cli.redrive import redrive_text
 from queueflow.engine.group import describe_holders
 from queueflow.errors import ErrorCode, QueueflowError, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
@@ -64,6 +65,7 @@ _ACTIONS = (
     "--reset-offsets",
     "--delete-offsets",
     "--browse",
+    "--redrive",
 )
 _SCENARIOS = ("--to-earliest", "--to-latest", "--to-datetime", "--by-duration", "--to-offset")
 
@@ -143,6 +145,10 @@ def _offset_rows(
     if verbose:
         header += ["END-OFFSET", "LOG-END-OFFSET", "AVAILABLE", "ACQUIRED", "ACKNOWLEDGED"]
         header += ["ARCHIVED", "LEADER"]
+    # Records held while they are written to the dead-letter topic (shown when there are any).
+    archiving = verbose and any(o.in_flight.get("ARCHIVING") for o in offsets)
+    if archiving:
+        header.insert(-1, "ARCHIVING")
     rows: list[list[Any]] = [header]
     for o in offsets:
         row: list[Any] = [group, o.topic, o.partition, o.start_offset, o.lag]
@@ -150,6 +156,8 @@ def _offset_rows(
             row += [o.end_offset, o.log_end_offset]
             row += [o.in_flight.get(s) for s in ("AVAILABLE", "ACQUIRED", "ACKNOWLEDGED")]
             row += [o.in_flight.get("ARCHIVED"), o.leader]
+            if archiving:
+                row.insert(-1, o.in_flight.get("ARCHIVING", 0))
         rows.append(row)
     return rows
 
@@ -399,6 +407,13 @@ def _scenario(
     default=None,
     help="With --browse: the most records per partition [default: 100].",
 )
+@click.option(
+    "--redrive",
+    is_flag=True,
+    help="Move the records of --group G's dead-letter topic back to their source topics "
+    "(or --to TOPIC); --dry-run only counts them.",
+)
+@click.option("--to", "redrive_to", default=None, help="With --redrive: the destination topic.")
 @click.option("--group", "group_ids", multiple=True, help="A share group (repeatable).")
 @click.option("--all-groups", is_flag=True, help="With --describe or --delete: every share group.")
 @click.option(
@@ -429,7 +444,9 @@ def _scenario(
     default=None,
     help="Reset to this offset (clamped to the log start and end).",
 )
-@click.option("--dry-run", is_flag=True, help="With --reset-offsets: only show the new offsets.")
+@click.option(
+    "--dry-run", is_flag=True, help="With --reset-offsets or --redrive: only show the plan."
+)
 @click.option("--execute", is_flag=True, help="With --reset-offsets: reset.")
 @click.option("--offsets", is_flag=True, help="With --describe: SPSO and lag (the default).")
 @click.option("--members", is_flag=True, help="With --describe: members and assignments.")
@@ -479,6 +496,8 @@ def share_groups(
     partition: int | None,
     from_offset: int | None,
     max_records: int | None,
+    redrive: bool,
+    redrive_to: str | None,
     group_ids: tuple[str, ...],
     all_groups: bool,
     topic_specs: tuple[str, ...],
@@ -506,7 +525,7 @@ def share_groups(
         click.echo(f"Error: {message}", err=True)
         sys.exit(1)
 
-    actions = (do_list, describe, delete, reset_offsets, delete_offsets, browse)
+    actions = (do_list, describe, delete, reset_offsets, delete_offsets, browse, redrive)
     if release_key is not None or skip_key is not None:  # key-ordered groups: a parked key
         problem = check_key_action(group_ids, topic_specs, release_key, skip_key)
         if problem is not None or any(actions):
@@ -543,7 +562,13 @@ def share_groups(
         for n, on in (("--all-topics", all_topics), ("--dry-run", dry_run), ("--execute", execute))
         if on
     ]
-    if reset_only and not reset_offsets:
+    if redrive and reset_only and reset_only != ["--dry-run"]:
+        refuse(f"{reset_only[0]} may be used with --reset-offsets only")
+    if redrive and len(group_ids) != 1:
+        refuse("--redrive takes exactly one --group")
+    if redrive_to is not None and not redrive:
+        refuse("--to may be used with --redrive only")
+    if reset_only and not (reset_offsets or redrive):
         refuse(f"{reset_only[0]} may be used with --reset-offsets only")
     if topic_specs and not (reset_offsets or delete_offsets or browse):
         refuse("--topic may be used with --reset-offsets, --delete-offsets or --browse only")
@@ -623,7 +648,9 @@ def share_groups(
     ok = True
     notes: list[str] = []  # Kafka's stderr lines, after the output
     try:
-        if spec is not None:
+        if redrive:
+            text = asyncio.run(redrive_text(admin, group_ids[0], redrive_to, dry_run, as_json))
+        elif spec is not None:
             text = asyncio.run(
                 _reset(admin, group_ids[0], list(topic_specs), spec, execute, as_json)
             )

@@ -34,6 +34,7 @@ from queueflow.member.agent.results import (
 )
 from queueflow.member.lifecycle import AGENT_STOPPING
 from queueflow.member.session import ranges_text
+from queueflow.protocol.messages import AckError
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HandlerRunner", "collect_yields"]
 
+_ACCEPT = AcknowledgeType.ACCEPT
 _RELEASE = AcknowledgeType.RELEASE
 _REJECT = AcknowledgeType.REJECT
 
@@ -323,14 +325,14 @@ class HandlerRunner:
         session = agent.session
         acknowledge = self.acknowledge
         delays = result.delays
+        ended = result.ended
+        error = AckError.of(ended.error) if isinstance(ended, Raised) else None
         for i, (record, outcome) in enumerate(zip(records, result.outcomes, strict=True)):
             if not failed:  # a failed call's records were counted by _failed
                 ack_counts[outcome] += 1
                 stats.count(outcome)
-            if delays is not None and delays[i]:
-                acknowledge(record, outcome, delay_ms=delays[i])
-            else:
-                acknowledge(record, outcome)
+            why = error if outcome is not _ACCEPT else None
+            acknowledge(record, outcome, why, delay_ms=(delays[i] or 0) if delays else 0)
             if outcome is _RELEASE and session is not None:
                 session.remember_released(record)
         agent.dispatch.unreserve(len(records))
@@ -360,14 +362,14 @@ class HandlerRunner:
         self,
         record: ShareRecord,
         kind: AcknowledgeType,
+        error: AckError | None = None,
         *,
         delay_ms: int = 0,
         undelivered: bool = False,
     ) -> None:
-        """Record ``kind`` (RELEASE options: :meth:`ShareFetchSession.acknowledge`) for
-        ``record`` in the session and observe the delivery-to-outcome latency. A RELEASE of a
-        record whose lock has expired is not sent: the leader releases it anyway, and may have
-        delivered it again; acknowledgements name offsets, not deliveries."""
+        """Record ``kind`` (``error``, RELEASE options: :meth:`ShareFetchSession.acknowledge`)
+        and observe the delivery-to-outcome latency. A RELEASE after the lock expired is not
+        sent: acknowledgements name offsets, and the leader may have delivered it again."""
         agent = self.agent
         if kind is _RELEASE and record.lock_deadline <= agent.ctx.clock.monotonic():
             return
@@ -378,6 +380,7 @@ class HandlerRunner:
                 TopicPartition(record.topic, record.partition),
                 record.offset,
                 kind,
+                error,
                 delay_ms=delay_ms,
                 undelivered=undelivered,
             )
@@ -427,7 +430,7 @@ class HandlerRunner:
             return
         agent.stats.rejected += 1
         self._ack_counts[_REJECT] += 1
-        self.acknowledge(record, _REJECT)
+        self.acknowledge(record, _REJECT, AckError.of(exc, reason="undecodable"))
         agent.dispatch.unreserve(1)
 
     async def settle(self, result: HandlerResult) -> None:

@@ -199,7 +199,12 @@ class AckApplier:
             if not request.acks:
                 return effects, False
         fetched = handlers.share_fetch(
-            durable, request, now, acquire_from=None, expire_ms=expire_ms
+            durable,
+            request,
+            now,
+            acquire_from=None,
+            expire_ms=expire_ms,
+            notes=fetcher.dead_letter_notes,
         )
         effects = effects + fetched.effects
         ok = fetched.response.ack_error == ErrorCode.NONE.value

@@ -14,6 +14,7 @@ from queueflow.server.group_configs import LeaderGroupConfigs
 from queueflow.server.leader import handlers
 from queueflow.server.leader.ack_clock import AckClock
 from queueflow.server.leader.cache import SharePartitionCache
+from queueflow.server.leader.dead_letter_notes import DeadLetterNotes
 from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
 from queueflow.server.tickets import TicketGate, TicketRefusal
@@ -55,6 +56,8 @@ class ShareFetcher:
         self.cache = cache
         #: The lock clock of an exactly-once leader (set by its ack reader), else ``None``.
         self.lock_clock: AckClock | None = None
+        #: The errors members sent with REJECTs and RELEASEs, for the dead-letter headers.
+        self.dead_letter_notes = DeadLetterNotes()
 
     def expiry_ms(self, partition: int, now: int) -> int:
         """The time to expire locks of ``partition`` as of: ``now``, or on an exactly-once
@@ -128,6 +131,7 @@ class ShareFetcher:
             now,
             acquire_from=acquire_from,
             expire_ms=self.expiry_ms(partition, now),
+            notes=self.dead_letter_notes,
         )
         if self.keys is not None:
             self.keys.poke(durable)

@@ -18,6 +18,7 @@ from queueflow.errors import CorruptStateError, ErrorCode, ShareGroupError
 from queueflow.protocol import messages as protocol
 from queueflow.server.durable import DurableSharePartition
 from queueflow.server.leader.ack_batches import ack_batches
+from queueflow.server.leader.dead_letter_notes import DeadLetterNotes
 from queueflow.server.leader.results import (
     NOTHING,
     FetchResult,
@@ -124,6 +125,7 @@ def share_fetch(
     *,
     acquire_from: tuple[int | None, TicketRefusal | None] | None,
     expire_ms: int | None = None,
+    notes: DeadLetterNotes | None = None,
 ) -> FetchResult:
     """Apply a request's acknowledgements atomically, then acquire (KIP-932 "ShareFetch API":
     expire elapsed locks first).
@@ -136,6 +138,8 @@ def share_fetch(
             watermark to acquire below and the ticket's refusal for acquiring (or ``None``).
         expire_ms: the time to expire locks as of (default ``now_ms``; an exactly-once
             leader's ``min(now, ack_safe_ms)``: :mod:`~queueflow.server.leader.ack_clock`).
+        notes: where the REJECTs and failed RELEASEs of a group with a dead-letter topic are
+            noted for its headers (:mod:`~queueflow.server.leader.dead_letter_notes`).
 
     Returns:
         The answer and the share-partition (the caller writes its changes).
@@ -150,6 +154,8 @@ def share_fetch(
             fence = engine.acknowledge(request.member_id, batches, now_ms, request.lock_duration_ms)
             if fence is not None:
                 effects = effects + fence_effects(durable, fence)
+            if notes is not None and engine.config.dead_letter:
+                notes.remember(durable.group, durable.partition, request, engine)
         except (ShareGroupError, ValueError) as exc:
             code = exc.code if isinstance(exc, ShareGroupError) else ErrorCode.INVALID_REQUEST
             response.ack_error, response.ack_error_message = code.value, str(exc)

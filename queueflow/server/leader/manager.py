@@ -25,6 +25,7 @@ from dataclasses import replace
 import structlog
 
 from queueflow.engine.fencing import LeaderFencing
+from queueflow.engine.reserved import DEAD_LETTER_OWNER
 from queueflow.errors import ErrorCode, FencedStateEpochError, ShareGroupError
 from queueflow.logging import get_logger
 from queueflow.metrics import SharePartitionSample
@@ -221,7 +222,7 @@ class ShareLeader:
     def has_acquired(self, partition: int) -> bool:
         """True if a share-partition of request partition ``partition`` has Acquired records
         (whose locks the ticker must expire)."""
-        return any(d.engine.acquired_count for _key, d in self.cache.live(partition))
+        return any(_has_locks(d) for _key, d in self.cache.live(partition))
 
     # -- the request log -------------------------------------------------------------------
     async def handle(self, partition: int, offset: int, value: bytes) -> None:
@@ -463,3 +464,8 @@ class ShareLeader:
     async def _apply(self, result: LeaderResult, partition: int, sender_key: bytes = b"") -> None:
         """Perform ``result`` (:meth:`~queueflow.server.leader.applier.ResultApplier.apply`)."""
         await self.applier.apply(result, partition, sender_key)
+
+
+def _has_locks(durable: DurableSharePartition) -> bool:
+    """Records Acquired with a lock that elapses (those held for the DLQ don't)."""
+    return durable.engine.acquired_count > durable.engine.held_by(DEAD_LETTER_OWNER)

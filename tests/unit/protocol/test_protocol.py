@@ -139,6 +139,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "ticket",
         "ack_delay_ms",
         "ack_undelivered",
+        "ack_errors",
     ),
     ShareFetchResponse: (
         "member_id",
