@@ -204,9 +204,9 @@ def test_a_group_with_members_is_refused_and_nothing_changes(
             )
             print(f"$ queueflow share-groups --reset-offsets --group busy ...\n{refused.output}")
             assert refused.exit_code == 1
-            # Kafka's words, then who holds the group (on stderr, one line)
-            assert refused.output.startswith("Share group 'busy' is not empty. It has ")
-            assert len(refused.output.strip().splitlines()) == 1
+            # Kafka's line, then who holds the group (on stderr)
+            assert refused.output.startswith("Share group 'busy' is not empty.\nIt has ")
+            assert len(refused.output.strip().splitlines()) == 2
             # the coordinator refuses too (the admin API has no pre-check)
             with pytest.raises(ShareGroupError) as info:
                 await admin.alter_share_group_offsets("busy", {TopicPartition(topic, 0): 5})

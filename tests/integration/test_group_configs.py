@@ -108,7 +108,8 @@ def test_configs_set_describe_and_refuse_bad_input(
     for args, message in (
         (
             ["--group", "workers", "--alter", "--add-config", "share.isolation.level=x"],
-            "INVALID_CONFIG: share.isolation.level='x' is not allowed: choose read_uncommitted",
+            "INVALID_CONFIG: share.isolation.level='x' is not allowed: choose one of "
+            "read_uncommitted",
         ),
         (
             ["--group", "workers", "--alter", "--add-config", "share.delivery.count.limit=1"],

@@ -209,11 +209,10 @@ async def _run(
                 more = [m.member_epoch, ",".join(m.assignors) or "-", m.rack_id or "-"]
                 more += _heartbeat(m.last_heartbeat_ms)
                 rows.append(row + (more if verbose else []))
-            if not d.members:
-                notes += _no_members(d.group_id, as_json)
+            if not d.members:  # Kafka's line on stderr, then who was left out
+                notes += [n + _lapsed_note(d) for n in _no_members(d.group_id, as_json)]
             else:
-                texts.append(_table(rows))
-            texts[-1] += _lapsed_note(d)
+                texts.append(_table(rows) + _lapsed_note(d))
         else:
             out.append({k: v for k, v in describe_json(d).items() if k != "members"})
             # Kafka's columns (the epochs before #MEMBERS with --verbose), then our ASSIGNOR
@@ -266,7 +265,7 @@ async def _reset(
     if description.members:
         raise ShareGroupError(
             ErrorCode.NON_EMPTY_GROUP,
-            f"Share group '{group}' is not empty. It has {len(description.members)} "
+            f"Share group '{group}' is not empty.\nIt has {len(description.members)} "
             f"member(s): {holders(description)}. Stop them, or wait: a member is expired "
             f"{_timeout(description)} after its last heartbeat.",
         )

@@ -136,7 +136,7 @@ def test_reset_of_a_group_with_members_is_refused_in_kafka_s_words() -> None:
             with pytest.raises(ShareGroupError) as info:
                 await command._reset(cluster.admin(), "g", [], OffsetSpec.earliest(), False, False)
             message = info.value.message
-            assert message.startswith("Share group 'g' is not empty. It has 1 member(s): ")
+            assert message.startswith("Share group 'g' is not empty.\nIt has 1 member(s): ")
             assert f"{member.member_id} (client-id " in message and "s ago)" in message
             assert "a member is expired share.session.timeout.ms" in message
             await member.close()
