@@ -25,7 +25,6 @@ from aiokafka.structs import TopicPartition as KafkaTopicPartition
 from queueflow import ACCEPT, RENEW, ShareConsumer, ShareRecord
 from queueflow.admin import ShareGroupAdmin, SharePartitionOffsets
 from queueflow.devtools.broker import create_topic
-from queueflow.errors import ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
 from queueflow.testing import LeaderWorker
@@ -295,8 +294,9 @@ def test_commit_async_reports_to_the_callback(
     kafka_bootstrap: str, topics: dict[str, str], leader: LeaderWorker
 ) -> None:
     """``commit_async()`` returns a task; the commit callback hears of every acknowledgement
-    batch: ``None`` for the accepted records, the leader's error for an ACCEPT that arrives
-    after the record's lock expired and another member acquired it."""
+    batch: ``None`` for the accepted records, and ``None`` too for an ACCEPT that arrives
+    after the record's lock expired and another member finished it (below the SPSO: skipped,
+    as Kafka 4.3's broker skips it)."""
     topic = topics["commit"]
     tp = TopicPartition(topic, 0)
 
@@ -330,7 +330,7 @@ def test_commit_async_reports_to_the_callback(
         assert len(heard) == 2, heard
         offsets, error = heard[1]
         assert offsets == {tp: {late.offset}}
-        assert isinstance(error, ShareGroupError), heard
+        assert error is None, heard  # skipped below the SPSO, no error (as Kafka's client)
 
     asyncio.run(scenario())
 
