@@ -123,7 +123,11 @@ class Model:
                 rec = self.recs[o]
                 if rec[0] is not AQ or rec[2] != member:
                     raise InvalidRecordStateError("model")
-        renews = any(AcknowledgeType.RENEW in b.acknowledge_types for b in batches)
+        # A batch wholly below the SPSO is skipped, its RENEW too (as Kafka's broker skips it).
+        renews = any(
+            AcknowledgeType.RENEW in b.acknowledge_types and b.last_offset >= self.spso
+            for b in batches
+        )
         if renews and dur is not None and not 1000 <= dur <= 60000:
             raise InvalidRequestError("model")
         renewed = now + (dur if dur is not None else self.cfg.record_lock_duration_ms)
