@@ -245,6 +245,9 @@ class DeadLetterWriter:
                 continue  # no longer the leader: the new one writes them
             except Exception as exc:
                 self._failed(durable, runs, failures + 1, exc)
+                # Fresh clients for the next attempt: after a broker restart an aiokafka
+                # client can stay without a usable broker (NodeNotReadyError, node id None).
+                await self.io.close()
         for key in self._pending - held_now:  # moved away or all written
             self._gauge(key, [])
         self._pending = held_now
