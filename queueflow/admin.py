@@ -44,7 +44,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import re
-import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -64,6 +63,7 @@ from queueflow.engine.state import RecordState, replay
 from queueflow.errors import ConfigurationError, ErrorCode, ShareGroupError
 from queueflow.kafka.admin import admin_client, existing_partition_counts, group_partition_owners
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
+from queueflow.kafka.log_reader import read_latest
 from queueflow.kafka.redrive import RedriveResult, redrive, redrive_group_id
 from queueflow.kafka.reply_channel import KafkaReplyChannel, ReplyHandler
 from queueflow.protocol import group_codec, topics
@@ -1002,32 +1002,7 @@ class ShareGroupAdmin:
             return {}
         consumer = await self._consumer()
         try:
-            tps = [KafkaTopicPartition(topic, p) for p in range(count)]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            latest: dict[bytes, bytes] = {}
-            deadline = time.monotonic() + self.timeout_ms / 1000
-            pending = {tp for tp in tps if ends[tp] > 0}
-            while pending:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"could not read {topic} to its end within {self.timeout_ms} ms; "
-                        "check the cluster, or raise the timeout"
-                    )
-                batch = await consumer.getmany(*pending, timeout_ms=500, max_records=10_000)
-                for tp, records in batch.items():
-                    for r in records:
-                        if r.offset >= ends[tp] or r.key is None:
-                            continue
-                        if r.value is None:
-                            latest.pop(r.key, None)
-                        else:
-                            latest[r.key] = r.value
-                for tp in list(pending):
-                    if await consumer.position(tp) >= ends[tp]:
-                        pending.discard(tp)
-            return latest
+            return await read_latest(consumer, topic, count, self.timeout_ms)
         finally:
             await consumer.stop()
 

@@ -8,6 +8,7 @@ its committed offset, which a rebalance can leave past requests nobody applied.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
@@ -15,7 +16,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
 
-__all__ = ["LogRangeReader"]
+__all__ = ["LogRangeReader", "read_latest"]
 
 
 class LogRangeReader:
@@ -72,3 +73,41 @@ class LogRangeReader:
         finally:
             await stop_quietly("request log reader", consumer.stop)
         return out
+
+
+async def read_latest(
+    consumer: AIOKafkaConsumer, topic: str, partitions: int, timeout_ms: int
+) -> dict[bytes, bytes]:
+    """The latest value of every key of the compacted ``topic`` (``partitions`` partitions),
+    read from the start up to its end offsets as of now with ``consumer`` (group-less; it is
+    assigned here); tombstones delete, records without a key are skipped.
+
+    Raises:
+        TimeoutError: not read to its end within ``timeout_ms`` (ms).
+    """
+    tps = [KafkaTopicPartition(topic, p) for p in range(partitions)]
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
+    ends = await consumer.end_offsets(tps)
+    latest: dict[bytes, bytes] = {}
+    deadline = time.monotonic() + timeout_ms / 1000
+    pending = {tp for tp in tps if ends[tp] > 0}
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"could not read {topic} to its end within {timeout_ms} ms; check the cluster, "
+                "or raise the timeout"
+            )
+        batch = await consumer.getmany(*pending, timeout_ms=500, max_records=10_000)
+        for tp, records in batch.items():
+            for r in records:
+                if r.offset >= ends[tp] or r.key is None:
+                    continue
+                if r.value is None:
+                    latest.pop(r.key, None)
+                else:
+                    latest[r.key] = r.value
+        for tp in list(pending):
+            if await consumer.position(tp) >= ends[tp]:
+                pending.discard(tp)
+    return latest

@@ -14,6 +14,7 @@ from queueflow._compat import tolerate_undecodable_records
 from queueflow.kafka.admin import admin_client, existing_partition_counts
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
+from queueflow.kafka.log_reader import read_latest
 from queueflow.member.browse import LogRecord
 from queueflow.structs import TopicPartition
 
@@ -52,28 +53,7 @@ class KafkaBrowseSource:
             return None
         consumer = await self._consumer("read_uncommitted")
         try:
-            tps = [KafkaTopicPartition(topic, p) for p in range(count)]
-            consumer.assign(tps)
-            await consumer.seek_to_beginning(*tps)
-            ends = await consumer.end_offsets(tps)
-            latest: dict[bytes, bytes] = {}
-            deadline = time.monotonic() + self.timeout_ms / 1000
-            pending = {tp for tp in tps if ends[tp] > 0}
-            while pending:
-                self._check(deadline, topic)
-                batch = await consumer.getmany(*pending, timeout_ms=500, max_records=10_000)
-                for tp, records in batch.items():
-                    for r in records:
-                        if r.offset >= ends[tp] or r.key is None:
-                            continue
-                        if r.value is None:
-                            latest.pop(r.key, None)
-                        else:
-                            latest[r.key] = r.value
-                for tp in list(pending):
-                    if await consumer.position(tp) >= ends[tp]:
-                        pending.discard(tp)
-            return latest
+            return await read_latest(consumer, topic, count, self.timeout_ms)
         finally:
             await stop_quietly("browse changelog consumer", consumer.stop)
 
