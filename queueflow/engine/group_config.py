@@ -168,16 +168,6 @@ def _multiplier(name: str, value: object, settings: ShareGroupSettings) -> str:
     return repr(number)
 
 
-def _count_mode(name: str, value: object, settings: ShareGroupSettings) -> str:
-    """``acquisitions`` or ``attempts``."""
-    text = value.strip() if isinstance(value, str) else None
-    if text not in DELIVERY_COUNT_MODES:
-        raise ConfigurationError(
-            f"{name}={value!r} is not allowed: choose " + " or ".join(DELIVERY_COUNT_MODES)
-        )
-    return text
-
-
 _DEFINITIONS: Final = {
     d.name: d
     for d in (
@@ -232,7 +222,10 @@ _DEFINITIONS: Final = {
             REDELIVERY_BACKOFF_MAX_MS, "redelivery_backoff_max_ms", default="60000", parse=_delay_ms
         ),
         _Definition(
-            DELIVERY_COUNT_MODE, "delivery_count_mode", default="acquisitions", parse=_count_mode
+            DELIVERY_COUNT_MODE,
+            "delivery_count_mode",
+            default="acquisitions",
+            choices=DELIVERY_COUNT_MODES,
         ),
         _Definition(DEAD_LETTER_TOPIC, "dead_letter_topic", default=""),
         _Definition(DEAD_LETTER_COPY_RECORD, "dead_letter_copy_record", default="false"),
