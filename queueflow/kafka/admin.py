@@ -5,9 +5,10 @@ All go through aiokafka's admin client and its error classes (no literal error c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
@@ -26,6 +27,7 @@ from aiokafka.protocol.metadata import MetadataRequest
 from queueflow._compat import admin_send_request
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig
+from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.structs import TopicPartition
 
 __all__ = [
@@ -263,11 +265,9 @@ class TopicMetadata:
         now = time.monotonic()
         stale = [n for n in names if n not in self._counts or now - self._counts[n][0] > self.ttl_s]
         if stale:
-            if self._admin is None:
-                self._admin = admin_client(self.config)
-                await self._admin.start()
-            for name, count in (await existing_partition_counts(self._admin, stale)).items():
-                self._counts[name] = (now, count)
+            async with self._client() as admin:
+                for name, count in (await existing_partition_counts(admin, stale)).items():
+                    self._counts[name] = (now, count)
         return {n: self._counts[n][1] for n in names if n in self._counts}
 
     async def partition_racks(self, names: list[str]) -> dict[TopicPartition, str]:
@@ -278,20 +278,37 @@ class TopicMetadata:
         key = tuple(sorted(names))
         cached = self._racks.get(key)
         if cached is None or now - cached[0] > RACKS_TTL_S:
-            if self._admin is None:
-                self._admin = admin_client(self.config)
-                await self._admin.start()
-            existing = sorted(set(names) & set(await self._admin.list_topics()))
-            described = await self._admin.describe_topics(existing) if existing else []
-            cluster = await self._admin.describe_cluster()
+            async with self._client() as admin:
+                existing = sorted(set(names) & set(await admin.list_topics()))
+                described = await admin.describe_topics(existing) if existing else []
+                cluster = await admin.describe_cluster()
             cached = self._racks[key] = (now, leader_racks(cluster["brokers"], described))
         return dict(cached[1])
+
+    @contextlib.asynccontextmanager
+    async def _client(self) -> AsyncIterator[AIOKafkaAdminClient]:
+        """The admin client (started on first use). One that fails is closed, and the next call
+        starts a fresh one: after a broker restart an aiokafka admin client can stay without a
+        usable broker (``NodeNotReadyError``, node id None) for good."""
+        if self._admin is None:
+            admin = admin_client(self.config)
+            try:
+                await admin.start()
+            except BaseException:
+                await stop_quietly("admin client", admin.close)
+                raise
+            self._admin = admin
+        try:
+            yield self._admin
+        except Exception:
+            await self.close()
+            raise
 
     async def close(self) -> None:
         """Close the admin client."""
         if self._admin is not None:
-            await self._admin.close()
-            self._admin = None
+            admin, self._admin = self._admin, None
+            await stop_quietly("admin client", admin.close)
 
 
 async def group_partition_owners(

@@ -1,0 +1,57 @@
+"""The shared admin client of :class:`queueflow.kafka.admin.TopicMetadata`: one that failed is
+replaced by a fresh one on the next call (after a broker restart an aiokafka admin client can
+stay on ``NodeNotReadyError``, node id None, for good: a leader's DLQ writer then held its
+records until the end of a ``make chaos`` run)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+from aiokafka.errors import NodeNotReadyError
+
+from queueflow.kafka import admin as admin_module
+from queueflow.kafka.admin import TopicMetadata
+from queueflow.kafka.config import KafkaClientConfig
+
+
+class _Admin:
+    """An admin client that fails every request once it is broken."""
+
+    def __init__(self, broken: bool) -> None:
+        self.broken = broken
+        self.closed = False
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def test_a_failed_admin_client_is_closed_and_the_next_call_starts_a_fresh_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[_Admin] = []
+
+    def make(_config: KafkaClientConfig) -> _Admin:
+        made.append(_Admin(broken=not made))  # the first client is broken for good
+        return made[-1]
+
+    async def counts(admin: _Admin, names: Iterable[str]) -> dict[str, int]:
+        if admin.broken:
+            raise NodeNotReadyError("Attempt to send a request to node which is not ready")
+        return {n: 3 for n in names}
+
+    monkeypatch.setattr(admin_module, "admin_client", make)
+    monkeypatch.setattr(admin_module, "existing_partition_counts", counts)
+    metadata = TopicMetadata(KafkaClientConfig("127.0.0.1:1"))
+
+    async def scenario() -> dict[str, int]:
+        with pytest.raises(NodeNotReadyError):
+            await metadata.partition_counts(["orders-dlq"])
+        return await metadata.partition_counts(["orders-dlq"])
+
+    assert asyncio.run(scenario()) == {"orders-dlq": 3}
+    assert len(made) == 2 and made[0].closed and not made[1].closed
