@@ -44,7 +44,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 test: venv
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=30 $(PYTEST_ARGS)
 
 # queueflow on a Kafka without share groups: the broker, share agents with every outcome,
 # failover and fencing, the direct path, outages, secured listeners with ACLs. The whole suite
