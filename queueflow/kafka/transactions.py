@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 
+import stamina
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kafka_errors
 
@@ -34,21 +35,49 @@ async def check_transactions(
     """Initialise a transactional producer (InitProducerId) with a transactional id of the
     members' prefix ``<app>-share-txn-``, then close it.
 
+    Transient errors (the broker restarting, the transaction coordinator still loading: the
+    retriable Kafka errors) are retried with back-off (0.5 s up to 5 s) for up to ``timeout_s``
+    (s), so a worker started while its broker restarts waits instead of exiting.
+
     Raises:
         ConfigurationError: naming the missing ACL (WRITE/DESCRIBE on the transactional ids,
             IDEMPOTENT_WRITE on the cluster), the broker setting (the transaction state log's
-            replication, ``transaction.max.timeout.ms``) or the error.
+            replication, ``transaction.max.timeout.ms``) or the last error.
     """
     prefix = topics.transactional_id_prefix(app_id)
-    producer = AIOKafkaProducer(
-        **kafka.client_kwargs(),
-        transactional_id=f"{prefix}start-check",
-        transaction_timeout_ms=transaction_timeout_ms,
-        enable_idempotence=True,
-    )
     where = "queueflow.processing.guarantee=exactly_once"
+    last: list[kafka_errors.KafkaError] = []
+
+    async def init_producer_id() -> None:
+        producer = AIOKafkaProducer(
+            **kafka.client_kwargs(),
+            transactional_id=f"{prefix}start-check",
+            transaction_timeout_ms=transaction_timeout_ms,
+            enable_idempotence=True,
+        )
+        try:
+            await producer.start()
+        except kafka_errors.KafkaError as exc:
+            last.append(exc)
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await stop_quietly("transaction check producer", producer.stop)
+
+    async def attempts() -> None:
+        async for attempt in stamina.retry_context(
+            on=_retriable,
+            attempts=None,
+            timeout=None,  # bounded by wait_for below, which also cuts a back-off short
+            wait_initial=0.5,
+            wait_max=5.0,
+            wait_jitter=0.1,
+        ):
+            with attempt:
+                await init_producer_id()
+
     try:
-        await asyncio.wait_for(producer.start(), timeout_s)
+        await asyncio.wait_for(attempts(), timeout_s)
     except kafka_errors.TransactionalIdAuthorizationFailed:
         raise ConfigurationError(
             f"{where}: the broker refused InitProducerId (TransactionalIdAuthorizationFailed): "
@@ -66,13 +95,16 @@ async def check_transactions(
             "broker's transaction.max.timeout.ms: lower it, or raise the broker's"
         ) from None
     except (TimeoutError, kafka_errors.KafkaError) as exc:
+        error = last[-1] if last else exc
         raise ConfigurationError(
             f"{where}: no transactional producer could start within {timeout_s:g} s "
-            f"({exc!r}): {_STATE_LOG}"
+            f"(last error: {error!r}): {_STATE_LOG}"
         ) from None
-    finally:
-        with contextlib.suppress(Exception):
-            await stop_quietly("transaction check producer", producer.stop)
+
+
+def _retriable(exc: Exception) -> bool:
+    """A Kafka error worth another InitProducerId (connection lost, coordinator loading)."""
+    return isinstance(exc, kafka_errors.KafkaError) and bool(exc.retriable)
 
 
 async def check_ack_topics_readable(
