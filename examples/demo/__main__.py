@@ -289,4 +289,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C: main's finally stopped the workers and the broker
+        print("interrupted: the demo's workers and broker are stopped", file=sys.stderr)
+        sys.exit(130)

@@ -5,7 +5,8 @@ interrupting").
 * a pytest session that started its broker and a worker, SIGTERMed (as ``timeout``, CI or a
   process manager stop ``make test``): the session's teardown stops both;
 * ``make demo`` (``python -m examples.demo``) and ``make chaos`` (``python -m examples.chaos``)
-  SIGTERMed once their workers run;
+  SIGTERMed once their workers run; ``make demo`` interrupted (Ctrl-C) while its broker starts:
+  one line, no traceback, exit 130;
 * a share-agent worker SIGTERMed while Faust starts its services, joining its app (a
   rebalance): exit 0.
 
@@ -156,6 +157,29 @@ def test_sigterm_of_make_demo_stops_its_broker_and_workers(tmp_path: Path) -> No
 
         code = run.proc.wait(timeout=EXIT_TIMEOUT_S)
         assert code == 128 + signal.SIGTERM, tail(log)
+        assert_all_gone(run)
+
+
+def test_ctrl_c_while_the_demo_starts_its_broker_stops_it_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "demo.log"
+    argv = [sys.executable, "-m", "examples.demo", "--max-files", "40"]
+    with marked_process(argv, log) as run:
+        wait_until(
+            "the demo's broker starting",
+            lambda: "starting the Kafka" in tail(log, 100_000) or run.proc.poll() is not None,
+            START_TIMEOUT_S,
+            log,
+        )
+        assert run.proc.poll() is None, tail(log)
+
+        run.proc.send_signal(signal.SIGINT)
+
+        code = run.proc.wait(timeout=EXIT_TIMEOUT_S)
+        assert code == 130, tail(log)
+        assert "Traceback" not in tail(log, 100_000), tail(log)
+        assert "interrupted: the demo's workers and broker are stopped" in tail(log), tail(log)
         assert_all_gone(run)
 
 
