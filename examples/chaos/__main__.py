@@ -31,7 +31,11 @@ Terminal outcomes: ACCEPT, REJECT, or a delivery with ``delivery_count`` = limit
 RELEASE/raise (the leader Archives the record). For ids the ledger leaves open, the driver replays
 the share-partition state from the leaders' state changelog (:func:`settle`): a poison record
 Archived at the limit after a last delivery no handler saw (its worker was killed first) is
-counted as a poison deviation, not lost. Every other id without a terminal outcome is ``lost``:
+counted as a poison deviation, not lost; so is a healthy record Archived at the limit after
+deliveries no handler saw, when a kill or restart explains them and the group has a DLQ
+(``archived_after_crashes``: KIP-932 counts a delivery when the record is acquired, whether or
+not its member lives to handle it; the record is in the DLQ, which ``dlq_missing`` checks).
+Every other id without a terminal outcome is ``lost``:
 ``lost_unfinished`` (still in flight when the run ended), ``lost_archived_unprocessed`` (the
 leaders Archived it at the delivery limit although no handler failed it that often: deliveries
 that never reached a handler) or ``lost_other``.

@@ -123,6 +123,7 @@ def analyse(
     poison_over_limit = 0
     poison_extra = poison_extra_unexplained = 0
     archived_at_limit = 0
+    archived_after_crashes = 0
     deliveries = 0
     for record_id in range(config.records):
         lines = sorted(ledger.lines.get(record_id, []), key=lambda e: e["t"])
@@ -135,12 +136,26 @@ def analyse(
         is_poison = record_id % config.poison_mod == 0
         leader_says = settled.get(record_id) if term is None else None
         if term is None and not (is_poison and leader_says == ARCHIVED_AT_LIMIT):
-            # No ACCEPT/REJECT, and not a poison record Archived at the limit: lost. Either the
-            # run ended first ("unfinished"), or the leaders finished the record without a
-            # handler ever finishing it (e.g. Archived at the limit after deliveries that never
-            # reached a handler).
-            lost.append(record_id)
-            lost_why[leader_says or "unfinished"] += 1
+            # No ACCEPT/REJECT, and not a poison record Archived at the limit. A healthy record
+            # Archived at the limit after deliveries that never reached a handler (KIP-932: a
+            # delivery counts when acquired, whether or not its member lives to handle it) is
+            # not lost when the group has a DLQ and a crash explains the unseen deliveries: it
+            # is in the DLQ (the dead-letter check counts it). Otherwise lost: the run ended
+            # first ("unfinished"), or the leaders finished it with no handler finishing it.
+            t_last = lines[-1]["t"] if lines else min((e.t for e in events), default=0.0)
+            unseen = limit - max((int(e["dc"]) for e in lines), default=0)
+            if (
+                config.dead_letters
+                and leader_says == ARCHIVED_AT_LIMIT
+                and unseen > 0
+                and chaos_between(
+                    t_last, t_last + unseen * (config.lock_s + 5) + 60, None, anyone=True
+                )
+            ):
+                archived_after_crashes += 1
+            else:
+                lost.append(record_id)
+                lost_why[leader_says or "unfinished"] += 1
         elif term is not None and term["o"] in FAILED and not is_poison:
             archived_at_limit += 1
         seen_counts = {int(e["dc"]) for e in lines}
@@ -219,6 +234,7 @@ def analyse(
         "lost_other": {
             k: v for k, v in lost_why.items() if k not in ("unfinished", ARCHIVED_AT_LIMIT)
         },
+        "archived_after_crashes": archived_after_crashes,
         "duplicates": len(duplicates),
         "duplicates_after_terminal": after_terminal,
         "duplicates_unexplained": len(unexplained),
