@@ -892,6 +892,13 @@ class SharePartition:
         self._advance()
         return self._archived_total - archived_before
 
+    def forget_holes(self) -> None:
+        """Forget the holes remembered ahead of the SPEO and how far the log was read for them
+        (the reader's isolation level changed: an aborted record is a hole under
+        ``read_committed`` only). Holes already Archived stay so."""
+        self._holes.clear()
+        self._holes_read_to = self._start
+
     def _remember_hole(self, first: int, last: int) -> None:
         holes = self._holes
         if holes and first <= holes[-1][1] + 1:

@@ -42,6 +42,7 @@ from queueflow.server.leader import fencing, handlers, reports, resets
 from queueflow.server.leader.applier import ResultApplier
 from queueflow.server.leader.cache import SharePartitionCache, initial_offset
 from queueflow.server.leader.fetching import ShareFetcher
+from queueflow.server.leader.holes import HoleReaders
 from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.parking import LongPolls, ParkedFetch
 from queueflow.server.leader.positions import RequestPositions
@@ -111,6 +112,8 @@ class ShareLeader:
         self.keys = KeyIndexes(ctx, topic, lambda p: self.long_polls.notify(p))  # share.ordering
         self.fetcher = ShareFetcher(ctx, topic, self.tickets, self.group_configs, self.cache)
         self.fetcher.keys = self.keys
+        self.holes = HoleReaders(self)  # offsets without a record: docs/architecture.md "Holes"
+        self.fetcher.holes = self.holes
         self.applier = ResultApplier(
             ctx, topic, self.cache, self.positions, self.auth, self.tickets, self.step_down
         )
@@ -156,6 +159,7 @@ class ShareLeader:
         for p in partitions:  # waiting direct requests: refused, their members re-route
             self.long_polls.fail(p)
         self.keys.stop(partitions)
+        self.holes.stop(partitions)
         self.cache.drop(partitions, reason)
 
     def step_down(self, partitions: list[int], reason: str) -> None:
