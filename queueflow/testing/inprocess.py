@@ -724,7 +724,8 @@ class InProcessCluster:
             await self.endpoint.close()
         for leader in self.leaders.values():
             await leader.keys.close()
-            await leader.holes.close()
+            if leader.fetcher.holes is not None:
+                await leader.fetcher.holes.close()
         await self.bus.close()
 
     async def __aenter__(self) -> InProcessCluster:

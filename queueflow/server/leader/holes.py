@@ -125,8 +125,9 @@ class HoleReaders:
         return tail
 
     def stop(self, partitions: set[int] | None = None) -> None:
-        """Stop the hole readers of ``partitions`` (``None``: all): their share-partitions were
-        dropped (revoked, stepped down)."""
+        """Stop the hole readers of ``partitions`` (``None``: all). A reader whose
+        share-partition is dropped (revoked, stepped down, reloaded) stops by itself within a
+        read (:data:`HOLE_READ_WAIT_MS`)."""
         for key in list(self._tails):
             if partitions is None or key[1] in partitions:
                 self._stop(key, "dropped")
@@ -163,6 +164,7 @@ class HoleReaders:
                 continue
             try:
                 await self._tail(tail, reader)
+                return  # its share-partition was dropped
             except Exception as exc:  # the broker may be restarting: read again
                 self._log.warning(
                     "hole_reader_failed", partition=durable.partition, error=repr(exc)
@@ -172,13 +174,22 @@ class HoleReaders:
                 await reader.close()
 
     async def _tail(self, tail: _Tail, reader: KeyTail) -> None:
-        engine = tail.durable.engine
+        durable = tail.durable
+        engine, key = durable.engine, (durable.group, durable.partition)
         while True:
+            if self.leader.cache.get_live(key) is not durable:  # dropped (revoked, stepped down)
+                if self._tails.get(key) is tail:
+                    del self._tails[key]
+                    self._log.info(
+                        "hole_reader_stopped", group=key[0], partition=key[1], reason="dropped"
+                    )
+                return
             start = engine.holes_read_to
             room = engine.start_offset + engine.config.max_in_flight_records - start
             if room <= 0:  # the in-flight window is read: wait for the SPSO to move
                 tail.moved.clear()
-                await tail.moved.wait()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(tail.moved.wait(), _RETRY_S)
                 continue
             records, following = await reader.read(start, room, HOLE_READ_WAIT_MS)
             if following > start:

@@ -111,9 +111,7 @@ class ShareLeader:
         self.positions = RequestPositions(table, topic, self.request_topic)
         self.keys = KeyIndexes(ctx, topic, lambda p: self.long_polls.notify(p))  # share.ordering
         self.fetcher = ShareFetcher(ctx, topic, self.tickets, self.group_configs, self.cache)
-        self.fetcher.keys = self.keys
-        self.holes = HoleReaders(self)  # offsets without a record: docs/architecture.md "Holes"
-        self.fetcher.holes = self.holes
+        self.fetcher.keys, self.fetcher.holes = self.keys, HoleReaders(self)
         self.applier = ResultApplier(
             ctx, topic, self.cache, self.positions, self.auth, self.tickets, self.step_down
         )
@@ -159,7 +157,6 @@ class ShareLeader:
         for p in partitions:  # waiting direct requests: refused, their members re-route
             self.long_polls.fail(p)
         self.keys.stop(partitions)
-        self.holes.stop(partitions)
         self.cache.drop(partitions, reason)
 
     def step_down(self, partitions: list[int], reason: str) -> None:

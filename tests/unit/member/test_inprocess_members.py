@@ -244,7 +244,8 @@ def test_offsets_without_a_record_are_acknowledged_as_gap() -> None:
             assert spso(cluster) == 5
             # Those GAPs started the leader's hole reader: it archives later offsets without a
             # record itself (docs/concepts.md "Acquisition counts records").
-            assert cluster.leaders[TOPIC].holes.reading("g", 0)
+            holes = cluster.leaders[TOPIC].fetcher.holes
+            assert holes is not None and holes.reading("g", 0)
             cluster.produce(TOPIC, None)
             cluster.produce(TOPIC, None)
             await eventually(lambda: spso(cluster) == 7, "holes archived by the leader")

@@ -10,11 +10,19 @@ from structlog.testing import capture_logs
 
 from queueflow.engine.group_config import ISOLATION_LEVEL
 from queueflow.engine.state import RecordState
+from queueflow.server.leader.holes import HoleReaders
 from queueflow.structs import TopicPartition
 from queueflow.testing.inprocess import InProcessCluster
 
 TP = TopicPartition(TOPIC, 0)
 N = 5
+
+
+def holes_of(cluster: InProcessCluster) -> HoleReaders:
+    """The hole readers of the cluster's leader of ``TOPIC``."""
+    holes = cluster.leaders[TOPIC].fetcher.holes
+    assert holes is not None
+    return holes
 
 
 def transactions(cluster: InProcessCluster, k: int, m: int) -> list[bytes]:
@@ -89,7 +97,7 @@ def test_a_plain_topic_gets_no_hole_reader() -> None:
                 await consumer.close()
                 await settle(cluster)
             assert not [e for e in logs if e["event"].startswith("hole_reader")]
-            assert not cluster.leaders[TOPIC].holes.reading("g", 0)
+            assert not holes_of(cluster).reading("g", 0)
 
     run(scenario())
 
@@ -117,7 +125,7 @@ def test_read_committed_aborted_records_are_holes_too() -> None:
             await consumer.close()
             await settle(cluster)
             assert sorted(got) == sorted(committed)
-            assert cluster.leaders[TOPIC].holes.reading("c", 0)
+            assert holes_of(cluster).reading("c", 0)
             # The reader archived most holes: the member acknowledged few as GAP.
             gaps = cluster.metrics.acknowledgements.labels("c", TOPIC, "gap")._value.get()
             assert 0 < gaps < len(aborted) + 10 - 5, gaps
