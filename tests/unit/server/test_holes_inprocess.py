@@ -134,3 +134,22 @@ def test_read_committed_aborted_records_are_holes_too() -> None:
             assert engine.record(len(cluster.records[TP]) - 1).state is RecordState.ARCHIVED
 
     run(scenario())
+
+
+def test_a_hole_reader_stops_when_its_share_partition_moves_away() -> None:
+    async def scenario() -> None:
+        cluster = InProcessCluster({TOPIC: 1}, settings=settings())
+        transactions(cluster, 3, 4)
+        async with cluster:
+            consumer = cluster.consumer("g", max_poll_records=N)
+            await consumer.subscribe([TOPIC])
+            with capture_logs() as logs:
+                while not holes_of(cluster).reading("g", 0):  # run() bounds it
+                    await consumer.poll(timeout_ms=100)
+                cluster.leaders[TOPIC].revoke({0})  # the partition moves to another worker
+                await eventually(lambda: not holes_of(cluster).reading("g", 0), "stopped", 10)
+            stopped = [e for e in logs if e["event"] == "hole_reader_stopped"]
+            assert [e["reason"] for e in stopped] == ["dropped"]
+            await consumer.close(timeout_ms=100)  # its leader is gone: don't wait for it
+
+    run(scenario())
