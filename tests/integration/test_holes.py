@@ -6,7 +6,8 @@ record is delivered exactly once. A ``read_committed`` group's reader skips the 
 too.
 
 Each transaction holds ``n - 1`` records, so any ``n`` consecutive offsets hold a marker: a
-leader that counts offsets never hands out ``n`` records in one fetch.
+leader that counts offsets never hands out ``n`` records in one fetch. The same holds for a
+compacted topic whose cleaner removed every ``n``-th record.
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import TopicPartition as KafkaTopicPartition
 
 from queueflow import ACCEPT, ShareConsumer
 from queueflow.admin import ShareGroupAdmin
 from queueflow.devtools.broker import create_topic
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.testing import LeaderWorker
+from queueflow.testing import produce as produce_records
 
 N = 5  # max.poll.records: records per ShareFetch
 TRANSACTIONS = 24
@@ -40,6 +43,17 @@ MEMBER_SETTINGS = {
 WAIT_S = 40.0
 
 
+#: Topic configs that let the log cleaner compact within seconds: every append after 100 ms
+#: rolls a segment, and any dirty segment is worth cleaning.
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "segment.ms": "100",
+    "min.cleanable.dirty.ratio": "0.01",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": "100",
+}
+
+
 @pytest.fixture(scope="module")
 def topic(kafka_bootstrap: str) -> str:
     name = f"qf-holes-{uuid.uuid4().hex[:8]}"
@@ -48,12 +62,19 @@ def topic(kafka_bootstrap: str) -> str:
 
 
 @pytest.fixture(scope="module")
+def compacted(kafka_bootstrap: str) -> str:
+    name = f"qf-holes-compacted-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, name, 1, config=COMPACTED)
+    return name
+
+
+@pytest.fixture(scope="module")
 def leader(
-    kafka_bootstrap: str, topic: str, tmp_path_factory: pytest.TempPathFactory
+    kafka_bootstrap: str, topic: str, compacted: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LeaderWorker]:
     worker = LeaderWorker(
         f"qf-holes-{uuid.uuid4().hex[:8]}",
-        [topic],
+        [topic, compacted],
         kafka_bootstrap,
         tmp_path_factory.mktemp("leader") / "data",
         LEADER_SETTINGS,
@@ -168,3 +189,84 @@ def test_markers_and_aborted_records_do_not_use_up_max_records(
 
     asyncio.run(asyncio.wait_for(scenario(), 2 * WAIT_S))
     assert "hole_reader_started" in leader.log_path.read_text()
+
+
+async def record_offsets(bootstrap: str, topic: str) -> tuple[list[int], int]:
+    """(offsets of the records a reader finds from the start, log end)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = KafkaTopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        found: list[int] = []
+        deadline = time.monotonic() + WAIT_S
+        while await consumer.position(tp) < end:
+            assert time.monotonic() < deadline, f"read {found} of {end}"
+            batches = await consumer.getmany(tp, timeout_ms=500)
+            found.extend(m.offset for m in batches.get(tp, []))
+        return found, end
+    finally:
+        await consumer.stop()
+
+
+def test_compacted_away_offsets_do_not_use_up_max_records(
+    kafka_bootstrap: str, compacted: str, leader: LeaderWorker
+) -> None:
+    """A compacted topic whose cleaner removed every fifth offset of the first 100: after the
+    first GAP, each ShareFetch for ``N`` gets ``N`` records."""
+
+    async def scenario() -> None:
+        keys = [f"k{o}" for o in range(100)] + [f"k{o}" for o in range(N - 1, 100, N)]
+        await produce_records(
+            kafka_bootstrap, compacted, [f"v{i}" for i in range(len(keys))], keys=keys
+        )
+        removed = set(range(N - 1, 100, N))
+        # The cleaner compacts closed segments only: append (each append after segment.ms rolls
+        # one; unique keys, so nothing else is compacted) until it has removed them.
+        deadline = time.monotonic() + WAIT_S
+        for tick in range(10_000):
+            found, end = await record_offsets(kafka_bootstrap, compacted)
+            if not removed & set(found):
+                break
+            assert time.monotonic() < deadline, f"not compacted within {WAIT_S} s: {found}"
+            await produce_records(kafka_bootstrap, compacted, ["tick"], keys=[f"tick-{tick}"])
+            await asyncio.sleep(0.2)  # > segment.ms, so the next append rolls a segment
+        c = ShareConsumer(
+            "holes-compacted",
+            app_id=leader.app_id,
+            bootstrap_servers=kafka_bootstrap,
+            acknowledgement_mode="explicit",
+            settings=MEMBER_SETTINGS,
+        )
+        await c.subscribe([compacted])
+        try:
+            records, sizes = await consume_offsets(c, len(found))
+        finally:
+            await c.close()
+        assert sorted(records) == found, "a record was delivered twice, or not at all"
+        check_sizes(sizes)
+        await start_offset_reaches(
+            kafka_bootstrap, leader.app_id, "holes-compacted", compacted, end
+        )
+
+    asyncio.run(asyncio.wait_for(scenario(), 2 * WAIT_S))
+
+
+async def consume_offsets(c: ShareConsumer, count: int) -> tuple[list[int], list[int]]:
+    """Poll and ACCEPT until ``count`` records came (within WAIT_S): (their offsets, the size
+    of each non-empty poll)."""
+    got: list[int] = []
+    sizes: list[int] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < count:
+        assert time.monotonic() < deadline, (sizes, got)
+        batch = await c.poll(timeout_ms=500)
+        for record in batch:
+            got.append(record.offset)
+            c.acknowledge(record, ACCEPT)
+        if batch:
+            sizes.append(len(batch))
+    assert all(e is None for e in (await c.commit_sync()).values())
+    return got, sizes
