@@ -940,6 +940,16 @@ class SharePartition:
             self._n_available += top - self._end
             self._end = top
             self._merge_window(len(runs) - 2, len(runs) - 1)
+        # Offsets the key index saw no record at: Archived as a GAP would, not acquired.
+        holes = [o for o in offsets if keys.key_of(o) is None]
+        if holes:
+            offsets = [o for o in offsets if keys.key_of(o) is not None]
+            saved, self._reason = self._reason, "gap"
+            try:
+                for first, last in consecutive(holes):
+                    self._apply(first, last, _archive)
+            finally:
+                self._reason = saved
         lock = self._lock_group(deadline)
         out: list[tuple[int, int, int]] = []
         for first, last in consecutive(offsets):
@@ -953,6 +963,9 @@ class SharePartition:
             lock.ranges.append((first, last))
             self._mark_dirty(first, last)
             self._merge_window(i - 1, j)
+        self._drop_if_unused(deadline)
+        if holes:
+            self._advance()
         return out
 
     def archive_available(self, offsets: Iterable[int]) -> int:
