@@ -169,6 +169,8 @@ class ShareFetcher:
         refusal, effects = self.check_ticket(request, durable.partition, now, acquiring=True)
         if refusal is not None:
             return (None, refusal), effects
+        if self.holes is not None:  # holes found under another isolation level are forgotten
+            self.holes.check(durable, self.configs.read_committed(request.group))
         tp = TopicPartition(self.topic, durable.partition)
         offsets = self.ctx.log_offsets
         # A long poll that finds nothing parks, and its wait refreshes the log end: it needs no

@@ -91,6 +91,22 @@ class HoleReaders:
         without a :class:`~queueflow.server.context.KeySource`); restart it when the group's
         isolation level changed; wake it (the SPSO may have moved). O(1) per request while
         nothing was ever GAPped, apart from scanning ``acks``' types."""
+        tail = self.check(durable, read_committed)
+        if tail is None:
+            if (
+                durable.engine.key_order is not None
+                or self.leader.ctx.key_source is None
+                or not any(_GAP in types for _first, _last, types in acks)
+            ):
+                return
+            tail = self._start(durable, read_committed)
+        tail.moved.set()
+
+    def check(self, durable: DurableSharePartition, read_committed: bool) -> _Tail | None:
+        """``durable``'s hole reader, or ``None``. Before acquiring: a reader of another
+        isolation level than the group's now (an aborted record is a hole under
+        ``read_committed`` only), of a reloaded share-partition, or of one that acquires by key
+        is stopped, and the holes it had found ahead of the SPEO are forgotten."""
         key = (durable.group, durable.partition)
         tail = self._tails.get(key)
         if tail is not None and (
@@ -101,15 +117,7 @@ class HoleReaders:
             self._stop(key, "isolation level changed" if tail.durable is durable else "reloaded")
             durable.engine.forget_holes()
             tail = None
-        if tail is None:
-            if (
-                durable.engine.key_order is not None
-                or self.leader.ctx.key_source is None
-                or not any(_GAP in types for _first, _last, types in acks)
-            ):
-                return
-            tail = self._start(durable, read_committed)
-        tail.moved.set()
+        return tail
 
     def _start(self, durable: DurableSharePartition, read_committed: bool) -> _Tail:
         tail = _Tail(durable, read_committed)

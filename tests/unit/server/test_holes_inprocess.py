@@ -153,3 +153,36 @@ def test_a_hole_reader_stops_when_its_share_partition_moves_away() -> None:
             await consumer.close(timeout_ms=100)  # its leader is gone: don't wait for it
 
     run(scenario())
+
+
+def test_holes_found_read_committed_are_forgotten_when_the_group_reads_uncommitted() -> None:
+    async def scenario() -> None:
+        cluster = InProcessCluster({TOPIC: 1}, settings=settings())
+        values = transactions(cluster, 10, 4)
+        aborted = {o for t in range(1, 10, 2) for o in range(t * 5, t * 5 + 4)}
+        cluster.aborted.update((TP, o) for o in aborted)
+        value_at = {t * 5 + i: values[t * 4 + i] for t in range(10) for i in range(4)}
+        async with cluster:
+            admin = cluster.admin()
+            await admin.alter_group_configs("c", {ISOLATION_LEVEL: "read_committed"})
+            first = cluster.consumer("c", max_poll_records=N)
+            await first.subscribe([TOPIC])
+            while not holes_of(cluster).reading("c", 0):  # run() bounds it
+                await first.poll(timeout_ms=100)
+            engine = cluster.share_partition("c", TOPIC, 0)
+            log_end = len(cluster.records[TP])
+            await eventually(lambda: engine.holes_read_to >= log_end, "holes read")
+            await first.close()
+            # The aborted records ahead of the SPEO are holes the reader found read_committed;
+            # for a read_uncommitted group they are records again.
+            wanted = {value_at[o] for o in aborted if o >= engine.end_offset}
+            assert len(wanted) >= 8, engine
+            await admin.alter_group_configs("c", {ISOLATION_LEVEL: "read_uncommitted"})
+            second = cluster.consumer("c", max_poll_records=100)  # its first fetch: the rest
+            await second.subscribe([TOPIC])
+            got: list[bytes] = []
+            while not wanted <= set(got):
+                got += [r.value for r in await second.poll(timeout_ms=100)]
+            await second.close()
+
+    run(scenario())
