@@ -908,6 +908,8 @@ class ShareGroups:
             await reader.stop()
         for leader in self.leaders.values():
             await leader.keys.close()
+            if leader.fetcher.holes is not None:
+                await leader.fetcher.holes.close()
         for writer in self._dead_letter_writers.values():
             await writer.stop()
         if self.leads:

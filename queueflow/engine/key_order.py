@@ -17,8 +17,8 @@ docs/architecture.md "Key-ordered sharing"): a record is acquired only once its 
 here. Keys are kept as stable 64-bit hashes (:func:`key_hash`): two keys with one hash are
 simply treated as one key (more serialisation, never broken order). All records with a null
 key form one key of their own (:data:`NULL_KEY_HASH`). An offset the index saw no record at
-(compaction, transaction markers) belongs to no key and is acquirable at once (its member
-acknowledges it as a GAP).
+(compaction, transaction markers) belongs to no key: the engine archives it as a GAP would,
+without counting it as an acquired record.
 
 **Parking.** A record of a key that is Archived by a REJECT or by the delivery count limit
 (a dead-lettered record is such a record) *parks* its key: the key's later records wait,
@@ -243,16 +243,20 @@ class KeyOrder:
             max_records: the most offsets to return (>= 0).
 
         A record is returned when it is Available, indexed, and its key is neither parked nor
-        held by an earlier in-flight record (Available or Acquired); holes are returned
-        whenever they are Available. Nothing at or after :attr:`indexed_end` is returned.
+        held by an earlier in-flight record (Available or Acquired). Holes (indexed offsets
+        without a record) are returned whenever they are Available, without counting towards
+        ``max_records``: the engine archives them (docs/concepts.md "Acquisition counts
+        records"). Nothing at or after :attr:`indexed_end` is returned.
         """
         out: list[int] = []
         if max_records <= 0:
             return out
         blocked = set(self._parked)
         keys, end = self._keys, self._end
+        taken = 0
 
         def visit(first: int, last: int, available: bool) -> bool:
+            nonlocal taken
             for o in range(first, min(last, end - 1) + 1):
                 k = keys.get(o)
                 if k is None:
@@ -262,8 +266,9 @@ class KeyOrder:
                     blocked.add(k)
                     if available:
                         out.append(o)
-                if len(out) >= max_records:
-                    return False
+                        taken += 1
+                        if taken >= max_records:
+                            return False
             return last < end - 1
 
         for first, last, state in runs:

@@ -478,6 +478,8 @@ class SharePartition:
         "_heap",
         "_held",
         "_hint",
+        "_holes",
+        "_holes_read_to",
         "_key_order",
         "_locks",
         "_n_acquired",
@@ -520,6 +522,11 @@ class SharePartition:
         self._fences: list[MemberFence] = []
         # share.ordering=key (queueflow.engine.key_order).
         self._key_order: KeyOrder | None = None
+        # Known offset ranges without a record at or after the SPEO (mark_holes), sorted and
+        # disjoint: entered as Archived when the SPEO reaches them. Not durable.
+        self._holes: deque[tuple[int, int]] = deque()
+        # The log was read for holes up to here (exclusive; mark_holes' read_to).
+        self._holes_read_to = start_offset
 
     # ----------------------------------------------------------------------------------------
     # Views
@@ -742,7 +749,10 @@ class SharePartition:
 
         # Then new records from the SPEO. KIP-932 "In-flight records": the distance between the
         # SPSO and SPEO is bounded by group.share.partition.max.record.locks.
-        if remaining > 0 and throttled is None:
+        if remaining > 0 and throttled is None and self._holes:
+            limit = min(max(log_end_offset, self._end), self._start + cfg.max_in_flight_records)
+            ranges += self._acquire_past_holes(member, remaining, limit, now_ms, deadline)
+        elif remaining > 0 and throttled is None:
             stop = min(
                 max(log_end_offset, self._end),
                 self._start + cfg.max_in_flight_records,
@@ -774,6 +784,137 @@ class SharePartition:
                 out.append(AcquiredRecords(first, last, count))
         return out
 
+    def _acquire_past_holes(
+        self, member: str, remaining: int, limit: int, now_ms: int, deadline: int
+    ) -> list[tuple[int, int, int]]:
+        """New records from the SPEO up to ``limit`` (exclusive), ``remaining`` at most, the
+        known holes among them entered as Archived without counting (:meth:`mark_holes`):
+        the acquisitions as ``(first, last, 1)``."""
+        out: list[tuple[int, int, int]] = []
+        holes = self._holes
+        while self._end < limit:
+            pos = self._end
+            while holes and holes[0][1] < pos:
+                holes.popleft()
+            if holes and holes[0][0] <= pos:  # a hole at the SPEO: in flight as Archived
+                self._enter_hole(min(holes[0][1], limit - 1))
+                continue
+            if remaining <= 0:
+                break
+            stop = min(limit, pos + remaining, holes[0][0] if holes else limit)
+            lock = self._lock_group(deadline)
+            run = _Run(pos, stop - 1, _AVAILABLE, 0, None, None)
+            self._n_available += stop - pos
+            self._runs.append(run)
+            self._end = stop
+            self._retag(run, _ACQUIRED, 1, member, deadline)
+            run.acquired = now_ms
+            out.append((pos, stop - 1, 1))
+            lock.ranges.append((pos, stop - 1))
+            self._mark_dirty(pos, stop - 1)
+            self._merge_window(len(self._runs) - 2, len(self._runs) - 1)
+            remaining -= stop - pos
+        self._advance()
+        return out
+
+    def _enter_hole(self, last: int) -> None:
+        """Move the SPEO to ``last + 1`` over offsets that hold no record: Archived (as a GAP,
+        delivery count 0)."""
+        first = self._end
+        self._runs.append(_Run(first, last, _ARCHIVED, 0, None, None))
+        self._end = last + 1
+        self._archived_total += last - first + 1
+        self._mark_dirty(first, last)
+        self._merge_window(len(self._runs) - 2, len(self._runs) - 1)
+
+    @property
+    def holes_read_to(self) -> int:
+        """Offsets below this (and at or after the SPSO) were read for holes
+        (:meth:`mark_holes`); the SPSO when none were."""
+        return max(self._holes_read_to, self._start)
+
+    def mark_holes(self, holes: Iterable[tuple[int, int]], read_to: int | None = None) -> int:
+        """Offsets known to hold no record (compaction, transaction markers; with
+        ``read_committed`` aborted records too), so that acquiring counts records, not offsets
+        (docs/concepts.md "Acquisition counts records").
+
+        Available in-flight offsets among ``holes`` are Archived as a GAP would (no delivery
+        counted, no dead-letter record, no key parked); Acquired ones are left to their members
+        (who acknowledge them as GAP). Holes at or after the SPEO are remembered and entered as
+        Archived when the SPEO reaches them (:meth:`acquire`); those starting at the SPEO are
+        entered now, within ``max_in_flight_records``. Then the SPSO advances. The remembered
+        holes are not durable (a new leader learns them again).
+
+        Args:
+            holes: inclusive ``(first, last)`` ranges, ascending and disjoint; parts below the
+                SPSO are ignored.
+            read_to: the log was read up to here (exclusive): :attr:`holes_read_to`.
+
+        Returns:
+            The offsets Archived now.
+
+        Raises:
+            InvalidRequestError: a range with ``first > last`` or a negative offset, or ranges
+                out of order; nothing changes.
+        """
+        ranges = list(holes)
+        prev = -1
+        for first, last in ranges:
+            if first < 0 or first > last or first <= prev:
+                raise InvalidRequestError(
+                    f"holes must be ascending, disjoint (first, last) ranges of offsets >= 0; "
+                    f"got {ranges[:8]}"
+                )
+            prev = last
+        if read_to is not None and read_to > self._holes_read_to:
+            self._holes_read_to = read_to
+        archived_before = self._archived_total
+        saved, self._reason = self._reason, "gap"
+        try:
+            for first, last in ranges:
+                first = max(first, self._start)
+                hi = min(last, self._end - 1)
+                if first <= hi and self._n_available:
+                    self._apply(first, hi, lambda r: _archive(r) if r.state is _AVAILABLE else None)
+                if last >= self._end:
+                    self._remember_hole(max(first, self._end), last)
+        finally:
+            self._reason = saved
+        holes = self._holes
+        while True:  # holes at the SPEO: in flight now (the SPSO passes them if it can)
+            while holes and holes[0][1] < self._end:
+                holes.popleft()
+            limit = self._start + self._config.max_in_flight_records
+            if not holes or holes[0][0] > self._end or self._end >= limit:
+                break
+            self._enter_hole(min(holes[0][1], limit - 1))
+            self._advance()
+        self._advance()
+        return self._archived_total - archived_before
+
+    def forget_holes(self) -> None:
+        """Forget the holes remembered ahead of the SPEO and how far the log was read for them
+        (the reader's isolation level changed: an aborted record is a hole under
+        ``read_committed`` only). Holes already Archived stay so."""
+        self._holes.clear()
+        self._holes_read_to = self._start
+
+    def _remember_hole(self, first: int, last: int) -> None:
+        holes = self._holes
+        if holes and first <= holes[-1][1] + 1:
+            if first >= holes[-1][0]:
+                holes[-1] = (holes[-1][0], max(last, holes[-1][1]))
+                return
+            merged = sorted([*holes, (first, last)])
+            holes.clear()
+            for lo, hi in merged:
+                if holes and lo <= holes[-1][1] + 1:
+                    holes[-1] = (holes[-1][0], max(hi, holes[-1][1]))
+                else:
+                    holes.append((lo, hi))
+            return
+        holes.append((first, last))
+
     def _acquire_by_key(
         self, member: str, remaining: int, log_end_offset: int, now_ms: int, deadline: int
     ) -> list[tuple[int, int, int]]:
@@ -799,6 +940,16 @@ class SharePartition:
             self._n_available += top - self._end
             self._end = top
             self._merge_window(len(runs) - 2, len(runs) - 1)
+        # Offsets the key index saw no record at: Archived as a GAP would, not acquired.
+        holes = [o for o in offsets if keys.key_of(o) is None]
+        if holes:
+            offsets = [o for o in offsets if keys.key_of(o) is not None]
+            saved, self._reason = self._reason, "gap"
+            try:
+                for first, last in consecutive(holes):
+                    self._apply(first, last, _archive)
+            finally:
+                self._reason = saved
         lock = self._lock_group(deadline)
         out: list[tuple[int, int, int]] = []
         for first, last in consecutive(offsets):
@@ -812,6 +963,9 @@ class SharePartition:
             lock.ranges.append((first, last))
             self._mark_dirty(first, last)
             self._merge_window(i - 1, j)
+        self._drop_if_unused(deadline)
+        if holes:
+            self._advance()
         return out
 
     def archive_available(self, offsets: Iterable[int]) -> int:
@@ -1598,7 +1752,8 @@ class SharePartition:
             use.releases.clear()
             use.archived.clear()
         self._n_available = 0
-        self._start = self._end = self._hint = offset
+        self._start = self._end = self._hint = self._holes_read_to = offset
+        self._holes.clear()  # read again from the new SPSO
         self._reset_pending = True
         if self._key_order is not None:  # the in-flight records (and what they parked) are gone
             self._key_order.clear_parked()

@@ -3,7 +3,8 @@ groups (``share.ordering=key``; docs/architecture.md "Key-ordered sharing").
 
 A share-partition leader of a key-ordered group tails its source partition from the SPSO with
 one group-less consumer per share-partition and indexes each record's key hash
-(:mod:`queueflow.server.leader.key_index`). Only the keys are kept.
+(:mod:`queueflow.server.leader.key_index`). Only the keys are kept. The same reader finds the
+offsets without a record (:mod:`queueflow.server.leader.holes`).
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ class KafkaKeySource:
     def __init__(self, kafka: KafkaClientConfig) -> None:
         self.kafka = kafka
 
-    async def open(self, tp: TopicPartition) -> KafkaKeyTail:
-        """A key reader of ``tp``.
+    async def open(self, tp: TopicPartition, *, read_committed: bool = False) -> KafkaKeyTail:
+        """A key reader of ``tp`` (``read_committed``: aborted records are skipped, as
+        transaction markers are).
 
         Raises:
             aiokafka.errors.KafkaError: the consumer could not start (the broker is down).
@@ -68,6 +70,7 @@ class KafkaKeySource:
             group_id=None,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            isolation_level="read_committed" if read_committed else "read_uncommitted",
         )
         try:
             await consumer.start()

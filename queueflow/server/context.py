@@ -161,7 +161,9 @@ class RequestLog(Protocol):
 
 
 class KeyTail(Protocol):
-    """Reads the keys of one source partition, in order (see :class:`KeySource`)."""
+    """Reads the keys of one source partition, in order (see :class:`KeySource`); the offsets
+    it passes without a record are the partition's holes (:mod:`queueflow.server.leader.holes`).
+    """
 
     async def read(
         self, start: int, max_records: int, wait_ms: int
@@ -178,10 +180,12 @@ class KeyTail(Protocol):
 
 class KeySource(Protocol):
     """Opens key readers of source partitions (key-ordered sharing: docs/architecture.md
-    "Key-ordered sharing")."""
+    "Key-ordered sharing"; holes: docs/architecture.md "Holes")."""
 
-    async def open(self, tp: TopicPartition) -> KeyTail:
-        """A reader of ``tp``'s keys. Raises what the client raises when it can't start."""
+    async def open(self, tp: TopicPartition, *, read_committed: bool = False) -> KeyTail:
+        """A reader of ``tp``'s keys (``read_committed``: committed records only, so aborted
+        ones are passed like transaction markers). Raises what the client raises when it
+        can't start."""
         ...
 
 
@@ -234,5 +238,6 @@ class ServerContext:
     #: Whether this worker's key matches its peers' (fed where control messages are opened).
     auth_health: AuthHealth = field(default_factory=AuthHealth)
     #: Reads source partitions' keys for key-ordered share groups (``share.ordering=key``);
-    #: ``None``: no key-ordered share-partition acquires anything (its keys can't be learned).
+    #: ``None``: no key-ordered share-partition acquires anything (its keys can't be learned),
+    #: and no hole is learned (acquisition counts offsets: docs/concepts.md).
     key_source: KeySource | None = None

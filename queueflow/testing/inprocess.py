@@ -400,20 +400,33 @@ class _Runtime:
 
 class _KeyTail:
     """Reads an in-memory source partition's keys (a :class:`~queueflow.server.context.KeyTail`;
-    a record without a value is an offset without a record)."""
+    a record without a value is an offset without a record, and so is an aborted one with
+    ``read_committed``, which reads up to the last stable offset)."""
 
-    def __init__(self, cluster: InProcessCluster, tp: TopicPartition) -> None:
+    def __init__(
+        self, cluster: InProcessCluster, tp: TopicPartition, read_committed: bool = False
+    ) -> None:
         self.cluster = cluster
         self.tp = tp
+        self.read_committed = read_committed
 
     async def read(
         self, start: int, max_records: int, wait_ms: int
     ) -> tuple[list[tuple[int, bytes | None]], int]:
-        log = self.cluster.records[self.tp]
+        cluster, tp = self.cluster, self.tp
+        log = cluster.records[tp]
         if len(log) <= start:
-            await self.cluster.wait_end_beyond(self.tp, start, wait_ms / 1000)
-        end = min(len(log), start + max(max_records, 1))
-        out = [(o, log[o].key) for o in range(start, end) if log[o].value is not None]
+            await cluster.wait_end_beyond(tp, start, wait_ms / 1000)
+        top = cluster.stable_end_now(tp) if self.read_committed else len(log)
+        if top <= start:  # an open transaction: wait as a consumer's fetch would
+            await asyncio.sleep(wait_ms / 1000)
+        aborted = cluster.aborted if self.read_committed else set()
+        end = min(top, start + max(max_records, 1))
+        out = [
+            (o, log[o].key)
+            for o in range(start, end)
+            if log[o].value is not None and (tp, o) not in aborted
+        ]
         return out, max(end, start)
 
     async def close(self) -> None:
@@ -424,8 +437,8 @@ class _KeySource:
     def __init__(self, cluster: InProcessCluster) -> None:
         self.cluster = cluster
 
-    async def open(self, tp: TopicPartition) -> _KeyTail:
-        return _KeyTail(self.cluster, TopicPartition(*tp))
+    async def open(self, tp: TopicPartition, *, read_committed: bool = False) -> _KeyTail:
+        return _KeyTail(self.cluster, TopicPartition(*tp), read_committed)
 
 
 class InProcessCluster:
@@ -711,6 +724,8 @@ class InProcessCluster:
             await self.endpoint.close()
         for leader in self.leaders.values():
             await leader.keys.close()
+            if leader.fetcher.holes is not None:
+                await leader.fetcher.holes.close()
         await self.bus.close()
 
     async def __aenter__(self) -> InProcessCluster:

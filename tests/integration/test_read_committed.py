@@ -3,8 +3,9 @@
 transaction open. A share agent and a ShareConsumer of read_committed groups are handed exactly
 the committed records, none past the last stable offset while the transaction is open (their
 share-partitions' SPEO stays at or below it), the aborted ones are acknowledged as GAP
-(``queueflow_acknowledgements_total{type="gap"}``); a read_uncommitted group of the same topic
-is handed everything, the open transaction's records too."""
+(``queueflow_acknowledgements_total{type="gap"}``) or archived by the leader's hole reader; a
+read_uncommitted group of the same topic is handed everything, the open transaction's records
+too."""
 
 from __future__ import annotations
 
@@ -202,10 +203,10 @@ def test_read_committed_groups_get_exactly_the_committed_records(
             with urllib.request.urlopen(url, timeout=10) as r:
                 metrics = r.read().decode()
             acks = "queueflow_acknowledgements_total"
-            # 10 aborted records and 5 markers; the 13 committed records accepted.
-            return (
-                sample(metrics, acks, {**labels, "type": "gap"}) == 15
-                and sample(metrics, acks, {**labels, "type": "accept"}) == 13
-            )
+            # 10 aborted records and 5 markers: GAPped by the agent, the first ones at least
+            # (from the first GAP on, the leader's hole reader archives them itself:
+            # docs/concepts.md "Acquisition counts records"); the 13 committed records accepted.
+            gaps = sample(metrics, acks, {**labels, "type": "gap"})
+            return 1 <= gaps <= 15 and sample(metrics, acks, {**labels, "type": "accept"}) == 13
 
         wait_until(worker, counted, "the agent's GAP and ACCEPT counts", timeout_s=15)

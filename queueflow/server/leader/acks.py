@@ -207,6 +207,7 @@ class AckApplier:
             notes=fetcher.dead_letter_notes,
         )
         effects = effects + fetched.effects
+        fetcher.note_acknowledgements(request, durable)  # a GAP starts its hole reader
         ok = fetched.response.ack_error == ErrorCode.NONE.value
         if not ok:
             effects = effects + self._lost(request, partition, fetched.response.ack_error_message)

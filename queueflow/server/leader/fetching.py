@@ -15,6 +15,7 @@ from queueflow.server.leader import handlers
 from queueflow.server.leader.ack_clock import AckClock
 from queueflow.server.leader.cache import SharePartitionCache
 from queueflow.server.leader.dead_letter_notes import DeadLetterNotes
+from queueflow.server.leader.holes import HoleReaders
 from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
 from queueflow.server.tickets import TicketGate, TicketRefusal
@@ -54,6 +55,8 @@ class ShareFetcher:
         self.tickets = tickets
         self.configs = configs
         self.cache = cache
+        #: The hole readers (set by the leader; docs/architecture.md "Holes").
+        self.holes: HoleReaders | None = None
         #: The lock clock of an exactly-once leader (set by its ack reader), else ``None``.
         self.lock_clock: AckClock | None = None
         #: The errors members sent with REJECTs and RELEASEs, for the dead-letter headers.
@@ -135,8 +138,17 @@ class ShareFetcher:
         )
         if self.keys is not None:
             self.keys.poke(durable)
+        self.note_acknowledgements(request, durable)
         self._mark_isolation(request, fetched.response)
         return replace(fetched, effects=effects + fetched.effects)
+
+    def note_acknowledgements(
+        self, request: protocol.ShareFetchRequest, durable: DurableSharePartition
+    ) -> None:
+        """After ``request``'s acknowledgements: a GAP starts ``durable``'s hole reader, which
+        is woken on every request (:meth:`~queueflow.server.leader.holes.HoleReaders.note`)."""
+        if self.holes is not None:
+            self.holes.note(durable, request.acks, self.configs.read_committed(request.group))
 
     def _mark_isolation(
         self, request: protocol.ShareFetchRequest, response: protocol.ShareFetchResponse
@@ -157,6 +169,8 @@ class ShareFetcher:
         refusal, effects = self.check_ticket(request, durable.partition, now, acquiring=True)
         if refusal is not None:
             return (None, refusal), effects
+        if self.holes is not None:  # holes found under another isolation level are forgotten
+            self.holes.check(durable, self.configs.read_committed(request.group))
         tp = TopicPartition(self.topic, durable.partition)
         offsets = self.ctx.log_offsets
         # A long poll that finds nothing parks, and its wait refreshes the log end: it needs no

@@ -42,6 +42,7 @@ from queueflow.server.leader import fencing, handlers, reports, resets
 from queueflow.server.leader.applier import ResultApplier
 from queueflow.server.leader.cache import SharePartitionCache, initial_offset
 from queueflow.server.leader.fetching import ShareFetcher
+from queueflow.server.leader.holes import HoleReaders
 from queueflow.server.leader.key_index import KeyIndexes
 from queueflow.server.leader.parking import LongPolls, ParkedFetch
 from queueflow.server.leader.positions import RequestPositions
@@ -110,7 +111,7 @@ class ShareLeader:
         self.positions = RequestPositions(table, topic, self.request_topic)
         self.keys = KeyIndexes(ctx, topic, lambda p: self.long_polls.notify(p))  # share.ordering
         self.fetcher = ShareFetcher(ctx, topic, self.tickets, self.group_configs, self.cache)
-        self.fetcher.keys = self.keys
+        self.fetcher.keys, self.fetcher.holes = self.keys, HoleReaders(self)
         self.applier = ResultApplier(
             ctx, topic, self.cache, self.positions, self.auth, self.tickets, self.step_down
         )
