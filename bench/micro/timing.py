@@ -41,14 +41,14 @@ class Sizes:
     dispatch_records: int
 
 
-#: ``make bench-micro``: about a minute on 2 cores.
+#: ``make bench-micro``: about half a minute on 2 cores.
 FULL = Sizes(
     repeats=9,
     engine_records=20_000,
     in_flight=10_000,
     calls=2_000,
-    read_batches=20,
-    dispatch_records=5_000,
+    read_batches=40,
+    dispatch_records=10_000,
 )
 #: ``--quick``: tiny sizes, to check that everything runs (figures mean little).
 QUICK = Sizes(
