@@ -48,7 +48,7 @@ FULL = Sizes(
     in_flight=10_000,
     calls=2_000,
     read_batches=40,
-    dispatch_records=10_000,
+    dispatch_records=20_000,
 )
 #: ``--quick``: tiny sizes, to check that everything runs (figures mean little).
 QUICK = Sizes(
