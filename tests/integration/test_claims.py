@@ -21,8 +21,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import TopicPartition as KafkaTopicPartition
+from aiokafka import AIOKafkaProducer
 
 from queueflow import ACCEPT, RENEW, ShareConsumer, ShareRecord
 from queueflow.admin import ShareGroupAdmin, SharePartitionOffsets
@@ -31,6 +30,7 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.structs import TopicPartition
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
+from tests.integration.topic_reads import COMPACTED, log_offsets
 
 LOCK_MS = 3000
 LEADER_SETTINGS = {
@@ -45,15 +45,6 @@ MEMBER_SETTINGS = {
     "group.share.heartbeat.interval.ms": 500,
     "group.share.session.timeout.ms": 6000,
     "max.poll.records": 5,
-}
-#: Topic configs that let the log cleaner compact within seconds: every append after 100 ms
-#: rolls a segment, and any dirty segment is worth cleaning.
-COMPACTED = {
-    "cleanup.policy": "compact",
-    "segment.ms": "100",
-    "min.cleanable.dirty.ratio": "0.01",
-    "min.compaction.lag.ms": "0",
-    "delete.retention.ms": "100",
 }
 TOPICS = ("compacted", "transactional", "renew", "commit", "duration")
 WAIT_S = 40.0
@@ -132,26 +123,6 @@ async def offsets_when(
             return offsets
         assert time.monotonic() < deadline, offsets
         await asyncio.sleep(0.3)
-
-
-async def log_offsets(bootstrap: str, topic: str) -> tuple[list[int], int]:
-    """(offsets of the records a read_uncommitted reader finds from the start, log end)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tp = KafkaTopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        found: list[int] = []
-        deadline = time.monotonic() + WAIT_S
-        while await consumer.position(tp) < end:
-            assert time.monotonic() < deadline, f"read {found} of {end}"
-            batches = await consumer.getmany(tp, timeout_ms=500)
-            found.extend(m.offset for m in batches.get(tp, []))
-        return found, end
-    finally:
-        await consumer.stop()
 
 
 def test_compacted_away_offsets_are_gaps(

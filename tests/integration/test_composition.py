@@ -18,9 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.structs import TopicPartition as KafkaTopicPartition
-
 from queueflow.devtools.broker import create_topic
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.member.agent import ShareAgent
@@ -36,6 +33,7 @@ from queueflow.settings import ProcessingGuarantee, ShareGroupSettings
 from queueflow.structs import AcknowledgeType, ShareRecord
 from queueflow.testing import JSON_LOG_ENV, WorkerProcess, events, faust_worker_argv
 from queueflow.testing import produce as produce_records
+from tests.integration.topic_reads import read_partition
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 30
@@ -88,24 +86,7 @@ async def read_topic(
 ) -> list[Any]:
     """Every record of partition 0 of ``topic`` up to its end now (``read_committed``: up to
     the last stable offset, committed records only)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation_level
-    )
-    await consumer.start()
-    try:
-        tp = KafkaTopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        out: list[Any] = []
-        deadline = time.monotonic() + 20
-        while await consumer.position(tp) < end:
-            assert time.monotonic() < deadline, f"{topic}: not read to {end}"
-            batches = await consumer.getmany(tp, timeout_ms=500)
-            out += batches.get(tp, [])
-        return out
-    finally:
-        await consumer.stop()
+    return (await read_partition(bootstrap, topic, isolation_level))[0]
 
 
 def test_a_chain_share_agent_to_share_agent_to_a_faust_agent_with_a_table(

@@ -18,8 +18,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.structs import TopicPartition as KafkaTopicPartition
+from aiokafka import AIOKafkaProducer
 
 from queueflow import ACCEPT, ShareConsumer
 from queueflow.admin import ShareGroupAdmin
@@ -27,6 +26,7 @@ from queueflow.devtools.broker import create_topic
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
+from tests.integration.topic_reads import COMPACTED, log_offsets
 
 N = 5  # max.poll.records: records per ShareFetch
 TRANSACTIONS = 24
@@ -41,17 +41,6 @@ MEMBER_SETTINGS = {
     "max.poll.records": N,
 }
 WAIT_S = 40.0
-
-
-#: Topic configs that let the log cleaner compact within seconds: every append after 100 ms
-#: rolls a segment, and any dirty segment is worth cleaning.
-COMPACTED = {
-    "cleanup.policy": "compact",
-    "segment.ms": "100",
-    "min.cleanable.dirty.ratio": "0.01",
-    "min.compaction.lag.ms": "0",
-    "delete.retention.ms": "100",
-}
 
 
 @pytest.fixture(scope="module")
@@ -191,26 +180,6 @@ def test_markers_and_aborted_records_do_not_use_up_max_records(
     assert "hole_reader_started" in leader.log_path.read_text()
 
 
-async def record_offsets(bootstrap: str, topic: str) -> tuple[list[int], int]:
-    """(offsets of the records a reader finds from the start, log end)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    await consumer.start()
-    try:
-        tp = KafkaTopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        found: list[int] = []
-        deadline = time.monotonic() + WAIT_S
-        while await consumer.position(tp) < end:
-            assert time.monotonic() < deadline, f"read {found} of {end}"
-            batches = await consumer.getmany(tp, timeout_ms=500)
-            found.extend(m.offset for m in batches.get(tp, []))
-        return found, end
-    finally:
-        await consumer.stop()
-
-
 def test_compacted_away_offsets_do_not_use_up_max_records(
     kafka_bootstrap: str, compacted: str, leader: LeaderWorker
 ) -> None:
@@ -227,7 +196,7 @@ def test_compacted_away_offsets_do_not_use_up_max_records(
         # one; unique keys, so nothing else is compacted) until it has removed them.
         deadline = time.monotonic() + WAIT_S
         for tick in range(10_000):
-            found, end = await record_offsets(kafka_bootstrap, compacted)
+            found, end = await log_offsets(kafka_bootstrap, compacted)
             if not removed & set(found):
                 break
             assert time.monotonic() < deadline, f"not compacted within {WAIT_S} s: {found}"

@@ -34,6 +34,7 @@ from queueflow.protocol.messages import WireAck
 from queueflow.server.context import KeyTail
 from queueflow.server.durable import DurableSharePartition
 from queueflow.server.leader.results import LeaderResult
+from queueflow.server.leader.tails import RETRY_S, TailTasks
 from queueflow.structs import AcknowledgeType, TopicPartition
 
 if TYPE_CHECKING:
@@ -43,8 +44,6 @@ __all__ = ["HOLE_READ_WAIT_MS", "HoleReaders", "holes_between"]
 
 #: How long one read of a source partition waits for a record (ms).
 HOLE_READ_WAIT_MS = 500
-#: How long a reader that failed waits before it tries again (s).
-_RETRY_S = 1.0
 _GAP = AcknowledgeType.GAP.value
 
 
@@ -67,17 +66,19 @@ class _Tail:
     task: asyncio.Task[None] | None = None
 
 
-class HoleReaders:
+class HoleReaders(TailTasks[_Tail]):
     """The hole readers of one leader's share-partitions (one source topic).
 
     Args:
         leader: the share-partition leaders of the source topic (its lock, cache, applier).
     """
 
+    STOPPED_EVENT = "hole_reader_stopped"
+    FAILED_EVENT = "hole_reader_failed"
+
     def __init__(self, leader: ShareLeader) -> None:
+        super().__init__(get_logger("queueflow.server.leader", topic=leader.topic))
         self.leader = leader
-        self._tails: dict[tuple[str, int], _Tail] = {}
-        self._log = get_logger("queueflow.server.leader", topic=leader.topic)
 
     def reading(self, group: str, partition: int) -> bool:
         """True while a hole reader runs for ``(group, partition)``."""
@@ -132,54 +133,17 @@ class HoleReaders:
         )
         return tail
 
-    def stop(self, partitions: set[int] | None = None) -> None:
-        """Stop the hole readers of ``partitions`` (``None``: all). A reader whose
-        share-partition is dropped (revoked, stepped down, reloaded) stops by itself within a
-        read (:data:`HOLE_READ_WAIT_MS`)."""
-        for key in list(self._tails):
-            if partitions is None or key[1] in partitions:
-                self._stop(key, "dropped")
-
-    def _stop(self, key: tuple[str, int], why: str) -> None:
-        tail = self._tails.pop(key)
-        if tail.task is not None:
-            tail.task.cancel()
-        self._log.info("hole_reader_stopped", group=key[0], partition=key[1], reason=why)
-
-    async def close(self) -> None:
-        """Stop every hole reader and wait for them."""
-        tasks = [t.task for t in self._tails.values() if t.task is not None]
-        self.stop()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
     async def _run(self, tail: _Tail) -> None:
-        """Read ``tail``'s source partition for holes until cancelled; a failing reader is
-        reopened after a pause."""
+        """Read ``tail``'s source partition for holes until its share-partition is dropped or
+        the task is cancelled."""
         source = self.leader.ctx.key_source
         assert source is not None
-        durable = tail.durable
-        tp = TopicPartition(self.leader.topic, durable.partition)
-        while True:
-            try:
-                reader = await source.open(tp, read_committed=tail.read_committed)
-            except Exception as exc:
-                self._log.warning(
-                    "hole_reader_failed", partition=durable.partition, error=repr(exc)
-                )
-                await asyncio.sleep(_RETRY_S)
-                continue
-            try:
-                await self._tail(tail, reader)
-                return  # its share-partition was dropped
-            except Exception as exc:  # the broker may be restarting: read again
-                self._log.warning(
-                    "hole_reader_failed", partition=durable.partition, error=repr(exc)
-                )
-                await asyncio.sleep(_RETRY_S)
-            finally:
-                await reader.close()
+        tp = TopicPartition(self.leader.topic, tail.durable.partition)
+        await self._follow(
+            tp.partition,
+            lambda: source.open(tp, read_committed=tail.read_committed),
+            lambda reader: self._tail(tail, reader),
+        )
 
     async def _tail(self, tail: _Tail, reader: KeyTail) -> None:
         durable = tail.durable
@@ -197,7 +161,7 @@ class HoleReaders:
             if room <= 0:  # the in-flight window is read: wait for the SPSO to move
                 tail.moved.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(tail.moved.wait(), _RETRY_S)
+                    await asyncio.wait_for(tail.moved.wait(), RETRY_S)
                 continue
             records, following = await reader.read(start, room, HOLE_READ_WAIT_MS)
             if following > start:

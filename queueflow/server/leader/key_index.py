@@ -17,7 +17,6 @@ failover.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -29,14 +28,13 @@ from queueflow.server.context import KeyTail, ServerContext
 from queueflow.server.durable import DurableSharePartition
 from queueflow.server.leader.key_actions import act_on_key
 from queueflow.server.leader.results import LeaderResult
+from queueflow.server.leader.tails import TailTasks
 from queueflow.structs import TopicPartition
 
 __all__ = ["KEY_READ_WAIT_MS", "KeyIndexes"]
 
 #: How long one read of a source partition's keys waits for a record (ms).
 KEY_READ_WAIT_MS = 500
-#: How long a reader that failed waits before it tries again (s).
-_RETRY_S = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -49,7 +47,7 @@ class _Tail:
     null_logged: bool = False
 
 
-class KeyIndexes:
+class KeyIndexes(TailTasks[_Tail]):
     """The key indexes of one leader's key-ordered share-partitions (one source topic).
 
     Args:
@@ -58,12 +56,14 @@ class KeyIndexes:
         notify: ``notify(partition)`` wakes the parked long polls of a request partition.
     """
 
+    STOPPED_EVENT = "key_ordering_stopped"
+    FAILED_EVENT = "key_reader_failed"
+
     def __init__(self, ctx: ServerContext, topic: str, notify: Callable[[int], None]) -> None:
+        super().__init__(get_logger("queueflow.server.leader", topic=topic))
         self.ctx = ctx
         self.topic = topic
         self.notify = notify
-        self._tails: dict[tuple[str, int], _Tail] = {}
-        self._log = get_logger("queueflow.server.leader", topic=topic)
 
     def ensure(self, durable: DurableSharePartition, ordering: str) -> None:
         """Make ``durable`` acquire by key when its group's ``share.ordering`` is ``key`` (and
@@ -141,48 +141,13 @@ class KeyIndexes:
         )
         return tail
 
-    def stop(self, partitions: set[int] | None = None) -> None:
-        """Stop the key readers of ``partitions`` (``None``: all): their share-partitions were
-        dropped (revoked, stepped down, deleted)."""
-        for key in list(self._tails):
-            if partitions is None or key[1] in partitions:
-                self._stop(key, "dropped")
-
-    def _stop(self, key: tuple[str, int], why: str) -> None:
-        tail = self._tails.pop(key)
-        if tail.task is not None:
-            tail.task.cancel()
-        self._log.info("key_ordering_stopped", group=key[0], partition=key[1], reason=why)
-
-    async def close(self) -> None:
-        """Stop every key reader and wait for them."""
-        tasks = [t.task for t in self._tails.values() if t.task is not None]
-        self.stop()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
     async def _run(self, tail: _Tail) -> None:
         """Index ``tail``'s source partition from the SPSO, at most the in-flight limit ahead,
-        until cancelled; a failing reader is reopened after a pause."""
+        until cancelled."""
         source = self.ctx.key_source
         assert source is not None
-        durable = tail.durable
-        tp = TopicPartition(self.topic, durable.partition)
-        while True:
-            try:
-                reader = await source.open(tp)
-            except Exception as exc:
-                self._log.warning("key_reader_failed", partition=durable.partition, error=repr(exc))
-                await asyncio.sleep(_RETRY_S)
-                continue
-            try:
-                await self._tail(tail, reader)
-            except Exception as exc:  # the broker may be restarting: read again
-                self._log.warning("key_reader_failed", partition=durable.partition, error=repr(exc))
-                await asyncio.sleep(_RETRY_S)
-            finally:
-                await reader.close()
+        tp = TopicPartition(self.topic, tail.durable.partition)
+        await self._follow(tp.partition, lambda: source.open(tp), lambda r: self._tail(tail, r))
 
     async def _tail(self, tail: _Tail, reader: KeyTail) -> None:
         read = reader.read
