@@ -8,7 +8,7 @@ the leader atomically.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from queueflow.protocol.messages import AckError, WireAck
@@ -41,6 +41,83 @@ def to_wire(outcomes: dict[int, AcknowledgeType]) -> list[WireAck]:
     return ranges
 
 
+class OutcomeRuns:
+    """The pending outcomes of one share-partition as runs of consecutive offsets with one
+    acknowledge type: ``[first, last, kind]`` lists (inclusive), sorted, disjoint, adjacent runs
+    of the same type merged. A handler's outcomes mostly arrive in offset order, so recording
+    one extends the last run (no per-offset entry); the runs are the wire ranges (KIP-932
+    ShareAcknowledge ``AcknowledgementBatches``) as they are.
+    """
+
+    __slots__ = ("_firsts", "count", "runs")
+
+    def __init__(self) -> None:
+        #: The runs, in offset order.
+        self.runs: list[list[int]] = []
+        self._firsts: list[int] = []  # runs[i][0], for bisect
+        #: Offsets with an outcome.
+        self.count = 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __contains__(self, offset: object) -> bool:
+        if not isinstance(offset, int):
+            return False
+        i = bisect_right(self._firsts, offset) - 1
+        return i >= 0 and self.runs[i][1] >= offset
+
+    def add(self, first: int, last: int, kind: int) -> None:
+        """Record ``kind`` for ``first..last`` (inclusive); it replaces earlier outcomes of
+        those offsets (a later outcome wins).
+
+        Raises:
+            ValueError: ``last < first``.
+        """
+        if last < first:
+            raise ValueError(f"empty offset range {first}..{last}")
+        runs = self.runs
+        if not runs or first > runs[-1][1]:  # in offset order: the common case
+            if runs and runs[-1][1] == first - 1 and runs[-1][2] == kind:
+                runs[-1][1] = last
+            else:
+                runs.append([first, last, kind])
+                self._firsts.append(first)
+            self.count += last - first + 1
+            return
+        self._insert(first, last, kind)
+
+    def _insert(self, first: int, last: int, kind: int) -> None:
+        """:meth:`add` out of offset order: cut ``first..last`` out of the runs it overlaps,
+        put the new run in its place and merge equal neighbours (linear in the runs)."""
+        kept: list[list[int]] = []
+        removed = 0
+        for lo, hi, k in self.runs:
+            if hi < first or lo > last:
+                kept.append([lo, hi, k])
+                continue
+            removed += min(hi, last) - max(lo, first) + 1
+            if lo < first:
+                kept.append([lo, first - 1, k])
+            if hi > last:
+                kept.append([last + 1, hi, k])
+        kept.append([first, last, kind])
+        kept.sort()
+        merged: list[list[int]] = []
+        for run in kept:
+            if merged and merged[-1][1] == run[0] - 1 and merged[-1][2] == run[2]:
+                merged[-1][1] = run[1]
+            else:
+                merged.append(run)
+        self.runs = merged
+        self._firsts = [run[0] for run in merged]
+        self.count += last - first + 1 - removed
+
+    def wire(self) -> list[WireAck]:
+        """The runs as wire ranges ``(first, last, (type,))``, in offset order."""
+        return [(first, last, (int(kind),)) for first, last, kind in self.runs]
+
+
 class AcknowledgementBuffer:
     """Pending acknowledgements per share-partition, with the age of the oldest one.
 
@@ -52,7 +129,7 @@ class AcknowledgementBuffer:
     """
 
     def __init__(self) -> None:
-        self._pending: dict[TopicPartition, dict[int, AcknowledgeType]] = defaultdict(dict)
+        self._pending: dict[TopicPartition, OutcomeRuns] = {}
         self._since: dict[TopicPartition, float] = {}
         self._uncertain: dict[TopicPartition, list[list[WireAck]]] = {}
         # offset -> (delay_ms, undelivered) of a pending RELEASE with options, kept until its
@@ -77,7 +154,10 @@ class AcknowledgementBuffer:
         ``delay_ms`` / ``undelivered``: options of a RELEASE (docs/concepts.md "Delayed
         redelivery", "Delivery counts"), sent as the request's ``ack_delay_ms`` /
         ``ack_undelivered``."""
-        self._pending[tp][offset] = kind
+        runs = self._pending.get(tp)
+        if runs is None:
+            runs = self._pending[tp] = OutcomeRuns()
+        runs.add(offset, offset, kind)
         if delay_ms or undelivered:
             self._options.setdefault(tp, {})[offset] = (delay_ms, undelivered)
         elif tp in self._options:
@@ -93,6 +173,25 @@ class AcknowledgementBuffer:
                 del errors[next(iter(errors))]
         elif errors:
             errors.pop(offset, None)
+
+    def add_range(self, tp: TopicPartition, first: int, last: int, kind: AcknowledgeType) -> None:
+        """Record ``kind`` for the offsets ``first..last`` (inclusive) of ``tp``, without an
+        error or RELEASE options (they replace any earlier ones of those offsets): one run,
+        whatever its length.
+
+        Raises:
+            ValueError: ``last < first``.
+        """
+        runs = self._pending.get(tp)
+        if runs is None:
+            runs = self._pending[tp] = OutcomeRuns()
+        runs.add(first, last, kind)
+        if tp not in self._since:
+            self._since[tp] = time.monotonic()
+        for known in (self._options.get(tp), self._errors.get(tp)):
+            if known:
+                for offset in [o for o in known if first <= o <= last]:
+                    del known[offset]
 
     def errors_for(
         self, tp: TopicPartition, acks: list[WireAck]
@@ -168,7 +267,7 @@ class AcknowledgementBuffer:
             return batch
         self._since.pop(tp, None)
         outcomes = self._pending.pop(tp, None)
-        return to_wire(outcomes) if outcomes else []
+        return outcomes.wire() if outcomes else []
 
     def restore(self, tp: TopicPartition, ranges: list[WireAck]) -> None:
         """Put back acknowledgements taken with :meth:`take` whose request failed, to be sent
@@ -228,7 +327,7 @@ class AcknowledgementBuffer:
         self, tp: TopicPartition, ranges: list[WireAck]
     ) -> dict[int, AcknowledgeType]:
         """``ranges`` as ``offset → type``, without offsets that have a newer pending outcome."""
-        newer = self._pending.get(tp, {})
+        newer = self._pending.get(tp) or OutcomeRuns()
         kept: dict[int, AcknowledgeType] = {}
         for first, last, kinds in ranges:
             for i, offset in enumerate(range(first, last + 1)):

@@ -296,8 +296,7 @@ class ShareFetchSession:
         """Record one outcome for the offsets ``first..last`` (inclusive) of ``tp``, e.g. a
         RENEW (KIP-1222) of records still being worked on, or the outcome of a batch acquired
         with :meth:`acquire`; it leaves with the next request of ``tp`` (or :meth:`flush`)."""
-        for offset in range(first, last + 1):
-            self.acks.add(tp, offset, kind)
+        self.acks.add_range(tp, first, last, kind)
 
     def acknowledge_message(
         self, tp: TopicPartition, acks: list[protocol.WireAck], topic: str

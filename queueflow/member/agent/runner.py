@@ -34,6 +34,7 @@ from queueflow.member.agent.results import (
 )
 from queueflow.member.lifecycle import AGENT_STOPPING
 from queueflow.member.session import ranges_text
+from queueflow.metrics import PendingObservations
 from queueflow.protocol.messages import AckError
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -97,7 +98,8 @@ class HandlerRunner:
         self._idle = asyncio.Event()  # set when busy drops to 0 while stopping
         m, labels = agent.ctx.metrics, (agent.group, agent.topic_name)
         self._errors = m.handler_errors
-        self._ack_latency = m.ack_latency_seconds.labels(*labels)
+        # Observed per record, added to the histogram per ShareFetch (publish_ack_counts).
+        self._ack_latency = PendingObservations(m.ack_latency_seconds.labels(*labels))
         self._lock_expired = m.lock_expired_unhandled.labels(*labels)
         self._acknowledged = {
             kind: m.acknowledgements.labels(*labels, kind.name.lower()) for kind in OUTCOMES
@@ -321,13 +323,23 @@ class HandlerRunner:
         failed = result.failure is not None
         if failed:
             self._failed(result)
-        stats, ack_counts = agent.stats, self._ack_counts
         session = agent.session
-        acknowledge = self.acknowledge
         delays = result.delays
         ended = result.ended
         error = AckError.of(ended.error) if isinstance(ended, Raised) else None
-        for i, (record, outcome) in enumerate(zip(records, result.outcomes, strict=True)):
+        outcomes = result.outcomes
+        if (
+            not failed
+            and delays is None
+            and len(outcomes) == len(records)
+            and all(o is _ACCEPT for o in outcomes)
+        ):
+            self._accept_all(records)  # the common case: one range per run of offsets
+            agent.dispatch.unreserve(len(records))
+            return
+        stats, ack_counts = agent.stats, self._ack_counts
+        acknowledge = self.acknowledge
+        for i, (record, outcome) in enumerate(zip(records, outcomes, strict=True)):
             if not failed:  # a failed call's records were counted by _failed
                 ack_counts[outcome] += 1
                 stats.count(outcome)
@@ -336,6 +348,49 @@ class HandlerRunner:
             if outcome is _RELEASE and session is not None:
                 session.remember_released(record)
         agent.dispatch.unreserve(len(records))
+
+    def _accept_all(self, records: Sequence[ShareRecord]) -> None:
+        """ACCEPT ``records`` (all of one share-partition, in offset order as a ShareFetch
+        acquired them, or not: any order works): counted once, their acknowledgement latency
+        observed once per delivery time, their offsets recorded as ranges."""
+        agent = self.agent
+        count = len(records)
+        if not count:  # all taken into a transaction (exactly_once)
+            return
+        self._ack_counts[_ACCEPT] += count
+        agent.stats.accepted += count
+        session = agent.session
+        now = agent.ctx.clock.monotonic()
+        latency = self._ack_latency
+        first = records[0]
+        if count == 1:
+            if first.delivered_at:
+                latency.observe(now - first.delivered_at)
+            if session is not None:
+                tp = TopicPartition(first.topic, first.partition)
+                session.acknowledge_range(tp, first.offset, first.offset, _ACCEPT)
+            return
+        tp = TopicPartition(first.topic, first.partition)
+        run_first = run_last = first.offset
+        run_at, run_n = first.delivered_at, 1
+        for record in records[1:]:
+            if record.delivered_at != run_at:
+                if run_at:
+                    latency.observe(now - run_at, run_n)
+                run_at, run_n = record.delivered_at, 0
+            run_n += 1
+            offset = record.offset
+            if offset == run_last + 1 and record.partition == tp[1] and record.topic == tp[0]:
+                run_last = offset
+                continue
+            if session is not None:
+                session.acknowledge_range(tp, run_first, run_last, _ACCEPT)
+            tp = TopicPartition(record.topic, record.partition)
+            run_first = run_last = offset
+        if run_at:
+            latency.observe(now - run_at, run_n)
+        if session is not None:
+            session.acknowledge_range(tp, run_first, run_last, _ACCEPT)
 
     def counted(self, kind: AcknowledgeType) -> None:
         """Count one outcome recorded outside :meth:`apply` (an exactly_once commit)."""
@@ -386,7 +441,9 @@ class HandlerRunner:
             )
 
     def publish_ack_counts(self) -> None:
-        """Add the outcomes counted since the last call to ``queueflow_acknowledgements``."""
+        """Add the outcomes counted since the last call to ``queueflow_acknowledgements``, and
+        the acknowledgement latencies observed since to its histogram."""
+        self._ack_latency.flush()
         for kind, count in self._ack_counts.items():
             if count:
                 self._acknowledged[kind].inc(count)
