@@ -551,6 +551,16 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="member",
     ),
     Setting(
+        "check_crcs",
+        "check.crcs",
+        True,
+        doc="Whether a member checks the CRC-32C of the Kafka record batches it reads (Kafka's "
+        "consumer setting of the same name): a corrupted batch is then an error and its records "
+        "go back undelivered, never to a handler; false skips the check (measured cost: "
+        'docs/configuration.md "Record batch CRCs").',
+        read_by="member",
+    ),
+    Setting(
         "leader_listener",
         "queueflow.leader.listener",
         "0.0.0.0:0",
@@ -979,6 +989,7 @@ class ShareGroupSettings:
     recovery_stall_ms: int = int_default("recovery_stall_ms")
     shutdown_timeout_ms: int = int_default("shutdown_timeout_ms")
     fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")
+    check_crcs: bool = bool_default("check_crcs")
     leader_listener: str = str_default("leader_listener")
     leader_advertised_host: str = str_default("leader_advertised_host")
     direct_max_connections: int = int_default("direct_max_connections")

@@ -12,6 +12,9 @@ queueflow's undecodable-record wrapper installed, inside ``undecodable_records()
 * ``read.records.crc``: the whole path with the batch CRC checked (aiokafka's consumer
   ``check_crcs=True``, its default and what the reader's ``AIOKafkaConsumer`` uses);
 * ``read.records.nocrc``: the same with ``check_crcs=False``;
+* ``read.views.crc`` / ``read.views.nocrc``: :func:`queueflow.member.reader.records_from_batches`
+  (the batch-first parse: ``ShareRecord``s straight from aiokafka's batch parser, no
+  ``ConsumerRecord``), CRC checked or not;
 * ``read.parse``: aiokafka's batch iteration alone (the C ``DefaultRecordBatch`` when the
   extension is built), no CRC, no ``ConsumerRecord``: the floor under the two above;
 * ``read.crc``: ``DefaultRecordBatch.validate_crc()`` alone.
@@ -33,7 +36,7 @@ from aiokafka.structs import TopicPartition as KafkaTopicPartition
 
 from bench.micro.timing import Result, Sizes, sample, summarize
 from queueflow._compat import tolerate_undecodable_records, undecodable_records
-from queueflow.member.reader import share_records
+from queueflow.member.reader import records_from_batches, share_records
 from queueflow.structs import ShareRecord
 
 __all__ = ["BATCH_RECORDS", "BENCHMARKS", "parse", "record_batch"]
@@ -108,6 +111,13 @@ def bench_read(sizes: Sizes) -> list[Result]:
         got = parse(data, crc)
         if len(got) != BATCH_RECORDS or got[-1].offset != BASE_OFFSET + BATCH_RECORDS - 1:
             raise AssertionError(f"parsed {len(got)} records, not {BATCH_RECORDS}")
+    acquired = [(BASE_OFFSET, BASE_OFFSET + BATCH_RECORDS - 1, 1)]
+
+    def views(crc: bool) -> list[ShareRecord]:
+        return records_from_batches(data, TOPIC, PARTITION, acquired, check_crcs=crc)[0]
+
+    if views(True) != parse(data, True):
+        raise AssertionError("records_from_batches differs from the consumer's path")
     if _iterate(data) != BATCH_RECORDS or not _crc(data):
         raise AssertionError("the record batch does not iterate or its CRC is wrong")
     batches = sizes.read_batches
@@ -115,6 +125,8 @@ def bench_read(sizes: Sizes) -> list[Result]:
     cases: list[tuple[str, str, Callable[[], Any]]] = [
         ("read.records.crc", "bytes -> ShareRecords, CRC checked", lambda: parse(data, True)),
         ("read.records.nocrc", "bytes -> ShareRecords, no CRC check", lambda: parse(data, False)),
+        ("read.views.crc", "bytes -> ShareRecords direct, CRC checked", lambda: views(True)),
+        ("read.views.nocrc", "bytes -> ShareRecords direct, no CRC check", lambda: views(False)),
         ("read.parse", "aiokafka batch iteration only", lambda: _iterate(data)),
         ("read.crc", "batch CRC check only", lambda: _crc(data)),
     ]

@@ -96,11 +96,16 @@ class KafkaMemberIO:
     """
 
     def __init__(
-        self, kafka: KafkaClientConfig, app_id: str, request_timeout_ms: int = 30_000
+        self,
+        kafka: KafkaClientConfig,
+        app_id: str,
+        request_timeout_ms: int = 30_000,
+        check_crcs: bool = True,
     ) -> None:
         self.kafka = kafka
         self.app_id = app_id
         self.request_timeout_ms = request_timeout_ms
+        self.check_crcs = check_crcs
 
     @property
     def principal(self) -> str:
@@ -129,7 +134,7 @@ class KafkaMemberIO:
 
     def record_source(self) -> RecordSource:
         """See :meth:`MemberIO.record_source`."""
-        return KafkaRecordReader(self.kafka)
+        return KafkaRecordReader(self.kafka, check_crcs=self.check_crcs)
 
     def browse_source(self) -> BrowseSource:
         """See :meth:`MemberIO.browse_source`."""
@@ -179,5 +184,5 @@ class MemberContext:
         metrics: Metrics | None = None,
     ) -> MemberContext:
         """The context of members on a Kafka cluster."""
-        io = KafkaMemberIO(kafka, app_id, settings.request_timeout_ms)
+        io = KafkaMemberIO(kafka, app_id, settings.request_timeout_ms, settings.check_crcs)
         return cls(app_id, settings, io, metrics=metrics or Metrics())

@@ -17,11 +17,14 @@ import contextlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
+import aiokafka.consumer.fetcher as aiokafka_fetcher
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import CorruptRecordException
+from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
 
 from queueflow._compat import tolerate_undecodable_records, undecodable_records
 from queueflow.errors import ErrorCode, ShareGroupError
@@ -38,6 +41,7 @@ __all__ = [
     "ReadResult",
     "RecordSource",
     "Undecodable",
+    "records_from_batches",
     "share_records",
 ]
 
@@ -107,6 +111,145 @@ def share_records(
     return expected
 
 
+def records_from_batches(
+    data: bytes,
+    topic: str,
+    partition: int,
+    acquired: Sequence[protocol.WireAcquired],
+    *,
+    check_crcs: bool = True,
+    aborted_transactions: Iterable[tuple[int, int]] = (),
+) -> ReadResult:
+    """The acquired records of ``topic[partition]`` from Kafka record batches (any message
+    format, compressed or not) as :class:`ShareRecord` objects built straight from aiokafka's
+    batch parser (its C ``DefaultRecordBatch``): no ``ConsumerRecord``, no consumer.
+
+    Args:
+        data: the record batches, as a Fetch response's ``records`` carries them.
+        topic / partition: where they were read.
+        acquired: the acquired ranges ``[(first, last, delivery_count), ...]`` in offset
+            order; records outside them are skipped.
+        check_crcs: check each batch's CRC-32C (Kafka's consumer ``check.crcs``).
+        aborted_transactions: a ``read_committed`` read's aborted transactions, as the Fetch
+            answer lists them ``(producer_id, first_offset)``: their records are gaps.
+
+    Returns:
+        A :data:`ReadResult`: gaps are acquired offsets without a record in ``data`` (control,
+        compacted or aborted records, or past its end); undecodable records (a header name
+        that is not UTF-8) come apart, with the reason.
+
+    Raises:
+        CorruptRecordException: with ``check_crcs``, a batch fails its CRC check (the message
+            names the partition and the batch's offset); nothing is returned.
+    """
+    tolerate_undecodable_records()
+    records: list[ShareRecord] = []
+    append, new, cls, inf = records.append, object.__new__, ShareRecord, math.inf
+    gaps: list[int] = []
+    if not acquired:
+        return records, gaps, []
+    ranges = iter(acquired)
+    first, last, count = next(ranges)
+    expected, done = first, False  # the next acquired offset without a record or gap yet
+    with undecodable_records() as seen:
+        for batch in _data_batches(data, topic, partition, check_crcs, aborted_transactions):
+            if done:
+                break
+            for m in batch:
+                offset = m.offset
+                while offset > last:  # past this range: the rest of it holds no record
+                    gaps.extend(range(expected, last + 1))
+                    first, last, count = nxt = next(ranges, (0, -1, 0))
+                    expected, done = first, nxt[1] < 0
+                    if done:
+                        break
+                if done:
+                    break
+                if offset != expected:
+                    if offset < expected:  # before the range (a compressed set's earlier part)
+                        continue
+                    gaps.extend(range(expected, offset))
+                # Every field of ShareRecord, in its order (a new field must be set here too).
+                r = new(cls)
+                r.topic = topic
+                r.partition = partition
+                r.offset = offset
+                r.key = r.raw_key = m.key
+                r.value = r.raw_value = m.value
+                r.headers = tuple(m.headers)
+                r.timestamp = m.timestamp
+                r.delivery_count = count
+                r.lock_deadline = inf
+                r.timestamp_type = m.timestamp_type
+                r.delivered_at = 0.0
+                append(r)
+                expected = offset + 1
+    if not done:
+        gaps.extend(range(expected, last + 1))
+        for first, last, _count in ranges:
+            gaps.extend(range(first, last + 1))
+    return _without_undecodable(records, gaps, seen)
+
+
+def _without_undecodable(
+    records: list[ShareRecord], gaps: list[int], seen: list[tuple[int, str]]
+) -> ReadResult:
+    """The read's result with the records named in ``seen`` (``(offset, reason)``) apart."""
+    if not seen:
+        return records, gaps, []
+    bad = dict(seen)
+    undecodable = [(r, bad[r.offset]) for r in records if r.offset in bad]
+    return [r for r in records if r.offset not in bad], gaps, undecodable
+
+
+def _data_batches(
+    data: bytes,
+    topic: str,
+    partition: int,
+    check_crcs: bool,
+    aborted_transactions: Iterable[tuple[int, int]],
+) -> Iterator[Any]:
+    """The batches of ``data`` that hold data records, CRC checked if ``check_crcs``: control
+    batches and aborted ones (``aborted_transactions``) are left out (see
+    :func:`records_from_batches`). Call it inside :func:`undecodable_records`.
+
+    Raises:
+        CorruptRecordException: a batch fails its CRC check.
+    """
+    aborted = sorted(aborted_transactions, key=lambda a: a[1])
+    aborting: set[int] = set()
+    batches = aiokafka_fetcher.MemoryRecords(data)  # queueflow's lenient wrapper
+    while batches.has_next():
+        batch = batches.next_batch()
+        if batch is None:
+            return
+        if check_crcs and not batch.validate_crc():
+            raise CorruptRecordException(
+                f"{topic}[{partition}]: the record batch at offset {batch.base_offset} "
+                f"fails its CRC check (corrupted in the log or on the way; check.crcs)"
+            )
+        skip = (aborted or aborting) and batch.producer_id is not None
+        if skip and _skip_aborted(batch, aborted, aborting):
+            continue
+        if not batch.is_control_batch:
+            yield batch
+
+
+def _skip_aborted(batch: Any, aborted: list[tuple[int, int]], aborting: set[int]) -> bool:
+    """``read_committed``: True if ``batch`` holds aborted records (as aiokafka's fetcher
+    decides it: the producers whose aborted transaction started at or before the batch, until
+    their abort marker). ``aborted`` and ``aborting`` are the read's state (consumed here)."""
+    while aborted and aborted[0][1] <= batch.base_offset:
+        aborting.add(aborted.pop(0)[0])
+    if batch.is_control_batch:
+        for control in batch:
+            if ControlRecord.parse(control.key) == ABORT_MARKER:
+                aborting.discard(batch.producer_id)
+            break
+        return False
+    return bool(batch.is_transactional and batch.producer_id in aborting)
+
+
 class RecordSource(Protocol):
     """Where a member reads the payloads of the records it acquired."""
 
@@ -153,10 +296,12 @@ class KafkaRecordReader:
 
     Args:
         kafka: the cluster.
+        check_crcs: the readers check each record batch's CRC (``check.crcs``).
     """
 
-    def __init__(self, kafka: KafkaClientConfig) -> None:
+    def __init__(self, kafka: KafkaClientConfig, *, check_crcs: bool = True) -> None:
         self.kafka = kafka
+        self.check_crcs = check_crcs
         self._readers: dict[TopicPartition, PartitionReader] = {}
         # The read_committed readers (groups with share.isolation.level=read_committed).
         self._committed: dict[TopicPartition, PartitionReader] = {}
@@ -179,18 +324,28 @@ class KafkaRecordReader:
         """
         if self._closed:
             raise ShareGroupError(ErrorCode.INVALID_REQUEST, "the record reader is closed")
+        return await self._reader_for(tp, read_committed).read(acquired, timeout_ms)
+
+    def _reader_for(self, tp: TopicPartition, read_committed: bool) -> PartitionReader:
+        """The reader of ``tp`` (made on first use)."""
         readers = self._committed if read_committed else self._readers
         reader = readers.get(tp)
         if reader is None:
             reader = readers[tp] = PartitionReader(
-                self.kafka, tp.topic, tp.partition, read_committed=read_committed
+                self.kafka,
+                tp.topic,
+                tp.partition,
+                read_committed=read_committed,
+                check_crcs=self.check_crcs,
             )
-        return await reader.read(acquired, timeout_ms)
+        return reader
 
     def prepare(self, tp: TopicPartition) -> None:
         """See :meth:`RecordSource.prepare`: the partition's reader connects, paused."""
         if tp not in self._readers and not self._closed:
-            reader = self._readers[tp] = PartitionReader(self.kafka, tp.topic, tp.partition)
+            reader = self._readers[tp] = PartitionReader(
+                self.kafka, tp.topic, tp.partition, check_crcs=self.check_crcs
+            )
             reader.warm()
 
     def remember_released(self, record: ShareRecord) -> None:
@@ -234,10 +389,19 @@ class PartitionReader:
         read_committed: read as a ``read_committed`` consumer: aborted transactional records
             are left out like transaction markers, so they are reported as gaps (the leader
             acquired only offsets below the last stable offset, which such a fetch reaches).
+        check_crcs: check each record batch's CRC (Kafka's consumer ``check.crcs``); a batch
+            that fails makes the read fail (``CorruptRecordException``), so the records are
+            RELEASEd undelivered by the session, never passed to a handler.
     """
 
     def __init__(
-        self, kafka: KafkaClientConfig, topic: str, partition: int, *, read_committed: bool = False
+        self,
+        kafka: KafkaClientConfig,
+        topic: str,
+        partition: int,
+        *,
+        read_committed: bool = False,
+        check_crcs: bool = True,
     ) -> None:
         tolerate_undecodable_records()
         self.tp = KafkaTopicPartition(topic, partition)
@@ -246,6 +410,7 @@ class PartitionReader:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed" if read_committed else "read_uncommitted",
+            check_crcs=check_crcs,
             fetch_max_wait_ms=50,
             max_partition_fetch_bytes=1 << 20,
         )

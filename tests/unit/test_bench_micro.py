@@ -36,6 +36,8 @@ EXPECTED = {
     ),
     "read.records.crc",
     "read.records.nocrc",
+    "read.views.crc",
+    "read.views.nocrc",
     "read.parse",
     "read.crc",
     "dispatch.record",

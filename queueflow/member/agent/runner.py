@@ -17,6 +17,7 @@ import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from queueflow.member.agent.accepts import accept_all, plain_accepts
 from queueflow.member.agent.deadlines import HandlerCall
 from queueflow.member.agent.failures import log_failure
 from queueflow.member.agent.giveback import retry_alone
@@ -98,13 +99,12 @@ class HandlerRunner:
         self._idle = asyncio.Event()  # set when busy drops to 0 while stopping
         m, labels = agent.ctx.metrics, (agent.group, agent.topic_name)
         self._errors = m.handler_errors
-        # Observed per record, added to the histogram per ShareFetch (publish_ack_counts).
-        self._ack_latency = PendingObservations(m.ack_latency_seconds.labels(*labels))
+        self.ack_latency = PendingObservations(m.ack_latency_seconds.labels(*labels))
         self._lock_expired = m.lock_expired_unhandled.labels(*labels)
         self._acknowledged = {
             kind: m.acknowledgements.labels(*labels, kind.name.lower()) for kind in OUTCOMES
         }
-        self._ack_counts = dict.fromkeys(OUTCOMES, 0)  # published per ShareFetch
+        self.ack_counts = dict.fromkeys(OUTCOMES, 0)  # published per ShareFetch
         self._last_expired_deadline = 0.0  # one log line per expired batch, not per record
 
     # -- the queue -------------------------------------------------------------------------
@@ -124,8 +124,7 @@ class HandlerRunner:
     def release_queued(self) -> int:
         """RELEASE every record waiting for a handler, its delivery given back (it never
         reached one: docs/concepts.md "Delivery counts"); returns how many."""
-        released = 0
-        queue = self._queue
+        released, queue = 0, self._queue
         while queue:
             for record in queue.popleft():
                 self.acknowledge(record, _RELEASE, undelivered=True)
@@ -323,23 +322,15 @@ class HandlerRunner:
         failed = result.failure is not None
         if failed:
             self._failed(result)
-        session = agent.session
-        delays = result.delays
-        ended = result.ended
-        error = AckError.of(ended.error) if isinstance(ended, Raised) else None
-        outcomes = result.outcomes
-        if (
-            not failed
-            and delays is None
-            and len(outcomes) == len(records)
-            and all(o is _ACCEPT for o in outcomes)
-        ):
-            self._accept_all(records)  # the common case: one range per run of offsets
+        if not failed and plain_accepts(result):
+            accept_all(self, records)  # the common case: one range per run of offsets
             agent.dispatch.unreserve(len(records))
             return
-        stats, ack_counts = agent.stats, self._ack_counts
+        session, delays, ended = agent.session, result.delays, result.ended
+        error = AckError.of(ended.error) if isinstance(ended, Raised) else None
+        stats, ack_counts = agent.stats, self.ack_counts
         acknowledge = self.acknowledge
-        for i, (record, outcome) in enumerate(zip(records, outcomes, strict=True)):
+        for i, (record, outcome) in enumerate(zip(records, result.outcomes, strict=True)):
             if not failed:  # a failed call's records were counted by _failed
                 ack_counts[outcome] += 1
                 stats.count(outcome)
@@ -349,52 +340,9 @@ class HandlerRunner:
                 session.remember_released(record)
         agent.dispatch.unreserve(len(records))
 
-    def _accept_all(self, records: Sequence[ShareRecord]) -> None:
-        """ACCEPT ``records`` (all of one share-partition, in offset order as a ShareFetch
-        acquired them, or not: any order works): counted once, their acknowledgement latency
-        observed once per delivery time, their offsets recorded as ranges."""
-        agent = self.agent
-        count = len(records)
-        if not count:  # all taken into a transaction (exactly_once)
-            return
-        self._ack_counts[_ACCEPT] += count
-        agent.stats.accepted += count
-        session = agent.session
-        now = agent.ctx.clock.monotonic()
-        latency = self._ack_latency
-        first = records[0]
-        if count == 1:
-            if first.delivered_at:
-                latency.observe(now - first.delivered_at)
-            if session is not None:
-                tp = TopicPartition(first.topic, first.partition)
-                session.acknowledge_range(tp, first.offset, first.offset, _ACCEPT)
-            return
-        tp = TopicPartition(first.topic, first.partition)
-        run_first = run_last = first.offset
-        run_at, run_n = first.delivered_at, 1
-        for record in records[1:]:
-            if record.delivered_at != run_at:
-                if run_at:
-                    latency.observe(now - run_at, run_n)
-                run_at, run_n = record.delivered_at, 0
-            run_n += 1
-            offset = record.offset
-            if offset == run_last + 1 and record.partition == tp[1] and record.topic == tp[0]:
-                run_last = offset
-                continue
-            if session is not None:
-                session.acknowledge_range(tp, run_first, run_last, _ACCEPT)
-            tp = TopicPartition(record.topic, record.partition)
-            run_first = run_last = offset
-        if run_at:
-            latency.observe(now - run_at, run_n)
-        if session is not None:
-            session.acknowledge_range(tp, run_first, run_last, _ACCEPT)
-
     def counted(self, kind: AcknowledgeType) -> None:
         """Count one outcome recorded outside :meth:`apply` (an exactly_once commit)."""
-        self._ack_counts[kind] += 1
+        self.ack_counts[kind] += 1
         self.agent.stats.count(kind)
 
     def _failed(self, result: HandlerResult) -> None:
@@ -405,7 +353,7 @@ class HandlerRunner:
         failure = result.failure
         assert failure is not None
         stats.released += count
-        self._ack_counts[_RELEASE] += count
+        self.ack_counts[_RELEASE] += count
         self._errors.labels(agent.group, records[0].topic, failure.value).inc(count)
         if failure is Failure.TIMED_OUT:
             stats.handler_timeouts += count
@@ -429,7 +377,7 @@ class HandlerRunner:
         if kind is _RELEASE and record.lock_deadline <= agent.ctx.clock.monotonic():
             return
         if record.delivered_at and kind is not AcknowledgeType.RENEW and not undelivered:
-            self._ack_latency.observe(agent.ctx.clock.monotonic() - record.delivered_at)
+            self.ack_latency.observe(agent.ctx.clock.monotonic() - record.delivered_at)
         if agent.session is not None:
             agent.session.acknowledge(
                 TopicPartition(record.topic, record.partition),
@@ -441,13 +389,12 @@ class HandlerRunner:
             )
 
     def publish_ack_counts(self) -> None:
-        """Add the outcomes counted since the last call to ``queueflow_acknowledgements``, and
-        the acknowledgement latencies observed since to its histogram."""
-        self._ack_latency.flush()
-        for kind, count in self._ack_counts.items():
+        """Publish the outcomes counted and the acknowledgement latencies since the last call."""
+        self.ack_latency.flush()
+        for kind, count in self.ack_counts.items():
             if count:
                 self._acknowledged[kind].inc(count)
-                self._ack_counts[kind] = 0
+                self.ack_counts[kind] = 0
 
     def lock_expired_unhandled(self, record: ShareRecord, undelivered: bool = True) -> None:
         """The record's acquisition lock expired, or would within the lock margin, while it
@@ -486,7 +433,7 @@ class HandlerRunner:
             )
             return
         agent.stats.rejected += 1
-        self._ack_counts[_REJECT] += 1
+        self.ack_counts[_REJECT] += 1
         self.acknowledge(record, _REJECT, AckError.of(exc, reason="undecodable"))
         agent.dispatch.unreserve(1)
 

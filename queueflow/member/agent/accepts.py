@@ -1,0 +1,78 @@
+"""ACCEPTing what a handler call returned without an outcome per record: the common case of
+:meth:`~queueflow.member.agent.runner.HandlerRunner.apply`, done per run of offsets.
+
+The records of a ShareFetch come in offset order and share their delivery time, so their
+ACCEPTs are recorded as offset ranges (KIP-932 ``AcknowledgementBatches``, one
+:meth:`~queueflow.member.session.ShareFetchSession.acknowledge_range` per run) and their
+acknowledgement latency is observed once per delivery time, not once per record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from queueflow.member.agent.results import HandlerResult
+from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
+
+if TYPE_CHECKING:
+    from queueflow.member.agent.runner import HandlerRunner
+
+__all__ = ["accept_all", "plain_accepts"]
+
+_ACCEPT = AcknowledgeType.ACCEPT
+
+
+def accept_all(runner: HandlerRunner, records: Sequence[ShareRecord]) -> None:
+    """ACCEPT ``records`` (any order and share-partitions; those of one ShareFetch, in offset
+    order, make one range): counted once, their acknowledgement latency observed once per
+    delivery time, their offsets recorded as ranges, for ``runner``'s agent."""
+    agent = runner.agent
+    count = len(records)
+    if not count:  # all taken into a transaction (exactly_once)
+        return
+    runner.ack_counts[_ACCEPT] += count
+    agent.stats.accepted += count
+    session = agent.session
+    now = agent.ctx.clock.monotonic()
+    latency = runner.ack_latency
+    first = records[0]
+    if count == 1:
+        if first.delivered_at:
+            latency.observe(now - first.delivered_at)
+        if session is not None:
+            tp = TopicPartition(first.topic, first.partition)
+            session.acknowledge_range(tp, first.offset, first.offset, _ACCEPT)
+        return
+    tp = TopicPartition(first.topic, first.partition)
+    run_first = run_last = first.offset
+    run_at, run_n = first.delivered_at, 1
+    for record in records[1:]:
+        if record.delivered_at != run_at:
+            if run_at:
+                latency.observe(now - run_at, run_n)
+            run_at, run_n = record.delivered_at, 0
+        run_n += 1
+        offset = record.offset
+        if offset == run_last + 1 and record.partition == tp[1] and record.topic == tp[0]:
+            run_last = offset
+            continue
+        if session is not None:
+            session.acknowledge_range(tp, run_first, run_last, _ACCEPT)
+        tp = TopicPartition(record.topic, record.partition)
+        run_first = run_last = offset
+    if run_at:
+        latency.observe(now - run_at, run_n)
+    if session is not None:
+        session.acknowledge_range(tp, run_first, run_last, _ACCEPT)
+
+
+def plain_accepts(result: HandlerResult) -> bool:
+    """True if ``result`` ACCEPTs each of its records with no option (no delay, no error):
+    :func:`accept_all` records it."""
+    outcomes = result.outcomes
+    return (
+        result.delays is None
+        and len(outcomes) == len(result.records)
+        and all(o is _ACCEPT for o in outcomes)
+    )

@@ -1,0 +1,288 @@
+"""The batch-first data plane of a member: acknowledgements kept as offset runs
+(:class:`~queueflow.member.acks.OutcomeRuns`), ShareRecords parsed straight from Kafka record
+batches (:func:`~queueflow.member.reader.records_from_batches`) with ``check.crcs``, and
+histogram observations added per ShareFetch (:class:`~queueflow.metrics.PendingObservations`).
+"""
+
+from __future__ import annotations
+
+import random
+import struct
+from typing import Any
+
+import pytest
+from aiokafka.consumer.fetcher import READ_UNCOMMITTED, PartitionRecords
+from aiokafka.errors import CorruptRecordException
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.record.memory_records import MemoryRecords
+from aiokafka.structs import TopicPartition as KafkaTopicPartition
+from inprocess_helpers import TOPIC, events, run, settings, until
+from prometheus_client import CollectorRegistry, Histogram
+from structlog.testing import capture_logs
+from test_undecodable_records import bad_batch
+
+from queueflow._compat import tolerate_undecodable_records, undecodable_records
+from queueflow.member.acks import AcknowledgementBuffer, OutcomeRuns, to_wire
+from queueflow.member.reader import records_from_batches, share_records
+from queueflow.metrics import PendingObservations
+from queueflow.protocol.messages import AckError
+from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
+from queueflow.testing import FakeClock
+from queueflow.testing.inprocess import InProcessCluster, _RecordSource
+
+TP = TopicPartition("t", 0)
+ACCEPT, RELEASE, REJECT = AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE, AcknowledgeType.REJECT
+
+
+# -- acknowledgements as offset runs -----------------------------------------------------------
+def test_outcomes_in_offset_order_are_one_run() -> None:
+    buffer = AcknowledgementBuffer()
+    for offset in range(100, 600):
+        buffer.add(TP, offset, ACCEPT)
+    assert buffer._pending[TP].runs == [[100, 599, ACCEPT]]
+    assert buffer.pending(TP) == 500
+    assert buffer.take(TP) == [(100, 599, (1,))]
+    assert buffer.pending(TP) == 0 and buffer.partitions() == []
+
+
+def test_a_range_is_one_run_whatever_its_length() -> None:
+    buffer = AcknowledgementBuffer()
+    buffer.add_range(TP, 0, 9_999, ACCEPT)
+    buffer.add_range(TP, 10_000, 10_004, REJECT)
+    assert buffer._pending[TP].runs == [[0, 9_999, ACCEPT], [10_000, 10_004, REJECT]]
+    assert buffer.pending(TP) == 10_005
+    assert buffer.take(TP) == [(0, 9_999, (1,)), (10_000, 10_004, (3,))]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_runs_equal_the_per_offset_outcomes_in_any_order(seed: int) -> None:
+    """Out of order, overlapping, overwritten: the runs are what a per-offset map (a later
+    outcome wins) folds into, and the count is its size."""
+    rng = random.Random(seed)
+    runs = OutcomeRuns()
+    model: dict[int, AcknowledgeType] = {}
+    for _ in range(200):
+        first = rng.randrange(0, 120)
+        last = first + rng.choice([0, 0, 0, 1, 3, 10])
+        kind = rng.choice([ACCEPT, ACCEPT, RELEASE, REJECT, AcknowledgeType.GAP])
+        runs.add(first, last, kind)
+        for offset in range(first, last + 1):
+            model[offset] = kind
+        assert len(runs) == len(model)
+        assert runs.wire() == to_wire(model)
+        probe = rng.randrange(-2, 135)
+        assert (probe in runs) == (probe in model)
+
+
+def test_a_range_replaces_the_errors_and_options_of_its_offsets() -> None:
+    buffer = AcknowledgementBuffer()
+    buffer.add(TP, 5, RELEASE, AckError(type="E", message="boom"), delay_ms=100)
+    buffer.add_range(TP, 4, 6, ACCEPT)
+    acks = buffer.take(TP)
+    assert acks == [(4, 6, (1,))]
+    assert buffer.errors_for(TP, acks) == [] and buffer.options(TP, acks) == ([], [])
+
+
+def test_a_newer_outcome_wins_over_a_failed_request_put_back() -> None:
+    buffer = AcknowledgementBuffer()
+    buffer.add_range(TP, 0, 9, ACCEPT)
+    sent = buffer.take(TP)
+    buffer.add(TP, 3, REJECT)
+    buffer.restore(TP, sent)
+    assert buffer.take(TP) == [(0, 2, (1,)), (4, 9, (1,))]  # the repeat, alone, first
+    assert buffer.take(TP) == [(3, 3, (3,))]
+
+
+def test_an_empty_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty offset range"):
+        OutcomeRuns().add(5, 4, ACCEPT)
+
+
+# -- records straight from record batches ------------------------------------------------------
+def build(
+    records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],
+    base_offset: int,
+    compression_type: int = 0,
+    offset_deltas: list[int] | None = None,
+) -> bytes:
+    """A v2 record batch as a fetch answer carries it (aiokafka's builder)."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=compression_type,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 22,
+    )
+    for i, (key, value, headers) in enumerate(records):
+        delta = offset_deltas[i] if offset_deltas else i
+        builder.append(
+            delta, timestamp=1_700_000_000_000 + i, key=key, value=value, headers=headers
+        )
+    data = bytearray(builder.build())
+    struct.pack_into(">q", data, 0, base_offset)  # outside the CRC
+    return bytes(data)
+
+
+def eager(data: bytes, acquired: list[tuple[int, int, int]]) -> list[ShareRecord]:
+    """The records as the consumer's path builds them (a ConsumerRecord each, then
+    share_records), for comparison."""
+    tolerate_undecodable_records()
+    tp = KafkaTopicPartition("t", 0)
+    out: list[ShareRecord] = []
+    for first, last, count in acquired:
+        with undecodable_records():
+            messages = list(
+                PartitionRecords(
+                    tp, MemoryRecords(data), [], first, None, None, True, READ_UNCOMMITTED
+                )
+            )
+        share_records(messages, "t", 0, first, last, count, out, [])
+    for r in out:
+        r.delivered_at = 0.0
+    return out
+
+
+SAMPLE: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]] = [
+    (b"k0", b"v0", []),
+    (None, b"v1", [("a", b"1"), ("b", b"")]),
+    (b"k2", None, [("h", b"x" * 300)]),
+    (None, None, []),
+    (b"", b"", [("dup", b"1"), ("dup", b"2")]),
+    (b"k5", b"v" * 5000, []),
+]
+
+
+@pytest.mark.parametrize("compression", [0, 1], ids=["none", "gzip"])
+def test_records_from_batches_equal_the_consumers_records(compression: int) -> None:
+    data = build(SAMPLE, 1_000, compression) + build(SAMPLE, 1_006, compression)
+    acquired = [(1_000, 1_011, 2)]
+    records, gaps, bad = records_from_batches(data, "t", 0, acquired)
+    assert records == eager(data, acquired) and len(records) == 12
+    assert gaps == [] and bad == []
+    first = records[1]
+    assert (first.key, first.value, first.raw_value, first.headers) == (
+        None,
+        b"v1",
+        b"v1",
+        (("a", b"1"), ("b", b"")),
+    )
+    assert (records[3].key, records[3].value, records[3].delivery_count) == (None, None, 2)
+    assert records[0].timestamp == 1_700_000_000_000 and records[0].timestamp_type == 0
+
+
+def test_only_acquired_offsets_are_returned_and_the_holes_are_gaps() -> None:
+    # Offsets 0..9 with 3 and 4 compacted away; two acquired ranges, one past the data.
+    deltas = [0, 1, 2, 5, 6, 7, 8, 9]
+    data = build([(None, b"v%d" % d, []) for d in deltas], 0, offset_deltas=deltas)
+    acquired = [(1, 4, 1), (7, 12, 3)]
+    records, gaps, bad = records_from_batches(data, "t", 0, acquired)
+    got = [(r.offset, r.delivery_count) for r in records]
+    assert got == [(1, 1), (2, 1), (7, 3), (8, 3), (9, 3)]
+    assert gaps == [3, 4, 10, 11, 12] and bad == []
+    assert records == [r for r in eager(data, [(1, 4, 1), (7, 9, 3)])]
+
+
+def test_an_undecodable_record_is_reported_apart_with_its_reason() -> None:
+    data = bad_batch(40, {2})
+    records, gaps, bad = records_from_batches(data, "t", 0, [(40, 44, 1)])
+    assert [r.offset for r in records] == [40, 41, 43, 44] and gaps == []
+    ((record, reason),) = bad
+    assert record.offset == 42 and "UTF-8" in reason
+
+
+def test_a_corrupted_batch_fails_its_crc_check_and_returns_nothing() -> None:
+    data = bytearray(build(SAMPLE, 7))
+    data[-3] ^= 0xFF  # a byte of the last record's value
+    with pytest.raises(CorruptRecordException, match=r"t\[0\].* offset 7 fails its CRC check"):
+        records_from_batches(bytes(data), "t", 0, [(7, 12, 1)])
+    # check.crcs=false: read as it is (what Kafka's consumer does too).
+    records, _, _ = records_from_batches(bytes(data), "t", 0, [(7, 12, 1)], check_crcs=False)
+    assert len(records) == 6 and records[5].value != SAMPLE[5][1]
+
+
+def test_the_reader_passes_check_crcs_to_its_consumer() -> None:
+    from queueflow.kafka.config import KafkaClientConfig
+    from queueflow.member.context import KafkaMemberIO
+    from queueflow.member.reader import KafkaRecordReader
+
+    async def scenario() -> None:
+        kafka = KafkaClientConfig("localhost:1")
+        for check in (True, False):
+            source = KafkaMemberIO(kafka, "app", check_crcs=check).record_source()
+            assert isinstance(source, KafkaRecordReader) and source.check_crcs is check
+            partition_reader = source._reader_for(TP, read_committed=False)
+            # never started: no connection; stopped, so its consumer is not left unclosed
+            await partition_reader.consumer.stop()
+            assert partition_reader.consumer._check_crcs is check
+
+    run(scenario())
+    assert settings().check_crcs is True
+
+
+def test_a_member_releases_undelivered_what_a_corrupted_batch_holds() -> None:
+    """The reader's consumer raises CorruptRecordException for a batch that fails its CRC: the
+    share agent passes none of its records to the handler, ACCEPTs none, RELEASEs every offset
+    of the fetch undelivered (its delivery count given back) and logs share_fetch_failed; the
+    records are acquired again (here the second read is clean) and handled once."""
+    clock = FakeClock()
+    handled: list[tuple[int, int]] = []
+    reads = 0
+    original = _RecordSource.read
+
+    async def corrupt_once(self: _RecordSource, *args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        if reads == 1:
+            raise CorruptRecordException("Invalid CRC - jobs-0")
+        return await original(self, *args, **kwargs)
+
+    async def handler(record: ShareRecord) -> None:
+        handled.append((record.offset, record.delivery_count))
+
+    async def scenario() -> None:
+        async with InProcessCluster({TOPIC: 1}, clock=clock, settings=settings()) as cluster:
+            for i in range(5):
+                cluster.produce(TOPIC, b"r%d" % i)
+            with capture_logs() as logs:
+                agent = await cluster.agent(handler, TOPIC, "g")
+                await until(lambda: len(handled) == 5, "every record handled", clock)
+                view = cluster.share_partition
+                await until(lambda: int(view("g", TOPIC, 0).start_offset) == 5, "settled", clock)
+            assert sorted(handled) == [(o, 1) for o in range(5)]  # once, count given back
+            assert agent.stats.accepted == 5
+            (failed,) = events(logs, "share_fetch_failed")
+            assert "CorruptRecordException" in failed["error"]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_RecordSource, "read", corrupt_once)
+    try:
+        run(scenario())
+    finally:
+        mp.undo()
+
+
+# -- histogram observations added per ShareFetch -----------------------------------------------
+def test_pending_observations_equal_observe_once_flushed() -> None:
+    registry = CollectorRegistry()
+    a = Histogram("a", "a", ("g",), buckets=(0.01, 0.1, 1.0), registry=registry).labels("x")
+    b = Histogram("b", "b", ("g",), buckets=(0.01, 0.1, 1.0), registry=registry).labels("x")
+    pending = PendingObservations(b)
+    amounts = [0.0, 0.01, 0.05, 0.1, 0.5, 1.0, 3.0, 0.01]
+    for amount in amounts:
+        a.observe(amount)
+        pending.observe(amount)
+    a.observe(0.2)
+    a.observe(0.2)
+    a.observe(0.2)
+    pending.observe(0.2, 3)
+    assert registry.get_sample_value("b_count", {"g": "x"}) == 0  # nothing before the flush
+    pending.flush()
+    pending.flush()  # nothing twice
+    for suffix, labels in [("_count", {}), ("_sum", {})] + [
+        ("_bucket", {"le": le}) for le in ("0.01", "0.1", "1.0", "+Inf")
+    ]:
+        want = registry.get_sample_value("a" + suffix, {"g": "x", **labels})
+        got = registry.get_sample_value("b" + suffix, {"g": "x", **labels})
+        assert got == pytest.approx(want), suffix + str(labels)
