@@ -286,3 +286,49 @@ def test_pending_observations_equal_observe_once_flushed() -> None:
         want = registry.get_sample_value("a" + suffix, {"g": "x", **labels})
         got = registry.get_sample_value("b" + suffix, {"g": "x", **labels})
         assert got == pytest.approx(want), suffix + str(labels)
+
+
+def transactional(
+    base_offset: int, producer_id: int, values: list[bytes], control: bool = False
+) -> bytes:
+    """A transactional v2 batch of ``producer_id``; ``control``: a control batch whose records
+    are the ``values`` (e.g. an abort marker), its attributes and CRC set as a broker's."""
+    from aiokafka.record.util import calc_crc32c
+
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=1,
+        producer_id=producer_id,
+        producer_epoch=0,
+        base_sequence=0,
+        batch_size=1 << 20,
+    )
+    for i, value in enumerate(values):
+        key = value if control else None
+        builder.append(
+            i, timestamp=1_700_000_000_000, key=key, value=b"" if control else value, headers=[]
+        )
+    data = bytearray(builder.build())
+    struct.pack_into(">q", data, 0, base_offset)
+    if control:
+        attributes = struct.unpack_from(">h", data, 21)[0] | 0x20
+        struct.pack_into(">h", data, 21, attributes)
+        struct.pack_into(">I", data, 17, calc_crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
+def test_control_batches_are_gaps_and_aborted_transactions_too_when_listed() -> None:
+    abort = struct.pack(">HH", 0, 0)
+    data = (
+        transactional(0, 7, [b"a0", b"a1", b"a2"])
+        + transactional(3, 7, [abort], control=True)
+        + build([(None, b"c4", []), (None, b"c5", [])], 4)
+    )
+    acquired = [(0, 5, 1)]
+    # read_uncommitted: the aborted records are read; the marker is a gap.
+    records, gaps, _ = records_from_batches(data, "t", 0, acquired)
+    assert [r.value for r in records] == [b"a0", b"a1", b"a2", b"c4", b"c5"] and gaps == [3]
+    # read_committed: the aborted transaction listed by the fetch makes its records gaps.
+    records, gaps, _ = records_from_batches(data, "t", 0, acquired, aborted_transactions=[(7, 0)])
+    assert [r.value for r in records] == [b"c4", b"c5"] and gaps == [0, 1, 2, 3]
