@@ -188,8 +188,9 @@ class AcknowledgementBuffer:
         runs.add(first, last, kind)
         if tp not in self._since:
             self._since[tp] = time.monotonic()
-        for known in (self._options.get(tp), self._errors.get(tp)):
-            if known:
+        options, errors = self._options.get(tp), self._errors.get(tp)
+        if options or errors:  # rare: a RELEASE or REJECT of these offsets recorded before
+            for known in (options or {}, errors or {}):
                 for offset in [o for o in known if first <= o <= last]:
                     del known[offset]
 

@@ -37,12 +37,14 @@ def accept_all(runner: HandlerRunner, records: Sequence[ShareRecord]) -> None:
     now = agent.ctx.clock.monotonic()
     latency = runner.ack_latency
     first = records[0]
-    if count == 1:
+    if count == 1:  # a record handler's call
         if first.delivered_at:
             latency.observe(now - first.delivered_at)
         if session is not None:
-            tp = TopicPartition(first.topic, first.partition)
-            session.acknowledge_range(tp, first.offset, first.offset, _ACCEPT)
+            offset = first.offset
+            session.acks.add_range(
+                TopicPartition(first.topic, first.partition), offset, offset, _ACCEPT
+            )
         return
     tp = TopicPartition(first.topic, first.partition)
     run_first = run_last = first.offset
@@ -71,8 +73,8 @@ def plain_accepts(result: HandlerResult) -> bool:
     """True if ``result`` ACCEPTs each of its records with no option (no delay, no error):
     :func:`accept_all` records it."""
     outcomes = result.outcomes
-    return (
-        result.delays is None
-        and len(outcomes) == len(result.records)
-        and all(o is _ACCEPT for o in outcomes)
-    )
+    if result.delays is not None or len(outcomes) != len(result.records):
+        return False
+    if len(outcomes) == 1:  # a record handler's call
+        return outcomes[0] is _ACCEPT
+    return all(o is _ACCEPT for o in outcomes)
