@@ -33,6 +33,7 @@ __all__ = [
     "group_coordinator",
     "mark_worker_failed",
     "on_heartbeat_ok",
+    "raw_records",
     "refresh_consumer_metadata",
     "refresh_producer_metadata",
     "set_persisted_offset",
@@ -394,6 +395,44 @@ def _tolerant_memory_records(inner: Any) -> Any:
             return TolerantBatch(batch, self.data)
 
     return TolerantMemoryRecords
+
+
+_RAW_RECORDS: ContextVar[bool] = ContextVar("queueflow_raw_records", default=False)
+
+
+@contextlib.contextmanager
+def raw_records() -> Iterator[None]:
+    """Within the block, the aiokafka consumer reads of the current task (``getmany``) return
+    the parser's own records (``DefaultRecord`` and the like: ``offset``, ``timestamp``,
+    ``timestamp_type``, ``key``, ``value``, ``headers`` as a list) instead of building a
+    ``ConsumerRecord`` for each (key and value deserializers are not applied). Installs the
+    switch once per process (:func:`_install_raw_records`); elsewhere (another task, Faust's
+    consumers) reads are aiokafka's own, unchanged, at one context variable read per record.
+    """
+    _install_raw_records()
+    token = _RAW_RECORDS.set(True)
+    try:
+        yield
+    finally:
+        _RAW_RECORDS.reset(token)
+
+
+def _install_raw_records() -> None:
+    """Wrap ``aiokafka.consumer.fetcher.PartitionRecords._consumer_record`` (what iterating a
+    fetched partition calls per record) so that it returns the record as parsed inside
+    :func:`raw_records`."""
+    from aiokafka.consumer.fetcher import PartitionRecords
+
+    if getattr(PartitionRecords, "queueflow_raw", False):
+        return
+    build = PartitionRecords._consumer_record
+    is_raw = _RAW_RECORDS.get
+
+    def consumer_record(self: Any, tp: Any, record: Any) -> Any:
+        return record if is_raw() else build(self, tp, record)
+
+    PartitionRecords._consumer_record = consumer_record
+    PartitionRecords.queueflow_raw = True
 
 
 def filter_consumer_records(

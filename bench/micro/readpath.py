@@ -5,8 +5,8 @@ with aiokafka's ``DefaultRecordBatchBuilder`` and its base offset set as a broke
 answer would have it. Each parse then does what a member's read does with a fetch answer
 (:class:`queueflow.member.reader.PartitionReader`): aiokafka's ``MemoryRecords`` (with
 queueflow's undecodable-record wrapper installed, inside ``undecodable_records()``), its
-``PartitionRecords`` iteration building a ``ConsumerRecord`` per record (what
-``FetchResult.getall`` collects for ``getmany``), then
+``PartitionRecords`` iteration (what ``FetchResult.getall`` collects for ``getmany``; inside
+``raw_records()`` as the reader reads, so the parser's records, no ``ConsumerRecord``), then
 :func:`queueflow.member.reader.share_records`.
 
 * ``read.records.crc``: the whole path with the batch CRC checked (aiokafka's consumer
@@ -35,7 +35,7 @@ from aiokafka.record.memory_records import MemoryRecords
 from aiokafka.structs import TopicPartition as KafkaTopicPartition
 
 from bench.micro.timing import Result, Sizes, sample, summarize
-from queueflow._compat import tolerate_undecodable_records, undecodable_records
+from queueflow._compat import raw_records, tolerate_undecodable_records, undecodable_records
 from queueflow.member.reader import records_from_batches, share_records
 from queueflow.structs import ShareRecord
 
@@ -77,7 +77,7 @@ def parse(data: bytes, check_crcs: bool) -> list[ShareRecord]:
     tp = KafkaTopicPartition(TOPIC, PARTITION)
     out: list[ShareRecord] = []
     gaps: list[int] = []
-    with undecodable_records():
+    with undecodable_records(), raw_records():
         records = fetcher.MemoryRecords(data)  # queueflow's wrapper once installed
         messages = list(
             PartitionRecords(tp, records, [], BASE_OFFSET, None, None, check_crcs, READ_UNCOMMITTED)

@@ -26,7 +26,7 @@ from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.errors import CorruptRecordException
 from aiokafka.record.control_record import ABORT_MARKER, ControlRecord
 
-from queueflow._compat import tolerate_undecodable_records, undecodable_records
+from queueflow._compat import raw_records, tolerate_undecodable_records, undecodable_records
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
@@ -66,12 +66,14 @@ def share_records(
     The hot loop of a member's reads. Each ``ShareRecord`` is built in place: an empty instance
     whose slots are filled here, from locals (topic and partition are the partition's; key and
     value are read once). That skips the dataclass ``__init__`` call (a Python frame and twelve
-    arguments per record); no object is built besides the ``ShareRecord`` (aiokafka builds its
-    ``ConsumerRecord`` in any case). The result equals ``ShareRecord(...)`` field by field
+    arguments per record); no object is built besides the ``ShareRecord`` (the reader's consumer
+    hands over the records its parser made, no ``ConsumerRecord``: :func:`_compat.raw_records
+    <queueflow._compat.raw_records>`). The result equals ``ShareRecord(...)`` field by field
     (tests/unit/member/test_batch_agent.py checks every field).
 
     Args:
-        messages: aiokafka ``ConsumerRecord`` objects of ``topic[partition]`` in offset order (any
+        messages: the records of ``topic[partition]`` in offset order as aiokafka's parser made
+            them (:func:`queueflow._compat.raw_records`) or ``ConsumerRecord`` objects (any
             objects with ``offset``, ``key``, ``value``, ``headers``, ``timestamp`` and
             ``timestamp_type``).
         topic / partition: where they were read.
@@ -101,7 +103,7 @@ def share_records(
         r.offset = offset
         r.key = r.raw_key = m.key
         r.value = r.raw_value = m.value
-        r.headers = m.headers
+        r.headers = tuple(m.headers)  # a list in aiokafka's parsed records
         r.timestamp = m.timestamp
         r.delivery_count = delivery_count
         r.lock_deadline = inf
@@ -529,7 +531,7 @@ class PartitionReader:
                 self.position = first
             expected = first
             while expected <= last:
-                with undecodable_records() as seen:
+                with undecodable_records() as seen, raw_records():
                     batch = await self.consumer.getmany(
                         self.tp, timeout_ms=200, max_records=last - expected + 1
                     )

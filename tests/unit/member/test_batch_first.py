@@ -332,3 +332,30 @@ def test_control_batches_are_gaps_and_aborted_transactions_too_when_listed() -> 
     # read_committed: the aborted transaction listed by the fetch makes its records gaps.
     records, gaps, _ = records_from_batches(data, "t", 0, acquired, aborted_transactions=[(7, 0)])
     assert [r.value for r in records] == [b"c4", b"c5"] and gaps == [0, 1, 2, 3]
+
+
+def test_raw_records_skip_the_consumer_record_and_give_the_same_share_records() -> None:
+    """Inside raw_records() (the reader's reads) the fetched partition's iteration hands over
+    the parser's records, and share_records makes the same ShareRecords from them as from
+    ConsumerRecords; outside it (another task, Faust's consumers) ConsumerRecords as before."""
+    from aiokafka.structs import ConsumerRecord
+
+    from queueflow._compat import raw_records
+
+    data = build(SAMPLE, 50, 1)
+    tp = KafkaTopicPartition("t", 0)
+
+    def iterate() -> list[Any]:
+        return list(
+            PartitionRecords(tp, MemoryRecords(data), [], 50, None, None, True, READ_UNCOMMITTED)
+        )
+
+    with raw_records():
+        raw = iterate()
+    assert raw and not any(isinstance(m, ConsumerRecord) for m in raw)
+    assert all(isinstance(m, ConsumerRecord) for m in iterate())
+    out: list[ShareRecord] = []
+    share_records(raw, "t", 0, 50, 55, 1, out, [])
+    for r in out:
+        r.delivered_at = 0.0
+    assert out == eager(data, [(50, 55, 1)])
