@@ -155,6 +155,8 @@ async def _request(self: ShareFetchSession, *args: Any, **kwargs: Any) -> Any:
         _hook_failed("ShareFetchSession._request", exc)
         return await _original_request(self, *args, **kwargs)
     if max_records > 0 and not _go_seen:
+        # which event loop runs this worker (asyncio's or uvloop's: Faust's -L)
+        stats.extra["loop"] = type(asyncio.get_running_loop()).__module__
         await wait_go()
         _go_seen = True
     sent = time.monotonic()

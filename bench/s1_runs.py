@@ -114,6 +114,8 @@ def run_variant(ctx: Context, key: str, topic: str, steady: Steady) -> dict[str,
         result = measure_window(
             ctx, fleet, members, ready, start_timeout_s=90, key=key_counted, **window
         )
+        if spec["kind"] == "qf":
+            result["loops"] = sorted({str(w.stats().get("loop")) for w in members})
     if spec["kind"] == "qf":
         # CPU per handler call of the whole queueflow side (members + leader): S4's figure
         cpu = result.get("cpu_s") or {}
