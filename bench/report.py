@@ -165,7 +165,7 @@ def s6_rows(s6: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     for check in s6.get("checks", []):
         name, value = check["process"], check.get("pct_of_core")
         status = {True: "met", False: "MISSED", None: "not measured"}[check.get("met")]
-        note = f"target <= {num(check['target_pct'], 0)} %: {status}"
+        note = f"target <= {check['target_pct']:g} %: {status}"
         if name in fetches and seconds:
             note += f"; {num(fetches[name] / seconds, 1)} ShareFetches/s"
         elif name == "leader" and seconds and window.get("leader_events") is not None:

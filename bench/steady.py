@@ -139,6 +139,28 @@ def _get(tree: Mapping[str, Any], *path: str) -> Any:
     return node
 
 
+#: S1 headline key -> the S1 variants it is made of
+_S1_PARTS = {
+    "s1_batch_vs_native": ("qf_batch", "native_batch"),
+    "s1_record_vs_native": ("qf_record", "native_record"),
+    "s1_batch_vs_raw": ("qf_batch", "raw"),
+    "client_cpu_us_batch": ("qf_batch",),
+    "client_cpu_us_record": ("qf_record",),
+}
+
+
+def _variant_errors(results: Mapping[str, Any], key: str) -> str | None:
+    """The errors of the S1 variants a headline key is made of (None if they ran or no S1)."""
+    variants = _get(results, "S1", "variants") or {}
+    parts = []
+    for name in _S1_PARTS.get(key, ()):
+        if name not in variants:
+            parts.append(f"{name} not run")
+        elif variants[name].get("errors"):
+            parts.append(f"{name}: {variants[name]['errors'][0]}"[:200])
+    return "; ".join(parts) or None
+
+
 def headline(results: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The ``headline`` object (exactly :data:`HEADLINE_KEYS`) from a run's results, and for
     every key that is None, why.
@@ -176,7 +198,7 @@ def headline(results: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]
             if scenario not in results:
                 why[key] = f"{scenario} not run"
             else:
-                error = _get(results, scenario, "error")
+                error = _get(results, scenario, "error") or _variant_errors(results, key)
                 why[key] = f"{scenario}: {error}" if error else f"{scenario}: no figure"
     return out, why
 

@@ -103,7 +103,7 @@ QUICK = {
     "pairs": 1,
     "warmup": 1.0,
     "window": 3.0,
-    "s1_topic_records": 2_500_000,
+    "s1_topic_records": 3_000_000,
     "s3_window": 3.0,
     "s2_consumers": "1,16",
     "s2_faust": False,
@@ -144,9 +144,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--s1-topic-records",
         type=int,
-        default=8_000_000,
+        default=10_000_000,
         help="records of 1 KiB on the S1 topic, produced once, read from its start by every "
-        "run (default 8000000: 7.6 GiB; enough for 360,000 records/s over warm-up + window)",
+        "run (default 10000000: 9.5 GiB; enough for 400,000 records/s over flowing, warm-up "
+        "and window)",
     )
     p.add_argument(
         "--s1-variants",

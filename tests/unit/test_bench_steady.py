@@ -165,3 +165,15 @@ def test_quick_sets_what_the_command_line_leaves_and_keeps_the_rest() -> None:
     full = parse_args([])
     assert full.pairs == 5 and full.window >= 15 and full.s6_seconds >= 20
     assert full.s1_variants[:2] == ["qf_batch", "native_batch"]
+
+
+def test_headline_names_the_failed_s1_variant() -> None:
+    results = _results()
+    results["S1"]["ratios"]["record_vs_native"] = {"median": None}
+    results["S1"]["variants"] = {
+        "qf_record": {"errors": []},
+        "native_record": {"errors": ["drained: 10 of 10 records finished"]},
+    }
+    out, why = headline(results)
+    assert out["s1_record_vs_native"] is None
+    assert why["s1_record_vs_native"] == "S1: native_record: drained: 10 of 10 records finished"
