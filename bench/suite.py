@@ -96,7 +96,7 @@ SCENARIOS = {
 #: S1's variants, in the order of even rounds (odd rounds reverse it): see bench.s1_runs.
 S1_VARIANTS = "qf_batch,native_batch,raw,qf_batch_uvloop,qf_record,native_record"
 
-#: ``--quick``: every headline scenario in a few minutes (figures not comparable: 1 round,
+#: ``--quick``: every scenario but S8 in about 6 minutes (figures not comparable: 1 round,
 #: short windows, small sizes); S8 (Spark) left out.
 QUICK = {
     "scenarios": "S1,S2,S3,S4,S5,S6,S9,S10",
@@ -121,7 +121,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="exercise every scenario but S8 in a few minutes (1 round, 3 s windows, small "
+        help="exercise every scenario but S8 in about 6 minutes (1 round, 3 s windows, small "
         "sizes): a check that the bench runs, not figures",
     )
     p.add_argument(
