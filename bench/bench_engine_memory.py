@@ -30,7 +30,11 @@ from queueflow.engine import (
 
 N = 10_000
 START = 1_000_000  # realistic offsets: not small cached ints
-CFG = SharePartitionConfig(max_in_flight_records=N)
+# one member holds all N: lift the per-member limits (share.member.max.in.flight.records,
+# share.member.max.acquisition.rate), which would otherwise cap what it acquires
+CFG = SharePartitionConfig(
+    max_in_flight_records=N, member_max_in_flight_records=N, member_max_acquisition_rate=0
+)
 
 
 def measure(build: Callable[[], object]) -> tuple[int, object]:

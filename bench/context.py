@@ -20,12 +20,9 @@ __all__ = [
     "RESULTS",
     "S1_PARTITIONS",
     "S1_PROCESSES",
-    "S1_SWEEP",
-    "S1_SWEEP_WINDOW_S",
     "S2_FAUST_LAYOUTS",
     "S2_LAYOUTS",
     "S2_SECONDS",
-    "S3_SECONDS",
     "STALL_S",
     "Context",
     "guarded",
@@ -39,11 +36,7 @@ S1_PROCESSES = 4
 S2_LAYOUTS = {1: (1, 1), 2: (2, 1), 4: (4, 1), 8: (4, 2), 16: (4, 4), 32: (4, 8)}
 #: S2 plain Faust comparison: consumers -> (worker processes, agent concurrency per worker).
 S2_FAUST_LAYOUTS = {1: (1, 1), 4: (4, 1), 32: (4, 8)}
-#: S1(w): handler concurrencies measured over a window (a share agent prefetches 2 x concurrency).
-S1_SWEEP = (16, 64)
-S1_SWEEP_WINDOW_S = 10.0
 S2_SECONDS = 6.0  # records per S2 run = what n ideal consumers finish in this many seconds
-S3_SECONDS = 10.0
 #: A run in which nothing finishes for this many seconds is given up (and reported).
 STALL_S = 25.0
 MEMBER_SETTINGS = {

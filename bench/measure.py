@@ -29,9 +29,14 @@ __all__ = [
 FAUST_LOGLEVEL = "info"
 
 
-def faust_argv(module: str, datadir: Path) -> list[str]:
-    """``faust -A <module> worker`` at :data:`FAUST_LOGLEVEL`, on a free web port."""
-    return faust_worker_argv(module, datadir, loglevel=FAUST_LOGLEVEL)
+def faust_argv(module: str, datadir: Path, loop: str | None = None) -> list[str]:
+    """``faust -A <module> worker`` at :data:`FAUST_LOGLEVEL`, on a free web port; ``loop``:
+    Faust's ``-L`` (``aio`` = asyncio, ``uvloop``), None = Faust's default (``aio``)."""
+    argv = faust_worker_argv(module, datadir, loglevel=FAUST_LOGLEVEL)
+    if loop is not None:
+        at = argv.index("faust") + 1
+        argv[at:at] = ["-L", loop]
+    return argv
 
 
 def qf_env(
@@ -208,12 +213,14 @@ def start_leader(
     topics: list[str],
     partitions: int,
     run_dir: Path,
+    loop: str | None = None,
     **settings_env: str,
 ) -> Any:
     """A leader-only worker (role ``leader`` of :mod:`bench.qf_app`, i.e. what ``queueflow
     leader`` runs, plus the bench's timing hooks); waits until it owns every request partition
     and has recovered its tables. ``settings_env``: extra environment, e.g. settings as
-    ``QUEUEFLOW_LEADER_STATE_DURABILITY="buffered"``.
+    ``QUEUEFLOW_LEADER_STATE_DURABILITY="buffered"``; ``loop``: Faust's ``-L`` (see
+    :func:`faust_argv`).
 
     Raises:
         RuntimeError: not ready within 90 s.
@@ -229,7 +236,7 @@ def start_leader(
         BENCH_LEAD_TOPICS=",".join(topics[1:]),
         **settings_env,
     )
-    worker = fleet.add("leader", faust_argv("bench.qf_app", run_dir / "leader-data"), env)
+    worker = fleet.add("leader", faust_argv("bench.qf_app", run_dir / "leader-data", loop), env)
     ok = fleet.wait(
         lambda s: bool(s[0].get("recovered")) and s[0].get("owned") == partitions,
         90,

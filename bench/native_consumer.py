@@ -3,6 +3,10 @@ in confluent-kafka 2.15+), implicit acknowledgement.
 
     python -m bench.native_consumer   # BENCH_BROKER (host:port), BENCH_TOPIC, BENCH_GROUP
 
+``BENCH_NATIVE_MODE``: ``batch`` (default) iterates the list ``poll`` returns, no Python function
+call per record (queueflow's batch handler's counterpart); ``record`` calls a Python function per
+record (a per-record handler's counterpart).
+
 The group's ``share.auto.offset.reset`` must be ``earliest`` before this runs (the driver sets it
 with Kafka's ConfigCommand). The consumer subscribes, then polls only once the driver's go-file
 exists. Records are counted when ``poll`` returns them (``delivered``), and finished when the
@@ -20,6 +24,10 @@ from typing import Any
 from bench.harness import Stats, go
 
 stats = Stats()
+
+
+def handle(message: Any) -> None:
+    """The per-record variant's handler: a Python call per record, doing nothing."""
 
 
 def main() -> None:
@@ -65,13 +73,20 @@ def main() -> None:
     stats.start()
     while not go() and running:
         time.sleep(0.005)
+    per_record = os.environ.get("BENCH_NATIVE_MODE", "batch") == "record"
     try:
         while running:
             messages = consumer.poll(0.1)
             n = 0
-            for m in messages:
-                if m.error() is None:
-                    n += 1
+            if per_record:
+                for m in messages:
+                    if m.error() is None:
+                        handle(m)
+                        n += 1
+            else:
+                for m in messages:
+                    if m.error() is None:
+                        n += 1
             if n:
                 if stats.first is None:
                     stats.first = time.time()

@@ -10,6 +10,8 @@ Configured by the driver (``bench.suite``) through the environment:
 ``BENCH_TOPIC``     the source topic
 ``BENCH_GROUP``     the share group
 ``BENCH_CONCURRENCY``  handler tasks per process
+``BENCH_BATCH``     ``1``: a batch handler (``share_agent(batch=True)``), no-op: counts the
+                    batch's records, no Python call per record (mode ``noop`` only)
 ``BENCH_MODE``      ``noop`` | ``sleep10`` (await 10 ms) | ``release10`` (RELEASE offsets with
                     ``offset % 10 == 0`` on their first delivery) | ``latency`` (no-op, records
                     produce → handler start and produce → acknowledgement answered)
@@ -49,6 +51,7 @@ MODE = os.environ.get("BENCH_MODE", "noop")
 TOPIC = os.environ["BENCH_TOPIC"]
 GROUP = os.environ.get("BENCH_GROUP", "bench")
 CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "1"))
+BATCH = os.environ.get("BENCH_BATCH", "") == "1"
 _NONE = ErrorCode.NONE.value
 _ACCEPT = int(queueflow.ACCEPT)
 _RELEASE = int(queueflow.RELEASE)
@@ -64,6 +67,7 @@ _to_handler_ts: list[float] = []
 #: report places the slow ones in time and in the log
 _to_handler_where: list[tuple[float, int, int, int]] = []
 _to_ack: list[float] = []
+_to_ack_produced: list[float] = []  # produce time of each _to_ack sample (S3 keeps a window)
 
 app = queueflow.App(
     os.environ["BENCH_APP_ID"],
@@ -151,6 +155,8 @@ async def _request(self: ShareFetchSession, *args: Any, **kwargs: Any) -> Any:
         _hook_failed("ShareFetchSession._request", exc)
         return await _original_request(self, *args, **kwargs)
     if max_records > 0 and not _go_seen:
+        # which event loop runs this worker (asyncio's or uvloop's: Faust's -L)
+        stats.extra["loop"] = type(asyncio.get_running_loop()).__module__
         await wait_go()
         _go_seen = True
     sent = time.monotonic()
@@ -176,6 +182,12 @@ def _count(response: Any, partition: int, max_records: int, acks: list[Any], rtt
     now = time.time()
     finished = 0
     for first, last, types in acks:
+        if len(types) == 1 and MODE != "latency":  # one type for the range: no loop per record
+            if types[0] in (_ACCEPT, _REJECT):
+                finished += last - first + 1
+            elif types[0] == _RELEASE:
+                stats.released += last - first + 1
+            continue
         kinds = [types[0]] * (last - first + 1) if len(types) == 1 else list(types)
         for i, kind in enumerate(kinds):
             if kind in (_ACCEPT, _REJECT):
@@ -184,6 +196,7 @@ def _count(response: Any, partition: int, max_records: int, acks: list[Any], rtt
                     produced = _started.pop((partition, first + i), None)
                     if produced is not None:
                         _to_ack.append(now - produced)
+                        _to_ack_produced.append(produced)
             elif kind == _RELEASE:
                 stats.released += 1
     if finished:
@@ -252,12 +265,13 @@ results = (
 )
 
 
-@app.share_agent(
-    source,
-    group=GROUP,
-    concurrency=CONCURRENCY,
-    sink=[results] if results is not None else None,
-)
+async def handle_batch(records: list[queueflow.ShareRecord]) -> None:
+    """The batch variant: count the batch, nothing per record."""
+    if stats.first is None:
+        stats.first = time.time()
+    stats.delivered += len(records)
+
+
 async def handle(record: queueflow.ShareRecord) -> Any:
     if MODE == "noop":
         stats.delivery()
@@ -284,6 +298,17 @@ async def handle(record: queueflow.ShareRecord) -> Any:
     raise RuntimeError(f"unknown BENCH_MODE {MODE!r}")
 
 
+if BATCH and MODE != "noop":
+    raise RuntimeError(f"BENCH_BATCH=1 needs BENCH_MODE=noop, not {MODE!r}")
+agent = app.share_agent(
+    source,
+    group=GROUP,
+    concurrency=CONCURRENCY,
+    batch=BATCH,
+    sink=[results] if results is not None else None,
+)(handle_batch if BATCH else handle)
+
+
 for _extra in filter(None, os.environ.get("BENCH_LEAD_TOPICS", "").split(",")):
     app.share_groups.lead(_extra)  # leader processes of S2 lead one topic per run
 
@@ -302,7 +327,7 @@ if app.share_groups.role == "leader":
 def _probe() -> dict[str, Any]:
     if app.share_groups.role == "leader":
         return {"timings": timings.summary()}
-    session = handle.session
+    session = agent.session
     assigned = sorted(p for _t, p in session.assignment) if session is not None else []
     return {
         "assigned": assigned,
@@ -325,6 +350,7 @@ def _write_samples() -> None:
                     "to_handler": _to_handler,
                     "to_handler_record_ts": _to_handler_ts,
                     "to_ack": _to_ack,
+                    "to_ack_produced": _to_ack_produced,
                     "to_handler_where": _to_handler_where,
                 },
                 f,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fmt_rate", "num", "table", "write"]
+__all__ = ["fmt_rate", "num", "s1_rows", "spread", "table", "write"]
 
 
 def fmt_rate(result: dict[str, Any]) -> str:
@@ -27,6 +27,36 @@ def num(value: Any, digits: int = 0) -> str:
     return str(value)
 
 
+def spread(s: dict[str, Any], digits: int = 3) -> str:
+    """``median (min..max, n rounds)`` of a ``bench.steady.summary``."""
+    if not s or s.get("median") is None:
+        return "n/a"
+    return (
+        f"{num(s['median'], digits)} ({num(s['min'], digits)}..{num(s['max'], digits)}, n {s['n']})"
+    )
+
+
+def s1_rows(s1: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """S1's table rows: each variant's rate and CPU per record, then the comparisons."""
+    rows: list[tuple[str, str, str]] = []
+    for key, v in (s1.get("variants") or {}).items():
+        note = f"client CPU {spread(v.get('client_cpu_us'), 2)} us/record"
+        if (v.get("leader_cpu_us") or {}).get("median") is not None:
+            note += f"; leader {num(v['leader_cpu_us']['median'], 2)}"
+        if (v.get("broker_cpu_us") or {}).get("median") is not None:
+            note += f"; broker {num(v['broker_cpu_us']['median'], 2)}"
+        if v.get("errors"):
+            note += f" [{len(v['errors'])} failed: {v['errors'][0][:80]}]"
+        rows.append((f"S1 {key}: {v.get('label')}", f"{spread(v.get('rate'), 0)} rec/s", note))
+    for name, r in (s1.get("ratios") or {}).items():
+        rows.append((f"S1 {name}", spread(r), f"median of per-round ratios, {r.get('of')}"))
+    for item in s1.get("skipped", []):
+        rows.append(("S1 skipped", item, ""))
+    if s1.get("error"):
+        rows.append(("S1", "n/a", str(s1["error"])[:100]))
+    return rows
+
+
 def table(results: dict[str, Any]) -> str:
     rows: list[tuple[str, str, str]] = []
 
@@ -35,50 +65,7 @@ def table(results: dict[str, Any]) -> str:
 
     s1 = results.get("S1")
     if s1:
-        for key in "abcdeluh":
-            r = s1.get(key)
-            if r is None:
-                continue
-            note = ""
-            if r.get("cpu_us_per_record_total") is not None:
-                note = f"CPU/record: {num(r['cpu_us_per_record_total'], 1)} us consumers"
-            if r.get("broker_cpu_us_per_record") is not None:
-                note += ", " if note else "CPU/record: "
-                note += f"{num(r['broker_cpu_us_per_record'], 1)} us broker"
-            if key == "e" and r.get("tool_rate"):
-                note += f"; tool's own figure, group join included: {num(r['tool_rate'])}/s"
-            if key in "aluh":
-                note += f"; {r.get('layout')} layout, concurrency {r.get('concurrency')}"
-            rows.append(
-                (f"S1({key}) {r.get('label', '')}", f"{num(r.get('rate'))} rec/s", note + err(r))
-            )
-        for c, r in s1.get("w", {}).get("by_concurrency", {}).items():
-            rows.append(
-                (
-                    f"S1(w) queueflow, handler concurrency {c}",
-                    f"{num(r.get('rate'))} rec/s",
-                    err(r).strip(),
-                )
-            )
-        ratios = (
-            ("ratio_queueflow_raw", "raw aiokafka", ">= 0.5"),
-            ("ratio_queueflow_native", "native ShareConsumer (Python)", ">= 1.0"),
-            ("ratio_queueflow_native_java", "ShareConsumerPerformance (Java)", ""),
-            ("ratio_queueflow_faust", "plain Faust agent", ""),
-            ("ratio_acked_buffered", "itself with durability=buffered (cost of acked)", ""),
-            ("ratio_plain_hmac", "itself with queueflow.auth.mode=hmac (cost of signing)", ""),
-        )
-        for key, label, target in ratios:
-            if s1.get(key) is not None:
-                rows.append(
-                    (
-                        f"S1 queueflow / {label}",
-                        num(s1[key], 3),
-                        f"target {target}" if target else "",
-                    )
-                )
-        for item in s1.get("skipped", []):
-            rows.append(("S1 skipped", item, ""))
+        rows.extend(s1_rows(s1))
     s2 = results.get("S2")
     if s2:
         for kind in ("queueflow", "faust"):
@@ -106,21 +93,23 @@ def table(results: dict[str, Any]) -> str:
                 p = run.get(key, {})
                 rows.append(
                     (
-                        f"S3 at {label} of S1(a): {what}",
+                        f"S3 at {label} records/s: {what}",
                         f"p50 {num(p.get('p50'), 1)} / p99 {num(p.get('p99'), 1)} / "
-                        f"p999 {num(p.get('p999'), 1)} ms",
-                        f"{num(run.get('produce_rate'))} rec/s" + err(run),
+                        f"p99.9 {num(p.get('p999'), 1)} ms",
+                        f"produced at {num(run.get('produce_rate'))} rec/s, "
+                        f"{p.get('count')} samples" + err(run),
                     )
                 )
     s4 = results.get("S4")
     if s4:
-        note = s4.get("error", "")
-        if s4.get("overhead") is not None:
-            note = (
-                f"overhead vs S1(a): {num(100 * s4['overhead'], 1)}% "
-                f"(10% more deliveries; {s4.get('records')} records)"
+        r = s4.get("ratio") or {}
+        rows.append(
+            (
+                "S4 CPU per delivery, 10% RELEASEd / none",
+                f"{num(s4.get('cpu_overhead_pct'), 1)} %",
+                f"median of per-round ratios {spread(r)}" + err(s4),
             )
-        rows.append(("S4 redelivery (10% RELEASEd once)", f"{num(s4.get('rate'))} rec/s", note))
+        )
     s5 = results.get("S5")
     if s5:
         leader = s5.get("leader", {})
@@ -176,7 +165,7 @@ def s6_rows(s6: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     for check in s6.get("checks", []):
         name, value = check["process"], check.get("pct_of_core")
         status = {True: "met", False: "MISSED", None: "not measured"}[check.get("met")]
-        note = f"target <= {num(check['target_pct'], 0)} %: {status}"
+        note = f"target <= {check['target_pct']:g} %: {status}"
         if name in fetches and seconds:
             note += f"; {num(fetches[name] / seconds, 1)} ShareFetches/s"
         elif name == "leader" and seconds and window.get("leader_events") is not None:

@@ -1,227 +1,134 @@
-"""S1 throughput: N records of 1 KiB on a 4-partition topic, no-op handler, 4 consumer
-processes; queueflow against raw aiokafka, plain Faust and native share groups."""
+"""S1 throughput as interleaved rounds over steady-state windows.
+
+One topic of ``--s1-topic-records`` records of 1 KiB on 4 partitions is produced once; every run
+reads it from its start in a group of its own (a fresh queueflow app and share group, a fresh
+native share group with ``share.auto.offset.reset=earliest``, a fresh raw consumer group). Each
+round runs every variant of :mod:`bench.s1_runs` once, in the order of ``--s1-variants`` in
+even rounds and reversed in odd ones (:func:`bench.steady.round_orders`); ``--pairs`` rounds.
+Figures: per variant the median and min..max of its rounds' rates and CPU per record; per
+comparison the median (and min..max) of the per-round ratios.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from typing import Any
 
 from bench import harness
-from bench.context import (
-    RECORD_SIZE,
-    S1_PARTITIONS,
-    S1_PROCESSES,
-    S1_SWEEP,
-    S1_SWEEP_WINDOW_S,
-    Context,
-    guarded,
-)
-from bench.harness import Fleet
-from bench.measure import start_leader
-from bench.report import fmt_rate
-from bench.variants import run_faust, run_java_perf, run_native, run_queueflow, run_raw
+from bench.context import RECORD_SIZE, S1_PARTITIONS, Context, guarded
+from bench.s1_runs import LABELS, VARIANTS, Steady, run_variant
+from bench.steady import pair_ratios, round_orders, summary
 from queueflow.devtools.broker import create_topic
 
-__all__ = ["scenario_s1"]
+__all__ = ["COMPARISONS", "paired_rounds", "produce_s1_topic", "scenario_s1"]
+
+#: name -> (numerator variant, denominator variant, figure compared)
+COMPARISONS = {
+    "batch_vs_native": ("qf_batch", "native_batch", "rate"),
+    "record_vs_native": ("qf_record", "native_record", "rate"),
+    "batch_vs_raw": ("qf_batch", "raw", "rate"),
+    "uvloop_vs_asyncio": ("qf_batch_uvloop", "qf_batch", "rate"),
+    # S4: CPU per handler call with 10 % RELEASEd against without
+    "release10_cpu_per_delivery": ("qf_release10", "qf_record", "qf_cpu_us_per_delivery"),
+}
 
 
-def scenario_s1(ctx: Context) -> dict[str, Any]:
-    n = ctx.args.records
+def produce_s1_topic(ctx: Context, records: int) -> dict[str, Any]:
+    """Create and fill the S1 topic once (librdkafka producer); its name and the time taken."""
     topic = ctx.uid("s1")
     create_topic(ctx.bootstrap, topic, S1_PARTITIONS)
     ctx.say(
-        f"S1: producing {n:,} records of {RECORD_SIZE} B to {topic} ({S1_PARTITIONS} partitions)"
+        f"S1: producing {records:,} records of {RECORD_SIZE} B "
+        f"({records * RECORD_SIZE / 2**30:.2f} GiB) to {topic} ({S1_PARTITIONS} partitions)"
     )
-    produce_s = harness.produce(ctx.bootstrap, topic, n, RECORD_SIZE, S1_PARTITIONS)
-    out: dict[str, Any] = {
-        "topic": topic,
-        "records": n,
-        "record_bytes": RECORD_SIZE,
-        "partitions": S1_PARTITIONS,
-        "produce_s": round(produce_s, 1),
-    }
-    only = set(ctx.args.s1_variants)
-    conc = ctx.args.qf_concurrency
-    # Seconds each variant needs at least; optional ones are skipped when the budget is short.
-    need = {"b": 15, "a": 40, "w": 75, "u": 45, "h": 45, "l": 40, "c": 40, "d": 20, "e": 25}
+    seconds = harness.produce(
+        ctx.bootstrap, topic, records, RECORD_SIZE, S1_PARTITIONS, timeout_s=900
+    )
+    ctx.say(f"S1: produced in {seconds:.1f} s ({records / seconds:,.0f} records/s)")
+    return {"topic": topic, "records": records, "produce_s": round(seconds, 1)}
 
-    def timeout(key: str) -> float:
-        # what this variant may take, leaving the minimum of the variants run after it
-        order = "bawuhlcde"
-        later = sum(need[k] for k in order[order.index(key) + 1 :] if k in only)
-        return max(ctx.timeout(ctx.args.s1_timeout + later) - later, 20.0)
 
-    def run(key: str, label: str, fn: Callable[[], dict[str, Any]]) -> None:
-        if key not in only:
-            return
-        if key in "wuhl" and not ctx.affordable(
-            need[key] + need.get("c", 0) + need["d"] + need["e"], f"S1({key})", out
-        ):
-            return
-        ctx.say(f"S1({key}) {label} ...")
-        result = guarded(fn)
-        result["label"] = label
-        out[key] = result
-        ctx.say(f"S1({key}) {fmt_rate(result)}")
+def paired_rounds(
+    ctx: Context, topic: str, variants: list[str], rounds: int, steady: Steady, out: dict[str, Any]
+) -> None:
+    """Run ``rounds`` interleaved rounds of ``variants`` into ``out`` (``runs``: per variant the
+    list of its rounds' results; ``rounds``: per round each variant's figures; ``orders``).
+    A round is started only when the budget leaves as long as the longest round so far."""
+    orders = round_orders(variants, rounds)
+    out.setdefault("runs", {k: [] for k in variants})
+    out.setdefault("rounds", [])
+    out["orders"] = []
+    longest = 0.0
+    for index, order in enumerate(orders):
+        if index and not ctx.affordable(longest, f"round {index + 1} of {rounds}", out):
+            break
+        t0 = time.monotonic()
+        figures: dict[str, Any] = {}
+        for key in order:
+            ctx.say(f"round {index + 1}/{rounds}: {key} ({LABELS[key]}) ...")
+            result = guarded(lambda key=key: run_variant(ctx, key, topic, steady))
+            out["runs"][key].append(result)
+            figures[key] = {
+                "rate": result.get("rate") if not result.get("error") else None,
+                "client_cpu_us": result.get("client_cpu_us"),
+                "qf_cpu_us_per_delivery": result.get("qf_cpu_us_per_delivery"),
+            }
+            ctx.say(
+                f"  {key}: {result.get('rate') or 0:,.0f} records/s, client CPU "
+                f"{result.get('client_cpu_us')} us/record"
+                + (f" [{result['error']}]" if result.get("error") else "")
+            )
+        out["rounds"].append(figures)
+        out["orders"].append(order)
+        longest = max(longest, time.monotonic() - t0)
 
-    def leader_layout(key: str, **extra: Any) -> dict[str, Any]:
-        """(a)'s configuration: share agents in S1_PROCESSES member workers, a leader worker."""
-        return run_queueflow(
-            ctx,
-            f"s1{key}-queueflow",
-            topic,
-            S1_PARTITIONS,
-            n,
-            processes=S1_PROCESSES,
-            concurrency=conc,
-            mode="noop",
-            layout="leader",
-            run_timeout_s=timeout(key),
-            **extra,
-        )
 
-    run(
-        "b",
-        "raw aiokafka consumer group",
-        lambda: run_raw(ctx, "s1b-raw", topic, S1_PARTITIONS, n, S1_PROCESSES, timeout("b")),
-    )
-    if only & {"a", "w"} and ctx.args.qf_layout == "leader":
-        # One leader worker serves (a) and then the concurrency sweep (w), each in its own group.
-        app_id = ctx.uid("s1a")
-        with Fleet(ctx.run_dir / "s1a-leader") as leaders:
-            try:
-                leader = start_leader(
-                    ctx, leaders, app_id, [topic], S1_PARTITIONS, ctx.run_dir / "s1a-leader"
-                )
-            except Exception as exc:
-                out["a"] = {"error": repr(exc)[:600], "label": "queueflow share agent"}
-            else:
-                run(
-                    "a",
-                    "queueflow share agent",
-                    lambda: leader_layout(
-                        "a", leader_app=app_id, profile=ctx.args.profile, leader_worker=leader
-                    ),
-                )
-                sweep: dict[str, Any] = {}
-                for c in S1_SWEEP:
-                    if "w" not in only or not ctx.affordable(
-                        25 + sum(need[k] for k in "lcde" if k in only), "S1(w)", out
-                    ):
-                        break
-                    ctx.say(f"S1(w) queueflow, concurrency {c}, {S1_SWEEP_WINDOW_S:.0f} s window")
-                    sweep[str(c)] = guarded(
-                        lambda c=c: run_queueflow(
-                            ctx,
-                            f"s1w-c{c}",
-                            topic,
-                            S1_PARTITIONS,
-                            n,
-                            processes=S1_PROCESSES,
-                            concurrency=c,
-                            mode="noop",
-                            layout="leader",
-                            run_timeout_s=timeout("w"),
-                            leader_app=app_id,
-                            window_s=S1_SWEEP_WINDOW_S,
-                        )
-                    )
-                    ctx.say(f"S1(w) concurrency {c}: {fmt_rate(sweep[str(c)])}")
-                if sweep:
-                    out["w"] = {
-                        "label": "queueflow share agent by handler concurrency "
-                        "(prefetch adapts to handler time x ShareFetch RTT)",
-                        "by_concurrency": sweep,
-                    }
+def summarize(out: dict[str, Any]) -> None:
+    """``variants`` (median and min..max of rate and CPU per record), ``cpu`` (client CPU
+    medians), ``ratios`` (per comparison whose variants both ran) from ``out['runs']``."""
+    runs: dict[str, list[dict[str, Any]]] = out.get("runs", {})
+    out["variants"] = {}
+    out["cpu"] = {}
+    for key, results in runs.items():
+        ok = [r for r in results if not r.get("error")]
+        out["variants"][key] = {
+            "label": LABELS[key],
+            "rate": summary([r.get("rate") for r in ok], 1),
+            "client_cpu_us": summary([r.get("client_cpu_us") for r in ok], 2),
+            "leader_cpu_us": summary([r.get("leader_cpu_us") for r in ok], 2),
+            "broker_cpu_us": summary([r.get("broker_cpu_us") for r in ok], 2),
+            "errors": [r["error"] for r in results if r.get("error")],
+        }
+        out["cpu"][key] = out["variants"][key]["client_cpu_us"]
+    out["ratios"] = {}
+    for name, (a, b, figure) in COMPARISONS.items():
+        if a not in runs or b not in runs:
+            continue
+        per_round = [{k: v.get(figure) for k, v in r.items()} for r in out.get("rounds", [])]
+        out["ratios"][name] = summary(pair_ratios(per_round, a, b), 3)
+        out["ratios"][name]["of"] = f"{a} / {b} ({figure})"
 
-    def own_leader(key: str, label: str, **settings_env: str) -> None:
-        """(a) again, with its own leader and members under ``settings_env``."""
-        if key not in only or ctx.args.qf_layout != "leader":
-            return
-        run(key, label, lambda: leader_layout(key, settings_env=settings_env))
 
-    # The cost of queueflow.leader.state.durability=acked (exact delivery counts): (a) with a
-    # leader that answers before its changelog writes are acknowledged.
-    own_leader(
-        "u",
-        "queueflow share agent, queueflow.leader.state.durability=buffered",
-        QUEUEFLOW_LEADER_STATE_DURABILITY="buffered",
+def scenario_s1(ctx: Context) -> dict[str, Any]:
+    args = ctx.args
+    out: dict[str, Any] = produce_s1_topic(ctx, args.s1_topic_records)
+    variants = list(args.s1_variants)
+    if "S4" in args.scenarios and "qf_release10" not in variants and "qf_record" in variants:
+        variants.append("qf_release10")  # S4's figure, interleaved with qf_record
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown S1 variants {unknown}; known: {', '.join(VARIANTS)}")
+    steady = Steady(args.warmup, args.window, args.s1_topic_records)
+    out.update(
+        pairs=args.pairs,
+        warmup_s=args.warmup,
+        window_s=args.window,
+        variants_order=variants,
+        acquisition_rate="share.member.max.acquisition.rate=0 (unlimited) for S1",
     )
-    # The cost of signed control messages: (a) with queueflow.auth.mode=hmac.
-    own_leader(
-        "h",
-        "queueflow share agent, queueflow.auth.mode=hmac",
-        QUEUEFLOW_AUTH_MODE="hmac",
-        QUEUEFLOW_AUTH_SECRET="bench-7Hq2-Lm9x_Rt4Vn8Kp3Wz6Yc1Bd5Gf0Js",
-    )
-    if "a" in only and ctx.args.qf_layout != "leader":
-        run(
-            "a",
-            "queueflow share agent",
-            lambda: run_queueflow(
-                ctx,
-                "s1a-queueflow",
-                topic,
-                S1_PARTITIONS,
-                n,
-                processes=S1_PROCESSES,
-                concurrency=conc,
-                mode="noop",
-                layout="all",
-                run_timeout_s=timeout("a"),
-                profile=ctx.args.profile,
-            ),
-        )
-    run(
-        "l",
-        "queueflow share agent, 1 'all' + 3 'member' workers",
-        lambda: run_queueflow(
-            ctx,
-            "s1l-queueflow-all",
-            topic,
-            S1_PARTITIONS,
-            n,
-            processes=S1_PROCESSES,
-            concurrency=conc,
-            mode="noop",
-            layout="all",
-            run_timeout_s=timeout("l"),
-        ),
-    )
-    run(
-        "c",
-        "plain Faust agent",
-        lambda: run_faust(
-            ctx,
-            "s1c-faust",
-            topic,
-            S1_PARTITIONS,
-            n,
-            processes=S1_PROCESSES,
-            concurrency=1,
-            mode="noop",
-            run_timeout_s=timeout("c"),
-        ),
-    )
-    run(
-        "d",
-        "native share group, confluent-kafka ShareConsumer (Python)",
-        lambda: run_native(ctx, "s1d-native", topic, n, S1_PROCESSES, timeout("d")),
-    )
-    run(
-        "e",
-        "native share group, Kafka ShareConsumerPerformance (Java)",
-        lambda: run_java_perf(ctx, topic, n, timeout("e") + 20),
-    )
-    a, b, d = (out.get(k, {}).get("rate") for k in ("a", "b", "d"))
-    out["ratio_queueflow_raw"] = round(a / b, 3) if a and b else None
-    out["ratio_queueflow_native"] = round(a / d, 3) if a and d else None
-    if out.get("e", {}).get("rate") and a:
-        out["ratio_queueflow_native_java"] = round(a / out["e"]["rate"], 3)
-    if out.get("u", {}).get("rate") and a:
-        out["ratio_acked_buffered"] = round(a / out["u"]["rate"], 3)
-    if out.get("h", {}).get("rate") and a:
-        out["ratio_plain_hmac"] = round(a / out["h"]["rate"], 3)
-    if out.get("c", {}).get("rate") and a:
-        out["ratio_queueflow_faust"] = round(a / out["c"]["rate"], 3)
+    ctx.results["S1"] = out  # S4 reads the runs while later rounds go on
+    paired_rounds(ctx, out["topic"], variants, args.pairs, steady, out)
+    summarize(out)
+    for name, r in out["ratios"].items():
+        ctx.say(f"S1 {name}: median {r['median']} (min..max {r['min']}..{r['max']}, n {r['n']})")
     return out

@@ -1,43 +1,46 @@
-"""S4 redelivery: RELEASE 10 % of the records once; the overhead against S1(a)."""
+"""S4 redelivery: CPU per delivery with 10 % of the records RELEASEd once, against the same
+per-record handler without releases, as interleaved rounds over steady-state windows.
+
+The runs are S1's ``qf_release10`` and ``qf_record`` (``bench.s1_runs``) when S1 ran them;
+otherwise S4 produces the S1 topic and runs its own ``--s4-pairs`` rounds of the two.
+``cpu_overhead_pct``: (median of the per-round ratios of queueflow CPU, members + leader, per
+handler call) - 1, in %. Ideal: 0 (a redelivery costs what a delivery costs).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench import harness
-from bench.context import RECORD_SIZE, S1_PARTITIONS, S1_PROCESSES, Context, guarded
-from bench.variants import run_queueflow
-from queueflow.devtools.broker import create_topic
+from bench.context import Context
+from bench.s1_runs import Steady
+from bench.scenario_s1 import paired_rounds, produce_s1_topic, summarize
 
 __all__ = ["scenario_s4"]
 
 
 def scenario_s4(ctx: Context) -> dict[str, Any]:
-    n = ctx.args.s4_records or ctx.args.records
-    topic = ctx.uid("s4")
-    create_topic(ctx.bootstrap, topic, S1_PARTITIONS)
-    ctx.say(f"S4: producing {n:,} records; RELEASE offsets % 10 == 0 once ...")
-    s1_rate = ctx.results.get("S1", {}).get("a", {}).get("rate")
-    # 5 x the S1(a) drain time of this many records, at least 60 s
-    s4_timeout = min(ctx.args.s1_timeout, max(60.0, 5 * n / s1_rate)) if s1_rate else 120.0
-    harness.produce(ctx.bootstrap, topic, n, RECORD_SIZE, S1_PARTITIONS)
-    result = guarded(
-        lambda: run_queueflow(
+    s1 = ctx.results.get("S1") or {}
+    ratio = (s1.get("ratios") or {}).get("release10_cpu_per_delivery")
+    if ratio and ratio.get("median") is not None:
+        out: dict[str, Any] = {"source": "S1 rounds (qf_release10 / qf_record)", "ratio": ratio}
+    else:
+        args = ctx.args
+        records = args.s1_topic_records
+        out = {"source": "own rounds"} | produce_s1_topic(ctx, records)
+        paired_rounds(
             ctx,
-            "s4-redelivery",
-            topic,
-            S1_PARTITIONS,
-            n,
-            processes=S1_PROCESSES,
-            concurrency=ctx.args.qf_concurrency,
-            mode="release10",
-            layout=ctx.args.qf_layout,
-            run_timeout_s=ctx.timeout(s4_timeout),
+            out["topic"],
+            ["qf_record", "qf_release10"],
+            args.s4_pairs,
+            Steady(args.warmup, args.window, records),
+            out,
         )
-    )
-    s1 = ctx.results.get("S1", {}).get("a", {}).get("rate")
-    if s1 and result.get("rate"):
-        result["s1_rate"] = s1
-        result["overhead"] = round(s1 / result["rate"] - 1, 3)
-        result["ideal_overhead"] = 0.1  # 10 % more deliveries
-    return result
+        summarize(out)
+        ratio = out["ratios"].get("release10_cpu_per_delivery") or {}
+        out["ratio"] = ratio
+    median = ratio.get("median")
+    out["cpu_overhead_pct"] = round(100 * (median - 1), 1) if median is not None else None
+    if median is None:
+        out["error"] = "no pair with both runs measured"
+    ctx.say(f"S4: CPU per delivery overhead at 10 % RELEASEd: {out['cpu_overhead_pct']} %")
+    return out

@@ -29,6 +29,9 @@ def scenario_s5(ctx: Context) -> dict[str, Any]:
         "group.share.partition.max.record.locks": 10_000,
         "group.share.record.lock.duration.ms": 600_000,
         "group.share.max.record.lock.duration.ms": 600_000,
+        # one member acquires all 10,000 per partition: lift the per-member limits
+        "share.member.max.in.flight.records": 10_000,
+        "share.member.max.acquisition.rate": 0,
     }
     out: dict[str, Any] = {"partitions": partitions, "leader_settings": settings}
     leader = LeaderWorker(

@@ -3,13 +3,14 @@
 Runs, against one Kafka broker (a LocalBroker on free ports started for the run, or
 ``$QUEUEFLOW_BROKER``):
 
-S1  throughput: N records of 1 KiB on a 4-partition topic, no-op handler, 4 consumer processes:
-    (a) queueflow share agent, (b) raw aiokafka consumer group (the ceiling), (c) plain Faust
-    agent, (d) native share groups via confluent-kafka's ShareConsumer, (e) Kafka's Java
-    ShareConsumerPerformance;
+S1  throughput, as interleaved rounds (``--pairs``, default 5) of steady-state windows over one
+    pre-produced topic of 1 KiB records on 4 partitions, no-op handlers, 4 consumer processes:
+    queueflow batch handler vs native confluent-kafka ShareConsumer iterating its batch;
+    queueflow per-record handler vs native calling a function per record; queueflow batch vs
+    raw aiokafka; queueflow batch on uvloop vs asyncio (bench.scenario_s1, bench.s1_runs);
 S2  scaling past partitions: 1 partition, a handler that awaits 10 ms, 1..32 consumers;
-S3  latency at 50 % of S1's queueflow throughput;
-S4  redelivery: RELEASE 10 % of records once;
+S3  latency at fixed produce rates (2,500 and 10,000 records/s), a window after a warm-up;
+S4  redelivery: CPU per delivery with 10 % RELEASEd once, interleaved with S1's per-record runs;
 S5  memory: leader RSS with 2,000 and 10,000 in-flight records per partition, and the engine's
     bytes per in-flight record;
 S6  idle fleet: % of a core used by the leader worker, the broker and each of 4 members on an
@@ -21,10 +22,11 @@ S10 key-ordered sharing: ``share.ordering=key`` against unordered sharing, 16 me
 S8  Spark source throughput: the ``queueflow`` source vs Spark's built-in Kafka source on one
     partition, 1/2/4 tasks, a no-op and a 5 ms-per-record ``foreachBatch``.
 
-Every figure comes from counters the consumer processes report (``bench.harness.Stats``), from
-the first record delivered to the last acknowledgement answered (or record consumed). Prints a
-table and writes ``bench/results/latest.json``. Benchmarks never assert: failures are recorded
-in the results and the suite goes on.
+Every figure comes from counters the consumer processes report (``bench.harness.Stats``); S1
+and S4 count a window after a warm-up (``bench.steady``), S2 and S9/S10 from the first record
+delivered to the last acknowledgement answered (or record consumed). Prints a table and the
+``headline`` object and writes ``bench/results/latest.json``. Benchmarks never assert: failures
+are recorded in the results and the suite goes on.
 
 Modules: :mod:`bench.suite` (this: arguments, the broker, the budget, the run),
 ``bench.scenario_s1`` .. ``bench.scenario_s8`` (one per scenario), :mod:`bench.variants` (the
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -60,6 +63,7 @@ from bench.scenario_s6 import scenario_s6
 from bench.scenario_s8 import scenario_s8
 from bench.scenario_s9 import scenario_s9
 from bench.scenario_s10 import scenario_s10
+from bench.steady import headline
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, find_free_ports
 
 __all__ = ["SCENARIOS", "main", "parse_args"]
@@ -68,8 +72,8 @@ __all__ = ["SCENARIOS", "main", "parse_args"]
 MIN_SECONDS = {
     "S1": 120.0,
     "S2": 150.0,
-    "S3": 45.0,
-    "S4": 35.0,
+    "S3": 110.0,  # two rates: fleet start, warm-up, window
+    "S4": 10.0,  # read from S1's rounds
     "S5": 40.0,
     "S6": 75.0,  # startup + the 30 s window + the liveness record
     "S8": 240.0,
@@ -89,28 +93,82 @@ SCENARIOS = {
 }
 
 
+#: S1's variants, in the order of even rounds (odd rounds reverse it): see bench.s1_runs.
+S1_VARIANTS = "qf_batch,native_batch,raw,qf_batch_uvloop,qf_record,native_record"
+
+#: ``--quick``: every scenario but S8 in about 6 minutes (figures not comparable: 1 round,
+#: short windows, small sizes); S8 (Spark) left out.
+QUICK = {
+    "scenarios": "S1,S2,S3,S4,S5,S6,S9,S10",
+    "pairs": 1,
+    "warmup": 1.0,
+    "window": 3.0,
+    "s1_topic_records": 3_000_000,
+    "s3_window": 3.0,
+    "s2_consumers": "1,16",
+    "s2_faust": False,
+    "s6_seconds": 5.0,
+    "s9_records": 2_000,
+    "s9_pairs": 1,
+    "s10_records": 500,
+    "s10_pairs": 1,
+    "budget": 900.0,
+}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--records", type=int, default=200_000, help="S1 records (default 200000)")
     p.add_argument(
-        "--scenarios", default="S1,S2,S3,S4,S5,S6,S9,S10,S8", help="comma-separated subset"
+        "--quick",
+        action="store_true",
+        help="exercise every scenario but S8 in about 6 minutes (1 round, 3 s windows, small "
+        "sizes): a check that the bench runs, not figures",
+    )
+    p.add_argument(
+        "--scenarios",
+        default="S1,S2,S3,S4,S5,S6,S9,S10",
+        help="comma-separated subset (default S1,S2,S3,S4,S5,S6,S9,S10; S8, the Spark source, "
+        "about 4 min more, runs only when named)",
+    )
+    p.add_argument("--pairs", type=int, default=5, help="S1 interleaved rounds (default 5)")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        default=3.0,
+        help="S1/S3/S4 seconds of warm-up before a window, once every consumer is flowing "
+        "(default 3)",
+    )
+    p.add_argument(
+        "--window", type=float, default=15.0, help="S1/S4 seconds counted per run (default 15)"
+    )
+    p.add_argument(
+        "--s1-topic-records",
+        type=int,
+        default=10_000_000,
+        help="records of 1 KiB on the S1 topic, produced once, read from its start by every "
+        "run (default 10000000: 9.5 GiB; enough for 400,000 records/s over flowing, warm-up "
+        "and window)",
     )
     p.add_argument(
         "--s1-variants",
-        default="abcdewluh",
-        help="S1 variants: a-e as in the issue, w = queueflow concurrency sweep, "
-        "l = queueflow with 1 'all' + 3 'member' workers, u = (a) with "
-        "queueflow.leader.state.durability=buffered, h = (a) with queueflow.auth.mode=hmac "
-        "(default abcdewluh)",
+        default=S1_VARIANTS,
+        help=f"S1 variants of bench.s1_runs in even rounds' order (default {S1_VARIANTS}; "
+        "qf_release10 is added when S4 runs)",
+    )
+    p.add_argument(
+        "--s4-pairs", type=int, default=3, help="S4's own rounds when S1 did not run (default 3)"
+    )
+    p.add_argument(
+        "--s3-rates", default="2500,10000", help="S3 produce rates, records/s (default 2500,10000)"
+    )
+    p.add_argument(
+        "--s3-window", type=float, default=15.0, help="S3 seconds measured per rate (default 15)"
     )
     p.add_argument(
         "--s1-timeout",
         type=float,
         default=200.0,
-        help="seconds each S1/S4 variant may take once started",
-    )
-    p.add_argument(
-        "--s4-records", type=int, default=None, help="S4 records (default: --records / 2)"
+        help="seconds each S9/S10 run may take once started",
     )
     p.add_argument("--s2-consumers", default="1,2,4,8,16,32")
     p.add_argument("--no-s2-faust", dest="s2_faust", action="store_false")
@@ -118,30 +176,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--qf-layout",
         choices=("leader", "all"),
         default="leader",
-        help="S1/S3/S4 queueflow processes: a leader worker + 4 'member' workers "
-        "(leader), or 1 'all' + 3 'member' workers (all)",
+        help="S3 queueflow processes: a leader worker + 4 'member' workers (leader), or "
+        "1 'all' + 3 'member' workers (all)",
     )
     p.add_argument(
         "--qf-concurrency",
         type=int,
         default=1,
-        help="share agent handler concurrency per process in S1(a)/S3/S4 (default 1, the "
-        "share_agent default; S1(w) measures others)",
-    )
-    p.add_argument(
-        "--s3-fallback-rate",
-        type=float,
-        default=1000.0,
-        help="S1 queueflow rate to assume when S1 did not run",
-    )
-    p.add_argument(
-        "--profile", action="store_true", help="py-spy the leader/member processes during S1(a)"
+        help="share agent handler concurrency per process in S3/S9 (default 1)",
     )
     p.add_argument(
         "--profile-seconds",
         type=float,
         default=120.0,
-        help="upper bound; py-spy stops when S1(a) finishes",
+        help="py-spy's upper bound (bench.profiling)",
     )
     p.add_argument(
         "--faust-loglevel",
@@ -153,9 +201,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--budget",
         type=float,
-        default=780.0,
-        help="overall seconds: timeouts shrink and optional runs (S1 w/l, S2 Faust, "
-        "S3 10%%) are skipped to stay within it (default 780)",
+        default=2400.0,
+        help="overall seconds: S1 rounds and optional runs (S2 Faust, S3's second rate) are "
+        "skipped to stay within it (default 2400; a full run takes about 35 min)",
     )
     p.add_argument(
         "--s6-seconds",
@@ -185,12 +233,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="keep the broker's and workers' data directories too",
     )
     args = p.parse_args(argv)
+    if args.quick:  # what the command line did not set explicitly
+        given = {a.split("=")[0] for a in (argv if argv is not None else sys.argv[1:])}
+        for key, value in QUICK.items():
+            flag = "--" + key.replace("_", "-")
+            if flag not in given and not (key == "s2_faust" and "--no-s2-faust" in given):
+                setattr(args, key, value)
     args.scenarios = [s.strip().upper() for s in args.scenarios.split(",") if s.strip()]
-    args.s1_variants = list(args.s1_variants)
-    args.s2_consumers = [int(x) for x in args.s2_consumers.split(",") if x.strip()]
+    args.s1_variants = [v.strip() for v in args.s1_variants.split(",") if v.strip()]
+    args.s2_consumers = [int(x) for x in str(args.s2_consumers).split(",") if x.strip()]
+    args.s3_rates = [float(x) for x in str(args.s3_rates).split(",") if x.strip()]
     args.s8_tasks = [int(x) for x in args.s8_tasks.split(",") if x.strip()]
-    if args.s4_records is None:
-        args.s4_records = max(args.records // 2, 1000)
+    if args.pairs < 1:
+        p.error("--pairs must be >= 1")
     return args
 
 
@@ -244,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
     started = time.monotonic()
+    print(f"budget: {args.budget:.0f} s ({args.budget / 60:.0f} min); scenarios {args.scenarios}")
     try:
         if bootstrap is None:
             port, cport = find_free_ports(2)
@@ -283,10 +339,18 @@ def main(argv: list[str] | None = None) -> int:
                 *run_dir.glob("*-leader-data"),
             ]:
                 shutil.rmtree(data, ignore_errors=True)
+        results["headline"], results["headline_missing"] = headline(results)
         write(args.out, results)
     print()
     print(table(results))
-    print(f"\nresults: {args.out} (logs: {run_dir}); total {results['total_s']} s")
+    print("\nheadline (bench/results/latest.json):")
+    print(json.dumps(results["headline"], indent=1))
+    for key, why in results["headline_missing"].items():
+        print(f"  {key}: null, {why}")
+    print(
+        f"\nresults: {args.out} (logs: {run_dir}); total {results['total_s']} s "
+        f"of a {args.budget:.0f} s budget"
+    )
     return 0
 
 
