@@ -1,10 +1,12 @@
 """Reading acquired records by offset from the source topic.
 
-Members never receive payloads from leaders: a ShareFetch answer holds offset ranges and
-delivery counts only, and the member reads those offsets from Kafka through Kafka's own fetch
-path (:class:`KafkaRecordReader`). Offsets in a range that hold no record (transaction markers,
-compacted-away records; aborted records too for a ``read_committed`` group) are reported as
-gaps, which the member acknowledges as ``GAP``.
+On the direct path a leader's ShareFetch answer carries the acquired records' batches
+(:func:`carried_records` parses them); otherwise (the request topics, or offsets the answer
+did not carry) an answer holds offset ranges and delivery counts only, and the member reads
+those offsets from Kafka through Kafka's own fetch path (:class:`KafkaRecordReader`).
+Offsets in a range that hold no record (transaction markers, compacted-away records; aborted
+records too for a ``read_committed`` group) are reported as gaps, which the member
+acknowledges as ``GAP``.
 Records aiokafka can't decode (a header name that is not UTF-8) are reported apart, as
 *undecodable*, with their header names decoded with U+FFFD replacement characters; a
 ShareConsumer or share agent REJECTs them (docs/guide.md "Handler outcomes").
@@ -13,6 +15,7 @@ ShareConsumer or share agent REJECTs them (docs/guide.md "Handler outcomes").
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import math
 import time
@@ -38,6 +41,7 @@ __all__ = [
     "ReadResult",
     "RecordSource",
     "Undecodable",
+    "carried_records",
     "share_records",
 ]
 
@@ -391,3 +395,63 @@ class PartitionReader:
             return records, gaps, []
         undecodable = [(r, bad[r.offset]) for r in records if r.offset in bad]
         return [r for r in records if r.offset not in bad], gaps, undecodable
+
+
+def carried_records(
+    data: bytes,
+    topic: str,
+    partition: int,
+    acquired: list[protocol.WireAcquired],
+    records_end: int,
+) -> tuple[ReadResult, list[protocol.WireAcquired]]:
+    """The acquired records a direct-path answer carried (``ShareFetchResponse.records``).
+
+    The one parser of carried record batches (Kafka v2 format, possibly compressed; CRC
+    checked): only acquired offsets below ``records_end`` are delivered, whatever else the
+    batches hold; an acquired offset below ``records_end`` without a record is a gap.
+
+    Args:
+        data: the record batches.
+        topic / partition: the source partition.
+        acquired: the acquired ranges ``(first, last, delivery_count)``, in offset order.
+        records_end: the answer's ``records_end``: the batches hold every acquired record
+            below it.
+
+    Returns:
+        ((records, gaps, undecodable records), the acquired ranges at or after
+        ``records_end``: the member reads those itself).
+
+    Raises:
+        ValueError: a batch's CRC does not match, or the bytes are not record batches (the
+            caller reads every acquired offset itself instead).
+    """
+    import aiokafka.consumer.fetcher as fetcher
+
+    covered = [(f, min(last, records_end - 1), c) for f, last, c in acquired if f < records_end]
+    rest = [(max(f, records_end), last, c) for f, last, c in acquired if last >= records_end]
+    tolerate_undecodable_records()
+    messages: list[Any] = []
+    with undecodable_records() as seen:
+        batches = fetcher.MemoryRecords(bytes(data))
+        while (batch := batches.next_batch()) is not None:
+            if not batch.validate_crc():
+                raise ValueError(f"{topic}[{partition}]: a carried record batch fails its CRC")
+            if not batch.is_control_batch:
+                messages.extend(batch)
+    offsets = [m.offset for m in messages]
+    records: list[ShareRecord] = []
+    gaps: list[int] = []
+    for first, last, delivery_count in covered:
+        start = bisect.bisect_left(offsets, first)
+        stop = bisect.bisect_right(offsets, last)
+        expected = share_records(
+            messages[start:stop], topic, partition, first, last, delivery_count, records, gaps
+        )
+        gaps.extend(range(expected, last + 1))
+    for r in records:  # as aiokafka's consumer records hold them
+        r.headers = tuple(r.headers)
+    if not seen:
+        return (records, gaps, []), rest
+    bad = dict(seen)
+    undecodable = [(r, bad[r.offset]) for r in records if r.offset in bad]
+    return ([r for r in records if r.offset not in bad], gaps, undecodable), rest

@@ -618,17 +618,11 @@ class InProcessCluster:
         return list(self.published.get(topic, []))
 
     # LogOffsetsSource
-    def cached_end(self, tp: TopicPartition) -> int | None:
-        return len(self.records[TopicPartition(*tp)])
-
     def known_end(self, tp: TopicPartition) -> int | None:
         return len(self.records[TopicPartition(*tp)])
 
     async def log_end(self, tp: TopicPartition) -> int:
         return len(self.records[TopicPartition(*tp)])
-
-    def cached_stable_end(self, tp: TopicPartition) -> int | None:
-        return self.stable_end_now(tp)
 
     def known_stable_end(self, tp: TopicPartition) -> int | None:
         return self.stable_end_now(tp)
