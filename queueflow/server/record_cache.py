@@ -23,6 +23,7 @@ What an answer carries (``ShareFetchResponse.records`` up to ``records_end``):
 from __future__ import annotations
 
 import asyncio
+import bisect
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -115,6 +116,8 @@ class Chunk:
     end: int
     batches: tuple[RawBatch, ...]
     size: int
+    #: Each batch's last offset (to find where an offset's batches start).
+    lasts: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, offset: int, batches: list[RawBatch]) -> Chunk | None:
@@ -126,7 +129,12 @@ class Chunk:
             batches[-1].last + 1,
             tuple(batches),
             sum(len(b.data) for b in batches),
+            tuple(b.last for b in batches),
         )
+
+    def from_offset(self, offset: int) -> tuple[RawBatch, ...]:
+        """The batches from the one holding ``offset`` (or the next one) on."""
+        return self.batches[bisect.bisect_left(self.lasts, offset) :]
 
 
 class RecordCache:
@@ -222,8 +230,10 @@ class LeaderRecords:
                 chunk = self.cache.covering(tp, offset) or await self._fill(tp, offset)
                 if chunk is None:
                     return _joined(parts, offset)
-                for batch in chunk.batches:
-                    if batch.last < offset or batch.base > last or batch.control:
+                for batch in chunk.from_offset(offset):
+                    if batch.base > last:
+                        break
+                    if batch.control:
                         continue
                     if read_committed and batch.transactional:
                         return _joined(parts, max(offset, batch.base))
