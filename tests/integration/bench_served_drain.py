@@ -75,3 +75,27 @@ def test_drain(kafka_bootstrap: str, topic_factory: object, tmp_path: Path) -> N
             f"({min(rates):,.0f}..{max(rates):,.0f}), member CPU "
             f"{statistics.median(cpus):.1f} µs/record ({min(cpus):.1f}..{max(cpus):.1f})"
         )
+
+
+def test_list_offsets_round_trip(kafka_bootstrap: str, topic_factory: object) -> None:
+    """What an exact log end costs when the known one leaves a fetch short: one ListOffsets."""
+    from queueflow.kafka.config import KafkaClientConfig
+    from queueflow.server.log_offsets import LogOffsets
+    from queueflow.structs import TopicPartition
+
+    topic = topic_factory(1)  # type: ignore[operator]
+
+    async def measure() -> list[float]:
+        offsets = LogOffsets(KafkaClientConfig(kafka_bootstrap))
+        tp = TopicPartition(topic, 0)
+        await offsets.log_end(tp)
+        times = []
+        for _ in range(300):
+            started = time.perf_counter()
+            await offsets.log_end(tp)
+            times.append((time.perf_counter() - started) * 1000)
+        await offsets.close()
+        return sorted(times)
+
+    times = asyncio.run(measure())
+    print(f"\nListOffsets round trip: p50 {times[150]:.2f} ms, p99 {times[296]:.2f} ms")
