@@ -11,8 +11,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError, for_code
 from aiokafka.protocol.fetch import FetchRequest
 
@@ -46,7 +46,7 @@ class KafkaBatchFetcher:
 
     def __init__(self, kafka: KafkaClientConfig) -> None:
         self.kafka = kafka
-        self._consumer: AIOKafkaConsumer | None = None
+        self._kafka_client: AIOKafkaClient | None = None
         self._lock = asyncio.Lock()
 
     async def fetch(self, tp: TopicPartition, offset: int, max_bytes: int) -> FetchedBatches:
@@ -57,7 +57,7 @@ class KafkaBatchFetcher:
             aiokafka.errors.KafkaError: the broker refused the fetch (the partition's leader
                 is unknown, the offset is out of range ...) or could not be reached.
         """
-        client = (await self._client())._client
+        client = await self._client()
         ktp = KafkaTopicPartition(tp.topic, tp.partition)
         node = client.cluster.leader_for_partition(ktp)
         if node is None or node < 0:
@@ -77,20 +77,20 @@ class KafkaBatchFetcher:
                 return FetchedBatches(bytes(part_data[-1] or b""), int(highwater))
         raise KafkaError(f"the broker's fetch answer holds no {tp.topic}[{tp.partition}]")
 
-    async def _client(self) -> AIOKafkaConsumer:
+    async def _client(self) -> AIOKafkaClient:
         async with self._lock:
-            if self._consumer is None:
-                consumer = AIOKafkaConsumer(**self.kafka.client_kwargs(), enable_auto_commit=False)
+            if self._kafka_client is None:
+                client = AIOKafkaClient(**self.kafka.client_kwargs())
                 try:
-                    await consumer.start()
+                    await client.bootstrap()
                 except BaseException:
-                    await stop_quietly("record batch fetcher", consumer.stop)
+                    await stop_quietly("record batch fetcher", client.close)
                     raise
-                self._consumer = consumer
-            return self._consumer
+                self._kafka_client = client
+            return self._kafka_client
 
     async def close(self) -> None:
         """Close the client."""
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            await stop_quietly("record batch fetcher", consumer.stop)
+        client, self._kafka_client = self._kafka_client, None
+        if client is not None:
+            await stop_quietly("record batch fetcher", client.close)
