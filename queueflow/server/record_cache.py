@@ -224,7 +224,7 @@ class LeaderRecords:
         parts: list[bytes] = []
         seen: set[int] = set()
         size = 0
-        for first, last, _count in acquired:
+        for first, last, _count in sorted(acquired):  # records_end covers all below it
             offset = first
             while offset <= last:
                 chunk = self.cache.covering(tp, offset) or await self._fill(tp, offset)
@@ -245,7 +245,7 @@ class LeaderRecords:
                     seen.add(batch.base)
                     size += len(batch.data)
                 offset = chunk.end
-        return _joined(parts, acquired[-1][1] + 1 if acquired else 0)
+        return _joined(parts, max(last for _first, last, _count in acquired) + 1 if acquired else 0)
 
     async def _fill(self, tp: TopicPartition, offset: int) -> Chunk | None:
         """Read from ``offset`` into the cache (one Fetch per partition at a time)."""

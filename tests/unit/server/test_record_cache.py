@@ -142,6 +142,8 @@ def test_an_answer_carries_the_acquired_records_once_and_a_backlog_hits_the_cach
         data, end = await records.carry(TP, [(4, 7, 1)], read_committed=False)
         assert [(b.base, b.last) for b in split_batches(data)] == [(3, 4), (5, 7)]
         assert end == 8 and log.fetches == [1]
+        data, end = await records.carry(TP, [(6, 6, 2), (1, 1, 1)], read_committed=False)
+        assert [b.base for b in split_batches(data)] == [0, 5] and end == 7  # in offset order
 
     run(scenario())
 
