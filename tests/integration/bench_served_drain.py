@@ -15,7 +15,7 @@ from queueflow import ShareConsumer
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
 
-RECORDS = 20_000
+RECORDS = 100_000
 PAIRS = 5
 BASE: dict[str, int | str] = {
     "share.auto.offset.reset": "earliest",

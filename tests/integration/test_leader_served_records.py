@@ -127,13 +127,13 @@ def test_read_committed_members_see_no_aborted_record_and_plain_records_are_serv
         await producer.start()
         try:
             for n, outcome in enumerate(("commit", "abort", "commit")):
-                async with producer.transaction() as txn:
-                    for i in range(5):
-                        await producer.send_and_wait(
-                            topic, f"{outcome}-{n}-{i}".encode(), partition=0
-                        )
-                    if outcome == "abort":
-                        await txn.abort()
+                await producer.begin_transaction()
+                for i in range(5):
+                    await producer.send_and_wait(topic, f"{outcome}-{n}-{i}".encode(), partition=0)
+                if outcome == "abort":
+                    await producer.abort_transaction()
+                else:
+                    await producer.commit_transaction()
         finally:
             await producer.stop()
         await produce_records(kafka_bootstrap, topic, ["after"], partition=0)
