@@ -21,6 +21,7 @@ BASE: dict[str, int | str] = {
     "share.auto.offset.reset": "earliest",
     "group.share.heartbeat.interval.ms": 500,
     "group.share.session.timeout.ms": 6000,
+    "share.member.max.acquisition.rate": 0,  # unlimited: the drain, not the token bucket
 }
 MEMBER = {"group.share.heartbeat.interval.ms": 500, "max.poll.records": 500}
 
