@@ -25,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import struct
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
 import structlog
 
+from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import messages as protocol
 from queueflow.structs import TopicPartition
 
@@ -214,6 +216,8 @@ class LeaderRecords:
         self._fills: dict[TopicPartition, asyncio.Lock] = {}
         #: Fetches the cache needed (for tests and measurement).
         self.fills = 0
+        # A partition that can't be read fails on every answer: a few lines, not one each.
+        self._failed_log = SkipLogLimiter(lambda: int(time.monotonic() * 1000))
 
     async def carry(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], *, read_committed: bool
@@ -257,13 +261,15 @@ class LeaderRecords:
             try:
                 fetched = await self.source.fetch(tp, offset, FILL_BYTES)
             except Exception as exc:  # the member reads these offsets itself
-                log.warning(
-                    "leader_record_read_failed",
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    offset=offset,
-                    error=repr(exc),
-                )
+                if (suppressed := self._failed_log.admit()) is not None:
+                    log.warning(
+                        "leader_record_read_failed",
+                        topic=tp.topic,
+                        partition=tp.partition,
+                        offset=offset,
+                        error=repr(exc),
+                        suppressed=suppressed,
+                    )
                 return None
             self.fills += 1
             chunk = Chunk.of(offset, split_batches(fetched.data))
