@@ -50,6 +50,7 @@ from queueflow.kafka.admin import (
     ensure_topic,
     partition_counts,
 )
+from queueflow.kafka.batch_fetch import KafkaBatchFetcher
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
 from queueflow.kafka.key_reader import KafkaKeySource
 from queueflow.kafka.log_reader import LogRangeReader
@@ -609,6 +610,7 @@ class ShareGroups:
         conf = app.conf
         self._offsets = LogOffsets(self.kafka)
         self._metadata = TopicMetadata(self.kafka)
+        self._batches = KafkaBatchFetcher(self.kafka)
         self._runtime = FaustRuntime(app)
         self._recovery_watch = RecoveryWatch(self.settings.recovery_stall_ms)
         self._stopping_stalled = False
@@ -628,6 +630,7 @@ class ShareGroups:
             request_log=LogRangeReader(self.kafka),
             group_configs=self.group_configs,
             key_source=KafkaKeySource(self.kafka),
+            batch_source=self._batches,
             auth_health=AuthHealth(
                 f"{self.app_id}/",
                 has_peers=self._has_peers,
@@ -917,6 +920,7 @@ class ShareGroups:
                 await self.endpoint.close()
             await self._offsets.close()
             await self._metadata.close()
+            await self._batches.close()
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
         self._check_stalls()  # as in _on_revoked: a stall is seen before the partitions move

@@ -569,6 +569,17 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader",
     ),
     Setting(
+        "leader_record_cache_bytes",
+        "queueflow.leader.record.cache.bytes",
+        8 * 1024 * 1024,
+        0,
+        1024 * 1024 * 1024,
+        doc="Bytes of raw record batches a leader keeps per source partition it leads, to answer "
+        "direct-path ShareFetches with the acquired records (oldest read dropped first); 0: "
+        "leaders carry no records and members read them from the broker.",
+        read_by="leader",
+    ),
+    Setting(
         "leader_advertised_host",
         "queueflow.leader.advertised.host",
         "",
@@ -991,6 +1002,7 @@ class ShareGroupSettings:
     fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")
     check_crcs: bool = bool_default("check_crcs")
     leader_listener: str = str_default("leader_listener")
+    leader_record_cache_bytes: int = int_default("leader_record_cache_bytes")
     leader_advertised_host: str = str_default("leader_advertised_host")
     direct_max_connections: int = int_default("direct_max_connections")
     direct_max_connections_per_ip: int = int_default("direct_max_connections_per_ip")

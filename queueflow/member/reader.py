@@ -1,10 +1,12 @@
 """Reading acquired records by offset from the source topic.
 
-Members never receive payloads from leaders: a ShareFetch answer holds offset ranges and
-delivery counts only, and the member reads those offsets from Kafka through Kafka's own fetch
-path (:class:`KafkaRecordReader`). Offsets in a range that hold no record (transaction markers,
-compacted-away records; aborted records too for a ``read_committed`` group) are reported as
-gaps, which the member acknowledges as ``GAP``.
+On the direct path a leader's ShareFetch answer carries the acquired records' batches
+(:func:`carried_records` parses them); otherwise (the request topics, or offsets the answer
+did not carry) an answer holds offset ranges and delivery counts only, and the member reads
+those offsets from Kafka through Kafka's own fetch path (:class:`KafkaRecordReader`).
+Offsets in a range that hold no record (transaction markers, compacted-away records; aborted
+records too for a ``read_committed`` group) are reported as gaps, which the member
+acknowledges as ``GAP``.
 Records aiokafka can't decode (a header name that is not UTF-8) are reported apart, as
 *undecodable*, with their header names decoded with U+FFFD replacement characters; a
 ShareConsumer or share agent REJECTs them (docs/guide.md "Handler outcomes").
@@ -41,6 +43,7 @@ __all__ = [
     "ReadResult",
     "RecordSource",
     "Undecodable",
+    "carried_records",
     "records_from_batches",
     "share_records",
 ]
@@ -558,3 +561,39 @@ class PartitionReader:
             return records, gaps, []
         undecodable = [(r, bad[r.offset]) for r in records if r.offset in bad]
         return [r for r in records if r.offset not in bad], gaps, undecodable
+
+
+def carried_records(
+    data: bytes,
+    topic: str,
+    partition: int,
+    acquired: list[protocol.WireAcquired],
+    records_end: int,
+    *,
+    check_crcs: bool = True,
+) -> tuple[ReadResult, list[protocol.WireAcquired]]:
+    """The acquired records a direct-path answer carried (``ShareFetchResponse.records``),
+    parsed by :func:`records_from_batches`: only acquired offsets below ``records_end`` are
+    delivered, whatever else the batches hold; an acquired offset below ``records_end``
+    without a record is a gap.
+
+    Args:
+        data: the record batches (Kafka v2 format, possibly compressed).
+        topic / partition: the source partition.
+        acquired: the acquired ranges ``(first, last, delivery_count)``, in offset order.
+        records_end: the answer's ``records_end``: the batches hold every acquired record
+            below it.
+        check_crcs: check each batch's CRC-32C (the member's ``check.crcs``).
+
+    Returns:
+        ((records, gaps, undecodable records), the acquired ranges at or after
+        ``records_end``: the member reads those itself).
+
+    Raises:
+        CorruptRecordException: a batch's CRC does not match (the caller reads every acquired
+            offset itself instead).
+        ValueError: the bytes are not record batches.
+    """
+    covered = [(f, min(last, records_end - 1), c) for f, last, c in acquired if f < records_end]
+    rest = [(max(f, records_end), last, c) for f, last, c in acquired if last >= records_end]
+    return records_from_batches(data, topic, partition, covered, check_crcs=check_crcs), rest

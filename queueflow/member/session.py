@@ -32,6 +32,7 @@ from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient
 from queueflow.member.lifecycle import SESSION_TRANSITIONS, Lifecycle, SessionState
 from queueflow.member.membership import Membership
+from queueflow.member.reader import ReadResult, carried_records
 from queueflow.member.routing import FetchRouter
 from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
@@ -441,12 +442,12 @@ class ShareFetchSession:
     async def _read(
         self, tp: TopicPartition, response: protocol.ShareFetchResponse, lock_deadline: float
     ) -> list[ShareRecord]:
-        """Read the acquired ranges (``read_committed`` if the leader says so); GAP the gaps,
-        RELEASE every acquired offset if the read fails (rather than wait for their locks)."""
+        """Take the records the answer carried (:func:`~queueflow.member.reader.carried_records`)
+        and read the other acquired ranges (``read_committed`` if the leader says so); GAP the
+        gaps, RELEASE every acquired offset if the read fails (rather than wait for their
+        locks)."""
         try:
-            records, gaps, undecodable = await self._source.read(
-                tp, response.acquired, self.ctx.settings.request_timeout_ms, response.read_committed
-            )
+            records, gaps, undecodable = await self._take_or_read(tp, response)
         except Exception:
             for first, last, _count in response.acquired:
                 for offset in range(first, last + 1):  # no handler saw them
@@ -463,6 +464,40 @@ class ShareFetchSession:
             if lock_deadline != math.inf:
                 record.lock_deadline = lock_deadline
         return records
+
+    async def _take_or_read(
+        self, tp: TopicPartition, response: protocol.ShareFetchResponse
+    ) -> ReadResult:
+        """The acquired records: those the answer carried, the rest read from Kafka."""
+        rest = response.acquired
+        carried: ReadResult = ([], [], [])
+        if response.records:
+            try:
+                carried, rest = carried_records(
+                    response.records,
+                    tp.topic,
+                    tp.partition,
+                    rest,
+                    response.records_end,
+                    check_crcs=self.ctx.settings.check_crcs,
+                )
+            except Exception as exc:  # unreadable bytes: read every acquired offset instead
+                self._log.warning(
+                    "carried_records_unreadable",
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    error=repr(exc),
+                    note="the member reads the acquired records from the broker instead",
+                )
+                carried, rest = ([], [], []), response.acquired
+        if not rest:
+            return carried
+        records, gaps, undecodable = await self._source.read(
+            tp, rest, self.ctx.settings.request_timeout_ms, response.read_committed
+        )
+        if not carried[0] and not carried[1] and not carried[2]:
+            return records, gaps, undecodable
+        return carried[0] + records, carried[1] + gaps, carried[2] + undecodable
 
     def _reject_undecodable(self, record: ShareRecord, reason: str) -> None:
         """REJECT a record that can't be decoded (:func:`_reject_undecodable`)."""

@@ -232,6 +232,14 @@ class ShareFetchResponse(_Message, tag="fetch_response"):
     ``share.isolation.level`` is ``read_committed``, so the member reads ``acquired`` with a
     ``read_committed`` fetch (aborted records and transaction markers come back as gaps, which
     it acknowledges as GAP).
+
+    ``records`` and ``records_end`` (direct path only; the request topics never carry
+    payloads): Kafka v2 record batches as the broker stored them (possibly compressed) that
+    hold every record of the acquired offsets below ``records_end``; an acquired offset below
+    ``records_end`` with no record in them (compacted away, a transaction marker) holds none.
+    The member reads the acquired offsets at or after ``records_end`` itself. The batches may
+    hold offsets that were not acquired: only the acquired ones are delivered. 0 (the
+    default): nothing carried.
     """
 
     kind: ClassVar[str] = "fetch_response"
@@ -248,6 +256,8 @@ class ShareFetchResponse(_Message, tag="fetch_response"):
     ack_stale: list[tuple[_Int64, _Int64]] = msgspec.field(default_factory=list)
     lock_timeout_ms: _Int64 = 0
     read_committed: bool = False
+    records: bytes = b""
+    records_end: _Int64 = 0
 
 
 class ReleaseMember(_Message, tag="release_member"):

@@ -17,6 +17,7 @@ from typing import Protocol
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.metrics import Metrics
 from queueflow.server.auth_health import AuthHealth
+from queueflow.server.record_cache import BatchSource
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
 
@@ -87,26 +88,17 @@ class ServerRuntime(Protocol):
 class LogOffsetsSource(Protocol):
     """Log start and end offsets of source partitions (see :mod:`queueflow.server.log_offsets`)."""
 
-    def cached_end(self, tp: TopicPartition) -> int | None:
-        """The last known high watermark, or ``None``; keeps it refreshed for a while."""
-        ...
-
     def known_end(self, tp: TopicPartition) -> int | None:
-        """The last known high watermark, or ``None``, without keeping it refreshed (long
-        polls: :meth:`wait_end_beyond` refreshes it when they park)."""
+        """The last known high watermark, or ``None`` (raised by :meth:`log_end` and, for
+        long polls, by :meth:`wait_end_beyond` as records arrive)."""
         ...
 
     async def log_end(self, tp: TopicPartition) -> int:
         """The current high watermark."""
         ...
 
-    def cached_stable_end(self, tp: TopicPartition) -> int | None:
-        """The last known last stable offset (LSO), or ``None``; keeps it refreshed for a
-        while (groups with ``share.isolation.level=read_committed``)."""
-        ...
-
     def known_stable_end(self, tp: TopicPartition) -> int | None:
-        """The last known last stable offset, or ``None``, without keeping it refreshed."""
+        """The last known last stable offset, or ``None`` (raised by :meth:`stable_end`)."""
         ...
 
     async def stable_end(self, tp: TopicPartition) -> int:
@@ -241,3 +233,6 @@ class ServerContext:
     #: ``None``: no key-ordered share-partition acquires anything (its keys can't be learned),
     #: and no hole is learned (acquisition counts offsets: docs/concepts.md).
     key_source: KeySource | None = None
+    #: Reads raw record batches for the direct path's answers (``None``: leaders carry no
+    #: records; members read them; :mod:`queueflow.server.record_cache`).
+    batch_source: BatchSource | None = None

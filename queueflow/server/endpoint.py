@@ -47,8 +47,10 @@ from queueflow.server.connections import (
 )
 from queueflow.server.context import ServerContext
 from queueflow.server.leader import ShareLeader
+from queueflow.server.record_cache import LeaderRecords
 from queueflow.server.transport import control_auth, monotonic_ms, not_leader
 from queueflow.settings import listener_address
+from queueflow.structs import TopicPartition
 
 __all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
 
@@ -102,6 +104,12 @@ class LeaderEndpoint:
         self._serving: dict[tuple[str, int, str, int], bytes] = {}
         settings = ctx.settings
         self._limits = DirectLimits.from_settings(settings)
+        #: The records answers carry (``None``: members read them; ``record_cache``).
+        self.records = (
+            LeaderRecords(ctx.batch_source, settings.leader_record_cache_bytes)
+            if ctx.batch_source is not None and settings.leader_record_cache_bytes > 0
+            else None
+        )
         self._gate = ConnectionGate(
             connection_cap(settings.direct_max_connections),
             settings.direct_max_connections_per_ip,
@@ -377,6 +385,12 @@ class LeaderEndpoint:
                 response = await leader.serve(request)
             finally:
                 self._serving.pop(slot, None)
+            if self.records is not None and response.acquired:
+                response.records, response.records_end = await self.records.carry(
+                    TopicPartition(request.topic, request.partition),
+                    response.acquired,
+                    read_committed=response.read_committed,
+                )
         body = protocol.encode_binary(response)
         dest = direct_reply_dest(self.address)
         # hmac: sealed by the workers to the key the request came with (= its ticket's)

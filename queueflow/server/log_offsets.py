@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 import structlog
 from aiokafka import AIOKafkaConsumer
@@ -22,15 +21,10 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.structs import TopicPartition
 
-__all__ = ["LOG_END_REFRESH_S", "LOG_END_WATCH_S", "LogOffsets"]
+__all__ = ["ARRIVAL_FETCH_WAIT_MS", "LogOffsets"]
 
 log = structlog.get_logger("queueflow.server.log_offsets")
 
-#: How often the end offsets of source partitions being fetched are refreshed (s), and how long
-#: after the last ShareFetch they stay watched (s). Parked (long-poll) ShareFetches don't wait
-#: for this refresh: :meth:`LogOffsets.wait_end_beyond` wakes them as records arrive.
-LOG_END_REFRESH_S = 0.05
-LOG_END_WATCH_S = 2.0
 #: The long-poll fetch of :meth:`LogOffsets.wait_end_beyond`: how long the broker holds it (ms)
 #: when no record comes (a record ends it at once; a long wait keeps an idle leader quiet).
 ARRIVAL_FETCH_WAIT_MS = 5000
@@ -39,9 +33,10 @@ ARRIVAL_FETCH_WAIT_MS = 5000
 class LogOffsets:
     """Log start and end offsets of source partitions, from a group-less consumer.
 
-    The end offsets of partitions fetched from recently are refreshed in the background every
-    :data:`LOG_END_REFRESH_S`, so a ShareFetch that finds nothing to acquire need not wait for a
-    ListOffsets round trip (which would hold up every request behind it in the leader agent).
+    Nothing is refreshed in the background: a leader asks the broker when the end it knows
+    would leave a ShareFetch short (``ShareFetcher.acquire_from`` in
+    :mod:`queueflow.server.leader.fetching`), and long polls learn it as records arrive
+    (:meth:`wait_end_beyond`).
 
     Args:
         kafka: the cluster.
@@ -54,31 +49,13 @@ class LogOffsets:
         self.end: dict[TopicPartition, int] = {}
         #: The last stable offset of partitions read_committed groups acquire from.
         self.stable: dict[TopicPartition, int] = {}
-        self._watched: dict[TopicPartition, float] = {}  # partition -> last asked (monotonic s)
-        self._watched_stable: dict[TopicPartition, float] = {}
-        self._refresher: asyncio.Task[None] | None = None
         self._client_lock = asyncio.Lock()
         # wait_end_beyond: per partition, a consumer long-polling where records are awaited.
         self._arrivals: dict[TopicPartition, _Arrivals] = {}
 
-    def cached_end(self, tp: TopicPartition) -> int | None:
-        """The last known high watermark of ``tp`` (``None`` if unknown); keeps it refreshed in
-        the background for :data:`LOG_END_WATCH_S`."""
-        self._watched[tp] = time.monotonic()
-        if self._refresher is None or self._refresher.done():
-            self._refresher = asyncio.ensure_future(self._refresh_watched())
-        return self.end.get(tp)
-
     def known_end(self, tp: TopicPartition) -> int | None:
         """The last known high watermark of ``tp`` (``None`` if unknown), without watching it."""
         return self.end.get(tp)
-
-    def cached_stable_end(self, tp: TopicPartition) -> int | None:
-        """The last known last stable offset of ``tp`` (``None`` if unknown); keeps it (and the
-        high watermark) refreshed in the background for :data:`LOG_END_WATCH_S`."""
-        self._watched_stable[tp] = time.monotonic()
-        self.cached_end(tp)
-        return self.stable.get(tp)
 
     def known_stable_end(self, tp: TopicPartition) -> int | None:
         """The last known last stable offset of ``tp`` (``None`` if unknown), without watching
@@ -97,27 +74,6 @@ class LogOffsets:
         highest = max(self.stable.get(tp, -1), end)
         self.stable[tp] = highest
         return highest
-
-    async def _refresh_watched(self) -> None:
-        while self._watched:
-            await asyncio.sleep(LOG_END_REFRESH_S)
-            now = time.monotonic()
-            for watched in (self._watched, self._watched_stable):
-                for tp in [tp for tp, at in watched.items() if now - at > LOG_END_WATCH_S]:
-                    del watched[tp]
-            if not self._watched:
-                return
-            try:
-                consumer = await self._client()
-                for tp, end in (await consumer.end_offsets(list(self._watched))).items():
-                    self._raise_end(tp, end)
-                if self._watched_stable:
-                    stable = await self._client(stable=True)
-                    for tp, end in (await stable.end_offsets(list(self._watched_stable))).items():
-                        self._raise_stable(tp, end)
-            except Exception as exc:  # the broker may be restarting: keep the last values
-                log.warning("log_end_refresh_failed", error=repr(exc))
-                await asyncio.sleep(1.0)
 
     async def log_end(self, tp: TopicPartition) -> int:
         """Refresh and return the high watermark of ``tp``."""
@@ -194,10 +150,6 @@ class LogOffsets:
 
     async def close(self) -> None:
         """Stop the background work and close the consumers."""
-        if self._refresher is not None:
-            self._refresher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._refresher
         for arrivals in self._arrivals.values():
             await arrivals.close()
         self._arrivals.clear()

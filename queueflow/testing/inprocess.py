@@ -65,6 +65,7 @@ from queueflow.server.leader import ShareLeader
 from queueflow.server.ticker import LeaderTicker
 from queueflow.settings import AutoOffsetReset, ProcessingGuarantee, ShareGroupSettings
 from queueflow.structs import ShareRecord, TopicPartition
+from queueflow.testing.batches import InProcessBatches
 from queueflow.testing.transactions import AckTopics, TransactionalProducer
 
 __all__ = ["InProcessCluster", "StoredRecord"]
@@ -534,6 +535,9 @@ class InProcessCluster:
         #: Offsets of aborted transactional records: a read_committed read reports them as
         #: gaps, as Kafka's read_committed fetch leaves them out.
         self.aborted: set[tuple[TopicPartition, int]] = set()
+        #: The leaders' record batches (direct-path answers carry them).
+        self.batches = InProcessBatches(self.records, self.stable_end_now, self.aborted)
+        self.server.batch_source = self.batches
         #: What share agents published, by topic, in order (:meth:`sink_records`).
         self.published: dict[str, list[StoredRecord]] = {}
 
@@ -618,17 +622,11 @@ class InProcessCluster:
         return list(self.published.get(topic, []))
 
     # LogOffsetsSource
-    def cached_end(self, tp: TopicPartition) -> int | None:
-        return len(self.records[TopicPartition(*tp)])
-
     def known_end(self, tp: TopicPartition) -> int | None:
         return len(self.records[TopicPartition(*tp)])
 
     async def log_end(self, tp: TopicPartition) -> int:
         return len(self.records[TopicPartition(*tp)])
-
-    def cached_stable_end(self, tp: TopicPartition) -> int | None:
-        return self.stable_end_now(tp)
 
     def known_stable_end(self, tp: TopicPartition) -> int | None:
         return self.stable_end_now(tp)

@@ -172,25 +172,37 @@ class ShareFetcher:
         if self.holes is not None:  # holes found under another isolation level are forgotten
             self.holes.check(durable, self.configs.read_committed(request.group))
         tp = TopicPartition(self.topic, durable.partition)
-        offsets = self.ctx.log_offsets
-        # A long poll that finds nothing parks, and its wait refreshes the log end: it needs no
-        # background refresh (which would poll the broker while the fleet is idle).
-        log_end = offsets.known_end(tp) if request.max_wait_ms else offsets.cached_end(tp)
-        if log_end is None:
-            log_end = await offsets.log_end(tp)
+        log_end = await self._log_end(tp, request, durable.engine.end_offset)
         if self.configs.read_committed(request.group):
-            log_end = min(log_end, await self._stable_end(tp, long_poll=bool(request.max_wait_ms)))
+            log_end = min(log_end, await self._stable_end(tp, log_end))
         return (log_end, None), effects
 
-    async def _stable_end(self, tp: TopicPartition, *, long_poll: bool) -> int:
-        """The last stable offset of ``tp`` (``share.isolation.level=read_committed``): records
-        at or past it are in (or after) an open transaction and are not acquired yet. A long
-        poll asks the broker when the known one is behind the high watermark (a parked request
-        wakes when anything is written, a transaction's end marker too)."""
+    async def _log_end(
+        self, tp: TopicPartition, request: protocol.ShareFetchRequest, speo: int
+    ) -> int:
+        """The log end to acquire below: exact whenever it matters. The known end serves while
+        it leaves at least ``max_records`` past the SPEO (a backlog: no round trip); short of
+        that the broker is asked (ListOffsets, shared by the requests of the partition waiting
+        at that moment), except for a long poll that knows of nothing past the SPEO: it parks,
+        and its wait reads the partition from the SPEO (``wait_end_beyond``), which finds the
+        records already there at once; an idle fleet asks nothing."""
         offsets = self.ctx.log_offsets
-        stable = offsets.known_stable_end(tp) if long_poll else offsets.cached_stable_end(tp)
-        end = offsets.known_end(tp)
-        if stable is None or (long_poll and end is not None and stable < end):
+        known = offsets.known_end(tp)
+        if known is not None and known - speo >= max(request.max_records, 1):
+            return known
+        if known is not None and known <= speo and request.max_wait_ms:
+            return known
+        return await offsets.log_end(tp)
+
+    async def _stable_end(self, tp: TopicPartition, end: int) -> int:
+        """The last stable offset of ``tp`` (``share.isolation.level=read_committed``): records
+        at or past it are in (or after) an open transaction and are not acquired yet. The
+        broker is asked when the known one is behind the high watermark ``end`` (a transaction
+        may have ended since; a parked request wakes when anything is written, a transaction's
+        end marker too)."""
+        offsets = self.ctx.log_offsets
+        stable = offsets.known_stable_end(tp)
+        if stable is None or stable < end:
             stable = await offsets.stable_end(tp)
         return stable
 

@@ -154,6 +154,8 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "ack_stale",
         "lock_timeout_ms",
         "read_committed",
+        "records",
+        "records_end",
     ),
     ReleaseMember: (
         "group",

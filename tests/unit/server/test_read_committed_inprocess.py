@@ -143,20 +143,16 @@ class _Offsets:
     def known_stable_end(self, tp: TopicPartition) -> int | None:
         return self.known_stable
 
-    def cached_stable_end(self, tp: TopicPartition) -> int | None:
-        return self.known_stable
-
     async def stable_end(self, tp: TopicPartition) -> int:
         self.asked += 1
         self.known_stable = self.broker_stable
         return self.broker_stable
 
 
-def test_a_long_poll_asks_the_broker_for_the_lso_when_the_known_one_is_behind() -> None:
-    """A parked read_committed request wakes when the high watermark moves (a marker); the LSO
-    it knew is stale then, so it asks the broker once. A short poll takes the cached value
-    (refreshed in the background), and so does a long poll once the LSO is known to have
-    caught up with the high watermark."""
+def test_the_broker_is_asked_for_the_lso_when_the_known_one_is_behind() -> None:
+    """A read_committed acquisition sees the exact LSO: when the one it knows is behind the
+    high watermark (a transaction may have ended since), it asks the broker; once the LSO is
+    known to have caught up with the high watermark, it asks nothing."""
     offsets = _Offsets()
     fetcher = ShareFetcher(
         cast(Any, SimpleNamespace(log_offsets=offsets)),
@@ -167,12 +163,11 @@ def test_a_long_poll_asks_the_broker_for_the_lso_when_the_known_one_is_behind() 
     )
 
     async def scenario() -> None:
-        assert await fetcher._stable_end(TP, long_poll=False) == 4 and offsets.asked == 0
-        assert await fetcher._stable_end(TP, long_poll=True) == 9 and offsets.asked == 1
+        assert await fetcher._stable_end(TP, 10) == 9 and offsets.asked == 1
         offsets.known_stable = offsets.broker_stable = 10
-        assert await fetcher._stable_end(TP, long_poll=True) == 10 and offsets.asked == 1
+        assert await fetcher._stable_end(TP, 10) == 10 and offsets.asked == 1
         offsets.known_stable = None  # never asked: ask
-        assert await fetcher._stable_end(TP, long_poll=False) == 10 and offsets.asked == 2
+        assert await fetcher._stable_end(TP, 10) == 10 and offsets.asked == 2
 
     run(scenario())
 
