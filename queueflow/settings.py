@@ -1239,6 +1239,7 @@ ENVIRONMENT: Final = (
     EnvironmentVariable("QUEUEFLOW_CACHE_DIR", "local broker"),
     EnvironmentVariable("QUEUEFLOW_HOME", "queueflow broker"),
     EnvironmentVariable("QUEUEFLOW_KAFKA_VERSION", "local broker"),
+    EnvironmentVariable("QUEUEFLOW_MAVEN_REPOSITORY", "local broker"),
     EnvironmentVariable("QUEUEFLOW_BROKER_JVM_OPTS", "local broker"),
     EnvironmentVariable("QUEUEFLOW_TOOL_JVM_OPTS", "queueflow broker tool"),
     EnvironmentVariable("QUEUEFLOW_SASL_PASSWORD", "queueflow acls apply"),

@@ -1,2 +1,2 @@
-"""Developer tooling: the local Kafka broker (Maven-resolved Apache Kafka jars) and the
+"""Developer tooling: the local Kafka broker (Apache Kafka jars from Maven Central) and the
 ``queueflow`` command line. Nothing in the runtime imports it."""

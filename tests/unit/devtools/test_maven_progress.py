@@ -1,4 +1,6 @@
-"""The first resolution of the Kafka jars says what it does: that it resolves, the files and
+"""For a Kafka release without a checked-in jar manifest, Maven resolves the jars (the
+releases with one download over HTTP: tests/unit/devtools/test_jar_download.py). The first
+resolution of the Kafka jars says what it does: that it resolves, the files and
 bytes downloaded so far (with the percentage of the expected total), and the result; Maven's
 failures still carry the tail of its output. Maven here is a fake ``mvn`` script printing what
 Maven prints in batch mode."""
@@ -51,6 +53,7 @@ def fake_maven(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     monkeypatch.setenv("QUEUEFLOW_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(maven, "find_java", lambda: "java")
+    monkeypatch.setattr(maven, "load_manifest", lambda version: None)  # no manifest: Maven
     monkeypatch.setattr(maven, "PROGRESS_EVERY_S", 0.0)  # a line per downloaded file
     return tmp_path / "cache"
 
