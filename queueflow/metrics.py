@@ -142,8 +142,8 @@ class Metrics:
 
     Attributes are the metrics listed in the module docstring, named in lower case: counters
     ``delivered``, ``redelivered``, ``acknowledgements``, ``handler_errors``,
-    ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``given_back_unstarted``, ``state_writes``,
-    ``leader_step_downs``, ``transactional_acks``, ``control_messages_dropped``,
+    ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``given_back_unstarted``,
+    ``state_writes``, ``leader_step_downs``, ``transactional_acks``, ``control_messages_dropped``,
     ``acquisitions``, ``deliveries``,
     ``archived``, ``lock_expiries``,
     ``group_rebalances``; histograms ``share_fetch_seconds`` and ``ack_latency_seconds``

@@ -80,9 +80,7 @@ def give_back_unstarted(runner: HandlerRunner, records: list[ShareRecord], ahead
         runner.acknowledge(record, _RELEASE, undelivered=True)
     agent.dispatch.unreserve(len(records))
     agent.stats.given_back += len(records)
-    agent.ctx.metrics.given_back_unstarted.labels(agent.group, agent.topic_name).inc(
-        len(records)
-    )
+    agent.ctx.metrics.given_back_unstarted.labels(agent.group, agent.topic_name).inc(len(records))
     agent.log.info(
         "unstarted_records_given_back",
         queued=ahead,
