@@ -1,6 +1,6 @@
 """Adaptive acquisition on the real broker (docs/concepts.md "Adaptive acquisition"): a member
-whose handlers are slower than their call time suggests holds no more records than it starts
-within their locks, so none expires in its queue and every record is delivered once."""
+whose handlers slow down holds no more records than it starts within their locks, so none
+expires in its queue and every record is handled once, on its first delivery."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_share_agent import _get, agent_worker, produce, wait_for_ledger
 
-RECORDS = 120
+FAST, SLOW = 400, 120
 
 
 def _sum(text: str, name: str, group: str) -> float:
@@ -25,24 +26,37 @@ def _sum(text: str, name: str, group: str) -> float:
     )
 
 
-def test_a_member_blocking_its_loop_holds_only_what_it_starts_within_the_locks(
-    kafka_bootstrap: str, topic_factory: Callable[..., str], tmp_path: Path
+def test_handlers_that_slow_down_let_no_lock_expire_in_the_queue(
+    kafka_bootstrap: str,
+    topic_factory: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """100 ms handler calls that block the event loop, 4 handler tasks, 2 s locks, 120 records
-    on one partition: 10 records/s, where the call time says 40/s (enough for 40 records per
-    half lock). Sized from the call time, the queue holds records past their locks; sized from
-    the measured rate, no lock expires in the queue and every record is delivered once."""
+    """400 records that take no time, then 120 that take 150 ms each, on one partition, 4
+    handler tasks, 2 s locks. The fast records grow the batches; when the handlers slow down
+    (27 records/s), what is queued by then takes longer than the lock to start. With the
+    handling rate followed within a few calls and the records that would not start in time
+    given back early (undelivered), no lock expires in the queue and every record is handled
+    once with delivery count 1."""
+    monkeypatch.setenv("AGENT_FAST", str(FAST))
     topic = topic_factory(1)
-    asyncio.run(produce(kafka_bootstrap, topic, count=RECORDS, junk=False))
-    with agent_worker(
-        "tests.integration.busy_loop_agent_app", topic, kafka_bootstrap, tmp_path
-    ) as (worker, ledger, log, web_port):
+    total = FAST + SLOW
+    asyncio.run(produce(kafka_bootstrap, topic, count=total, junk=False))
+    with agent_worker("tests.integration.slowing_agent_app", topic, kafka_bootstrap, tmp_path) as (
+        worker,
+        ledger,
+        log,
+        web_port,
+    ):
         lines = wait_for_ledger(
-            worker, ledger, log, lambda x: {e["i"] for e in x} >= set(range(RECORDS))
+            worker, ledger, log, lambda x: {e["i"] for e in x} >= set(range(total))
         )
         metrics = _get(f"http://127.0.0.1:{web_port}/metrics")
-    expired = _sum(metrics, "queueflow_records_lock_expired_unhandled_total", "busy")
+    expired = _sum(metrics, "queueflow_records_lock_expired_unhandled_total", "slowing")
+    given_back = _sum(metrics, "queueflow_records_given_back_unstarted_total", "slowing")
     counts = Counter(e["delivery_count"] for e in lines)
-    assert expired == 0, (expired, counts)
-    assert counts == {1: RECORDS}, counts  # each handled once, on its first delivery
+    handled = Counter(e["i"] for e in lines)
+    assert expired == 0, (expired, given_back, counts)
+    assert counts == {1: total}, (counts, given_back)  # each handled once, first delivery
+    assert set(handled.values()) == {1}
     assert "acquisition_lock_expired_before_handling" not in log.read_text()
