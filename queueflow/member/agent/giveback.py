@@ -40,7 +40,8 @@ def release_expiring(runner: HandlerRunner, now: float, window_s: float) -> int:
       doesn't leave records to expire in the queue.
 
     Returns how many records were released."""
-    queue, flow = runner._queue, runner.agent.flow
+    queue = runner._queue
+    per_record_s = runner.agent.flow.start_delay_s(0)  # one record's share of the rate
     expired: list[list[ShareRecord]] = []
     late: list[list[ShareRecord]] = []
     keep: list[list[ShareRecord]] = []
@@ -49,7 +50,7 @@ def release_expiring(runner: HandlerRunner, now: float, window_s: float) -> int:
         first = unit[0].lock_deadline if len(unit) == 1 else min(r.lock_deadline for r in unit)
         if first <= now + window_s:
             expired.append(unit)
-        elif now + flow.start_delay_s(ahead) >= first - window_s:
+        elif now + (ahead + 1) * per_record_s >= first - window_s:
             late.append(unit)
         else:
             keep.append(unit)
@@ -64,15 +65,19 @@ def release_expiring(runner: HandlerRunner, now: float, window_s: float) -> int:
         for record in unit:
             runner.lock_expired_unhandled(record)
         released += len(unit)
-    if late:
-        released += give_back_unstarted(runner, [r for unit in late for r in unit], ahead)
+    by_partition: dict[int, list[ShareRecord]] = {}
+    for unit in late:
+        for record in unit:
+            by_partition.setdefault(record.partition, []).append(record)
+    for records in by_partition.values():  # one log line per share-partition
+        released += give_back_unstarted(runner, records, ahead)
     return released
 
 
 def give_back_unstarted(runner: HandlerRunner, records: list[ShareRecord], ahead: int) -> int:
-    """RELEASE ``records`` (taken out of the queue) ``undelivered`` before their locks expire:
-    at the measured rate the handlers would not start them in time, with ``ahead`` records
-    still queued before them. Counted in ``queueflow_records_given_back_unstarted_total`` and
+    """RELEASE ``records`` (of one share-partition, taken out of the queue) ``undelivered``
+    before their locks expire: at the measured rate the handlers would not start them in time,
+    with ``ahead`` records still queued before them. Counted in ``queueflow_records_given_back_unstarted_total`` and
     logged once (``unstarted_records_given_back``); returns how many."""
     agent = runner.agent
     runner.queued -= len(records)
