@@ -77,8 +77,9 @@ def release_expiring(runner: HandlerRunner, now: float, window_s: float) -> int:
 def give_back_unstarted(runner: HandlerRunner, records: list[ShareRecord], ahead: int) -> int:
     """RELEASE ``records`` (of one share-partition, taken out of the queue) ``undelivered``
     before their locks expire: at the measured rate the handlers would not start them in time,
-    with ``ahead`` records still queued before them. Counted in ``queueflow_records_given_back_unstarted_total`` and
-    logged once (``unstarted_records_given_back``); returns how many."""
+    with ``ahead`` records still queued before them. Counted in
+    ``queueflow_records_given_back_unstarted_total`` and logged once
+    (``unstarted_records_given_back``); returns how many."""
     agent = runner.agent
     runner.queued -= len(records)
     for record in records:
