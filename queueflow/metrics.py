@@ -15,6 +15,9 @@ Members (share agents):
 * ``queueflow_acknowledgements_dropped_total{group,topic}``: outcomes the leader refused as stale;
 * ``queueflow_records_lock_expired_unhandled_total{group,topic}``: records released without
   calling the handler because their lock expired while they waited;
+* ``queueflow_records_given_back_unstarted_total{group,topic}``: records released undelivered
+  before their lock expired, because at the measured handling rate no handler would have
+  started them in time (docs/concepts.md "Adaptive acquisition");
 * ``queueflow_share_fetch_seconds{group,topic}``: ShareFetch round trips;
 * ``queueflow_drain_seconds{group,agent}``: how long the last graceful drain took;
 
@@ -190,8 +193,8 @@ class Metrics:
 
     Attributes are the metrics listed in the module docstring, named in lower case: counters
     ``delivered``, ``redelivered``, ``acknowledgements``, ``handler_errors``,
-    ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``state_writes``,
-    ``leader_step_downs``, ``transactional_acks``, ``control_messages_dropped``,
+    ``acknowledgements_dropped``, ``lock_expired_unhandled``, ``given_back_unstarted``,
+    ``state_writes``, ``leader_step_downs``, ``transactional_acks``, ``control_messages_dropped``,
     ``acquisitions``, ``deliveries``,
     ``archived``, ``lock_expiries``,
     ``group_rebalances``; histograms ``share_fetch_seconds`` and ``ack_latency_seconds``
@@ -246,6 +249,13 @@ class Metrics:
             "queueflow_records_lock_expired_unhandled",
             "Records released without calling the handler: their acquisition lock expired while "
             "they waited for one",
+            _MEMBER,
+            registry=reg,
+        )
+        self.given_back_unstarted = Counter(
+            "queueflow_records_given_back_unstarted",
+            "Records released undelivered before their lock expired: at the measured handling "
+            "rate no handler would have started them in time",
             _MEMBER,
             registry=reg,
         )

@@ -8,8 +8,11 @@
    ``member``); each parses files with ``ast`` and REJECTs those that don't parse;
 4. print how to watch it (``queueflow share-groups --describe`` and the dashboard at
    ``http://127.0.0.1:<port>/queueflow/`` of each worker), progress, then a summary whose last
-   line is one JSON object (``DEMO_SCREENSHOT=path`` also saves a screenshot of the dashboard
-   mid-drain, with headless Chromium: see :mod:`queueflow.devtools.browser`);
+   line is one JSON object, with ``lock_expired_in_queue`` (records whose lock expired, or was
+   about to, while they waited in a member's queue) and ``given_back_unstarted`` (records given
+   back before that), summed over the workers' ``/metrics`` (``DEMO_SCREENSHOT=path`` also
+   saves a screenshot of the dashboard mid-drain, with headless Chromium: see
+   :mod:`queueflow.devtools.browser`);
 5. check itself against a direct ``ast.parse`` of every file, and exit non-zero on a mismatch;
 6. stop the workers and the broker it started, also on SIGINT/SIGTERM (the broker JVM and the
    workers also get SIGTERM from the kernel if this process dies, see
@@ -31,6 +34,7 @@ import sys
 import sysconfig
 import threading
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -140,6 +144,38 @@ def read_ledger(paths: list[Path]) -> list[dict[str, object]]:
     return entries
 
 
+#: The member metrics summed over the workers for the summary: records whose lock expired (or
+#: was about to) while they waited in a member's queue, and records given back unstarted before
+#: that (docs/concepts.md "Adaptive acquisition").
+QUEUE_METRICS = {
+    "lock_expired_in_queue": "queueflow_records_lock_expired_unhandled_total",
+    "given_back_unstarted": "queueflow_records_given_back_unstarted_total",
+}
+
+
+def metric_sum(text: str, name: str) -> int:
+    """The sum of metric ``name``'s samples (every label set) in Prometheus text ``text``."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in ("{", " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return int(total)
+
+
+def queue_counts(web_ports: list[int]) -> dict[str, int | None]:
+    """:data:`QUEUE_METRICS` summed over the workers' ``/metrics`` pages (None when a worker's
+    page can't be read: the count would be incomplete)."""
+    pages = []
+    for port in web_ports:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+                pages.append(reply.read().decode())
+        except OSError as exc:
+            print(f"  no metrics from the worker on port {port}: {exc}", flush=True)
+            return dict.fromkeys(QUEUE_METRICS)
+    return {key: sum(metric_sum(p, name) for p in pages) for key, name in QUEUE_METRICS.items()}
+
+
 def _terminate(signum: int, frame: object) -> None:
     """SIGTERM unwinds like Ctrl-C: the ``finally`` of :func:`main` stops what it started."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
@@ -244,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             "rejected": outcomes["REJECT"],
             "released": sum(1 for e in entries if e["outcome"] == "RELEASE"),
             "redelivered": sum(1 for e in entries if int(e["delivery_count"]) > 1),
+            **queue_counts(web_ports),
             "workers": len(workers),
             "partitions": PARTITIONS,
             "seconds": seconds,

@@ -323,6 +323,7 @@ class ShareAgent:
         started = clock.monotonic()
         runner, dispatch = self.runner, self.dispatch
         dispatch.cancel_fetchers()
+        await dispatch.end_long_polls()  # a parked ShareFetch could be held for seconds
         runner.release_queued()
         if runner.unfinished:
             timeout = self.ctx.settings.shutdown_timeout_ms / 1000

@@ -25,6 +25,12 @@ __all__ = ["FETCHES_IN_FLIGHT", "Dispatcher"]
 #: ShareFetch loops per assigned share-partition: one can be in flight while the handlers work
 #: through the records of the other.
 FETCHES_IN_FLIGHT = 2
+#: The longest (ms) an idle share-partition's long poll asks its leader to hold it: each empty
+#: long poll doubles the wait, from ``fetch.max.wait.ms`` up to this; records reset it. The
+#: leader answers a parked ShareFetch as soon as records arrive (KIP-932 long poll), so a
+#: longer wait costs no reaction time, only fewer idle round trips (and the leader's lease
+#: still caps it).
+IDLE_LONG_POLL_MAX_MS = 8_000
 
 
 class Dispatcher:
@@ -46,6 +52,8 @@ class Dispatcher:
         self.in_flight: dict[TopicPartition, list[float]] = {}
         self.outcome_recorded = asyncio.Event()
         self._long_polled: dict[TopicPartition, bool] = {}
+        #: The next long poll's wait (ms) of share-partitions whose long polls came back empty.
+        self._idle_wait_ms: dict[TopicPartition, int] = {}
         #: Share-partitions whose last ShareFetch acquired nothing (see :meth:`reserve`).
         self.idle_partitions: set[TopicPartition] = set()
         self._idle_polls: dict[TopicPartition, asyncio.Lock] = {}  # one long poll at a time
@@ -62,6 +70,15 @@ class Dispatcher:
         for tasks in self.fetchers.values():
             for task in tasks:
                 task.cancel()
+
+    async def end_long_polls(self) -> None:
+        """Have the leaders answer this agent's parked ShareFetches now (the agent is
+        stopping: its cancelled fetch loops wait for their ShareFetch in flight)."""
+        session = self.agent.session
+        if session is not None:
+            for tp in list(self.fetchers):
+                with contextlib.suppress(Exception):  # the leave releases them anyway
+                    await session.end_long_polls(tp)
 
     async def supervise(self) -> None:
         """Start and stop one fetch loop per assigned share-partition; send acknowledgements
@@ -208,7 +225,8 @@ class Dispatcher:
         want = await self.reserve(tp, idle)
         # Shielded: when the share-partition is reassigned mid-request, the request still
         # completes and its records are handled, instead of staying locked until expiry.
-        fetch = asyncio.ensure_future(self.fetch_once(tp, want, None if idle else 0))
+        wait_ms = self._idle_wait_ms.get(tp) if idle else 0
+        fetch = asyncio.ensure_future(self.fetch_once(tp, want, wait_ms))
         try:
             delivered = await asyncio.shield(fetch)
         except asyncio.CancelledError:
@@ -225,6 +243,7 @@ class Dispatcher:
             )
             delivered = -1
         self._settle_reservation(idle, want, delivered)
+        self._next_wait(tp, delivered)
         # An empty long poll already waited at the leader, and an empty busy fetch is
         # followed by a long poll: no back-off on top of either.
         waited = delivered == 0 and (self._long_polled.pop(tp, False) or not idle)
@@ -239,6 +258,17 @@ class Dispatcher:
                 self.idle_partitions.add(tp)
             # The loops woken by room just freed reserve first (they wait in order).
             await asyncio.sleep(0)
+
+    def _next_wait(self, tp: TopicPartition, delivered: int) -> None:
+        """After a ShareFetch of ``tp`` that queued ``delivered`` records: the next long poll
+        waits twice as long if this one was an empty long poll (up to
+        :data:`IDLE_LONG_POLL_MAX_MS`), ``fetch.max.wait.ms`` again once records come."""
+        if delivered != 0:
+            self._idle_wait_ms.pop(tp, None)
+        elif self._long_polled.get(tp):
+            base = self.agent.ctx.settings.fetch_max_wait_ms
+            current = self._idle_wait_ms.get(tp, base)
+            self._idle_wait_ms[tp] = max(min(2 * current, IDLE_LONG_POLL_MAX_MS), base)
 
     def _settle_reservation(self, idle: bool, want: int, delivered: int) -> None:
         """After a ShareFetch that asked for ``want`` records and queued ``delivered`` (-1 on

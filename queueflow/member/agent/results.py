@@ -120,7 +120,9 @@ class AgentStats:
     ``lock_expired``: records released unhandled because their acquisition lock expired while
     they waited for a handler; ``acks_dropped``: outcomes the leader refused as stale;
     ``handler_timeouts``: records RELEASEd because their handler call passed its deadline;
-    ``renewed``: record lock renewals (RENEW) sent for handler calls still running.
+    ``renewed``: record lock renewals (RENEW) sent for handler calls still running;
+    ``given_back``: records released undelivered before their lock expired because no handler
+    would have started them in time (:func:`~queueflow.member.agent.giveback.release_expiring`).
     """
 
     def __init__(self) -> None:
@@ -135,6 +137,7 @@ class AgentStats:
         self.acks_dropped = 0
         self.handler_timeouts = 0
         self.renewed = 0
+        self.given_back = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""

@@ -252,8 +252,9 @@ class HandlerRunner:
         clock = self.agent.ctx.clock
         started = clock.monotonic()
         ended = await self.call(records, call, margin_s)
-        # FlowControl thinks in records: feed it the time per record.
-        self.agent.flow.observe_handler((clock.monotonic() - started) / len(records))
+        # FlowControl thinks in records: the call's time and the records still waiting.
+        now = clock.monotonic()
+        self.agent.flow.observe_handled(now - started, len(records), now, self.queued)
         result = judge(ended, records, self.batch, self.routes)
         transactions = self.agent.transactions
         if len(records) > 1 and result.failure is Failure.RAISED and transactions is None:
