@@ -252,8 +252,7 @@ class HandlerRunner:
         clock = self.agent.ctx.clock
         started = clock.monotonic()
         ended = await self.call(records, call, margin_s)
-        # FlowControl thinks in records: the call's time and the records still waiting.
-        now = clock.monotonic()
+        now = clock.monotonic()  # FlowControl: the call's time per record, records waiting
         self.agent.flow.observe_handled(now - started, len(records), now, self.queued)
         result = judge(ended, records, self.batch, self.routes)
         transactions = self.agent.transactions

@@ -223,7 +223,9 @@ def test_a_member_whose_handlers_all_hang_releases_its_queue_and_the_partition_d
             clock.advance(600)  # a lock margin later: stuck
             await eventually(lambda: a.deadlines.all_stuck, "A's handlers all stuck")
             (stuck,) = events(logs, "share_agent_handlers_stuck")
-            assert stuck["stuck"] == 2 and stuck["queued_released"] == queued
+            # The hung calls become stuck when their locks end at the leader: a fetch may
+            # acquire (and queue) more in that instant, and those are released too.
+            assert stuck["stuck"] == 2 and stuck["queued_released"] >= queued
             assert a.runner.queued == 0
             gauge = cluster.metrics.stuck_handlers.labels("g", TOPIC)
             assert gauge._value.get() == 2
