@@ -892,6 +892,9 @@ class ShareGroups:
             max_frame_bytes=s.direct_max_frame_bytes,
             max_connections=s.direct_max_connections,
             monotonic=ctx.clock.monotonic,
+            idle_ms=s.direct_connections_max_idle_ms,
+            frame_read_timeout_ms=s.direct_frame_read_timeout_ms,
+            write_timeout_ms=s.direct_write_timeout_ms,
         )
         await self.kafka_listener.start()
 

@@ -75,6 +75,9 @@ class KafkaListener:
         max_frame_bytes: the largest request frame read; a larger one closes the connection.
         max_connections: connections held at once; more are closed at once.
         monotonic: the clock, in seconds.
+        idle_ms: a connection with no request for this long is closed.
+        frame_read_timeout_ms: the longest a frame may take to arrive once its size has.
+        write_timeout_ms: the longest an answer may take to be taken by a slow client.
 
     Raises:
         ConfigurationError: an invalid ``listen``.
@@ -93,6 +96,9 @@ class KafkaListener:
         max_frame_bytes: int,
         max_connections: int,
         monotonic: Callable[[], float],
+        idle_ms: int = 600_000,
+        frame_read_timeout_ms: int = 10_000,
+        write_timeout_ms: int = 10_000,
     ) -> None:
         self._host, self._port = parse_listener(listen)
         self._advertised = (
@@ -114,6 +120,9 @@ class KafkaListener:
         self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
         self._max_frame = max_frame_bytes
         self._max_connections = max_connections
+        self._idle_s = idle_ms / 1000
+        self._read_s = frame_read_timeout_ms / 1000
+        self._write_s = write_timeout_ms / 1000
         self._connections: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -198,16 +207,32 @@ class KafkaListener:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
     ) -> None:
         while True:
-            (size,) = SIZE.unpack(await reader.readexactly(SIZE.size))
+            try:
+                head = await asyncio.wait_for(reader.readexactly(SIZE.size), self._idle_s)
+            except asyncio.TimeoutError:
+                return  # idle (Kafka: connections.max.idle.ms)
+            (size,) = SIZE.unpack(head)
             if size < 8 or size > self._max_frame:
                 raise FrameError(
                     f"a {size}-byte frame (the limit is {self._max_frame} bytes: "
                     "queueflow.direct.max.frame.bytes)"
                 )
-            frame = await reader.readexactly(size)
+            try:
+                frame = await asyncio.wait_for(reader.readexactly(size), self._read_s)
+            except asyncio.TimeoutError:
+                raise FrameError(
+                    f"a {size}-byte frame did not arrive within {self._read_s} s "
+                    "(queueflow.direct.frame.read.timeout.ms)"
+                ) from None
             answer = await self._answer(frame, peer)
             writer.write(answer)
-            await writer.drain()
+            try:
+                await asyncio.wait_for(writer.drain(), self._write_s)
+            except asyncio.TimeoutError:
+                raise FrameError(
+                    f"the client took no answer within {self._write_s} s "
+                    "(queueflow.direct.write.timeout.ms)"
+                ) from None
 
     async def _answer(self, frame: bytes, peer: str) -> bytes:
         key, version, correlation_id = peek_header(frame)

@@ -412,3 +412,22 @@ def test_share_sessions_epochs_records_and_acknowledgements(listener: Any) -> No
     assert second.error_code == ErrorCode.none
     assert sessions[0].acked == [(0, AcknowledgeType.ACCEPT)]
     assert repeated.error_code == ErrorCode.invalid_share_session_epoch
+
+
+def test_a_frame_that_never_arrives_closes_its_connection(listener: Any) -> None:
+    kl, _ = listener
+    kl._read_s = 0.2  # queueflow.direct.frame.read.timeout.ms
+
+    async def slow() -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", kl.port)
+        writer.write(struct.pack(">i", 100) + b"\0" * 10)  # 90 bytes never come
+        await writer.drain()
+        try:
+            return await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    assert run(kl, slow()) == b""
+    (answer,) = run(kl, exchange(kl.port, api_versions_frame()))
+    assert response_of(18, 4, answer)[1].error_code == ErrorCode.none
