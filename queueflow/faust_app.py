@@ -59,7 +59,7 @@ from queueflow.kafka.transactions import check_ack_topics_readable, check_transa
 from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.agent.outputs import Outbound
 from queueflow.member.context import MemberContext
-from queueflow.member.session import ShareFetchSession
+from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
 from queueflow.server.auth_health import AuthHealth
@@ -878,8 +878,10 @@ class ShareGroups:
         async def served() -> dict[str, int]:
             return dict(await partition_counts(self.kafka, list(self.leaders)))
 
-        def session(group: str, topic_names: list[str], client_id: str) -> ShareFetchSession:
-            return ShareFetchSession(ctx, group, topic_names, client_id)
+        def session(
+            group: str, topic_names: list[str], client_id: str, on_ack: AcknowledgementCallback
+        ) -> ShareFetchSession:
+            return ShareFetchSession(ctx, group, topic_names, client_id, on_acknowledged=on_ack)
 
         self.kafka_listener = KafkaListener(
             s.kafka_listener,

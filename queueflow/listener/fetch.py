@@ -131,6 +131,8 @@ class ShareFetcher:
                         TopicPartition(name, p) for p in topic.partitions
                     )
             touched = self._add_acks(member, request.topics)
+            for tp in touched:
+                member.ack_errors.pop(tp, None)  # only this request's errors are reported
             if epoch == _FINAL:
                 flushed = {tp: await member.session.flush(tp) for tp in touched}
                 member.share_session = None
@@ -147,11 +149,12 @@ class ShareFetcher:
                     for tp in fetched
                 )
             )
+            acked = {tp: member.ack_errors.pop(tp, None) for tp in touched}
         results = dict(zip(fetched, outcomes, strict=True))
         lock_ms = max(
             (r.lock_timeout_ms for r in results.values() if isinstance(r, FetchResult)), default=0
         )
-        return self._fetch_answer(m, ErrorCode.none, None, results, {}, lock_ms)
+        return self._fetch_answer(m, ErrorCode.none, None, results, acked, lock_ms)
 
     async def _fetch_one(
         self, member: KafkaMember, tp: TopicPartition, max_records: int, wait_ms: int

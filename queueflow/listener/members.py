@@ -22,15 +22,16 @@ from kio.static.primitive import i32, i32Timedelta
 
 from queueflow.errors import ConfigurationError, ShareGroupError
 from queueflow.listener.metadata import TopicIds
-from queueflow.member.session import ShareFetchSession
+from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.structs import TopicPartition
 
 __all__ = ["KafkaMember", "MemberRegistry", "SessionFactory", "ShareSession"]
 
 log = structlog.get_logger("queueflow.listener")
 
-#: Builds the queueflow session of a Kafka member: ``(group, topics, client_id)``.
-SessionFactory = Callable[[str, list[str], str], ShareFetchSession]
+#: Builds the queueflow session of a Kafka member: ``(group, topics, client_id,
+#: on_acknowledged)`` (the callback of :class:`ShareFetchSession`).
+SessionFactory = Callable[[str, list[str], str, AcknowledgementCallback], ShareFetchSession]
 
 _LEAVE = -1
 
@@ -64,6 +65,8 @@ class KafkaMember:
     sent: frozenset[TopicPartition] | None = None
     last_seen: float = 0.0
     share_session: ShareSession | None = None
+    #: The last acknowledgement error of each share-partition, until an answer reports it.
+    ack_errors: dict[TopicPartition, ShareGroupError] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -178,13 +181,21 @@ class MemberRegistry:
                 f"none of the subscribed topics {asked} is served by this app "
                 f"(it serves {sorted(served)})"
             )
-        session = self._factory(group, topics, client_id or "kafka-share-consumer")
+        ack_errors: dict[TopicPartition, ShareGroupError] = {}
+
+        def acknowledged(tp: TopicPartition, _: list[int], error: ShareGroupError | None) -> None:
+            if error is not None:
+                ack_errors[tp] = error
+
+        session = self._factory(group, topics, client_id or "kafka-share-consumer", acknowledged)
         try:
             await session.start()
         except BaseException:
             await session.close(leave=False)
             raise
-        member = KafkaMember(member_id, group, session, last_seen=self._monotonic())
+        member = KafkaMember(
+            member_id, group, session, last_seen=self._monotonic(), ack_errors=ack_errors
+        )
         self.members[(group, member_id)] = member
         log.info(
             "kafka_member_joined",

@@ -22,7 +22,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i8, i16, i32, i64
 
-from queueflow.errors import ConfigurationError
+from queueflow.errors import ConfigurationError, ShareGroupError
+from queueflow.errors import ErrorCode as QfErrorCode
 from queueflow.listener import KafkaListener, parse_listener
 from queueflow.listener.apis import SERVED, api_versions_response
 from queueflow.listener.batches import acquired_ranges, record_batch
@@ -191,7 +192,9 @@ def test_acquired_ranges_group_consecutive_offsets_by_delivery_count() -> None:
 class StubSession:
     """Stands in for a ShareFetchSession: assigned partition 0, one record per fetch."""
 
-    def __init__(self, group: str, topics: list[str], client_id: str) -> None:
+    def __init__(self, group: str, topics: list[str], client_id: str, on_ack: Any) -> None:
+        self.on_ack = on_ack
+        self.pending: list[int] = []
         self.member_id = str(uuid.uuid4())
         self.assignment = {TopicPartition(TOPIC, 0)}
         self.acked: list[tuple[int, AcknowledgeType]] = []
@@ -209,6 +212,7 @@ class StubSession:
 
     def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
         self.acked.append((offset, kind))
+        self.pending.append(offset)
 
     async def flush(self, tp: TopicPartition) -> None:
         return None
@@ -217,6 +221,10 @@ class StubSession:
         return {}
 
     async def fetch(self, tp: TopicPartition, max_records: int, max_wait_ms: int) -> FetchResult:
+        # offsets from 100 on are refused as stale, the way a leader answers
+        if stale := [o for o in self.pending if o >= 100]:
+            self.on_ack(tp, stale, ShareGroupError(QfErrorCode.INVALID_RECORD_STATE, "stale"))
+        self.pending.clear()
         if not max_records:
             return FetchResult()
         self.next_offset += 1
@@ -227,8 +235,8 @@ class StubSession:
 def listener() -> Iterator[tuple[KafkaListener, list[StubSession]]]:
     sessions: list[StubSession] = []
 
-    def factory(group: str, topics: list[str], client_id: str) -> Any:
-        sessions.append(StubSession(group, topics, client_id))
+    def factory(group: str, topics: list[str], client_id: str, on_ack: Any) -> Any:
+        sessions.append(StubSession(group, topics, client_id, on_ack))
         return sessions[-1]
 
     async def served() -> dict[str, int]:
@@ -412,6 +420,10 @@ def test_share_sessions_epochs_records_and_acknowledgements(listener: Any) -> No
     assert second.error_code == ErrorCode.none
     assert sessions[0].acked == [(0, AcknowledgeType.ACCEPT)]
     assert repeated.error_code == ErrorCode.invalid_share_session_epoch
+    assert second.responses[0].partitions[0].acknowledge_error_code == ErrorCode.none
+    (stale,) = run(kl, exchange(kl.port, share_fetch(2, acks=((100, 100, 1),))))
+    (topic,) = response_of(78, 2, stale)[1].responses
+    assert topic.partitions[0].acknowledge_error_code == ErrorCode.invalid_record_state
 
 
 def test_a_frame_that_never_arrives_closes_its_connection(listener: Any) -> None:
