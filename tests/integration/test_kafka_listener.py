@@ -130,7 +130,11 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
                 consumer.kill()
                 _, err = consumer.communicate(timeout=30)
             print(err[-3000:] if err else "")
-        log = worker.log_path.read_text()
+        # the console consumer's close left the group (ShareGroupHeartbeat epoch -1)
+        deadline = time.monotonic() + WAIT_S
+        while '"reason": "left"' not in (log := worker.log_path.read_text()):
+            assert time.monotonic() < deadline, log[-3000:]
+            time.sleep(0.2)
         assert "kafka_member_joined" in log, log[-3000:]
         assert "kafka_frame_rejected" not in log, log[-3000:]
 

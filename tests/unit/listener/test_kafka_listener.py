@@ -28,7 +28,7 @@ from queueflow.listener import KafkaListener, parse_listener
 from queueflow.listener.apis import SERVED, api_versions_response
 from queueflow.listener.batches import acquired_ranges, record_batch
 from queueflow.listener.codec import FrameError, decode_request, encode_response
-from queueflow.listener.metadata import Node, TopicIds, metadata_response
+from queueflow.listener.metadata import Node, TopicIds, find_coordinator_response, metadata_response
 from queueflow.member.session import FetchResult
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -443,3 +443,30 @@ def test_a_frame_that_never_arrives_closes_its_connection(listener: Any) -> None
     assert run(kl, slow()) == b""
     (answer,) = run(kl, exchange(kl.port, api_versions_frame()))
     assert response_of(18, 4, answer)[1].error_code == ErrorCode.none
+
+
+def test_find_coordinator_names_the_listener_for_groups_only() -> None:
+    node = Node(0, "10.0.0.5", 9192)
+    groups = find_coordinator_response(
+        6, request(10, 6, key_type=i8(0), coordinator_keys=("g",)), node
+    )
+    _, decoded = response_of(10, 6, encode_response(1, groups))
+    (c,) = decoded.coordinators
+    assert (c.key, c.node_id, c.host, c.port, c.error_code) == ("g", 0, "10.0.0.5", 9192, 0)
+    txn = find_coordinator_response(
+        6, request(10, 6, key_type=i8(1), coordinator_keys=("t",)), node
+    )
+    assert txn.coordinators[0].error_code == ErrorCode.invalid_request
+
+
+def test_metadata_of_all_topics_lists_the_served_ones() -> None:
+    body = request(
+        3,
+        12,
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    answer = metadata_response(12, body, {"b": 1, "a": 2}, Node(0, "h", 1), TopicIds("x"), "x")
+    _, decoded = response_of(3, 12, encode_response(1, answer))
+    assert [(t.name, len(t.partitions)) for t in decoded.topics] == [("a", 2), ("b", 1)]
