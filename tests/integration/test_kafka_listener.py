@@ -5,12 +5,14 @@ queueflow share group, each record once, and queueflow's admin shows it as a mem
 from __future__ import annotations
 
 import asyncio
-import selectors
+import queue
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -42,21 +44,52 @@ def wait_listening(port: int, timeout_s: float) -> None:
             time.sleep(0.2)
 
 
-def read_lines(proc: subprocess.Popen[str], count: int, timeout_s: float) -> list[str]:
-    """``count`` lines of ``proc``'s stdout, or fail after ``timeout_s``."""
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while len(lines) < count:
+class LineReader:
+    """``proc``'s stdout lines, read by a thread (a pipe's buffered reader hides lines from
+    select)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def take(self, count: int, timeout_s: float) -> list[str]:
+        """``count`` lines, or fail after ``timeout_s``."""
+        got: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while len(got) < count:
             left = deadline - time.monotonic()
-            assert left > 0, f"only {len(lines)} of {count} records: {lines}"
-            if sel.select(timeout=min(left, 1.0)):
-                line = proc.stdout.readline()
-                assert line, f"the consumer ended after {len(lines)} records: {lines}"
-                lines.append(line.strip())
-    return lines
+            assert left > 0, f"only {len(got)} of {count} records: {got}"
+            try:
+                line = self.lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            assert line is not None, f"the consumer ended after {len(got)} records: {got}"
+            got.append(line)
+        return got
+
+    def within(self, wait_s: float) -> list[str]:
+        """The lines that come within ``wait_s`` seconds."""
+        got: list[str] = []
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            got.append(line)
+        return got
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
 
 
 def test_java_console_share_consumer_drains_a_queueflow_group_once(
@@ -99,11 +132,12 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
             ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
             text=True,
         )
+        lines = LineReader(consumer)
         try:
-            got = read_lines(consumer, RECORDS, WAIT_S)
+            got = lines.take(RECORDS, WAIT_S)
             assert sorted(got) == sorted(values), got  # every record, each once
             admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
 
@@ -120,16 +154,18 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
             assert clients == ["console-share-consumer"], clients
             assert lags == [0, 0], lags  # every record acknowledged (ACCEPTed)
             # nothing more comes: no record is delivered twice
-            more = read_lines_nowait(consumer, 2.0)
+            more = lines.within(2.0)
             assert more == [], more
         finally:
             consumer.terminate()
             try:
-                _, err = consumer.communicate(timeout=30)
+                consumer.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 consumer.kill()
-                _, err = consumer.communicate(timeout=30)
-            print(err[-3000:] if err else "")
+                consumer.wait(timeout=30)
+            lines.join(10)
+            assert consumer.stdout is not None
+            consumer.stdout.close()
         # the console consumer's close left the group (ShareGroupHeartbeat epoch -1)
         deadline = time.monotonic() + WAIT_S
         while '"reason": "left"' not in (log := worker.log_path.read_text()):
@@ -137,22 +173,6 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
             time.sleep(0.2)
         assert "kafka_member_joined" in log, log[-3000:]
         assert "kafka_frame_rejected" not in log, log[-3000:]
-
-
-def read_lines_nowait(proc: subprocess.Popen[str], wait_s: float) -> list[str]:
-    """The lines ``proc`` prints within ``wait_s`` seconds."""
-    assert proc.stdout is not None
-    lines: list[str] = []
-    deadline = time.monotonic() + wait_s
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while (left := deadline - time.monotonic()) > 0:
-            if sel.select(timeout=left):
-                line = proc.stdout.readline()
-                if not line:
-                    break
-                lines.append(line.strip())
-    return lines
 
 
 pytestmark = pytest.mark.timeout(240)
