@@ -31,6 +31,36 @@ _ZERO = datetime.timedelta(0)
 _FINAL = -1
 
 
+#: The most offsets one request may acknowledge (bounds the work a request can ask for).
+MAX_ACK_OFFSETS = 100_000
+_KINDS = frozenset(int(k) for k in AcknowledgeType)
+
+
+def ack_batches_error(topics: Iterable[Any]) -> str | None:
+    """Why a request's acknowledgement batches are invalid (KIP-932: ``INVALID_REQUEST``), or
+    None: a negative or reversed range, types neither one nor one per offset, an unknown
+    type, or more than :data:`MAX_ACK_OFFSETS` offsets in all."""
+    total = 0
+    for topic in topics:
+        for p in topic.partitions:
+            for b in p.acknowledgement_batches:
+                first, last, types = b.first_offset, b.last_offset, b.acknowledge_types
+                count = last - first + 1
+                if first < 0 or count < 1:
+                    return f"acknowledgement batch {first}..{last} is not a range of offsets"
+                total += count
+                if total > MAX_ACK_OFFSETS:
+                    return f"more than {MAX_ACK_OFFSETS} offsets acknowledged in one request"
+                if len(types) not in (1, count):
+                    return (
+                        f"acknowledgement batch {first}..{last} has {len(types)} types: "
+                        "give one, or one per offset"
+                    )
+                if not _KINDS.issuperset(types):
+                    return f"unknown acknowledge type in {sorted(set(types) - _KINDS)}"
+    return None
+
+
 def _next_epoch(epoch: int) -> int:
     """The epoch after ``epoch`` (KIP-932: it wraps from Integer.MAX_VALUE to 1)."""
     return 1 if epoch >= 2_147_483_647 else epoch + 1
@@ -93,10 +123,10 @@ class ShareFetcher:
                 continue
             for p in topic.partitions:
                 tp = TopicPartition(name, p.partition_index)
-                for batch in p.acknowledgement_batches:
+                for batch in p.acknowledgement_batches:  # checked by ack_batches_error
                     types = batch.acknowledge_types
                     for i, offset in enumerate(range(batch.first_offset, batch.last_offset + 1)):
-                        kind = types[0] if len(types) == 1 else types[i] if i < len(types) else 1
+                        kind = types[0] if len(types) == 1 else types[i]
                         if kind == AcknowledgeType.GAP:
                             kind = AcknowledgeType.ACCEPT  # an offset with no record: done
                         member.session.acknowledge(tp, offset, AcknowledgeType(kind))
@@ -111,6 +141,8 @@ class ShareFetcher:
         member = self._members.get(request.group_id, request.member_id)
         epoch = request.share_session_epoch
         error, message = self._check_session(member, epoch, opening_allowed=True)
+        if error is ErrorCode.none and (message := ack_batches_error(request.topics)):
+            error = ErrorCode.invalid_request
         if error is not ErrorCode.none or member is None:
             return self._fetch_answer(m, error, message, {}, {}, 0)
         async with member.lock:
@@ -231,6 +263,8 @@ class ShareFetcher:
         member = self._members.get(request.group_id, request.member_id)
         epoch = request.share_session_epoch
         error, message = self._check_session(member, epoch, opening_allowed=False)
+        if error is ErrorCode.none and (message := ack_batches_error(request.topics)):
+            error = ErrorCode.invalid_request
         results: dict[TopicPartition, ShareGroupError | None] = {}
         if error is ErrorCode.none and member is not None:
             async with member.lock:

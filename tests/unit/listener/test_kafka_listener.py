@@ -470,3 +470,21 @@ def test_metadata_of_all_topics_lists_the_served_ones() -> None:
     answer = metadata_response(12, body, {"b": 1, "a": 2}, Node(0, "h", 1), TopicIds("x"), "x")
     _, decoded = response_of(3, 12, encode_response(1, answer))
     assert [(t.name, len(t.partitions)) for t in decoded.topics] == [("a", 2), ("b", 1)]
+
+
+@pytest.mark.parametrize(
+    "acks",
+    [
+        ((0, 10**15, 1),),  # would be 10**15 acknowledgements: bounded
+        ((5, 4, 1),),  # reversed
+        ((-3, 0, 1),),  # negative
+        ((0, 0, 9),),  # unknown type
+    ],
+)
+def test_invalid_acknowledgement_batches_are_invalid_requests(
+    listener: Any, acks: tuple[tuple[int, int, int], ...]
+) -> None:
+    kl, sessions = listener
+    answers = run(kl, exchange(kl.port, heartbeat(0), share_fetch(0), share_fetch(1, acks=acks)))
+    assert response_of(78, 2, answers[2])[1].error_code == ErrorCode.invalid_request
+    assert sessions[0].acked == []  # nothing applied
