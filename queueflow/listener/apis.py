@@ -31,12 +31,12 @@ SHARE_GROUP_HEARTBEAT = 76
 SHARE_FETCH = 78
 SHARE_ACKNOWLEDGE = 79
 
-#: API key -> (lowest, highest) version served. Metadata from v12 (topic ids, no topic
-#: authorized operations), FindCoordinator from v4 (batched keys), the share APIs from the
-#: versions Kafka 4.1+ clients send (KIP-932 GA).
+#: API key -> (lowest, highest) version served. Metadata from v12 (topic ids), FindCoordinator
+#: from v0 (one key, as librdkafka asks; batched from v4), the share APIs from the versions
+#: Kafka 4.1+ clients send (KIP-932 GA).
 SERVED: Mapping[int, tuple[int, int]] = {
     METADATA: (12, 13),
-    FIND_COORDINATOR: (4, 6),
+    FIND_COORDINATOR: (0, 6),
     API_VERSIONS: (0, 4),
     SHARE_GROUP_HEARTBEAT: (1, 1),
     SHARE_FETCH: (1, 2),

@@ -125,22 +125,26 @@ def metadata_response(
 
 
 def find_coordinator_response(version: int, request: Any, node: Node) -> Any:
-    """The FindCoordinator answer (v4+: batched keys): ``node`` for every group key (key type
-    0, which Kafka's share consumers send for their share group); other key types (1:
-    transactions, 2: share-group state) get INVALID_REQUEST."""
+    """The FindCoordinator answer: ``node`` for every group key (key type 0, which Kafka's
+    share consumers send for their share group); other key types (1: transactions, 2:
+    share-group state) get INVALID_REQUEST. v0-v3 ask for one key (librdkafka), v4+ for a
+    batch (Java)."""
     m = load_payload_module(FIND_COORDINATOR, version, EntityType.response)
-    ok = request.key_type == 0
+    key_type = getattr(request, "key_type", 0)  # v0: groups only
+    ok = key_type == 0
+    answer: dict[str, Any] = {
+        "node_id": i32(node.node_id if ok else -1),
+        "host": node.host if ok else "",
+        "port": i32(node.port if ok else -1),
+        "error_code": ErrorCode.none if ok else ErrorCode.invalid_request,
+    }
+    if version >= 1:
+        answer["error_message"] = None if ok else f"key type {key_type} is not served here"
+    if version < 4:
+        if version >= 1:
+            answer["throttle_time"] = _ZERO
+        return m.FindCoordinatorResponse(**answer)
     return m.FindCoordinatorResponse(
         throttle_time=_ZERO,
-        coordinators=tuple(
-            m.Coordinator(
-                key=key,
-                node_id=i32(node.node_id if ok else -1),
-                host=node.host if ok else "",
-                port=i32(node.port if ok else -1),
-                error_code=ErrorCode.none if ok else ErrorCode.invalid_request,
-                error_message=None if ok else f"key type {request.key_type} is not served here",
-            )
-            for key in request.coordinator_keys
-        ),
+        coordinators=tuple(m.Coordinator(key=key, **answer) for key in request.coordinator_keys),
     )

@@ -488,3 +488,13 @@ def test_invalid_acknowledgement_batches_are_invalid_requests(
     answers = run(kl, exchange(kl.port, heartbeat(0), share_fetch(0), share_fetch(1, acks=acks)))
     assert response_of(78, 2, answers[2])[1].error_code == ErrorCode.invalid_request
     assert sessions[0].acked == []  # nothing applied
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_find_coordinator_of_one_key(version: int) -> None:
+    fields: dict[str, Any] = {"key": "g"}
+    if version >= 1:
+        fields["key_type"] = i8(0)
+    answer = find_coordinator_response(version, request(10, version, **fields), Node(0, "h", 7))
+    _, decoded = response_of(10, version, encode_response(1, answer))
+    assert (decoded.error_code, decoded.node_id, decoded.host, decoded.port) == (0, 0, "h", 7)
