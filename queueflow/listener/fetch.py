@@ -285,11 +285,12 @@ class ShareFetcher:
                     ),
                 )
             )
+        extra: dict[str, Any] = {"acquisition_lock_timeout": _ZERO} if version >= 2 else {}
         return m.ShareAcknowledgeResponse(
             throttle_time=_ZERO,
             error_code=error,
             error_message=message,
-            acquisition_lock_timeout=_ZERO,
+            **extra,  # v2 (KIP-1222) only
             responses=tuple(
                 m.ShareAcknowledgeTopicResponse(
                     topic_id=self._topic_ids.id_of(topic), partitions=tuple(parts)

@@ -498,3 +498,37 @@ def test_find_coordinator_of_one_key(version: int) -> None:
     answer = find_coordinator_response(version, request(10, version, **fields), Node(0, "h", 7))
     _, decoded = response_of(10, version, encode_response(1, answer))
     assert (decoded.error_code, decoded.node_id, decoded.host, decoded.port) == (0, 0, "h", 7)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_share_acknowledge_of_each_version(listener: Any, version: int) -> None:
+    kl, sessions = listener
+    m = load_payload_module(79, version, EntityType.request)
+    body = m.ShareAcknowledgeRequest(
+        group_id="g",
+        member_id="m1",
+        share_session_epoch=i32(1),
+        topics=(
+            m.AcknowledgeTopic(
+                topic_id=TopicIds("app").id_of(TOPIC),
+                partitions=(
+                    m.AcknowledgePartition(
+                        partition_index=i32(0),
+                        acknowledgement_batches=(
+                            m.AcknowledgementBatch(
+                                first_offset=i64(0), last_offset=i64(0), acknowledge_types=(i8(3),)
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    )
+    answers = run(
+        kl, exchange(kl.port, heartbeat(0), share_fetch(0), request_frame(79, version, body))
+    )
+    assert len(answers) == 3, "the listener closed the connection"
+    acked = response_of(79, version, answers[2])[1]
+    assert acked.error_code == ErrorCode.none
+    assert acked.responses[0].partitions[0].error_code == ErrorCode.none
+    assert sessions[0].acked == [(0, AcknowledgeType.REJECT)]
