@@ -63,7 +63,7 @@ lint: venv
 	$(BIN)/ruff format --check $(LINT_PATHS)
 
 # The engine and the standard-library-only base layer are held to mypy --strict.
-STRICT_PATHS := queueflow/engine queueflow/protocol queueflow/server queueflow/member queueflow/structs.py queueflow/errors.py queueflow/clock.py queueflow/settings.py
+STRICT_PATHS := queueflow/engine queueflow/protocol queueflow/server queueflow/member queueflow/listener queueflow/structs.py queueflow/errors.py queueflow/clock.py queueflow/settings.py
 
 typecheck: venv
 	$(BIN)/mypy

@@ -60,6 +60,7 @@ from queueflow.kafka.transactions import check_ack_topics_readable, check_transa
 from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.agent.outputs import Outbound
 from queueflow.member.context import MemberContext
+from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
 from queueflow.server.auth_health import AuthHealth
@@ -597,6 +598,8 @@ class ShareGroups:
         self.coordinator: ShareGroupCoordinator | None = None
         #: The leaders' direct endpoint (``queueflow.leader.listener``); None on members.
         self.endpoint: LeaderEndpoint | None = None
+        #: The Kafka-protocol listener (``queueflow.kafka.listener``), once started.
+        self.kafka_listener: Any = None
         self._changelog: ChangelogWriter | None = None  # needs the running loop: see lead()
         #: exactly_once: each leader's reader of its ack topic (started in prepare()).
         self._ack_readers: dict[str, AckReader] = {}
@@ -858,6 +861,47 @@ class ShareGroups:
             writer.start()
         if self.endpoint is not None and self.leaders:
             await self.endpoint.start()
+        await self._start_kafka_listener()
+
+    async def _start_kafka_listener(self) -> None:
+        """Start the Kafka-protocol listener (``queueflow.kafka.listener``;
+        docs/kafka-listener.md) on a worker that leads share-partitions."""
+        s = self.settings
+        if not s.kafka_listener or not self.leaders or self.kafka_listener is not None:
+            return
+        try:  # the listener extra: pip install 'queueflow[listener]'
+            from queueflow.listener import KafkaListener
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"queueflow.kafka.listener={s.kafka_listener!r} needs kio: "
+                f"pip install 'queueflow[listener]' ({exc})"
+            ) from None
+        ctx = self.member_context
+
+        async def served() -> dict[str, int]:
+            return dict(await partition_counts(self.kafka, list(self.leaders)))
+
+        def session(
+            group: str, topic_names: list[str], client_id: str, on_ack: AcknowledgementCallback
+        ) -> ShareFetchSession:
+            return ShareFetchSession(ctx, group, topic_names, client_id, on_acknowledged=on_ack)
+
+        self.kafka_listener = KafkaListener(
+            s.kafka_listener,
+            s.leader_advertised_host or "127.0.0.1",
+            self.app_id,
+            served,
+            session,
+            heartbeat_interval_ms=s.heartbeat_interval_ms,
+            session_timeout_ms=s.session_timeout_ms,
+            max_frame_bytes=s.direct_max_frame_bytes,
+            max_connections=s.direct_max_connections,
+            monotonic=ctx.clock.monotonic,
+            idle_ms=s.direct_connections_max_idle_ms,
+            frame_read_timeout_ms=s.direct_frame_read_timeout_ms,
+            write_timeout_ms=s.direct_write_timeout_ms,
+        )
+        await self.kafka_listener.start()
 
     @property
     def exactly_once(self) -> bool:
@@ -915,6 +959,9 @@ class ShareGroups:
                 await leader.fetcher.holes.close()
         for writer in self._dead_letter_writers.values():
             await writer.stop()
+        if self.kafka_listener is not None:
+            await self.kafka_listener.close()
+            self.kafka_listener = None
         if self.leads:
             if self.endpoint is not None:
                 await self.endpoint.close()

@@ -580,6 +580,15 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader",
     ),
     Setting(
+        "kafka_listener",
+        "queueflow.kafka.listener",
+        "",
+        doc="Where the worker's Kafka-protocol listener listens, e.g. "
+        "`PLAINTEXT://127.0.0.1:9192`, so that Kafka's own share consumers (KIP-932 clients) "
+        "join this app's groups (docs/kafka-listener.md); empty (default): off. PLAINTEXT only.",
+        read_by="leader",
+    ),
+    Setting(
         "leader_advertised_host",
         "queueflow.leader.advertised.host",
         "",
@@ -1003,6 +1012,7 @@ class ShareGroupSettings:
     check_crcs: bool = bool_default("check_crcs")
     leader_listener: str = str_default("leader_listener")
     leader_record_cache_bytes: int = int_default("leader_record_cache_bytes")
+    kafka_listener: str = str_default("kafka_listener")
     leader_advertised_host: str = str_default("leader_advertised_host")
     direct_max_connections: int = int_default("direct_max_connections")
     direct_max_connections_per_ip: int = int_default("direct_max_connections_per_ip")

@@ -1,0 +1,12 @@
+"""A Kafka-protocol listener: Kafka's own KIP-932 share consumers (Java ``KafkaShareConsumer``,
+``kafka-console-share-consumer.sh``) join this app's share groups through it
+(``queueflow.kafka.listener``; docs/kafka-listener.md).
+
+A gateway: each Kafka-protocol member is a queueflow member
+(:class:`~queueflow.member.session.ShareFetchSession`), so tickets, fencing, delivery counts and
+group configs apply unchanged. Frames are read and written with kio's Kafka protocol types.
+"""
+
+from queueflow.listener.server import KafkaListener, parse_listener
+
+__all__ = ["KafkaListener", "parse_listener"]

@@ -1,0 +1,307 @@
+"""ShareFetch and ShareAcknowledge <-> the queueflow member's fetches and acknowledgements,
+with KIP-932 share sessions and their epochs ("Share sessions": epoch 0 opens a session with
+the partitions listed, each later request carries the next epoch and adds or forgets
+partitions, -1 closes it)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+from kio.index import load_payload_module
+from kio.schema.errors import ErrorCode
+from kio.static.constants import EntityType
+from kio.static.primitive import i16, i32, i64
+
+from queueflow.errors import ShareGroupError
+from queueflow.listener.apis import SHARE_ACKNOWLEDGE, SHARE_FETCH
+from queueflow.listener.batches import acquired_ranges, record_batch
+from queueflow.listener.members import KafkaMember, MemberRegistry, ShareSession
+from queueflow.listener.metadata import Node, TopicIds
+from queueflow.member.session import FetchResult
+from queueflow.structs import AcknowledgeType, TopicPartition
+
+__all__ = ["ShareFetcher", "kafka_error"]
+
+log = structlog.get_logger("queueflow.listener")
+_ZERO = datetime.timedelta(0)
+_FINAL = -1
+
+
+#: The most offsets one request may acknowledge (bounds the work a request can ask for).
+MAX_ACK_OFFSETS = 100_000
+_KINDS = frozenset(int(k) for k in AcknowledgeType)
+
+
+def ack_batches_error(topics: Iterable[Any]) -> str | None:
+    """Why a request's acknowledgement batches are invalid (KIP-932: ``INVALID_REQUEST``), or
+    None: a negative or reversed range, types neither one nor one per offset, an unknown
+    type, or more than :data:`MAX_ACK_OFFSETS` offsets in all."""
+    total = 0
+    for topic in topics:
+        for p in topic.partitions:
+            for b in p.acknowledgement_batches:
+                first, last, types = b.first_offset, b.last_offset, b.acknowledge_types
+                count = last - first + 1
+                if first < 0 or count < 1:
+                    return f"acknowledgement batch {first}..{last} is not a range of offsets"
+                total += count
+                if total > MAX_ACK_OFFSETS:
+                    return f"more than {MAX_ACK_OFFSETS} offsets acknowledged in one request"
+                if len(types) not in (1, count):
+                    return (
+                        f"acknowledgement batch {first}..{last} has {len(types)} types: "
+                        "give one, or one per offset"
+                    )
+                if not _KINDS.issuperset(types):
+                    return f"unknown acknowledge type in {sorted(set(types) - _KINDS)}"
+    return None
+
+
+def _next_epoch(epoch: int) -> int:
+    """The epoch after ``epoch`` (KIP-932: it wraps from Integer.MAX_VALUE to 1)."""
+    return 1 if epoch >= 2_147_483_647 else epoch + 1
+
+
+def kafka_error(error: ShareGroupError | None) -> ErrorCode:
+    """Kafka's code of a queueflow error (same names; unknown ones: UNKNOWN_SERVER_ERROR)."""
+    if error is None:
+        return ErrorCode.none
+    return ErrorCode.__members__.get(error.code.name.lower(), ErrorCode.unknown_server_error)
+
+
+class ShareFetcher:
+    """Answers ShareFetch (v1, v2) and ShareAcknowledge (v1, v2) for the members of a
+    :class:`MemberRegistry`.
+
+    Args:
+        members: the Kafka-protocol members.
+        topic_ids: the listener's topic ids.
+        node: the listener (named as the leader in answers).
+        max_wait_cap_ms: the longest a ShareFetch is held, whatever it asks for.
+    """
+
+    def __init__(
+        self, members: MemberRegistry, topic_ids: TopicIds, node: Node, max_wait_cap_ms: int
+    ) -> None:
+        self._members = members
+        self._topic_ids = topic_ids
+        self._node = node
+        self._cap_ms = max_wait_cap_ms
+
+    def _check_session(
+        self, member: KafkaMember | None, epoch: int, opening_allowed: bool
+    ) -> tuple[ErrorCode, str | None]:
+        if member is None:
+            return ErrorCode.unknown_member_id, "the member is not in the group: heartbeat first"
+        if epoch == 0:
+            if not opening_allowed:
+                return (
+                    ErrorCode.invalid_share_session_epoch,
+                    "ShareAcknowledge cannot open a session",
+                )
+            return ErrorCode.none, None
+        if member.share_session is None:
+            return ErrorCode.share_session_not_found, "no share session: open one with epoch 0"
+        if epoch != _FINAL and epoch != member.share_session.next_epoch:
+            return (
+                ErrorCode.invalid_share_session_epoch,
+                f"epoch {epoch}, expected {member.share_session.next_epoch}",
+            )
+        return ErrorCode.none, None
+
+    def _add_acks(self, member: KafkaMember, topics: Iterable[Any]) -> set[TopicPartition]:
+        """Record the acknowledgements of a request on the member's session; returns their
+        share-partitions."""
+        touched: set[TopicPartition] = set()
+        for topic in topics:
+            name = self._topic_ids.name_of(topic.topic_id)
+            if name is None:
+                continue
+            for p in topic.partitions:
+                tp = TopicPartition(name, p.partition_index)
+                for batch in p.acknowledgement_batches:  # checked by ack_batches_error
+                    types = batch.acknowledge_types
+                    for i, offset in enumerate(range(batch.first_offset, batch.last_offset + 1)):
+                        kind = types[0] if len(types) == 1 else types[i]
+                        if kind == AcknowledgeType.GAP:
+                            kind = AcknowledgeType.ACCEPT  # an offset with no record: done
+                        member.session.acknowledge(tp, offset, AcknowledgeType(kind))
+                        touched.add(tp)
+        return touched
+
+    async def share_fetch(self, version: int, request: Any) -> Any:
+        """Answer one ShareFetch: acknowledgements ride along, then each share-partition of the
+        session that is assigned to the member is fetched (held up to ``MaxWaitMs`` when
+        nothing is available) and its records returned as one record batch."""
+        m = load_payload_module(SHARE_FETCH, version, EntityType.response)
+        member = self._members.get(request.group_id, request.member_id)
+        epoch = request.share_session_epoch
+        error, message = self._check_session(member, epoch, opening_allowed=True)
+        if error is ErrorCode.none and (message := ack_batches_error(request.topics)):
+            error = ErrorCode.invalid_request
+        if error is not ErrorCode.none or member is None:
+            return self._fetch_answer(m, error, message, {}, {}, 0)
+        async with member.lock:
+            if epoch == 0:
+                member.share_session = ShareSession()
+            share = member.share_session
+            assert share is not None
+            for topic in request.topics:
+                name = self._topic_ids.name_of(topic.topic_id)
+                if name is not None:
+                    share.partitions.update(
+                        TopicPartition(name, p.partition_index) for p in topic.partitions
+                    )
+            for topic in request.forgotten_topics_data:
+                name = self._topic_ids.name_of(topic.topic_id)
+                if name is not None:
+                    share.partitions.difference_update(
+                        TopicPartition(name, p) for p in topic.partitions
+                    )
+            touched = self._add_acks(member, request.topics)
+            for tp in touched:
+                member.ack_errors.pop(tp, None)  # only this request's errors are reported
+            if epoch == _FINAL:
+                flushed = {tp: await member.session.flush(tp) for tp in touched}
+                member.share_session = None
+                return self._fetch_answer(m, ErrorCode.none, None, {}, flushed, 0)
+            if epoch != 0:  # a session opened with epoch 0 expects 1 next
+                share.next_epoch = _next_epoch(epoch)
+            assigned = member.session.assignment
+            fetched = sorted(share.partitions | touched)
+            per_partition = max(int(request.max_records) // max(len(fetched), 1), 1)
+            wait_ms = min(int(request.max_wait.total_seconds() * 1000), self._cap_ms)
+            outcomes = await asyncio.gather(
+                *(
+                    self._fetch_one(member, tp, per_partition if tp in assigned else 0, wait_ms)
+                    for tp in fetched
+                )
+            )
+            acked = {tp: member.ack_errors.pop(tp, None) for tp in touched}
+        results = dict(zip(fetched, outcomes, strict=True))
+        lock_ms = max(
+            (r.lock_timeout_ms for r in results.values() if isinstance(r, FetchResult)), default=0
+        )
+        return self._fetch_answer(m, ErrorCode.none, None, results, acked, lock_ms)
+
+    async def _fetch_one(
+        self, member: KafkaMember, tp: TopicPartition, max_records: int, wait_ms: int
+    ) -> FetchResult | ShareGroupError:
+        if max_records:
+            member.session.prepare(tp)
+        try:
+            return await member.session.fetch(tp, max_records, wait_ms if max_records else 0)
+        except ShareGroupError as exc:
+            return exc
+
+    def _fetch_answer(
+        self,
+        m: Any,
+        error: ErrorCode,
+        message: str | None,
+        results: dict[TopicPartition, FetchResult | ShareGroupError],
+        acked: dict[TopicPartition, ShareGroupError | None],
+        lock_ms: int,
+    ) -> Any:
+        by_topic: dict[str, list[Any]] = {}
+        for tp in sorted(results.keys() | acked.keys()):
+            result = results.get(tp)
+            if isinstance(result, FetchResult):
+                records = result.records
+                fetch_error = kafka_error(result.error)
+            else:
+                records = []
+                fetch_error = kafka_error(result)
+            ack_error = kafka_error(acked.get(tp))
+            by_topic.setdefault(tp.topic, []).append(
+                m.PartitionData(
+                    partition_index=i32(tp.partition),
+                    error_code=fetch_error,
+                    acknowledge_error_code=i16(ack_error.value),
+                    current_leader=m.LeaderIdAndEpoch(
+                        leader_id=i32(self._node.node_id), leader_epoch=i32(0)
+                    ),
+                    records=record_batch(records),
+                    acquired_records=tuple(
+                        m.AcquiredRecords(
+                            first_offset=i64(first),
+                            last_offset=i64(last),
+                            delivery_count=i16(count),
+                        )
+                        for first, last, count in acquired_ranges(records)
+                    ),
+                )
+            )
+        return m.ShareFetchResponse(
+            throttle_time=_ZERO,
+            error_code=error,
+            error_message=message,
+            acquisition_lock_timeout=datetime.timedelta(milliseconds=lock_ms),
+            responses=tuple(
+                m.ShareFetchableTopicResponse(
+                    topic_id=self._topic_ids.id_of(topic), partitions=tuple(parts)
+                )
+                for topic, parts in sorted(by_topic.items())
+            ),
+            node_endpoints=(
+                m.NodeEndpoint(
+                    node_id=i32(self._node.node_id),
+                    host=self._node.host,
+                    port=i32(self._node.port),
+                ),
+            ),
+        )
+
+    async def share_acknowledge(self, version: int, request: Any) -> Any:
+        """Answer one ShareAcknowledge: the acknowledgements are sent to the leaders now; epoch
+        -1 also closes the share session."""
+        m = load_payload_module(SHARE_ACKNOWLEDGE, version, EntityType.response)
+        member = self._members.get(request.group_id, request.member_id)
+        epoch = request.share_session_epoch
+        error, message = self._check_session(member, epoch, opening_allowed=False)
+        if error is ErrorCode.none and (message := ack_batches_error(request.topics)):
+            error = ErrorCode.invalid_request
+        results: dict[TopicPartition, ShareGroupError | None] = {}
+        if error is ErrorCode.none and member is not None:
+            async with member.lock:
+                touched = self._add_acks(member, request.topics)
+                results = {tp: await member.session.flush(tp) for tp in sorted(touched)}
+                if epoch == _FINAL:
+                    member.share_session = None
+                elif member.share_session is not None:
+                    member.share_session.next_epoch = _next_epoch(epoch)
+        by_topic: dict[str, list[Any]] = {}
+        for tp, result in sorted(results.items()):
+            by_topic.setdefault(tp.topic, []).append(
+                m.PartitionData(
+                    partition_index=i32(tp.partition),
+                    error_code=kafka_error(result),
+                    current_leader=m.LeaderIdAndEpoch(
+                        leader_id=i32(self._node.node_id), leader_epoch=i32(0)
+                    ),
+                )
+            )
+        extra: dict[str, Any] = {"acquisition_lock_timeout": _ZERO} if version >= 2 else {}
+        return m.ShareAcknowledgeResponse(
+            throttle_time=_ZERO,
+            error_code=error,
+            error_message=message,
+            **extra,  # v2 (KIP-1222) only
+            responses=tuple(
+                m.ShareAcknowledgeTopicResponse(
+                    topic_id=self._topic_ids.id_of(topic), partitions=tuple(parts)
+                )
+                for topic, parts in sorted(by_topic.items())
+            ),
+            node_endpoints=(
+                m.NodeEndpoint(
+                    node_id=i32(self._node.node_id),
+                    host=self._node.host,
+                    port=i32(self._node.port),
+                ),
+            ),
+        )

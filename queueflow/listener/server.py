@@ -1,0 +1,262 @@
+"""The listener's asyncio TCP server: reads size-prefixed Kafka request frames (bounded),
+answers each connection's requests in order (as Kafka's brokers do), and dispatches them to
+the pure answer builders and to the member gateway. The one place here that does I/O."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import structlog
+
+from queueflow.errors import ConfigurationError
+from queueflow.listener import apis
+from queueflow.listener.codec import SIZE, FrameError, decode_request, encode_response, peek_header
+from queueflow.listener.fetch import ShareFetcher
+from queueflow.listener.members import MemberRegistry, SessionFactory
+from queueflow.listener.metadata import (
+    Node,
+    TopicIds,
+    find_coordinator_response,
+    metadata_response,
+)
+
+__all__ = ["KafkaListener", "parse_listener"]
+
+log = structlog.get_logger("queueflow.listener")
+
+#: Node id the listener gives itself in Metadata and FindCoordinator answers.
+NODE_ID = 0
+#: How often members whose heartbeats stopped are looked for, in seconds.
+REAP_INTERVAL_S = 1.0
+#: The longest a ShareFetch is held (ms), whatever MaxWaitMs it asks for.
+MAX_WAIT_CAP_MS = 5000
+
+
+def parse_listener(value: str) -> tuple[str, int]:
+    """``(host, port)`` of a ``queueflow.kafka.listener`` value: ``PLAINTEXT://host:port`` or
+    ``host:port``.
+
+    Raises:
+        ConfigurationError: another security protocol (not served yet), or no valid port.
+    """
+    text = value.strip()
+    protocol, sep, rest = text.partition("://")
+    if not sep:
+        protocol, rest = "PLAINTEXT", text
+    if protocol.upper() != "PLAINTEXT":
+        raise ConfigurationError(
+            f"queueflow.kafka.listener={value!r}: only PLAINTEXT is served so far "
+            "(docs/kafka-listener.md); use PLAINTEXT://host:port"
+        )
+    host, colon, port = rest.rpartition(":")
+    if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigurationError(
+            f"queueflow.kafka.listener={value!r}: expected PLAINTEXT://host:port, e.g. "
+            "PLAINTEXT://127.0.0.1:9192"
+        )
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class KafkaListener:
+    """A Kafka-protocol listener serving this app's share groups to KIP-932 clients.
+
+    Args:
+        listen: the ``queueflow.kafka.listener`` value.
+        advertised_host: the host clients are told to connect to (when ``listen``'s host is a
+            wildcard).
+        app_id: the app's id (the cluster id in Metadata answers; the topic-id namespace).
+        served: returns topic -> partition count of the topics the app serves.
+        factory: builds a member's queueflow session.
+        heartbeat_interval_ms / session_timeout_ms: given to clients / after which a silent
+            member is closed.
+        max_frame_bytes: the largest request frame read; a larger one closes the connection.
+        max_connections: connections held at once; more are closed at once.
+        monotonic: the clock, in seconds.
+        idle_ms: a connection with no request for this long is closed.
+        frame_read_timeout_ms: the longest a frame may take to arrive once its size has.
+        write_timeout_ms: the longest an answer may take to be taken by a slow client.
+
+    Raises:
+        ConfigurationError: an invalid ``listen``.
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        advertised_host: str,
+        app_id: str,
+        served: Callable[[], Awaitable[Mapping[str, int]]],
+        factory: SessionFactory,
+        *,
+        heartbeat_interval_ms: int,
+        session_timeout_ms: int,
+        max_frame_bytes: int,
+        max_connections: int,
+        monotonic: Callable[[], float],
+        idle_ms: int = 600_000,
+        frame_read_timeout_ms: int = 10_000,
+        write_timeout_ms: int = 10_000,
+    ) -> None:
+        self._host, self._port = parse_listener(listen)
+        self._advertised = (
+            self._host if self._host not in ("0.0.0.0", "::", "") else advertised_host
+        )
+        self.app_id = app_id
+        self._served = served
+        self._served_now: Mapping[str, int] = {}
+        self.topic_ids = TopicIds(app_id)
+        self.node = Node(NODE_ID, self._advertised, self._port)
+        self.members = MemberRegistry(
+            factory,
+            lambda: self._served_now,
+            self.topic_ids,
+            heartbeat_interval_ms,
+            session_timeout_ms,
+            monotonic,
+        )
+        self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
+        self._max_frame = max_frame_bytes
+        self._max_connections = max_connections
+        self._idle_s = idle_ms / 1000
+        self._read_s = frame_read_timeout_ms / 1000
+        self._write_s = write_timeout_ms / 1000
+        self._connections: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self._reaper: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the bound one when 0 was asked for)."""
+        return self._port
+
+    async def start(self) -> None:
+        """Listen, and start closing members whose heartbeats stopped."""
+        self._served_now = await self._served()
+        for topic in self._served_now:
+            self.topic_ids.id_of(topic)
+        self._server = await asyncio.start_server(self._accept, self._host, self._port)
+        sockets = self._server.sockets
+        if sockets and self._port == 0:
+            self._port = int(sockets[0].getsockname()[1])
+            self.node = Node(NODE_ID, self._advertised, self._port)
+            self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
+        self._reaper = asyncio.ensure_future(self._reap())
+        log.info(
+            "kafka_listener_started",
+            host=self._host,
+            port=self._port,
+            advertised=f"{self._advertised}:{self._port}",
+            topics=sorted(self._served_now),
+        )
+
+    async def close(self) -> None:
+        """Stop listening, close the connections and every member (each leaves its group)."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+        await self.members.close_all()
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            try:
+                await self.members.reap()
+            except Exception as exc:  # one failed close never stops the reaper
+                log.warning("kafka_member_close_failed", error=repr(exc))
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        if len(self._connections) >= self._max_connections:
+            log.warning(
+                "kafka_connection_refused",
+                peer=str(peer),
+                reason="too many connections",
+                limit=self._max_connections,
+            )
+            writer.close()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        try:
+            await self._serve(reader, writer, str(peer))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away
+        except FrameError as exc:
+            log.warning("kafka_frame_rejected", peer=str(peer), reason=str(exc))
+        except Exception as exc:  # a bug answering one request closes that connection only
+            log.exception("kafka_request_failed", peer=str(peer), error=repr(exc))
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        while True:
+            try:
+                head = await asyncio.wait_for(reader.readexactly(SIZE.size), self._idle_s)
+            except asyncio.TimeoutError:
+                return  # idle (Kafka: connections.max.idle.ms)
+            (size,) = SIZE.unpack(head)
+            if size < 8 or size > self._max_frame:
+                raise FrameError(
+                    f"a {size}-byte frame (the limit is {self._max_frame} bytes: "
+                    "queueflow.direct.max.frame.bytes)"
+                )
+            try:
+                frame = await asyncio.wait_for(reader.readexactly(size), self._read_s)
+            except asyncio.TimeoutError:
+                raise FrameError(
+                    f"a {size}-byte frame did not arrive within {self._read_s} s "
+                    "(queueflow.direct.frame.read.timeout.ms)"
+                ) from None
+            answer = await self._answer(frame, peer)
+            writer.write(answer)
+            try:
+                await asyncio.wait_for(writer.drain(), self._write_s)
+            except asyncio.TimeoutError:
+                raise FrameError(
+                    f"the client took no answer within {self._write_s} s "
+                    "(queueflow.direct.write.timeout.ms)"
+                ) from None
+
+    async def _answer(self, frame: bytes, peer: str) -> bytes:
+        key, version, correlation_id = peek_header(frame)
+        if key == apis.API_VERSIONS and not apis.serves(key, version):
+            return encode_response(correlation_id, apis.api_versions_response(version))
+        if not apis.serves(key, version):
+            raise FrameError(
+                f"API key {key} version {version} is not served (ApiVersions lists what is)"
+            )
+        request = decode_request(frame)
+        body = request.body
+        if key == apis.API_VERSIONS:
+            response: Any = apis.api_versions_response(version)
+        elif key == apis.METADATA:
+            self._served_now = await self._served()
+            response = metadata_response(
+                version, body, self._served_now, self.node, self.topic_ids, self.app_id
+            )
+        elif key == apis.FIND_COORDINATOR:
+            response = find_coordinator_response(version, body, self.node)
+        elif key == apis.SHARE_GROUP_HEARTBEAT:
+            response = await self.members.heartbeat(body, request.client_id)
+        elif key == apis.SHARE_FETCH:
+            response = await self._fetcher.share_fetch(version, body)
+        else:
+            response = await self._fetcher.share_acknowledge(version, body)
+        return encode_response(correlation_id, response)

@@ -1,0 +1,178 @@
+"""The Kafka-protocol listener (``queueflow.kafka.listener``; docs/kafka-listener.md) on the
+real broker: Kafka's own Java ``kafka-console-share-consumer.sh`` drains a topic through a
+queueflow share group, each record once, and queueflow's admin shows it as a member."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from queueflow.admin import ShareGroupAdmin
+from queueflow.devtools.broker import create_topic, kafka_tool_argv
+from queueflow.kafka.config import KafkaClientConfig
+from queueflow.testing import LeaderWorker
+from queueflow.testing import produce as produce_records
+
+RECORDS = 40
+WAIT_S = 60.0
+JVM_OPTS = ["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_listening(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {port} after {timeout_s} s"
+            time.sleep(0.2)
+
+
+class LineReader:
+    """``proc``'s stdout lines, read by a thread (a pipe's buffered reader hides lines from
+    select)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.put(line.strip())
+        self.lines.put(None)
+
+    def take(self, count: int, timeout_s: float) -> list[str]:
+        """``count`` lines, or fail after ``timeout_s``."""
+        got: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while len(got) < count:
+            left = deadline - time.monotonic()
+            assert left > 0, f"only {len(got)} of {count} records: {got}"
+            try:
+                line = self.lines.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                continue
+            assert line is not None, f"the consumer ended after {len(got)} records: {got}"
+            got.append(line)
+        return got
+
+    def within(self, wait_s: float) -> list[str]:
+        """The lines that come within ``wait_s`` seconds."""
+        got: list[str] = []
+        deadline = time.monotonic() + wait_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            got.append(line)
+        return got
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+
+def test_java_console_share_consumer_drains_a_queueflow_group_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = f"qf-klisten-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 2)
+    app_id = f"qf-klisten-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    values = [f"r{i}" for i in range(RECORDS)]
+    asyncio.run(produce_records(kafka_bootstrap, topic, values, partitions=2))
+    worker = LeaderWorker(
+        app_id,
+        [topic],
+        kafka_bootstrap,
+        tmp_path / "data",
+        {
+            "share.auto.offset.reset": "earliest",
+            "group.share.heartbeat.interval.ms": 500,
+            "group.share.session.timeout.ms": 6000,
+            "queueflow.kafka.listener": f"PLAINTEXT://127.0.0.1:{port}",
+        },
+    )
+    with worker.start():
+        wait_listening(port, WAIT_S)
+        consumer = subprocess.Popen(
+            kafka_tool_argv(
+                "console-share-consumer",
+                [
+                    "--bootstrap-server",
+                    f"127.0.0.1:{port}",
+                    "--topic",
+                    topic,
+                    "--group",
+                    "g",
+                    "--timeout-ms",
+                    "120000",
+                ],
+                jvm_opts=JVM_OPTS,
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        lines = LineReader(consumer)
+        try:
+            got = lines.take(RECORDS, WAIT_S)
+            assert sorted(got) == sorted(values), got  # every record, each once
+            admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
+
+            async def described() -> tuple[list[str], list[int]]:
+                deadline = time.monotonic() + WAIT_S
+                while True:
+                    (group,) = await admin.describe_groups(["g"])
+                    lags = [o.lag for o in await admin.list_offsets("g")]
+                    if all(lag == 0 for lag in lags) or time.monotonic() > deadline:
+                        return [m.client_id for m in group.members], lags
+                    await asyncio.sleep(0.5)
+
+            clients, lags = asyncio.run(described())
+            assert clients == ["console-share-consumer"], clients
+            assert lags == [0, 0], lags  # every record acknowledged (ACCEPTed)
+            # nothing more comes: no record is delivered twice
+            more = lines.within(2.0)
+            assert more == [], more
+        finally:
+            consumer.terminate()
+            try:
+                consumer.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                consumer.kill()
+                consumer.wait(timeout=30)
+            lines.join(10)
+            assert consumer.stdout is not None
+            consumer.stdout.close()
+        # the console consumer's close left the group (ShareGroupHeartbeat epoch -1)
+        deadline = time.monotonic() + WAIT_S
+        while '"reason": "left"' not in (log := worker.log_path.read_text()):
+            assert time.monotonic() < deadline, log[-3000:]
+            time.sleep(0.2)
+        assert "kafka_member_joined" in log, log[-3000:]
+        assert "kafka_frame_rejected" not in log, log[-3000:]
+
+
+pytestmark = pytest.mark.timeout(240)
