@@ -119,7 +119,11 @@ def test_hung_handlers_archive_no_good_record_and_every_archive_is_logged(
     assert archived == dict.fromkeys(HUNG, "delivery_limit")  # no good record
     counts = {e["i"]: e["delivery_count"] for e in _ledger(ledger) if e["agent"] == "hung"}
     assert max(counts.values()) <= 2
-    assert worker.events("acquisition_lock_expired_before_handling")  # some were given back
+    # Some were given back: early, at the measured handling rate (adaptive acquisition), or
+    # when their locks were about to end.
+    assert worker.events("unstarted_records_given_back") or worker.events(
+        "acquisition_lock_expired_before_handling"
+    )
 
 
 def test_a_poison_record_in_a_batch_does_not_archive_its_neighbours(
