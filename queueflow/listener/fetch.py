@@ -198,6 +198,12 @@ class ShareFetcher:
         except ShareGroupError as exc:
             return exc
 
+    def _endpoints(self, m: Any) -> tuple[Any, ...]:
+        """The answer's ``NodeEndpoints``: this listener, the leader of every share-partition
+        (``m``: the kio response module of the API and version answered)."""
+        node = self._node
+        return (m.NodeEndpoint(node_id=i32(node.node_id), host=node.host, port=i32(node.port)),)
+
     def _fetch_answer(
         self,
         m: Any,
@@ -247,13 +253,7 @@ class ShareFetcher:
                 )
                 for topic, parts in sorted(by_topic.items())
             ),
-            node_endpoints=(
-                m.NodeEndpoint(
-                    node_id=i32(self._node.node_id),
-                    host=self._node.host,
-                    port=i32(self._node.port),
-                ),
-            ),
+            node_endpoints=self._endpoints(m),
         )
 
     async def share_acknowledge(self, version: int, request: Any) -> Any:
@@ -297,11 +297,5 @@ class ShareFetcher:
                 )
                 for topic, parts in sorted(by_topic.items())
             ),
-            node_endpoints=(
-                m.NodeEndpoint(
-                    node_id=i32(self._node.node_id),
-                    host=self._node.host,
-                    port=i32(self._node.port),
-                ),
-            ),
+            node_endpoints=self._endpoints(m),
         )

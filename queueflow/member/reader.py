@@ -557,10 +557,7 @@ class PartitionReader:
             self.position = last + 1
             if (await self.consumer.position(self.tp)) != self.position:
                 self.position = -1  # force a seek next time
-        if not bad:
-            return records, gaps, []
-        undecodable = [(r, bad[r.offset]) for r in records if r.offset in bad]
-        return [r for r in records if r.offset not in bad], gaps, undecodable
+        return _without_undecodable(records, gaps, list(bad.items()))
 
 
 def carried_records(
