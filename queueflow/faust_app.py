@@ -64,6 +64,7 @@ from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
 from queueflow.server.auth_health import AuthHealth
+from queueflow.server.connections import DirectLimits
 from queueflow.server.context import RequestHandler, ServerContext
 from queueflow.server.coordinator import ShareGroupCoordinator
 from queueflow.server.endpoint import LeaderEndpoint
@@ -894,12 +895,9 @@ class ShareGroups:
             session,
             heartbeat_interval_ms=s.heartbeat_interval_ms,
             session_timeout_ms=s.session_timeout_ms,
-            max_frame_bytes=s.direct_max_frame_bytes,
+            limits=DirectLimits.from_settings(s),
             max_connections=s.direct_max_connections,
             monotonic=ctx.clock.monotonic,
-            idle_ms=s.direct_connections_max_idle_ms,
-            frame_read_timeout_ms=s.direct_frame_read_timeout_ms,
-            write_timeout_ms=s.direct_write_timeout_ms,
         )
         await self.kafka_listener.start()
 

@@ -92,6 +92,17 @@ class ShareFetcher:
         self._node = node
         self._cap_ms = max_wait_cap_ms
 
+    def _check_request(
+        self, request: Any, opening_allowed: bool
+    ) -> tuple[KafkaMember | None, ErrorCode, str | None]:
+        """A ShareFetch's or ShareAcknowledge's member, and what is wrong with its share
+        session epoch or its acknowledgement batches (``ErrorCode.none``: nothing)."""
+        member = self._members.get(request.group_id, request.member_id)
+        error, message = self._check_session(member, request.share_session_epoch, opening_allowed)
+        if error is ErrorCode.none and (message := ack_batches_error(request.topics)):
+            error = ErrorCode.invalid_request
+        return member, error, message
+
     def _check_session(
         self, member: KafkaMember | None, epoch: int, opening_allowed: bool
     ) -> tuple[ErrorCode, str | None]:
@@ -138,11 +149,8 @@ class ShareFetcher:
         session that is assigned to the member is fetched (held up to ``MaxWaitMs`` when
         nothing is available) and its records returned as one record batch."""
         m = load_payload_module(SHARE_FETCH, version, EntityType.response)
-        member = self._members.get(request.group_id, request.member_id)
+        member, error, message = self._check_request(request, opening_allowed=True)
         epoch = request.share_session_epoch
-        error, message = self._check_session(member, epoch, opening_allowed=True)
-        if error is ErrorCode.none and (message := ack_batches_error(request.topics)):
-            error = ErrorCode.invalid_request
         if error is not ErrorCode.none or member is None:
             return self._fetch_answer(m, error, message, {}, {}, 0)
         async with member.lock:
@@ -260,11 +268,8 @@ class ShareFetcher:
         """Answer one ShareAcknowledge: the acknowledgements are sent to the leaders now; epoch
         -1 also closes the share session."""
         m = load_payload_module(SHARE_ACKNOWLEDGE, version, EntityType.response)
-        member = self._members.get(request.group_id, request.member_id)
+        member, error, message = self._check_request(request, opening_allowed=False)
         epoch = request.share_session_epoch
-        error, message = self._check_session(member, epoch, opening_allowed=False)
-        if error is ErrorCode.none and (message := ack_batches_error(request.topics)):
-            error = ErrorCode.invalid_request
         results: dict[TopicPartition, ShareGroupError | None] = {}
         if error is ErrorCode.none and member is not None:
             async with member.lock:

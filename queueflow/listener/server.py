@@ -22,6 +22,7 @@ from queueflow.listener.metadata import (
     find_coordinator_response,
     metadata_response,
 )
+from queueflow.server.connections import DirectLimits
 
 __all__ = ["KafkaListener", "parse_listener"]
 
@@ -72,12 +73,12 @@ class KafkaListener:
         factory: builds a member's queueflow session.
         heartbeat_interval_ms / session_timeout_ms: given to clients / after which a silent
             member is closed.
-        max_frame_bytes: the largest request frame read; a larger one closes the connection.
+        limits: the direct endpoint's per-connection bounds (``queueflow.direct.*``,
+            :meth:`DirectLimits.from_settings`): its ``max_frame_bytes`` (a larger frame closes
+            the connection), ``idle_s`` (no request for this long), ``frame_read_timeout_s``
+            and ``write_timeout_s`` (a slow client) apply here.
         max_connections: connections held at once; more are closed at once.
         monotonic: the clock, in seconds.
-        idle_ms: a connection with no request for this long is closed.
-        frame_read_timeout_ms: the longest a frame may take to arrive once its size has.
-        write_timeout_ms: the longest an answer may take to be taken by a slow client.
 
     Raises:
         ConfigurationError: an invalid ``listen``.
@@ -93,12 +94,9 @@ class KafkaListener:
         *,
         heartbeat_interval_ms: int,
         session_timeout_ms: int,
-        max_frame_bytes: int,
+        limits: DirectLimits,
         max_connections: int,
         monotonic: Callable[[], float],
-        idle_ms: int = 600_000,
-        frame_read_timeout_ms: int = 10_000,
-        write_timeout_ms: int = 10_000,
     ) -> None:
         self._host, self._port = parse_listener(listen)
         self._advertised = (
@@ -118,11 +116,11 @@ class KafkaListener:
             monotonic,
         )
         self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
-        self._max_frame = max_frame_bytes
+        self._max_frame = limits.max_frame_bytes
         self._max_connections = max_connections
-        self._idle_s = idle_ms / 1000
-        self._read_s = frame_read_timeout_ms / 1000
-        self._write_s = write_timeout_ms / 1000
+        self._idle_s = limits.idle_s
+        self._read_s = limits.frame_read_timeout_s
+        self._write_s = limits.write_timeout_s
         self._connections: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self._reaper: asyncio.Task[None] | None = None

@@ -30,6 +30,7 @@ from queueflow.listener.batches import acquired_ranges, record_batch
 from queueflow.listener.codec import FrameError, decode_request, encode_response
 from queueflow.listener.metadata import Node, TopicIds, find_coordinator_response, metadata_response
 from queueflow.member.session import FetchResult
+from queueflow.server.connections import DirectLimits
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 TOPIC = "jobs"
@@ -251,7 +252,14 @@ def listener() -> Iterator[tuple[KafkaListener, list[StubSession]]]:
         factory,
         heartbeat_interval_ms=500,
         session_timeout_ms=60_000,
-        max_frame_bytes=4096,
+        limits=DirectLimits(
+            unauthenticated_max_frame_bytes=4096,
+            max_frame_bytes=4096,
+            unauthenticated_idle_s=600.0,
+            idle_s=600.0,
+            frame_read_timeout_s=10.0,
+            write_timeout_s=10.0,
+        ),
         max_connections=4,
         monotonic=loop.time,
     )
