@@ -33,7 +33,6 @@ import stamina
 from integration.security_env import secured_broker  # noqa: F401 (a fixture)
 
 from queueflow.devtools.broker import (
-    KAFKA_VERSION,
     LocalBroker,
     bootstrap_from_env,
     create_topic,
@@ -52,17 +51,21 @@ _INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     native = has_native_share_groups() or bool(bootstrap_from_env())
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
     for item in items:
         if _INTEGRATION_DIR in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.integration)
         if not native and item.get_closest_marker("native_share_groups"):
             # The broker's own share groups don't exist in this release: nothing to compare
-            # queueflow with. Everything else runs (queueflow needs no share groups).
-            item.add_marker(
-                pytest.mark.skip(
-                    reason=f"Kafka {KAFKA_VERSION} has no KIP-932 share groups of its own"
-                )
-            )
+            # queueflow with, so these tests don't apply (deselected, not skipped). Everything
+            # else runs (queueflow needs no share groups).
+            deselected.append(item)
+        else:
+            kept.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 def pytest_configure(config: pytest.Config) -> None:
