@@ -163,9 +163,7 @@ def _run(command: Sequence[str], check: bool = True) -> subprocess.CompletedProc
 
 def _used_subnets() -> set[str]:
     out = _run(["ip", "-4", "-o", "addr", "show"], check=False).stdout
-    return {
-        str(ipaddress.IPv4Interface(m).network) for m in re.findall(r"inet (\S+)", out)
-    }
+    return {str(ipaddress.IPv4Interface(m).network) for m in re.findall(r"inet (\S+)", out)}
 
 
 @dataclass
@@ -302,9 +300,7 @@ class NetLab:
             self.reconnect(host)
             self.allow(host)
 
-    def wait_reachable(
-        self, host: Host, address: str, port: int, timeout_s: float = 10.0
-    ) -> float:
+    def wait_reachable(self, host: Host, address: str, port: int, timeout_s: float = 10.0) -> float:
         """Wait until a TCP connection from ``host`` to ``address:port`` succeeds (after a
         heal: the bridge forwards again). Returns the seconds waited.
 
@@ -313,8 +309,7 @@ class NetLab:
         """
         started = time.monotonic()
         probe = (
-            "import socket,sys;"
-            f"socket.create_connection(({address!r},{port}),timeout=1).close()"
+            f"import socket,sys;socket.create_connection(({address!r},{port}),timeout=1).close()"
         )
         python = shutil.which("python3") or "python3"
         while time.monotonic() - started < timeout_s:

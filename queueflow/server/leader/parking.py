@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from queueflow.errors import ErrorCode
+from queueflow.errors import ErrorCode, FencedStateEpochError
 from queueflow.logging import get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
@@ -188,7 +188,8 @@ class LongPolls:
         try:
             await self._apply(partition, items)
         except Exception as exc:  # answered as refused: the members re-send elsewhere
-            self._log.exception("direct_batch_failed", partition=partition)
+            if not isinstance(exc, FencedStateEpochError):  # stepped down, lease: logged there
+                self._log.exception("direct_batch_failed", partition=partition)
             for item in items:
                 if not item.future.done():
                     item.future.set_result(self._not_leader(item.request, exc))
