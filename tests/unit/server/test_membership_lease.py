@@ -134,7 +134,7 @@ def test_the_lease_gate_logs_a_lapse_and_a_regain_once_each_and_counts_lapses() 
         async with direct_cluster(records=1) as cluster:
             runtime: Any = cluster.server.runtime
             gate = LeaseGate(cluster.server)
-            live = dict.fromkeys([TOPIC], [0])
+            live = {TOPIC: [0]}
             runtime.lease_ms = 3_000
             with capture_logs() as logs:
                 gate.watch(lambda: live)
