@@ -172,7 +172,7 @@ class NetLab:
     or call :meth:`close` (in a ``finally`` or a fixture finalizer).
 
     Args:
-        tag: names' distinguishing part (default: 4 random hex digits).
+        tag: names' distinguishing part: 4 lowercase hex digits (default: random).
         second_octet: the lab's /24 is ``10.<second_octet>.<third>.0`` (third picked free).
     """
 
@@ -182,6 +182,14 @@ class NetLab:
     _drops: dict[tuple[str, str], int] = field(default_factory=dict)
     _network: ipaddress.IPv4Network | None = None
     _created: bool = False
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[0-9a-f]{4}", self.tag):
+            raise ValueError(
+                f"tag must be 4 lowercase hex digits (names fit 15 characters), got {self.tag!r}"
+            )
+        if not 0 <= self.second_octet <= 255:
+            raise ValueError(f"second_octet must be 0-255, got {self.second_octet}")
 
     @property
     def bridge(self) -> str:
