@@ -71,8 +71,8 @@ Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
   ``write_timeout``, ``undecodable``).
 * ``queueflow_direct_requests_unserved_total{reason}``: direct requests answered
   ``NOT_LEADER_OR_FOLLOWER`` because the membership lease had lapsed (``lease_acquire``:
-  before acquiring, ``lease_write``: after the state write, ``lease_answer``: before the answer
-  left);
+  before acquiring, ``lease_answer``: before the answer left, its state write or record read
+  having outlasted the lease);
 * ``queueflow_leader_lease_lapses_total``: times the leader's membership lease lapsed outside a
   rebalance (docs/architecture.md "The membership lease").
 
@@ -426,7 +426,7 @@ class Metrics:
         self.direct_requests_unserved = Counter(
             "queueflow_direct_requests_unserved",
             "Direct requests refused because the leader's Faust membership lease had lapsed "
-            "(reason: lease_acquire, lease_write, lease_answer)",
+            "(reason: lease_acquire, lease_answer)",
             ("reason",),
             registry=reg,
         )

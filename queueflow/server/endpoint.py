@@ -374,7 +374,7 @@ class LeaderEndpoint:
         elif lease_ms is not None and lease_ms <= 0:
             # Its membership may have lapsed and its partitions moved: only the request log,
             # split by the successor's fence, can still say who leads (engine.fencing).
-            leader.lease.refused("acquire")
+            leader.long_polls.lease.refused("acquire")
             response = not_leader(request, LEASE_LAPSED)
         else:
             if lease_ms is not None and request.max_wait_ms > lease_ms:
@@ -391,8 +391,10 @@ class LeaderEndpoint:
                     response.acquired,
                     read_committed=response.read_committed,
                 )
-            if not leader.lease.holds():  # lapsed while it waited: the successor may serve
-                leader.lease.refused("answer")
+            if (
+                not leader.long_polls.lease.holds()
+            ):  # lapsed while it waited: the successor may serve
+                leader.long_polls.lease.refused("answer")
                 response = not_leader(request, LEASE_LAPSED)
         body = protocol.encode_binary(response)
         dest = direct_reply_dest(self.address)

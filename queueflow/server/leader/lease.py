@@ -6,7 +6,8 @@ keeps its event loop, its direct endpoint and its members. The broker gives its 
 successor once the session timeout has passed since the last heartbeat it accepted, so the
 leader may hand out records, and write state, only while an OK heartbeat *sent* less than the
 session timeout (minus a margin) ago proves its membership. :class:`LeaseGate` checks that
-before a direct batch acquires, after its state write, and before an answer leaves; it logs
+when a direct request arrives, before a batch of queued or parked ones acquires, and before an
+answer leaves (its state write or record read may have outlasted the lease); it logs
 ``leader_lease_lapsed`` and ``leader_lease_regained`` once per change and counts refusals.
 """
 
@@ -45,16 +46,17 @@ class LeaseGate:
         """True while the lease holds (always, for hosts whose membership can't lapse)."""
         return lease_allows(self.ctx.runtime.lease_remaining_ms())
 
-    def check(self, stage: str) -> None:
-        """Raise unless the lease holds; ``stage`` (``acquire``, ``write``, ``answer``) labels
-        the refusal in ``queueflow_direct_requests_unserved_total{reason="lease_<stage>"}``.
+    def check(self, stage: str, count: int = 1) -> None:
+        """Raise unless the lease holds; ``stage`` (``acquire``, ``answer``) labels the refusal
+        of ``count`` requests in ``queueflow_direct_requests_unserved_total`` (reason
+        ``lease_<stage>``).
 
         Raises:
             FencedStateEpochError: the lease has lapsed (the request is answered
                 ``NOT_LEADER_OR_FOLLOWER`` and the member re-routes).
         """
         if not self.holds():
-            self.refused(stage)
+            self.refused(stage, count)
             raise FencedStateEpochError(LEASE_LAPSED)
 
     def refused(self, stage: str, count: int = 1) -> None:

@@ -44,7 +44,6 @@ from queueflow.server.leader.cache import SharePartitionCache, initial_offset
 from queueflow.server.leader.fetching import ShareFetcher
 from queueflow.server.leader.holes import HoleReaders
 from queueflow.server.leader.key_index import KeyIndexes
-from queueflow.server.leader.lease import LeaseGate
 from queueflow.server.leader.parking import LongPolls, ParkedFetch
 from queueflow.server.leader.positions import RequestPositions
 from queueflow.server.leader.results import NOTHING, FetchResult, LeaderResult, LogEvent
@@ -101,8 +100,6 @@ class ShareLeader:
             coordinator_forget_ms=s.session_timeout_ms,
         )
         self.fencing = LeaderFencing(ctx.stall_limit_ms)
-        #: The direct path acquires and writes only while the membership lease holds.
-        self.lease = LeaseGate(ctx)
         self.cache = SharePartitionCache(
             table,
             topic,
@@ -446,7 +443,6 @@ class ShareLeader:
         self.fencing.check(partition)
         if not self.fencing.is_live(partition):
             raise FencedStateEpochError(f"not live on partition {partition} yet")
-        self.lease.check("acquire")  # its successor may be assigned the partition by now
         result = NOTHING
         async with self._lock(partition):
             with self.ctx.state_scope(self.request_topic, partition):
@@ -465,9 +461,6 @@ class ShareLeader:
                 await self._apply(replace(result, flush=False), partition)
         if result.flush and self.ctx.settings.state_durability is StateDurability.ACKED:
             await self.ctx.flush_state()
-            # The write may have waited out a partition from the broker: answer only if the
-            # lease still holds (else the records stay locked here and time out).
-            self.lease.check("write")
 
     async def _apply(self, result: LeaderResult, partition: int, sender_key: bytes = b"") -> None:
         """Perform ``result`` (:meth:`~queueflow.server.leader.applier.ResultApplier.apply`)."""

@@ -124,7 +124,7 @@ def test_records_acquired_while_the_lease_lapsed_during_the_state_write_are_not_
             assert engine.acquired_count == 1  # held by m1 until its lock elapses
             registry = cluster.server.metrics.registry
             name = "queueflow_direct_requests_unserved_total"
-            assert registry.get_sample_value(name, {"reason": "lease_write"}) == 1
+            assert registry.get_sample_value(name, {"reason": "lease_answer"}) == 1
 
     run(scenario())
 
