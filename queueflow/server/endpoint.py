@@ -391,10 +391,9 @@ class LeaderEndpoint:
                     response.acquired,
                     read_committed=response.read_committed,
                 )
-            if (
-                not leader.long_polls.lease.holds()
-            ):  # lapsed while it waited: the successor may serve
-                leader.long_polls.lease.refused("answer")
+            lease = leader.long_polls.lease
+            if not lease.holds():  # lapsed while it waited: the successor may serve now
+                lease.refused("answer")
                 response = not_leader(request, LEASE_LAPSED)
         body = protocol.encode_binary(response)
         dest = direct_reply_dest(self.address)
