@@ -136,6 +136,7 @@ class PartitionCluster:
                     f"PLAINTEXT://{self.lab.gateway}:{self.port},"
                     f"CONTROLLER://127.0.0.1:{controller}"
                 ),
+                "group.min.session.timeout.ms": "2000",  # Kafka's 6 s floor: short tests
             },
             die_with_parent=True,
         )

@@ -63,8 +63,9 @@ def test_a_leader_cut_off_from_the_broker_stops_serving_before_its_successor_ser
 
     name = cluster.leaders()[0]
     cut = cluster.workers[name]
-    led = {int(p) for e in cut.events("leader_assigned") for p in e.get("partitions") or []}
-    epoch = max(int(e["leader_epoch"]) for e in cut.events("leader_assigned"))
+    assigned = [e for e in cut.events("leader_assigned") if e.get("topic") == cluster.topic]
+    led = {int(p) for p in assigned[-1].get("partitions") or []}
+    epoch = int(assigned[-1]["leader_epoch"])
     cut_at = time.time()
     cluster.lab.drop(cut.host, [cluster.lab.gateway])  # its members still reach it
     successor: list[float] = []
