@@ -28,7 +28,7 @@ ROLES = {"w1": "all", "w2": "all", "w3": "all", "m1": "member", "m2": "member"}
 class PartitionConfig:
     """Parameters of one run."""
 
-    records: int = 12_000
+    records: int = 20_000
     #: records produced per second while the nemesis works
     rate: int = 150
     partitions: int = 3
