@@ -30,7 +30,7 @@ SHARE_SETTINGS: dict[str, int | str] = {
     "group.share.record.lock.duration.ms": 5000,
     "group.share.session.timeout.ms": 8000,
     "group.share.heartbeat.interval.ms": 1000,
-    "group.share.delivery.count.limit": 20,
+    "group.share.delivery.count.limit": 10,
 }
 
 
@@ -200,6 +200,10 @@ class PartitionCluster:
         """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
+            for name in names:
+                if self.workers[name].incarnation and not self.workers[name].alive():
+                    tail = self.workers[name].process.log_tail(30)
+                    raise RuntimeError(f"worker {name} exited while starting:\n{tail}")
             latest: dict[str, tuple[int, set[int]]] = {}
             for name in names:
                 for e in self.workers[name].events("leader_assigned"):
