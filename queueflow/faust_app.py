@@ -72,6 +72,7 @@ from queueflow.server.junk import JunkGate
 from queueflow.server.leader import ShareLeader
 from queueflow.server.leader.acks_reader import AckReader
 from queueflow.server.leader.dead_letters import DeadLetterWriter, KafkaDeadLetterIO
+from queueflow.server.leader.lease import LeaseGate
 from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
 from queueflow.server.transport import monotonic_ms
@@ -646,6 +647,8 @@ class ShareGroups:
             if self.settings.leader_listener
             else None
         )
+        #: leader_lease_lapsed / _regained, from the stall guard's timer (only with a direct path)
+        self._lease_watch = LeaseGate(self.server_context) if self.endpoint is not None else None
         self._coordinator_topic = control_topic(
             app, topics.coordinator_topic(self.app_id), topics.COORDINATOR_PARTITIONS
         )
@@ -1045,7 +1048,16 @@ class ShareGroups:
             leader.check_stalls(now)
         if self.coordinator is not None:
             self.coordinator.check_stalls(now)
+        if self._lease_watch is not None and self.leaders:
+            self._lease_watch.watch(self._live_partitions)
         return now
+
+    def _live_partitions(self) -> dict[str, list[int]]:
+        """The request partitions this worker is live on, per source topic."""
+        return {
+            topic: [p for p in leader.fencing.partitions if leader.fencing.is_live(p)]
+            for topic, leader in self.leaders.items()
+        }
 
     async def _send_fences(self) -> None:
         for leader in list(self.leaders.values()):

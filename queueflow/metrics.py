@@ -69,6 +69,12 @@ Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
 * ``queueflow_direct_connections_dropped_total{reason}``: connections closed later
   (``frame_too_large``, ``read_timeout``, ``unauthenticated_idle``, ``idle``,
   ``write_timeout``, ``undecodable``).
+* ``queueflow_direct_requests_unserved_total{reason}``: direct requests answered
+  ``NOT_LEADER_OR_FOLLOWER`` because the membership lease had lapsed (``lease_acquire``:
+  before acquiring, ``lease_answer``: before the answer left, its state write or record read
+  having outlasted the lease);
+* ``queueflow_leader_lease_lapses_total``: times the leader's membership lease lapsed outside a
+  rebalance (docs/architecture.md "The membership lease").
 
 Leaders, coordinators and members: ``queueflow_control_messages_dropped_total{receiver,reason}``:
 junk on an internal topic dropped after a look at its first bytes
@@ -415,6 +421,19 @@ class Metrics:
             "Direct connections the endpoint closed (reason: frame_too_large, read_timeout, "
             "unauthenticated_idle, idle, write_timeout, undecodable)",
             ("reason",),
+            registry=reg,
+        )
+        self.direct_requests_unserved = Counter(
+            "queueflow_direct_requests_unserved",
+            "Direct requests refused because the leader's Faust membership lease had lapsed "
+            "(reason: lease_acquire, lease_answer)",
+            ("reason",),
+            registry=reg,
+        )
+        self.leader_lease_lapses = Counter(
+            "queueflow_leader_lease_lapses",
+            "Times this worker's Faust membership lease lapsed outside a rebalance (no OK "
+            "heartbeat within the session timeout minus one heartbeat interval)",
             registry=reg,
         )
         self.group_members = Gauge(

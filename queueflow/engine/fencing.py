@@ -69,9 +69,12 @@ __all__ = [
     "LeaderFencing",
     "Leadership",
     "LeadershipState",
+    "LeaseChange",
+    "LeaseTransitions",
     "MembershipLease",
     "PartitionFencing",
     "RecoveryWatch",
+    "lease_allows",
 ]
 
 
@@ -388,6 +391,60 @@ class MembershipLease:
         if self._proof is None or self._proof[0] != generation:
             return 0
         return self._proof[1] + self.session_timeout_ms - self.margin_ms - now_ms
+
+
+class LeaseChange(enum.Enum):
+    """A change of whether the membership lease holds (:class:`LeaseTransitions`)."""
+
+    #: It held (or was never seen) and holds no more: stop serving the direct path.
+    LAPSED = "lapsed"
+    #: It had lapsed and an OK heartbeat of the current generation proves it again.
+    REGAINED = "regained"
+
+
+class LeaseTransitions:
+    """Turns successive readings of :meth:`MembershipLease.remaining_ms` into the moments it
+    lapses and is regained (one log event each, not one per refused request).
+
+    A rebalance is no lapse: Faust forgets the proof when one begins, and the new generation
+    proves itself with its first OK heartbeat; readings taken while rebalancing change nothing
+    but that. A lease lapses only when it held and then, outside a rebalance, no longer does;
+    it is regained when it holds again (in the same generation, or after the worker rejoined).
+    Pure; not thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.lapsed = False
+
+    def observe(self, remaining_ms: int | None, rebalancing: bool = False) -> LeaseChange | None:
+        """Feed one reading (``remaining_ms``: ``None`` for a host whose membership can't
+        lapse; ``rebalancing``: the host's group is rebalancing now).
+
+        Returns:
+            :attr:`LeaseChange.LAPSED` when a lease that held no longer does,
+            :attr:`LeaseChange.REGAINED` when a lapsed one holds again, else ``None``.
+        """
+        if rebalancing:
+            self.holding = False
+            return None
+        holds = lease_allows(remaining_ms)
+        if holds == self.holding:
+            return None
+        self.holding = holds
+        if not holds:
+            self.lapsed = True
+            return LeaseChange.LAPSED
+        if self.lapsed:
+            self.lapsed = False
+            return LeaseChange.REGAINED
+        return None
+
+
+def lease_allows(remaining_ms: int | None, needed_ms: int = 0) -> bool:
+    """True when a lease with ``remaining_ms`` left (``None``: can't lapse) covers ``needed_ms``
+    more of serving (0: just now)."""
+    return remaining_ms is None or remaining_ms > needed_ms
 
 
 class RecoveryWatch:

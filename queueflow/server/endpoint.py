@@ -47,6 +47,7 @@ from queueflow.server.connections import (
 )
 from queueflow.server.context import ServerContext
 from queueflow.server.leader import ShareLeader
+from queueflow.server.leader.lease import LEASE_LAPSED
 from queueflow.server.record_cache import LeaderRecords
 from queueflow.server.transport import control_auth, monotonic_ms, not_leader
 from queueflow.settings import listener_address
@@ -373,9 +374,8 @@ class LeaderEndpoint:
         elif lease_ms is not None and lease_ms <= 0:
             # Its membership may have lapsed and its partitions moved: only the request log,
             # split by the successor's fence, can still say who leads (engine.fencing).
-            response = not_leader(
-                request, "no recent OK heartbeat proves this worker's group membership"
-            )
+            leader.long_polls.lease.refused("acquire")
+            response = not_leader(request, LEASE_LAPSED)
         else:
             if lease_ms is not None and request.max_wait_ms > lease_ms:
                 request = msgspec.structs.replace(request, max_wait_ms=lease_ms)
@@ -391,6 +391,10 @@ class LeaderEndpoint:
                     response.acquired,
                     read_committed=response.read_committed,
                 )
+            lease = leader.long_polls.lease
+            if not lease.holds():  # lapsed while it waited: the successor may serve now
+                lease.refused("answer")
+                response = not_leader(request, LEASE_LAPSED)
         body = protocol.encode_binary(response)
         dest = direct_reply_dest(self.address)
         # hmac: sealed by the workers to the key the request came with (= its ticket's)

@@ -182,6 +182,34 @@ def test_canary_group_coordinator_do_heartbeat() -> None:
     )
 
 
+def test_canary_group_coordinator_do_heartbeat_proves_membership_only_when_accepted() -> None:
+    """The membership lease (docs/architecture.md) takes an OK ``_do_heartbeat`` as proof that
+    the broker kept the member until the send time plus the session timeout: it must send one
+    HeartbeatRequest per call and return True only for an accepted one (NoError), or for
+    REBALANCE_IN_PROGRESS after ``request_rejoin()`` (Faust then revokes every partition at
+    once, which resets the lease)."""
+    src = inspect.getsource(GroupCoordinator._do_heartbeat)
+    check(
+        "HeartbeatRequest(" in src and src.count("await self._send_req(") == 1,
+        "aiokafka",
+        "GroupCoordinator._do_heartbeat sending one HeartbeatRequest per call (the time taken "
+        "before the call is the request's send time)",
+        "on_heartbeat_ok",
+    )
+    rejoin = src.find("self.request_rejoin()")
+    check(
+        src.count("return True") == 2
+        and src.find("Errors.NoError")
+        < src.find("return True")
+        < rejoin
+        < src.rfind("return True"),
+        "aiokafka",
+        "GroupCoordinator._do_heartbeat returning True only for NoError, and for "
+        "REBALANCE_IN_PROGRESS after request_rejoin()",
+        "on_heartbeat_ok (MembershipLease)",
+    )
+
+
 def test_canary_faust_producer_ensure_producer_and_client() -> None:
     fn = getattr(Producer, "_ensure_producer", None)
     check(

@@ -16,11 +16,12 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from queueflow.errors import ErrorCode
+from queueflow.errors import ErrorCode, FencedStateEpochError
 from queueflow.logging import get_logger
 from queueflow.protocol import messages as protocol
 from queueflow.server.context import ServerContext
 from queueflow.server.durable import DurableSharePartition
+from queueflow.server.leader.lease import LeaseGate
 from queueflow.structs import TopicPartition
 
 __all__ = ["LongPolls", "ParkedFetch", "PartitionQueue", "should_park"]
@@ -110,6 +111,8 @@ class LongPolls:
         self.topic = topic
         self._apply = apply
         self._not_leader = not_leader
+        #: Queued and parked requests acquire only while the membership lease holds.
+        self.lease = LeaseGate(ctx)
         self.queues: dict[int, PartitionQueue] = {}
         self._log = get_logger("queueflow.server.leader", topic=topic)
 
@@ -186,9 +189,11 @@ class LongPolls:
         for item in items:
             item.seen_end = seen_end
         try:
+            self.lease.check("acquire", len(items))  # the successor may be assigned it by now
             await self._apply(partition, items)
         except Exception as exc:  # answered as refused: the members re-send elsewhere
-            self._log.exception("direct_batch_failed", partition=partition)
+            if not isinstance(exc, FencedStateEpochError):  # stepped down, lease: logged there
+                self._log.exception("direct_batch_failed", partition=partition)
             for item in items:
                 if not item.future.done():
                     item.future.set_result(self._not_leader(item.request, exc))
