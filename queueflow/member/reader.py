@@ -124,6 +124,8 @@ def records_from_batches(
     *,
     check_crcs: bool = True,
     aborted_transactions: Iterable[tuple[int, int]] = (),
+    lock_deadline: float = math.inf,
+    delivered_at: float = 0.0,
 ) -> ReadResult:
     """The acquired records of ``topic[partition]`` from Kafka record batches (any message
     format, compressed or not) as :class:`ShareRecord` objects built straight from aiokafka's
@@ -137,6 +139,8 @@ def records_from_batches(
         check_crcs: check each batch's CRC-32C (Kafka's consumer ``check.crcs``).
         aborted_transactions: a ``read_committed`` read's aborted transactions, as the Fetch
             answer lists them ``(producer_id, first_offset)``: their records are gaps.
+        lock_deadline / delivered_at: every record's ``lock_deadline`` and ``delivered_at``
+            (monotonic s), set as it is built: one value per fetch, no second pass.
 
     Returns:
         A :data:`ReadResult`: gaps are acquired offsets without a record in ``data`` (control,
@@ -149,7 +153,7 @@ def records_from_batches(
     """
     tolerate_undecodable_records()
     records: list[ShareRecord] = []
-    append, new, cls, inf = records.append, object.__new__, ShareRecord, math.inf
+    append, new, cls = records.append, object.__new__, ShareRecord
     gaps: list[int] = []
     if not acquired:
         return records, gaps, []
@@ -184,9 +188,9 @@ def records_from_batches(
                 r.headers = tuple(m.headers)
                 r.timestamp = m.timestamp
                 r.delivery_count = count
-                r.lock_deadline = inf
+                r.lock_deadline = lock_deadline
                 r.timestamp_type = m.timestamp_type
-                r.delivered_at = 0.0
+                r.delivered_at = delivered_at
                 append(r)
                 expected = offset + 1
     if not done:
@@ -568,6 +572,8 @@ def carried_records(
     records_end: int,
     *,
     check_crcs: bool = True,
+    lock_deadline: float = math.inf,
+    delivered_at: float = 0.0,
 ) -> tuple[ReadResult, list[protocol.WireAcquired]]:
     """The acquired records a direct-path answer carried (``ShareFetchResponse.records``),
     parsed by :func:`records_from_batches`: only acquired offsets below ``records_end`` are
@@ -581,6 +587,7 @@ def carried_records(
         records_end: the answer's ``records_end``: the batches hold every acquired record
             below it.
         check_crcs: check each batch's CRC-32C (the member's ``check.crcs``).
+        lock_deadline / delivered_at: set on every record (see :func:`records_from_batches`).
 
     Returns:
         ((records, gaps, undecodable records), the acquired ranges at or after
@@ -593,4 +600,13 @@ def carried_records(
     """
     covered = [(f, min(last, records_end - 1), c) for f, last, c in acquired if f < records_end]
     rest = [(max(f, records_end), last, c) for f, last, c in acquired if last >= records_end]
-    return records_from_batches(data, topic, partition, covered, check_crcs=check_crcs), rest
+    read = records_from_batches(
+        data,
+        topic,
+        partition,
+        covered,
+        check_crcs=check_crcs,
+        lock_deadline=lock_deadline,
+        delivered_at=delivered_at,
+    )
+    return read, rest

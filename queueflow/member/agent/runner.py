@@ -22,6 +22,7 @@ from queueflow.member.agent.deadlines import HandlerCall
 from queueflow.member.agent.failures import log_failure
 from queueflow.member.agent.giveback import retry_alone
 from queueflow.member.agent.outputs import DeadLetter, Routes, Yielded, sort_outputs
+from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
 from queueflow.member.agent.results import (
     OUTCOMES,
     CallEnd,
@@ -108,16 +109,22 @@ class HandlerRunner:
         self._last_expired_deadline = 0.0  # one log line per expired batch, not per record
 
     # -- the queue -------------------------------------------------------------------------
-    def enqueue(self, records: list[ShareRecord]) -> None:
-        """Queue the records of one ShareFetch for the handlers."""
+    def enqueue(self, records: list[ShareRecord], lock_deadline: float | None = None) -> None:
+        """Queue the records of one ShareFetch for the handlers; ``lock_deadline``: their
+        lock deadline (monotonic s) if the caller has it (:attr:`FetchResult.lock_deadline
+        <queueflow.member.session.FetchResult.lock_deadline>`), kept once per batch unit
+        (:class:`~queueflow.member.agent.units.FetchUnit`)."""
         queue = self._queue
         size = self.batch_size
         if not self.batch:
             queue.extend([record] for record in records)
         elif size is None or len(records) <= size:
-            queue.append(records)
+            queue.append(FetchUnit(records, lock_deadline))
         else:
-            queue.extend(records[i : i + size] for i in range(0, len(records), size))
+            queue.extend(
+                FetchUnit(records[i : i + size], lock_deadline)
+                for i in range(0, len(records), size)
+            )
         self.queued += len(records)
         self._queued.set()
 
@@ -224,12 +231,8 @@ class HandlerRunner:
         # A record is too late (Deadlines.too_late) when its lock ends before this.
         limit = agent.ctx.clock.monotonic() + margin_s
         decode = agent.decode
-        if decode is None:
-            for record in unit:
-                if record.lock_deadline <= limit:
-                    break
-            else:
-                return unit  # the common case: no new list
+        if decode is None and unit_lock_deadline(unit) > limit:
+            return unit  # the common case: one check per unit, no new list
         admitted: list[ShareRecord] = []
         for record in unit:
             if record.lock_deadline <= limit:
@@ -289,7 +292,7 @@ class HandlerRunner:
         """
         agent = self.agent
         deadlines = agent.deadlines
-        deadlines.arm(call, records, margin_s)
+        deadlines.arm(call, records, margin_s, unit_lock_deadline(records))
         try:
             # A batch handler gets a list of its own: whatever it does to it, every record is
             # acknowledged.
