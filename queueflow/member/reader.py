@@ -139,13 +139,11 @@ def records_from_batches(
         check_crcs: check each batch's CRC-32C (Kafka's consumer ``check.crcs``).
         aborted_transactions: a ``read_committed`` read's aborted transactions, as the Fetch
             answer lists them ``(producer_id, first_offset)``: their records are gaps.
-        lock_deadline / delivered_at: every record's ``lock_deadline`` and ``delivered_at``
-            (monotonic s), set as it is built: one value per fetch, no second pass.
+        lock_deadline / delivered_at: set on every record as it is built (one per fetch).
 
     Returns:
         A :data:`ReadResult`: gaps are acquired offsets without a record in ``data`` (control,
-        compacted or aborted records, or past its end); undecodable records (a header name
-        that is not UTF-8) come apart, with the reason.
+        compacted, aborted, or past its end); undecodable records come apart, with the reason.
 
     Raises:
         CorruptRecordException: with ``check_crcs``, a batch fails its CRC check (the message

@@ -110,10 +110,8 @@ class HandlerRunner:
 
     # -- the queue -------------------------------------------------------------------------
     def enqueue(self, records: list[ShareRecord], lock_deadline: float | None = None) -> None:
-        """Queue the records of one ShareFetch for the handlers; ``lock_deadline``: their
-        lock deadline (monotonic s) if the caller has it (:attr:`FetchResult.lock_deadline
-        <queueflow.member.session.FetchResult.lock_deadline>`), kept once per batch unit
-        (:class:`~queueflow.member.agent.units.FetchUnit`)."""
+        """Queue the records of one ShareFetch for the handlers; ``lock_deadline``: the
+        fetch's (monotonic s), kept once per batch unit (:class:`FetchUnit`)."""
         queue = self._queue
         size = self.batch_size
         if not self.batch:
@@ -121,10 +119,8 @@ class HandlerRunner:
         elif size is None or len(records) <= size:
             queue.append(FetchUnit(records, lock_deadline))
         else:
-            queue.extend(
-                FetchUnit(records[i : i + size], lock_deadline)
-                for i in range(0, len(records), size)
-            )
+            chunks = range(0, len(records), size)
+            queue.extend(FetchUnit(records[i : i + size], lock_deadline) for i in chunks)
         self.queued += len(records)
         self._queued.set()
 
