@@ -198,11 +198,17 @@ class BatchSource(Protocol):
 
 
 class _Leader(Protocol):
-    """What :meth:`LeaderRecords.follow` needs of a :class:`~queueflow.server.leader.ShareLeader`."""
+    """What :meth:`LeaderRecords.follow` needs of a :class:`~queueflow.server.leader.ShareLeader`:
+    its topic and its share-partition cache's ``on_dropped`` callbacks."""
 
     @property
     def topic(self) -> str: ...
 
+    @property
+    def cache(self) -> _Dropping: ...
+
+
+class _Dropping(Protocol):
     @property
     def on_dropped(self) -> list[Callable[[set[int]], None]]: ...
 
@@ -307,7 +313,7 @@ class LeaderRecords:
             for p in partitions:
                 self.drop(TopicPartition(topic, p))
 
-        leader.on_dropped.append(dropped)
+        leader.cache.on_dropped.append(dropped)
 
     async def close(self) -> None:
         """Close the batch source."""

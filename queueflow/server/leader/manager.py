@@ -19,7 +19,7 @@ result. Direct-path requests and long polls go through :mod:`~queueflow.server.l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 import structlog
@@ -124,9 +124,6 @@ class ShareLeader:
         )
         self._log = get_logger("queueflow.server.leader", topic=topic)
         ctx.metrics.add_partition_source(self.samples)
-        #: Called with the partitions this leader stops serving (revoked or stepped down),
-        #: so what others keep for them is released (the direct endpoint's record cache).
-        self.on_dropped: list[Callable[[set[int]], None]] = []
 
     @property
     def partitions(self) -> Mapping[tuple[str, int], DurableSharePartition]:
@@ -161,8 +158,6 @@ class ShareLeader:
             self.long_polls.fail(p)
         self.keys.stop(partitions)
         self.cache.drop(partitions, reason)
-        for callback in self.on_dropped:
-            callback(partitions)
 
     def step_down(self, partitions: list[int], reason: str) -> None:
         """Stop serving ``partitions``: fence their share-partitions so any later write is
