@@ -227,7 +227,8 @@ class HandlerRunner:
         # A record is too late (Deadlines.too_late) when its lock ends before this.
         limit = agent.ctx.clock.monotonic() + margin_s
         decode = agent.decode
-        if decode is None and unit_lock_deadline(unit) > limit:
+        first = unit[0].lock_deadline if len(unit) == 1 else unit_lock_deadline(unit)
+        if decode is None and first > limit:
             return unit  # the common case: one check per unit, no new list
         admitted: list[ShareRecord] = []
         for record in unit:
@@ -288,7 +289,8 @@ class HandlerRunner:
         """
         agent = self.agent
         deadlines = agent.deadlines
-        deadlines.arm(call, records, margin_s, unit_lock_deadline(records))
+        first = records[0].lock_deadline if len(records) == 1 else unit_lock_deadline(records)
+        deadlines.arm(call, records, margin_s, first)
         try:
             # A batch handler gets a list of its own: whatever it does to it, every record is
             # acknowledged.
