@@ -37,6 +37,7 @@ from queueflow.structs import ShareRecord, TopicPartition
 
 __all__ = [
     "READER_IDLE_PAUSE_S",
+    "CorruptRecords",
     "RELEASED_CACHE_RECORDS",
     "KafkaRecordReader",
     "PartitionReader",
@@ -52,6 +53,22 @@ __all__ = [
 Undecodable = tuple[ShareRecord, str]
 #: What a read returns: (records in offset order, gap offsets, undecodable records).
 ReadResult = tuple[list[ShareRecord], list[int], list[Undecodable]]
+
+
+class CorruptRecords(CorruptRecordException):  # type: ignore[misc]  # aiokafka: untyped
+    """A read stopped at a record batch that fails its CRC check (``check.crcs``): every
+    acquired offset before ``offset`` was read (``read``), none from it on.
+
+    Args:
+        offset: the first offset of the corrupt batch (the first acquired offset not read).
+        read: what was read before it (records, gaps, undecodable records).
+        detail: aiokafka's message.
+    """
+
+    def __init__(self, offset: int, read: ReadResult, detail: str) -> None:
+        super().__init__(f"the record batch at offset {offset} fails its CRC check: {detail}")
+        self.offset = offset
+        self.read = read
 
 
 def share_records(
@@ -535,11 +552,25 @@ class PartitionReader:
                 self.consumer.seek(self.tp, first)
                 self.position = first
             expected = first
+            careful = False  # after a CRC failure: one record at a time, to find its batch
             while expected <= last:
-                with undecodable_records() as seen, raw_records():
-                    batch = await self.consumer.getmany(
-                        self.tp, timeout_ms=200, max_records=last - expected + 1
-                    )
+                try:
+                    with undecodable_records() as seen, raw_records():
+                        batch = await self.consumer.getmany(
+                            self.tp,
+                            timeout_ms=200,
+                            max_records=1 if careful else last - expected + 1,
+                        )
+                except CorruptRecordException as exc:
+                    # The consumer dropped the records of the fetch before the bad batch and
+                    # moved past them: seek back, then read one at a time up to the bad one.
+                    self.consumer.seek(self.tp, expected)
+                    self.position = -1 if careful else expected
+                    if careful:
+                        read = _without_undecodable(records, gaps, list(bad.items()))
+                        raise CorruptRecords(expected, read, str(exc)) from exc
+                    careful = True
+                    continue
                 bad.update(seen)
                 messages = batch.get(self.tp, [])
                 expected = share_records(

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaError
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import SkipLogLimiter, get_logger
@@ -32,6 +32,7 @@ from queueflow.member.context import MemberContext
 from queueflow.member.direct import DirectClient
 from queueflow.member.lifecycle import SESSION_TRANSITIONS, Lifecycle, SessionState
 from queueflow.member.membership import Membership
+from queueflow.member.corrupt import release_corrupt
 from queueflow.member.reader import ReadResult, carried_records
 from queueflow.member.routing import FetchRouter
 from queueflow.member.transport import Requester
@@ -495,9 +496,12 @@ class ShareFetchSession:
                 carried, rest = ([], [], []), response.acquired
         if not rest:
             return carried
-        records, gaps, undecodable = await self._source.read(
-            tp, rest, self.ctx.settings.request_timeout_ms, response.read_committed
-        )
+        try:
+            records, gaps, undecodable = await self._source.read(
+                tp, rest, self.ctx.settings.request_timeout_ms, response.read_committed
+            )
+        except CorruptRecordException as exc:  # check.crcs: what was read before it goes on
+            records, gaps, undecodable = release_corrupt(self, tp, rest, exc)
         now = self.ctx.clock.monotonic()
         for record in records:
             record.delivered_at = now
