@@ -37,8 +37,8 @@ from queueflow.structs import ShareRecord, TopicPartition
 
 __all__ = [
     "READER_IDLE_PAUSE_S",
-    "CorruptRecords",
     "RELEASED_CACHE_RECORDS",
+    "CorruptRecords",
     "KafkaRecordReader",
     "PartitionReader",
     "ReadResult",

@@ -29,10 +29,10 @@ from aiokafka.errors import CorruptRecordException, KafkaError
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import SkipLogLimiter, get_logger
 from queueflow.member.context import MemberContext
+from queueflow.member.corrupt import release_corrupt
 from queueflow.member.direct import DirectClient
 from queueflow.member.lifecycle import SESSION_TRANSITIONS, Lifecycle, SessionState
 from queueflow.member.membership import Membership
-from queueflow.member.corrupt import release_corrupt
 from queueflow.member.reader import ReadResult, carried_records
 from queueflow.member.routing import FetchRouter
 from queueflow.member.transport import Requester

@@ -22,7 +22,6 @@ from queueflow.member.agent.deadlines import HandlerCall
 from queueflow.member.agent.failures import log_failure
 from queueflow.member.agent.giveback import retry_alone
 from queueflow.member.agent.outputs import DeadLetter, Routes, Yielded, sort_outputs
-from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
 from queueflow.member.agent.results import (
     OUTCOMES,
     CallEnd,
@@ -34,6 +33,7 @@ from queueflow.member.agent.results import (
     judge,
     safe_repr,
 )
+from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
 from queueflow.member.lifecycle import AGENT_STOPPING
 from queueflow.member.session import ranges_text
 from queueflow.metrics import PendingObservations

@@ -7,8 +7,8 @@ histogram observations added per ShareFetch (:class:`~queueflow.metrics.PendingO
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 import struct
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -297,8 +297,10 @@ def test_a_batch_corrupt_in_the_log_is_archived_at_the_delivery_count_limit() ->
                 await cluster.agent(handler, TOPIC, "g")
                 view = cluster.share_partition
                 await until(
-                    lambda: view("g", TOPIC, 0) is not None
-                    and int(view("g", TOPIC, 0).start_offset) == 5,
+                    lambda: (
+                        view("g", TOPIC, 0) is not None
+                        and int(view("g", TOPIC, 0).start_offset) == 5
+                    ),
                     "every offset settled",
                     clock,
                 )
