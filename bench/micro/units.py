@@ -1,0 +1,97 @@
+"""A share agent's lock-deadline checks on a queued batch unit, per record vs per unit.
+
+One repeat takes :attr:`Sizes.read_batches` units of 500 records (one ShareFetch each) through
+what the handler runner does to a batch unit before and around the handler call: admission
+(:meth:`~queueflow.member.agent.runner.HandlerRunner.admit`, no decoder), the call's deadline
+(:meth:`~queueflow.member.agent.deadlines.Deadlines.arm`) and the watchdog's give-back check of
+the queue (:func:`~queueflow.member.agent.giveback.release_expiring`, nothing due).
+
+* ``units.fetch``: the units are :class:`~queueflow.member.agent.units.FetchUnit` objects
+  carrying the fetch's one lock deadline: each check reads it once per unit;
+* ``units.list``: the same records as plain lists: each check reads every record's
+  ``lock_deadline`` (what every unit cost before ``FetchUnit``).
+
+µs per record. No handler call, no acknowledgement.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from bench.micro.timing import Result, Sizes, sample, summarize
+from queueflow.member.agent.deadlines import Deadlines, HandlerCall
+from queueflow.member.agent.giveback import release_expiring
+from queueflow.member.agent.runner import HandlerRunner
+from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
+from queueflow.member.flow import FlowControl
+from queueflow.structs import ShareRecord
+
+__all__ = ["BENCHMARKS"]
+
+#: Records per unit (one ShareFetch of max_poll_records).
+UNIT = 500
+#: The units' lock deadline, far ahead of the clock (monotonic s): nothing is due.
+DEADLINE = 1_000.0
+
+
+class _Clock:
+    def monotonic(self) -> float:
+        return 0.0
+
+
+def _units(count: int, fetch_units: bool) -> list[list[ShareRecord]]:
+    out: list[list[ShareRecord]] = []
+    for u in range(count):
+        records = [
+            ShareRecord("jobs", 0, u * UNIT + i, None, b"v", (), 0, 1, lock_deadline=DEADLINE)
+            for i in range(UNIT)
+        ]
+        out.append(FetchUnit(records, DEADLINE) if fetch_units else records)
+    return out
+
+
+def _checks(units: list[list[ShareRecord]]) -> Callable[[], None]:
+    clock = _Clock()
+    flow = FlowControl(concurrency=1, max_poll_records=UNIT, lock_s=30.0)
+    flow.handler_s = 1e-6  # fast handlers: no unit is given back
+    agent = SimpleNamespace(
+        ctx=SimpleNamespace(clock=clock, settings=SimpleNamespace()),
+        decode=None,
+        handler_timeout_ms=None,
+        flow=flow,
+    )
+    runner: Any = SimpleNamespace(agent=agent, _queue=collections.deque(units), queued=0)
+    deadlines: Any = SimpleNamespace(agent=agent, lock_margin_s=lambda: 1.0)
+    call = HandlerCall()
+
+    def run() -> None:
+        release_expiring(runner, 0.0, 2.0)  # the watchdog's check of the queue: nothing due
+        for unit in units:
+            admitted = HandlerRunner.admit(runner, unit, 1.0)
+            first = admitted[0].lock_deadline if len(admitted) == 1 else None
+            Deadlines.arm(deadlines, call, admitted, 1.0, first or unit_lock_deadline(admitted))
+
+    return run
+
+
+def bench_units(sizes: Sizes) -> list[Result]:
+    out = []
+    count = sizes.read_batches
+    n = count * UNIT
+    for fetch_units, name, what in (
+        (True, "units.fetch", "FetchUnit: one lock deadline per unit"),
+        (False, "units.list", "plain lists: every record's lock deadline read"),
+    ):
+        run = _checks(_units(count, fetch_units))
+        samples = sample(run, units=n, repeats=sizes.repeats)
+        out.append(
+            summarize(name, "record", n, samples, f"admit + arm + give-back check; {what}")
+        )
+    return out
+
+
+#: Name prefix -> the function that runs those benchmarks.
+BENCHMARKS: dict[str, Callable[[Sizes], list[Result]]] = {"units": bench_units}
