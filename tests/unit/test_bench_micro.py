@@ -40,6 +40,8 @@ EXPECTED = {
     "read.views.nocrc",
     "read.parse",
     "read.crc",
+    "units.fetch",
+    "units.list",
     "dispatch.record",
     "dispatch.record.cpu",
     "dispatch.batch",
