@@ -55,7 +55,7 @@ Undecodable = tuple[ShareRecord, str]
 ReadResult = tuple[list[ShareRecord], list[int], list[Undecodable]]
 
 
-class CorruptRecords(CorruptRecordException):  # type: ignore[misc]  # aiokafka: untyped
+class CorruptRecords(CorruptRecordException):  # type: ignore[misc,unused-ignore]  # aiokafka: untyped
     """A read stopped at a record batch that fails its CRC check (``check.crcs``): every
     acquired offset before ``offset`` was read (``read``), none from it on.
 
