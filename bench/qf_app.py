@@ -62,7 +62,8 @@ if os.environ.get("BENCH_SAMPLE_PROFILE"):  # py-spy's stand-in (bench/sampler.p
     from bench import sampler
 
     sampler.start(
-        os.environ["BENCH_SAMPLE_PROFILE"] + f".{os.environ.get('QUEUEFLOW_ROLE', 'all')}.{os.getpid()}",
+        os.environ["BENCH_SAMPLE_PROFILE"]
+        + f".{os.environ.get('QUEUEFLOW_ROLE', 'all')}.{os.getpid()}",
         float(os.environ.get("BENCH_SAMPLE_INTERVAL_MS", "5")) / 1000,
     )
 _go_seen = go()

@@ -87,9 +87,7 @@ def bench_units(sizes: Sizes) -> list[Result]:
     ):
         run = _checks(_units(count, fetch_units))
         samples = sample(run, units=n, repeats=sizes.repeats)
-        out.append(
-            summarize(name, "record", n, samples, f"admit + arm + give-back check; {what}")
-        )
+        out.append(summarize(name, "record", n, samples, f"admit + arm + give-back check; {what}"))
     return out
 
 
