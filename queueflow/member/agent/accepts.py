@@ -77,4 +77,4 @@ def plain_accepts(result: HandlerResult) -> bool:
         return False
     if len(outcomes) == 1:  # a record handler's call
         return outcomes[0] is _ACCEPT
-    return all(o is _ACCEPT for o in outcomes)
+    return outcomes.count(_ACCEPT) == len(outcomes)  # C speed, identity first
