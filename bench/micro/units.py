@@ -9,7 +9,11 @@ the queue (:func:`~queueflow.member.agent.giveback.release_expiring`, nothing du
 * ``units.fetch``: the units are :class:`~queueflow.member.agent.units.FetchUnit` objects
   carrying the fetch's one lock deadline: each check reads it once per unit;
 * ``units.list``: the same records as plain lists: each check reads every record's
-  ``lock_deadline`` (what every unit cost before ``FetchUnit``).
+  ``lock_deadline`` (what every unit cost before ``FetchUnit``);
+* ``units.judge``: :func:`~queueflow.member.agent.results.judge` and
+  :func:`~queueflow.member.agent.accepts.plain_accepts` of a batch handler call that returned
+  ``None`` (all ACCEPT) on each unit: the step between the handler and the acknowledgement
+  ranges.
 
 µs per record. No handler call, no acknowledgement.
 """
@@ -22,8 +26,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.micro.timing import Result, Sizes, sample, summarize
+from queueflow.member.agent.accepts import plain_accepts
 from queueflow.member.agent.deadlines import Deadlines, HandlerCall
 from queueflow.member.agent.giveback import release_expiring
+from queueflow.member.agent.results import Returned, judge
 from queueflow.member.agent.runner import HandlerRunner
 from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
 from queueflow.member.flow import FlowControl
@@ -88,6 +94,17 @@ def bench_units(sizes: Sizes) -> list[Result]:
         run = _checks(_units(count, fetch_units))
         samples = sample(run, units=n, repeats=sizes.repeats)
         out.append(summarize(name, "record", n, samples, f"admit + arm + give-back check; {what}"))
+    units = _units(count, True)
+    ended = Returned(None)
+
+    def judged() -> None:
+        for unit in units:
+            if not plain_accepts(judge(ended, unit, True)):
+                raise AssertionError("a batch returning None is not all ACCEPT")
+
+    samples = sample(judged, units=n, repeats=sizes.repeats)
+    what = "judge + plain_accepts of a batch handler call that returned None (all ACCEPT)"
+    out.append(summarize("units.judge", "record", n, samples, what))
     return out
 
 

@@ -42,6 +42,7 @@ EXPECTED = {
     "read.crc",
     "units.fetch",
     "units.list",
+    "units.judge",
     "dispatch.record",
     "dispatch.record.cpu",
     "dispatch.batch",
