@@ -13,7 +13,10 @@ the queue (:func:`~queueflow.member.agent.giveback.release_expiring`, nothing du
 * ``units.judge``: :func:`~queueflow.member.agent.results.judge` and
   :func:`~queueflow.member.agent.accepts.plain_accepts` of a batch handler call that returned
   ``None`` (all ACCEPT) on each unit: the step between the handler and the acknowledgement
-  ranges.
+  ranges;
+* ``units.accept.fetch`` / ``units.accept.list``: :func:`~queueflow.member.agent.accepts.accept_all`
+  of each unit (its offset ranges and acknowledgement latency, into a session stub): a
+  ``FetchUnit`` without a hole in one step, plain lists run by run.
 
 µs per record. No handler call, no acknowledgement.
 """
@@ -26,19 +29,20 @@ from types import SimpleNamespace
 from typing import Any
 
 from bench.micro.timing import Result, Sizes, sample, summarize
-from queueflow.member.agent.accepts import plain_accepts
+from queueflow.member.agent.accepts import accept_all, plain_accepts
 from queueflow.member.agent.deadlines import Deadlines, HandlerCall
 from queueflow.member.agent.giveback import release_expiring
 from queueflow.member.agent.results import Returned, judge
 from queueflow.member.agent.runner import HandlerRunner
 from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
 from queueflow.member.flow import FlowControl
-from queueflow.structs import ShareRecord
+from queueflow.structs import AcknowledgeType, ShareRecord
 
 __all__ = ["BENCHMARKS"]
 
 #: Records per unit (one ShareFetch of max_poll_records).
 UNIT = 500
+_ACCEPT = AcknowledgeType.ACCEPT
 #: The units' lock deadline, far ahead of the clock (monotonic s): nothing is due.
 DEADLINE = 1_000.0
 
@@ -105,7 +109,32 @@ def bench_units(sizes: Sizes) -> list[Result]:
     samples = sample(judged, units=n, repeats=sizes.repeats)
     what = "judge + plain_accepts of a batch handler call that returned None (all ACCEPT)"
     out.append(summarize("units.judge", "record", n, samples, what))
+    for fetch_units, name in ((True, "units.accept.fetch"), (False, "units.accept.list")):
+        out.append(_accepts(sizes, _units(count, fetch_units), name))
     return out
+
+
+def _accepts(sizes: Sizes, units: list[list[ShareRecord]], name: str) -> Result:
+    """``accept_all`` of every unit (delivered at one time) into a session stub."""
+    for unit in units:
+        for record in unit:
+            record.delivered_at = 1.0
+    agent = SimpleNamespace(
+        stats=SimpleNamespace(accepted=0),
+        session=SimpleNamespace(acknowledge_range=lambda *args: None),
+        ctx=SimpleNamespace(clock=_Clock()),
+    )
+    latency = SimpleNamespace(observe=lambda value, n=1: None)
+    runner: Any = SimpleNamespace(agent=agent, ack_counts={_ACCEPT: 0}, ack_latency=latency)
+
+    def run() -> None:
+        for unit in units:
+            accept_all(runner, unit)
+
+    n = len(units) * UNIT
+    samples = sample(run, units=n, repeats=sizes.repeats)
+    kind = "FetchUnit" if type(units[0]) is FetchUnit else "plain lists"
+    return summarize(name, "record", n, samples, f"accept_all of all-ACCEPT units ({kind})")
 
 
 #: Name prefix -> the function that runs those benchmarks.

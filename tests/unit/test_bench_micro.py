@@ -43,6 +43,8 @@ EXPECTED = {
     "units.fetch",
     "units.list",
     "units.judge",
+    "units.accept.fetch",
+    "units.accept.list",
     "dispatch.record",
     "dispatch.record.cpu",
     "dispatch.batch",

@@ -20,7 +20,7 @@ from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
 from queueflow.member.flow import FlowControl
 from queueflow.member.reader import carried_records, records_from_batches
 from queueflow.metrics import Metrics
-from queueflow.structs import ShareRecord
+from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 from queueflow.testing import FakeClock
 
 
@@ -127,3 +127,47 @@ def test_queued_fetch_units_are_given_back_by_their_one_deadline() -> None:
     )
     assert release_expiring(keep, now=0.0, window_s=1.0) == 0  # type: ignore[arg-type]
     assert CountingRecord.reads == 0 and len(keep._queue[0]) == 200
+
+
+class _Latency:
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, int]] = []
+
+    def observe(self, value: float, n: int = 1) -> None:
+        self.seen.append((value, n))
+
+
+def accepted(records: list[ShareRecord]) -> tuple[list[Any], list[tuple[float, int]]]:
+    """The acknowledge_range calls and latency observations of accept_all on ``records``."""
+    from queueflow.member.agent.accepts import accept_all
+
+    ranges: list[Any] = []
+    clock = FakeClock()
+    clock.advance(5_000)
+    runner: Any = SimpleNamespace(
+        agent=SimpleNamespace(
+            stats=SimpleNamespace(accepted=0),
+            session=SimpleNamespace(acknowledge_range=lambda *a: ranges.append(a)),
+            ctx=SimpleNamespace(clock=clock),
+        ),
+        ack_counts=collections.Counter(),
+        ack_latency=_Latency(),
+    )
+    accept_all(runner, records)
+    assert runner.agent.stats.accepted == len(records)
+    return ranges, runner.ack_latency.seen
+
+
+def test_a_whole_fetch_unit_without_a_hole_is_accepted_as_one_range_in_one_step() -> None:
+    records = counting(300, 30.0)
+    for r in records:
+        r.delivered_at = 1.0
+    unit = FetchUnit(records, 30.0)
+    fast = accepted(unit)
+    assert fast == accepted(list(records))  # what the step-by-step runs give
+    assert fast == ([(TopicPartition("t", 0), 0, 299, AcknowledgeType.ACCEPT)], [(4.0, 300)])
+    holed = FetchUnit(records[:100] + records[101:], 30.0)  # a gap: two runs
+    ranges, _ = accepted(holed)
+    assert [(r[1], r[2]) for r in ranges] == [(0, 99), (101, 299)]
+    records[-1].delivered_at = 2.0  # read apart (the rest of a carried answer): two times
+    assert accepted(FetchUnit(records, 30.0))[1] == [(4.0, 299), (3.0, 1)]
