@@ -5,8 +5,10 @@ daemon thread reads every thread's CPU clock (``time.pthread_getcpuclockid``) ev
 ``BENCH_SAMPLE_INTERVAL_MS`` (default 5) ms and charges the CPU a thread used since the last
 sample to that thread's current stack (``sys._current_frames``), so idle waits cost nothing.
 The collapsed stacks (flamegraph.pl input: ``thread;frame;frame... µs``) are rewritten to
-``<path>`` every 5 s and at exit; :func:`top` summarises such a file. Indicative only: a
-sample charges the whole interval's CPU to the stack seen at its end.
+``<path>`` every 5 s and at exit, with the sampler's own CPU under :data:`SELF`;
+:func:`top` summarises such a file. ``BENCH_SAMPLE_ROLES`` (comma-separated
+``QUEUEFLOW_ROLE`` values, default all) limits it to some workers. Indicative only: a sample
+charges the whole interval's CPU to the stack seen at its end.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["start", "top"]
+__all__ = ["SELF", "start", "top"]
+
+#: The stack under which the sampler's own CPU is written (subtract it from the process's).
+SELF = "bench-sampler;sampler-own-cpu"
 
 
 def _stack(frame: object) -> str:
@@ -36,16 +41,18 @@ def start(path: str, interval_s: float = 0.005) -> None:
     ``path`` (see the module docstring)."""
     counts: collections.Counter[str] = collections.Counter()
     last: dict[int, float] = {}
-    me = threading.get_ident()
 
     def write() -> None:
         lines = [f"{stack} {round(us)}" for stack, us in counts.most_common()]
         Path(path).write_text("\n".join(lines) + "\n")
 
     def run() -> None:
+        me = threading.get_ident()  # this thread: its own CPU is counted apart
+        own = time.pthread_getcpuclockid(me)
         written = time.monotonic()
         while True:
             time.sleep(interval_s)
+            counts[SELF] = time.clock_gettime(own) * 1e6
             names = {t.ident: t.name for t in threading.enumerate()}
             for ident, frame in sys._current_frames().items():
                 if ident == me:
