@@ -58,6 +58,16 @@ _RELEASE = int(queueflow.RELEASE)
 _REJECT = int(queueflow.REJECT)
 
 stats = Stats()
+_ROLE = os.environ.get("QUEUEFLOW_ROLE", "all")
+if os.environ.get("BENCH_SAMPLE_PROFILE") and _ROLE in os.environ.get(
+    "BENCH_SAMPLE_ROLES", _ROLE
+).split(","):  # py-spy's stand-in (bench/sampler.py)
+    from bench import sampler
+
+    sampler.start(
+        os.environ["BENCH_SAMPLE_PROFILE"] + f".{_ROLE}.{os.getpid()}",
+        float(os.environ.get("BENCH_SAMPLE_INTERVAL_MS", "5")) / 1000,
+    )
 _go_seen = go()
 #: latency mode: (partition, offset) -> produce time of records handled, not yet acknowledged.
 _started: dict[tuple[int, int], float] = {}

@@ -91,6 +91,15 @@ log = structlog.get_logger("queueflow.faust_app")
 ROLES = ("all", "leader", "member")
 #: How often the leaders' stall guard runs (s); see :mod:`queueflow.engine.fencing`.
 STALL_CHECK_INTERVAL_S = 0.1
+#: How often (s) the fences task runs while nothing moves (every own partition live, no
+#: rebalance, assignment or stall for :data:`FENCES_SETTLE_S`): then it only repeats the direct
+#: endpoint's announcements (every 2 s), and an idle leader need not wake 10 times a second.
+#: While something moves it runs every :data:`STALL_CHECK_INTERVAL_S`, and an assignment wakes
+#: it at once.
+FENCES_IDLE_INTERVAL_S = 1.0
+#: Seconds after an assignment, a revocation or a stall during which the fences task keeps
+#: the stall guard's pace (fences are resent every second until read back).
+FENCES_SETTLE_S = 5.0
 #: Faust consumer-group timeouts (s) of the leaders unless set by argument or env var: a
 #: SIGKILLed leader's share-partitions move after the session timeout, so Faust's 60 s default
 #: would stall them for a minute.
@@ -619,6 +628,11 @@ class ShareGroups:
         self._runtime = FaustRuntime(app)
         self._recovery_watch = RecoveryWatch(self.settings.recovery_stall_ms)
         self._stopping_stalled = False
+        # The fences task's pace (_fences_interval_s): fast until this monotonic ms, woken by
+        # an assignment; the stall guard's last run (a long gap is a stall).
+        self._fences_settled_ms = 0
+        self._fences_wake = asyncio.Event()
+        self._guarded_ms: int | None = None
         self.server_context = ServerContext(
             app_id=self.app_id,
             settings=self.settings,
@@ -665,7 +679,8 @@ class ShareGroups:
         app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)
         # Fences and announcements are sends: on a timer of their own, so that one blocked
         # across a freeze (or a slow broker) never holds the stall guard back.
-        app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-fences")(self._send_fences)
+        # Not a Faust timer: its pace follows what is going on (_fences_interval_s).
+        app.task(self._fences_loop)
         app.timer(PARTITION_CHECK_INTERVAL_S, name="queueflow-partition-watch")(
             self._watch_partitions
         )
@@ -971,7 +986,7 @@ class ShareGroups:
             await self._batches.close()
 
     async def _on_assigned(self, sender: Any, assigned: set[Any], **kwargs: Any) -> None:
-        self._check_stalls()  # as in _on_revoked: a stall is seen before the partitions move
+        self._fences_unsettled(self._check_stalls())  # a stall is seen before partitions move
         epoch = self.app.consumer_generation_id
         self._runtime.watch_heartbeats()
         _compat.filter_consumer_records(self.app, self._drop_junk, "queueflow-junk")
@@ -1037,7 +1052,10 @@ class ShareGroups:
         await _compat.refresh_consumer_metadata(self.app)
 
     async def _watch_stalls(self) -> None:
-        now = self._check_stalls()
+        previous, now = self._guarded_ms, self._check_stalls()
+        self._guarded_ms = now
+        if previous is not None and now - previous > 10 * STALL_CHECK_INTERVAL_S * 1000:  # held
+            self._fences_unsettled(now)
         await self._watch_recovery(now)
 
     def _check_stalls(self) -> int:
@@ -1058,6 +1076,41 @@ class ShareGroups:
             topic: [p for p in leader.fencing.partitions if leader.fencing.is_live(p)]
             for topic, leader in self.leaders.items()
         }
+
+    async def _fences_loop(self) -> None:
+        """Send the fences due and the endpoint's announcements, at the stall guard's pace
+        while something moves and every :data:`FENCES_IDLE_INTERVAL_S` otherwise."""
+        while True:
+            await self._send_fences()
+            interval = self._fences_interval_s()
+            if interval <= STALL_CHECK_INTERVAL_S:
+                await asyncio.sleep(interval)
+                continue
+            self._fences_wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._fences_wake.wait(), interval)
+
+    def _fences_interval_s(self) -> float:
+        """How long (s) the fences task waits before its next round (see
+        :data:`FENCES_IDLE_INTERVAL_S`)."""
+        runtime = self._runtime
+        moving = (
+            monotonic_ms(self.server_context.clock) < self._fences_settled_ms
+            or runtime.rebalancing
+            or not runtime.streams_active
+            or any(
+                not leader.fencing.is_live(p)
+                for leader in self.leaders.values()
+                for p in leader.fencing.partitions
+            )
+        )
+        return STALL_CHECK_INTERVAL_S if moving else FENCES_IDLE_INTERVAL_S
+
+    def _fences_unsettled(self, now_ms: int) -> None:
+        """Something moved (assignment, revocation, stall): the fences task keeps the stall
+        guard's pace for :data:`FENCES_SETTLE_S` and runs now."""
+        self._fences_settled_ms = now_ms + int(FENCES_SETTLE_S * 1000)
+        self._fences_wake.set()
 
     async def _send_fences(self) -> None:
         for leader in list(self.leaders.values()):
@@ -1133,7 +1186,7 @@ class ShareGroups:
     async def _on_revoked(self, sender: Any, revoked: set[Any], **kwargs: Any) -> None:
         # Woken from a pause longer than the session, the consumer thread's revocation can
         # reach this loop before the stall guard's timer: step down for the stall first.
-        self._check_stalls()
+        self._fences_unsettled(self._check_stalls())
         self._runtime.lease.reset()  # the next generation proves itself by a heartbeat
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()

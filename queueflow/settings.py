@@ -555,9 +555,9 @@ SETTINGS: tuple[Setting, ...] = (
         "check.crcs",
         True,
         doc="Whether a member checks the CRC-32C of the Kafka record batches it reads (Kafka's "
-        "consumer setting of the same name): a corrupted batch is then an error and its records "
-        "go back undelivered, never to a handler; false skips the check (measured cost: "
-        'docs/configuration.md "Record batch CRCs").',
+        "consumer setting of the same name): a corrupted batch's records then never reach a "
+        "handler and count as failed deliveries, archived at `share.delivery.count.limit`; "
+        'false skips the check (docs/configuration.md "Record batch CRCs": cost, details).',
         read_by="member",
     ),
     Setting(

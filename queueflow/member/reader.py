@@ -38,6 +38,7 @@ from queueflow.structs import ShareRecord, TopicPartition
 __all__ = [
     "READER_IDLE_PAUSE_S",
     "RELEASED_CACHE_RECORDS",
+    "CorruptRecords",
     "KafkaRecordReader",
     "PartitionReader",
     "ReadResult",
@@ -52,6 +53,22 @@ __all__ = [
 Undecodable = tuple[ShareRecord, str]
 #: What a read returns: (records in offset order, gap offsets, undecodable records).
 ReadResult = tuple[list[ShareRecord], list[int], list[Undecodable]]
+
+
+class CorruptRecords(CorruptRecordException):  # type: ignore[misc,unused-ignore]  # aiokafka: untyped
+    """A read stopped at a record batch that fails its CRC check (``check.crcs``): every
+    acquired offset before ``offset`` was read (``read``), none from it on.
+
+    Args:
+        offset: the first offset of the corrupt batch (the first acquired offset not read).
+        read: what was read before it (records, gaps, undecodable records).
+        detail: aiokafka's message.
+    """
+
+    def __init__(self, offset: int, read: ReadResult, detail: str) -> None:
+        super().__init__(f"the record batch at offset {offset} fails its CRC check: {detail}")
+        self.offset = offset
+        self.read = read
 
 
 def share_records(
@@ -124,6 +141,8 @@ def records_from_batches(
     *,
     check_crcs: bool = True,
     aborted_transactions: Iterable[tuple[int, int]] = (),
+    lock_deadline: float = math.inf,
+    delivered_at: float = 0.0,
 ) -> ReadResult:
     """The acquired records of ``topic[partition]`` from Kafka record batches (any message
     format, compressed or not) as :class:`ShareRecord` objects built straight from aiokafka's
@@ -137,11 +156,11 @@ def records_from_batches(
         check_crcs: check each batch's CRC-32C (Kafka's consumer ``check.crcs``).
         aborted_transactions: a ``read_committed`` read's aborted transactions, as the Fetch
             answer lists them ``(producer_id, first_offset)``: their records are gaps.
+        lock_deadline / delivered_at: set on every record as it is built (one per fetch).
 
     Returns:
         A :data:`ReadResult`: gaps are acquired offsets without a record in ``data`` (control,
-        compacted or aborted records, or past its end); undecodable records (a header name
-        that is not UTF-8) come apart, with the reason.
+        compacted, aborted, or past its end); undecodable records come apart, with the reason.
 
     Raises:
         CorruptRecordException: with ``check_crcs``, a batch fails its CRC check (the message
@@ -149,7 +168,7 @@ def records_from_batches(
     """
     tolerate_undecodable_records()
     records: list[ShareRecord] = []
-    append, new, cls, inf = records.append, object.__new__, ShareRecord, math.inf
+    append, new, cls = records.append, object.__new__, ShareRecord
     gaps: list[int] = []
     if not acquired:
         return records, gaps, []
@@ -184,9 +203,9 @@ def records_from_batches(
                 r.headers = tuple(m.headers)
                 r.timestamp = m.timestamp
                 r.delivery_count = count
-                r.lock_deadline = inf
+                r.lock_deadline = lock_deadline
                 r.timestamp_type = m.timestamp_type
-                r.delivered_at = 0.0
+                r.delivered_at = delivered_at
                 append(r)
                 expected = offset + 1
     if not done:
@@ -533,11 +552,25 @@ class PartitionReader:
                 self.consumer.seek(self.tp, first)
                 self.position = first
             expected = first
+            careful = False  # after a CRC failure: one record at a time, to find its batch
             while expected <= last:
-                with undecodable_records() as seen, raw_records():
-                    batch = await self.consumer.getmany(
-                        self.tp, timeout_ms=200, max_records=last - expected + 1
-                    )
+                try:
+                    with undecodable_records() as seen, raw_records():
+                        batch = await self.consumer.getmany(
+                            self.tp,
+                            timeout_ms=200,
+                            max_records=1 if careful else last - expected + 1,
+                        )
+                except CorruptRecordException as exc:
+                    # The consumer dropped the records of the fetch before the bad batch and
+                    # moved past them: seek back, then read one at a time up to the bad one.
+                    self.consumer.seek(self.tp, expected)
+                    self.position = -1 if careful else expected
+                    if careful:
+                        read = _without_undecodable(records, gaps, list(bad.items()))
+                        raise CorruptRecords(expected, read, str(exc)) from exc
+                    careful = True
+                    continue
                 bad.update(seen)
                 messages = batch.get(self.tp, [])
                 expected = share_records(
@@ -568,6 +601,8 @@ def carried_records(
     records_end: int,
     *,
     check_crcs: bool = True,
+    lock_deadline: float = math.inf,
+    delivered_at: float = 0.0,
 ) -> tuple[ReadResult, list[protocol.WireAcquired]]:
     """The acquired records a direct-path answer carried (``ShareFetchResponse.records``),
     parsed by :func:`records_from_batches`: only acquired offsets below ``records_end`` are
@@ -581,6 +616,7 @@ def carried_records(
         records_end: the answer's ``records_end``: the batches hold every acquired record
             below it.
         check_crcs: check each batch's CRC-32C (the member's ``check.crcs``).
+        lock_deadline / delivered_at: set on every record (see :func:`records_from_batches`).
 
     Returns:
         ((records, gaps, undecodable records), the acquired ranges at or after
@@ -593,4 +629,13 @@ def carried_records(
     """
     covered = [(f, min(last, records_end - 1), c) for f, last, c in acquired if f < records_end]
     rest = [(max(f, records_end), last, c) for f, last, c in acquired if last >= records_end]
-    return records_from_batches(data, topic, partition, covered, check_crcs=check_crcs), rest
+    read = records_from_batches(
+        data,
+        topic,
+        partition,
+        covered,
+        check_crcs=check_crcs,
+        lock_deadline=lock_deadline,
+        delivered_at=delivered_at,
+    )
+    return read, rest

@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
-from aiokafka.errors import KafkaError
+from aiokafka.errors import CorruptRecordException, KafkaError
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.logging import SkipLogLimiter, get_logger
 from queueflow.member.context import MemberContext
+from queueflow.member.corrupt import release_corrupt
 from queueflow.member.direct import DirectClient
 from queueflow.member.lifecycle import SESSION_TRANSITIONS, Lifecycle, SessionState
 from queueflow.member.membership import Membership
@@ -87,6 +88,8 @@ class FetchResult:
             the request carried acknowledgements), so an empty answer needs no back-off.
         undecodable: acquired records that could not be decoded (REJECTed, not in
             ``records``).
+        lock_deadline: the records' acquisition lock deadline (monotonic s: the request's
+            send time plus ``lock_timeout_ms``; ``inf`` when unknown), one for the whole fetch.
     """
 
     records: list[ShareRecord] = field(default_factory=list)
@@ -96,6 +99,7 @@ class FetchResult:
     lock_timeout_ms: int = 0
     long_polled: bool = False
     undecodable: int = 0
+    lock_deadline: float = math.inf
 
 
 @dataclass(slots=True)
@@ -374,6 +378,7 @@ class ShareFetchSession:
                 sent + response.lock_timeout_ms / 1000 if response.lock_timeout_ms else math.inf
             )
             before = self.undecodable
+            result.lock_deadline = deadline
             result.records = await self._read(tp, response, deadline)
             result.undecodable = self.undecodable - before
         return result
@@ -445,9 +450,10 @@ class ShareFetchSession:
         """Take the records the answer carried (:func:`~queueflow.member.reader.carried_records`)
         and read the other acquired ranges (``read_committed`` if the leader says so); GAP the
         gaps, RELEASE every acquired offset if the read fails (rather than wait for their
-        locks)."""
+        locks). Every record gets ``lock_deadline`` and its delivery time: the carried ones
+        from the parser as it builds them, the ones read apart afterwards."""
         try:
-            records, gaps, undecodable = await self._take_or_read(tp, response)
+            records, gaps, undecodable = await self._take_or_read(tp, response, lock_deadline)
         except Exception:
             for first, last, _count in response.acquired:
                 for offset in range(first, last + 1):  # no handler saw them
@@ -458,17 +464,13 @@ class ShareFetchSession:
         self.ctx.metrics.acknowledgements.labels(self.group, tp.topic, "gap").inc(len(gaps))
         for record, reason in undecodable:
             self._reject_undecodable(record, reason)
-        now = self.ctx.clock.monotonic()
-        for record in records:
-            record.delivered_at = now
-            if lock_deadline != math.inf:
-                record.lock_deadline = lock_deadline
         return records
 
     async def _take_or_read(
-        self, tp: TopicPartition, response: protocol.ShareFetchResponse
+        self, tp: TopicPartition, response: protocol.ShareFetchResponse, lock_deadline: float
     ) -> ReadResult:
-        """The acquired records: those the answer carried, the rest read from Kafka."""
+        """The acquired records: those the answer carried, the rest read from Kafka; each
+        with ``lock_deadline`` and its delivery time set."""
         rest = response.acquired
         carried: ReadResult = ([], [], [])
         if response.records:
@@ -480,6 +482,8 @@ class ShareFetchSession:
                     rest,
                     response.records_end,
                     check_crcs=self.ctx.settings.check_crcs,
+                    lock_deadline=lock_deadline,
+                    delivered_at=self.ctx.clock.monotonic(),
                 )
             except Exception as exc:  # unreadable bytes: read every acquired offset instead
                 self._log.warning(
@@ -492,9 +496,17 @@ class ShareFetchSession:
                 carried, rest = ([], [], []), response.acquired
         if not rest:
             return carried
-        records, gaps, undecodable = await self._source.read(
-            tp, rest, self.ctx.settings.request_timeout_ms, response.read_committed
-        )
+        try:
+            records, gaps, undecodable = await self._source.read(
+                tp, rest, self.ctx.settings.request_timeout_ms, response.read_committed
+            )
+        except CorruptRecordException as exc:  # check.crcs: what was read before it goes on
+            records, gaps, undecodable = release_corrupt(self, tp, rest, exc)
+        now = self.ctx.clock.monotonic()
+        for record in records:
+            record.delivered_at = now
+            if lock_deadline != math.inf:
+                record.lock_deadline = lock_deadline
         if not carried[0] and not carried[1] and not carried[2]:
             return records, gaps, undecodable
         return carried[0] + records, carried[1] + gaps, carried[2] + undecodable

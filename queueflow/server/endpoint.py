@@ -386,6 +386,7 @@ class LeaderEndpoint:
             finally:
                 self._serving.pop(slot, None)
             if self.records is not None and response.acquired:
+                self.records.follow(leader)  # its batches go when it stops leading them
                 response.records, response.records_end = await self.records.carry(
                     TopicPartition(request.topic, request.partition),
                     response.acquired,

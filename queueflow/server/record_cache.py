@@ -27,6 +27,7 @@ import bisect
 import struct
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -196,6 +197,22 @@ class BatchSource(Protocol):
         ...
 
 
+class _Leader(Protocol):
+    """What :meth:`LeaderRecords.follow` needs of a :class:`~queueflow.server.leader.ShareLeader`:
+    its topic and its share-partition cache's ``on_dropped`` callbacks."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def cache(self) -> _Dropping: ...
+
+
+class _Dropping(Protocol):
+    @property
+    def on_dropped(self) -> list[Callable[[set[int]], None]]: ...
+
+
 class _Fetched(Protocol):
     @property
     def data(self) -> bytes: ...
@@ -218,6 +235,7 @@ class LeaderRecords:
         self.fills = 0
         # A partition that can't be read fails on every answer: a few lines, not one each.
         self._failed_log = SkipLogLimiter(lambda: int(time.monotonic() * 1000))
+        self._followed: set[str] = set()  # topics whose leaders' drops release batches
 
     async def carry(
         self, tp: TopicPartition, acquired: list[protocol.WireAcquired], *, read_committed: bool
@@ -281,6 +299,21 @@ class LeaderRecords:
         """Forget the batches of ``tp`` (no longer led here)."""
         self.cache.drop(tp)
         self._fills.pop(tp, None)
+
+    def follow(self, leader: _Leader) -> None:
+        """Drop the batches of ``leader``'s partitions when it stops leading them (revoked,
+        stepped down): the new leader reads its own, and this worker's memory is freed at
+        once. Idempotent per topic; call it before carrying records of ``leader``'s topic."""
+        topic = leader.topic
+        if topic in self._followed:
+            return
+        self._followed.add(topic)
+
+        def dropped(partitions: set[int]) -> None:
+            for p in partitions:
+                self.drop(TopicPartition(topic, p))
+
+        leader.cache.on_dropped.append(dropped)
 
     async def close(self) -> None:
         """Close the batch source."""

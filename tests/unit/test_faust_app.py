@@ -609,3 +609,42 @@ def test_faust_encoder_uses_each_destinations_serializers() -> None:
         encoder.encode(Outbound(js, b"k", object()))
     with pytest.raises(TypeError, match="a topic name, a Faust topic or a Faust agent"):
         encoder.topic_name(42)
+
+
+# --- the fences task's pace --------------------------------------------------------------
+
+
+def test_the_fences_task_slows_down_while_nothing_moves_and_keeps_pace_when_it_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Idle (every led partition live, no rebalance, nothing moved for FENCES_SETTLE_S) it runs
+    every FENCES_IDLE_INTERVAL_S, not 10 times a second; a partition not live yet, a rebalance,
+    streams not active, an assignment or a stall put it back at the stall guard's pace."""
+    from types import SimpleNamespace
+
+    from queueflow.faust_app import FENCES_IDLE_INTERVAL_S, FENCES_SETTLE_S, STALL_CHECK_INTERVAL_S
+    from queueflow.testing import FakeClock
+
+    app = make_app(role="leader")
+    app.share_agent("jobs", group="g")(handler)
+    groups = app.share_groups
+    clock = FakeClock()
+    groups.server_context.clock = clock
+    runtime = SimpleNamespace(rebalancing=False, streams_active=True)
+    monkeypatch.setattr(groups, "_runtime", runtime)
+    leader = groups.leaders["jobs"]
+    assert groups._fences_interval_s() == FENCES_IDLE_INTERVAL_S  # leads nothing yet: idle
+    leader.fencing.assign({0, 1}, 1)
+    assert groups._fences_interval_s() == STALL_CHECK_INTERVAL_S  # awaiting its fences
+    monkeypatch.setattr(leader.fencing, "is_live", lambda p: True)
+    assert groups._fences_interval_s() == FENCES_IDLE_INTERVAL_S  # every partition live
+    runtime.rebalancing = True
+    assert groups._fences_interval_s() == STALL_CHECK_INTERVAL_S
+    runtime.rebalancing, runtime.streams_active = False, False
+    assert groups._fences_interval_s() == STALL_CHECK_INTERVAL_S
+    runtime.streams_active = True
+    groups._fences_unsettled(int(clock.monotonic() * 1000))  # an assignment, a revocation
+    assert groups._fences_wake.is_set()
+    assert groups._fences_interval_s() == STALL_CHECK_INTERVAL_S
+    clock.advance(int(FENCES_SETTLE_S * 1000) + 1)
+    assert groups._fences_interval_s() == FENCES_IDLE_INTERVAL_S

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from queueflow.member.agent.giveback import release_expiring
+from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
 from queueflow.member.lifecycle import HEALTH_TRANSITIONS, HandlersHealth, Lifecycle
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -89,18 +90,23 @@ class Deadlines:
         return record.lock_deadline - self.lock_margin_s() <= now
 
     def arm(
-        self, call: HandlerCall, records: list[ShareRecord], margin_s: float | None = None
+        self,
+        call: HandlerCall,
+        records: list[ShareRecord],
+        margin_s: float | None = None,
+        lock_deadline: float | None = None,
     ) -> None:
         """Set the deadline of a handler call starting now on ``records`` (monotonic s), and
         when their locks are renewed instead (see the module docstring). ``margin_s``: the
-        lock margin (:meth:`lock_margin_s`) if the caller has it."""
+        lock margin (:meth:`lock_margin_s`) if the caller has it; ``lock_deadline``: the
+        records' earliest lock deadline if the caller has it (one per ShareFetch,
+        :func:`~queueflow.member.agent.units.unit_lock_deadline`)."""
         agent = self.agent
         if margin_s is None:
             margin_s = self.lock_margin_s()
-        first_end = (
-            records[0].lock_deadline if len(records) == 1 else min(r.lock_deadline for r in records)
-        )
-        lock_end = first_end - margin_s
+        if lock_deadline is None:
+            lock_deadline = unit_lock_deadline(records)
+        lock_end = lock_deadline - margin_s
         call.started = agent.ctx.clock.monotonic()
         timeout_ms = agent.handler_timeout_ms
         if timeout_ms is None:
@@ -121,7 +127,7 @@ class Deadlines:
         if session is None or not records:
             call.renew_at = math.inf
             return
-        old_end = min(r.lock_deadline for r in records) - self.lock_margin_s()
+        old_end = unit_lock_deadline(records) - self.lock_margin_s()
         lock_s = agent.flow.lock_s
         tps = sorted({TopicPartition(r.topic, r.partition) for r in records})
         for r in records:
@@ -129,6 +135,8 @@ class Deadlines:
                 TopicPartition(r.topic, r.partition), r.offset, AcknowledgeType.RENEW
             )
             r.lock_deadline = now + lock_s
+        if type(records) is FetchUnit:
+            records.lock_deadline = now + lock_s
         call.renew_at = now + lock_s - self.lock_margin_s()
         agent.stats.renewed += len(records)
         runner = agent.runner

@@ -334,7 +334,7 @@ class Dispatcher:
             return 0
         if agent.transactions is not None:
             records = agent.transactions.screen(records)
-        runner.enqueue(records)
+        runner.enqueue(records, result.lock_deadline)
         return len(records)
 
     async def flush(self, tp: TopicPartition) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from queueflow.member.agent.results import Failure, HandlerResult, Raised, safe_repr
+from queueflow.member.agent.units import unit_lock_deadline
 from queueflow.structs import AcknowledgeType, ShareRecord
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ def release_expiring(runner: HandlerRunner, now: float, window_s: float) -> int:
     keep: list[list[ShareRecord]] = []
     ahead = 0
     for unit in queue:
-        first = unit[0].lock_deadline if len(unit) == 1 else min(r.lock_deadline for r in unit)
+        first = unit_lock_deadline(unit)
         if first <= now + window_s:
             expired.append(unit)
         elif now + (ahead + 1) * per_record_s >= first - window_s:

@@ -300,6 +300,14 @@ def judge(
                 HandlerResult, (records, (outcome,), None, ended, False, None, None, delays)
             )
     count = len(records)
+    if batch and type(ended) is Returned and (routes is None or routes.dead_letter is None):
+        # One outcome for the whole batch (a batch handler returning None: all ACCEPT): what
+        # the general path below gives, without a tuple or a generator step per record.
+        outcome = outcome_of(ended.value)
+        if outcome is not None:
+            delay = delay_of(ended.value)
+            delays = (delay,) * count if delay else None
+            return HandlerResult(records, (outcome,) * count, None, ended, True, None, None, delays)
     release = (AcknowledgeType.RELEASE,) * count
     match ended:
         case TimedOut():

@@ -33,6 +33,7 @@ from queueflow.member.agent.results import (
     judge,
     safe_repr,
 )
+from queueflow.member.agent.units import FetchUnit, unit_lock_deadline
 from queueflow.member.lifecycle import AGENT_STOPPING
 from queueflow.member.session import ranges_text
 from queueflow.metrics import PendingObservations
@@ -108,16 +109,18 @@ class HandlerRunner:
         self._last_expired_deadline = 0.0  # one log line per expired batch, not per record
 
     # -- the queue -------------------------------------------------------------------------
-    def enqueue(self, records: list[ShareRecord]) -> None:
-        """Queue the records of one ShareFetch for the handlers."""
+    def enqueue(self, records: list[ShareRecord], lock_deadline: float | None = None) -> None:
+        """Queue the records of one ShareFetch for the handlers; ``lock_deadline``: the
+        fetch's (monotonic s), kept once per batch unit (:class:`FetchUnit`)."""
         queue = self._queue
         size = self.batch_size
         if not self.batch:
             queue.extend([record] for record in records)
         elif size is None or len(records) <= size:
-            queue.append(records)
+            queue.append(FetchUnit(records, lock_deadline))
         else:
-            queue.extend(records[i : i + size] for i in range(0, len(records), size))
+            chunks = range(0, len(records), size)
+            queue.extend(FetchUnit(records[i : i + size], lock_deadline) for i in chunks)
         self.queued += len(records)
         self._queued.set()
 
@@ -224,12 +227,9 @@ class HandlerRunner:
         # A record is too late (Deadlines.too_late) when its lock ends before this.
         limit = agent.ctx.clock.monotonic() + margin_s
         decode = agent.decode
-        if decode is None:
-            for record in unit:
-                if record.lock_deadline <= limit:
-                    break
-            else:
-                return unit  # the common case: no new list
+        first = unit[0].lock_deadline if len(unit) == 1 else unit_lock_deadline(unit)
+        if decode is None and first > limit:
+            return unit  # the common case: one check per unit, no new list
         admitted: list[ShareRecord] = []
         for record in unit:
             if record.lock_deadline <= limit:
@@ -289,7 +289,8 @@ class HandlerRunner:
         """
         agent = self.agent
         deadlines = agent.deadlines
-        deadlines.arm(call, records, margin_s)
+        first = records[0].lock_deadline if len(records) == 1 else unit_lock_deadline(records)
+        deadlines.arm(call, records, margin_s, first)
         try:
             # A batch handler gets a list of its own: whatever it does to it, every record is
             # acknowledged.

@@ -108,6 +108,9 @@ class SharePartitionCache:
         # its partition was dropped must not make the share-partition live.
         self._drops: dict[int, int] = {}
         self._log = get_logger("queueflow.server.leader", topic=topic)
+        #: Called with the partitions dropped (:meth:`drop`), so what others keep for them is
+        #: released too (the direct endpoint's record cache).
+        self.on_dropped: list[Callable[[set[int]], None]] = []
 
     # -- the lifecycle ---------------------------------------------------------------------
     def state(self, key: Key) -> SharePartitionState:
@@ -178,6 +181,8 @@ class SharePartitionCache:
                 self._move(key, SharePartitionState.RETAINED)
             elif entry.state is SharePartitionState.REFUSED:
                 self._move(key, SharePartitionState.UNLOADED)
+        for callback in self.on_dropped:
+            callback(wanted)
 
     def forget_retained(self, keep: set[int]) -> None:
         """Forget the ``RETAINED`` share-partitions of partitions not in ``keep`` (led elsewhere

@@ -90,6 +90,22 @@ def test_a_batch_handler_gives_one_outcome_per_record_or_one_for_all() -> None:
     assert wrong_length.failure is Failure.INVALID_OUTCOME
 
 
+@pytest.mark.parametrize(
+    "value", [None, ACCEPT, RELEASE, REJECT, queueflow.release(delay=2)], ids=repr
+)
+def test_one_outcome_for_a_whole_batch_is_the_general_paths_result(value: Any) -> None:
+    """The batch fast path (one outcome for all, no dead-letter route) gives what the general
+    path gives: judged with a dead-letter route the outcomes and delays are the same."""
+    from queueflow.member.agent.outputs import Routes
+
+    batch = records(4)
+    fast = judge(Returned(value), batch, batch=True)
+    general = judge(Returned(value), batch, batch=True, routes=Routes((), "dlq", "g"))
+    assert fast.outcomes == general.outcomes and len(fast.outcomes) == 4
+    assert fast.delays == general.delays and fast.failure is None and fast.outputs is None
+    assert fast.records is batch and fast.batch is True
+
+
 def test_a_result_is_frozen() -> None:
     result = judge(Returned(None), records(1), batch=False)
     with pytest.raises(AttributeError):

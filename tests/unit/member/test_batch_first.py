@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import struct
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -221,11 +222,12 @@ def test_the_reader_passes_check_crcs_to_its_consumer() -> None:
     assert settings().check_crcs is True
 
 
-def test_a_member_releases_undelivered_what_a_corrupted_batch_holds() -> None:
-    """The reader's consumer raises CorruptRecordException for a batch that fails its CRC: the
-    share agent passes none of its records to the handler, ACCEPTs none, RELEASEs every offset
-    of the fetch undelivered (its delivery count given back) and logs share_fetch_failed; the
-    records are acquired again (here the second read is clean) and handled once."""
+def test_a_corrupted_batch_read_once_costs_its_first_offset_one_delivery() -> None:
+    """The reader's consumer raises CorruptRecordException for a batch that fails its CRC (a
+    plain one: the offset is not known, so the first acquired one is taken): the share agent
+    passes none of the fetch's records to the handler, ACCEPTs none; the first offset is
+    RELEASEd as a failed delivery (its count rises), the rest undelivered, and it logs
+    corrupt_record_batch_released; the second read is clean and each record is handled once."""
     clock = FakeClock()
     handled: list[tuple[int, int]] = []
     reads = 0
@@ -250,13 +252,68 @@ def test_a_member_releases_undelivered_what_a_corrupted_batch_holds() -> None:
                 await until(lambda: len(handled) == 5, "every record handled", clock)
                 view = cluster.share_partition
                 await until(lambda: int(view("g", TOPIC, 0).start_offset) == 5, "settled", clock)
-            assert sorted(handled) == [(o, 1) for o in range(5)]  # once, count given back
+            assert sorted(handled) == [(0, 2)] + [(o, 1) for o in range(1, 5)]
             assert agent.stats.accepted == 5
-            (failed,) = events(logs, "share_fetch_failed")
-            assert "CorruptRecordException" in failed["error"]
+            (failed,) = events(logs, "corrupt_record_batch_released")
+            assert failed["offset"] == 0 and "Invalid CRC" in failed["error"]
+            assert not events(logs, "share_fetch_failed")
 
     mp = pytest.MonkeyPatch()
     mp.setattr(_RecordSource, "read", corrupt_once)
+    try:
+        run(scenario())
+    finally:
+        mp.undo()
+
+
+def test_a_batch_corrupt_in_the_log_is_archived_at_the_delivery_count_limit() -> None:
+    """Offset 2 is in a batch that fails its CRC on every read (corrupt in the log): the
+    records around it are handled once each; offset 2 never reaches the handler, its delivery
+    count rises on each fetch and the leader archives it at share.delivery.count.limit (was:
+    RELEASEd undelivered and acquired again forever); counted in queueflow_handler_errors_total
+    {reason="corrupt_batch"}."""
+    from queueflow.member.reader import CorruptRecords
+
+    clock = FakeClock()
+    handled: list[tuple[int, int]] = []
+    original = _RecordSource.read
+
+    async def corrupt_at_2(self: _RecordSource, tp: Any, acquired: Any, *args: Any) -> Any:
+        if not any(first <= 2 <= last for first, last, _ in acquired):
+            return await original(self, tp, acquired, *args)
+        before = [(f, min(last, 1), c) for f, last, c in acquired if f < 2]
+        read = await original(self, tp, before, *args) if before else ([], [], [])
+        raise CorruptRecords(2, read, "Invalid CRC - jobs-0")
+
+    async def handler(record: ShareRecord) -> None:
+        handled.append((record.offset, record.delivery_count))
+
+    async def scenario() -> None:
+        group_settings = settings(delivery_count_limit=3)
+        async with InProcessCluster({TOPIC: 1}, clock=clock, settings=group_settings) as cluster:
+            for i in range(5):
+                cluster.produce(TOPIC, b"r%d" % i)
+            with capture_logs() as logs:
+                await cluster.agent(handler, TOPIC, "g")
+                view = cluster.share_partition
+                await until(
+                    lambda: (
+                        view("g", TOPIC, 0) is not None
+                        and int(view("g", TOPIC, 0).start_offset) == 5
+                    ),
+                    "every offset settled",
+                    clock,
+                )
+            assert sorted(handled) == [(0, 1), (1, 1), (3, 1), (4, 1)]
+            released = events(logs, "corrupt_record_batch_released")
+            assert [e["offset"] for e in released] == [2, 2, 2]
+            assert [e["delivery_count"] for e in released] == [1, 2, 3]
+            assert view("g", TOPIC, 0).archived_total >= 1
+            errors = cluster.metrics.handler_errors.labels("g", TOPIC, "corrupt_batch")
+            assert errors._value.get() == 3
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_RecordSource, "read", corrupt_at_2)
     try:
         run(scenario())
     finally:
@@ -359,3 +416,55 @@ def test_raw_records_skip_the_consumer_record_and_give_the_same_share_records() 
     for r in out:
         r.delivered_at = 0.0
     assert out == eager(data, [(50, 55, 1)])
+
+
+class _CorruptLog:
+    """A consumer over offsets ``0..size-1`` whose ``corrupt`` offsets sit in a batch that
+    fails its CRC: ``getmany`` raises when it reaches one (aiokafka moves its position past
+    the records it had collected and drops them)."""
+
+    def __init__(self, size: int, corrupt: set[int]) -> None:
+        self.size, self.corrupt, self.pos, self.calls = size, corrupt, 0, 0
+
+    def seek(self, tp: Any, offset: int) -> None:
+        self.pos = offset
+
+    async def position(self, tp: Any) -> int:
+        return self.pos
+
+    async def getmany(self, tp: Any, timeout_ms: int, max_records: int) -> dict[Any, Any]:
+        self.calls += 1
+        out, offset = [], self.pos
+        while len(out) < max_records and offset < self.size:
+            if offset in self.corrupt:
+                self.pos = offset
+                raise CorruptRecordException(f"Invalid CRC - {tp}")
+            out.append(
+                SimpleNamespace(
+                    offset=offset, key=None, value=b"v", headers=[], timestamp=0, timestamp_type=0
+                )
+            )
+            offset += 1
+        self.pos = offset
+        return {tp: out}
+
+
+@pytest.mark.parametrize(("corrupt", "at"), [({5, 6}, 5), ({0}, 0), ({9}, 9)])
+def test_the_reader_reads_up_to_a_corrupt_batch_and_names_its_offset(
+    corrupt: set[int], at: int
+) -> None:
+    from queueflow.kafka.config import KafkaClientConfig
+    from queueflow.member.reader import CorruptRecords, PartitionReader
+
+    async def scenario() -> None:
+        reader = PartitionReader(KafkaClientConfig("localhost:1"), "t", 0)
+        await reader.consumer.stop()  # never started; replaced by the fake log
+        reader.consumer = _CorruptLog(10, corrupt)  # type: ignore[assignment]
+        with pytest.raises(CorruptRecords) as caught:
+            await reader._read([(0, 9, 1)], 5_000)
+        records, gaps, bad = caught.value.read
+        assert caught.value.offset == at and isinstance(caught.value, CorruptRecordException)
+        assert [r.offset for r in records] == list(range(at)) and not gaps and not bad
+        assert reader.position == -1  # the next read seeks
+
+    run(scenario())

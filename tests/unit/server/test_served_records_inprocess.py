@@ -106,3 +106,27 @@ def test_with_carrying_off_the_member_reads_as_before() -> None:
             await consumer.close()
 
     run(scenario())
+
+
+def test_a_leader_that_stops_leading_a_partition_releases_its_cached_batches() -> None:
+    """Revoked (a rebalance) or stepped down: the endpoint's record cache of that partition is
+    dropped at once, the other partitions' kept."""
+
+    async def scenario() -> None:
+        async with direct_cluster(records=8, partitions=2) as cluster:
+            consumer = cluster.consumer("g")
+            await consumer.subscribe([TOPIC])
+            await poll_until(consumer, 8)
+            assert cluster.endpoint is not None and cluster.endpoint.records is not None
+            cache = cluster.endpoint.records.cache
+            other = TopicPartition(TOPIC, 1)
+            assert cache.bytes(TP) > 0 and cache.bytes(other) > 0
+            leader = cluster.leaders[TOPIC]
+            leader.revoke({0})
+            assert cache.bytes(TP) == 0 and cache.covering(TP, 0) is None
+            assert cache.bytes(other) > 0
+            leader.step_down([1], "a test")
+            assert cache.bytes(other) == 0
+            await consumer.close()
+
+    run(scenario())
