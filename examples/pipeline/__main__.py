@@ -394,6 +394,9 @@ def run(p: Pipeline) -> int:
         problems.append(
             f"spark-weather REJECTed {weather_rejected:,}, flights without weather {no_weather:,}"
         )
+    executors = sj.executor_jvms(spark)
+    if p.cluster is not None and executors != SPARK_WORKERS:
+        problems.append(f"{executors} executor JVMs on the standalone cluster, not {SPARK_WORKERS}")
     problems += sj.compare("carrier/month delays", expected_delays, delays)
     problems += sj.compare("origin/month weather", expected_weather, observed)
 
@@ -430,7 +433,7 @@ def run(p: Pipeline) -> int:
         },
         "partitions": PARTITIONS,
         "spark": "standalone" if p.cluster is not None else p.master,
-        "executor_jvms": sj.executor_jvms(spark),
+        "executor_jvms": executors,
         "seconds": seconds,
         "check": "failed" if problems else "passed",
     }

@@ -219,6 +219,7 @@ def start_query(
         timeout=None,
         wait_initial=wait_initial_s,
         wait_max=30.0,
+        wait_jitter=wait_initial_s / 2,
     ):
         with attempt:
             query = start()
