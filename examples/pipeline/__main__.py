@@ -63,7 +63,11 @@ WORKERS = (("all", 0), ("member", 1), ("member", 2))
 #: Bounds (s) of every wait.
 READY_TIMEOUT_S = 180
 ENQUEUE_TIMEOUT_S = 300
-PROCESS_TIMEOUT_S = 600
+#: Processing fails when nothing moves (agents, spark-stats, spark-weather) for
+#: STALL_TIMEOUT_S, and in any case after PROCESS_TIMEOUT_S: on a loaded machine (a second
+#: pipeline beside it) Spark's micro-batches slow down, they do not stop.
+PROCESS_TIMEOUT_S = 1800
+STALL_TIMEOUT_S = 180
 SETTLE_TIMEOUT_S = 90
 SPARK_TIMEOUT_S = 300
 POLL_S = 3.0
@@ -324,6 +328,7 @@ def run(p: Pipeline) -> int:
     )
 
     deadline = time.monotonic() + PROCESS_TIMEOUT_S
+    moved_at, seen = time.monotonic(), (0, 0, 0)
     while True:
         time.sleep(POLL_S)
         ledgers.poll()
@@ -343,7 +348,12 @@ def run(p: Pipeline) -> int:
             and weather_done >= records
         ):
             break
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if (len(ledgers.outcomes), stats_done, weather_done) != seen:
+            moved_at, seen = now, (len(ledgers.outcomes), stats_done, weather_done)
+        if now - moved_at > STALL_TIMEOUT_S:
+            raise TimeoutError(f"nothing went through for {STALL_TIMEOUT_S} s")
+        if now > deadline:
             raise TimeoutError(f"not everything went through within {PROCESS_TIMEOUT_S} s")
     processed_s = p.elapsed()
 
