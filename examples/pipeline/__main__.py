@@ -5,7 +5,10 @@
 2. start the Faust workers (more than partitions: 1 ``all`` + 2 ``member``), whose share agents
    join each flight with the weather, classify its delay, write a result and ACCEPT it, or
    REJECT a cancelled flight;
-3. a Spark batch job enqueues every flight with the ``queueflow`` sink;
+3. start Spark: ``local[2]`` (executors in the driver's JVM), or with
+   ``PIPELINE_SPARK_MASTER=standalone`` a Spark standalone master and two workers on 127.0.0.1
+   (executors in their own JVMs, with their own Python workers), stopped at the end; a Spark
+   batch job enqueues every flight with the ``queueflow`` sink;
 4. two Spark streaming queries are members of share groups next to the agents, through the
    ``queueflow`` source: ``spark-stats`` on the results, and ``spark-weather`` on the flights
    themselves (weather statistics; REJECTs the flights without weather);
@@ -33,6 +36,7 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+import queueflow.spark
 from examples.pipeline.config import (
     AGENT_GROUP,
     ENV_APP_ID,
@@ -50,6 +54,7 @@ from examples.pipeline.config import (
 from examples.pipeline.ledger import Ledgers
 from queueflow import logging as qf_logging
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, create_topic, find_free_ports
+from queueflow.devtools.spark_standalone import StandaloneSpark
 from queueflow.testing import WorkerProcess, faust_worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,12 +63,20 @@ WORKERS = (("all", 0), ("member", 1), ("member", 2))
 #: Bounds (s) of every wait.
 READY_TIMEOUT_S = 180
 ENQUEUE_TIMEOUT_S = 300
-PROCESS_TIMEOUT_S = 600
+#: Processing fails when nothing moves (agents, spark-stats, spark-weather) for
+#: STALL_TIMEOUT_S, and in any case after PROCESS_TIMEOUT_S: on a loaded machine (a second
+#: pipeline beside it) Spark's micro-batches slow down, they do not stop.
+PROCESS_TIMEOUT_S = 1800
+STALL_TIMEOUT_S = 180
 SETTLE_TIMEOUT_S = 90
 SPARK_TIMEOUT_S = 300
 POLL_S = 3.0
 #: ``PIPELINE_LIMIT=N`` runs on the first N flights only (0: all of them).
 LIMIT = int(os.environ.get("PIPELINE_LIMIT", "0"))
+#: ``PIPELINE_SPARK_MASTER``: ``local`` (``local[2]``), ``standalone`` (a master and
+#: :data:`SPARK_WORKERS` workers started here) or the ``spark://`` URL of a running cluster.
+SPARK_MASTER = os.environ.get("PIPELINE_SPARK_MASTER", "local")
+SPARK_WORKERS = 2
 
 T = TypeVar("T")
 
@@ -141,6 +154,8 @@ class Pipeline:
         self.broker: LocalBroker | None = None
         self.workers: list[WorkerProcess] = []
         self.spark: Any = None
+        self.cluster: StandaloneSpark | None = None
+        self.master = "local[2]"
         self.queries: list[Any] = []
         self.started = time.monotonic()
 
@@ -199,6 +214,21 @@ class Pipeline:
             if not q.isActive:
                 raise RuntimeError(f"streaming query {q.name} stopped: {q.exception()}")
 
+    def start_spark(self) -> Any:
+        """The SparkSession on :data:`SPARK_MASTER` (starting the standalone cluster first)."""
+        from examples.pipeline import spark_jobs as sj
+
+        master = None
+        if SPARK_MASTER == "standalone":
+            queueflow.spark.ensure_java()  # the daemons and the driver: the same Java
+            self.cluster = StandaloneSpark(self.run_dir / "spark-cluster", workers=SPARK_WORKERS)
+            master = self.cluster.start(progress=self.say)
+        elif SPARK_MASTER != "local":
+            master = SPARK_MASTER
+        self.spark = sj.start_session(self.run_dir, master=master)
+        self.master = self.spark.sparkContext.master
+        return self.spark
+
     # -- teardown ---------------------------------------------------------------------------
 
     def stop_queries(self) -> None:
@@ -220,6 +250,9 @@ class Pipeline:
             except Exception as exc:
                 print(f"could not stop Spark: {exc}", flush=True)
             self.spark = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
         for w in self.workers:
             w.resume()
             w.terminate()
@@ -251,7 +284,8 @@ def run(p: Pipeline) -> int:
 
     from examples.pipeline import spark_jobs as sj
 
-    p.spark = spark = sj.start_session(p.run_dir)
+    spark = p.start_spark()
+    p.say(f"Spark on {p.master}")
     flights_arrow = sj.read_flights()
     if LIMIT:  # a quick run on the first flights only
         flights_arrow = flights_arrow.slice(0, LIMIT)
@@ -294,6 +328,7 @@ def run(p: Pipeline) -> int:
     )
 
     deadline = time.monotonic() + PROCESS_TIMEOUT_S
+    moved_at, seen = time.monotonic(), (0, 0, 0)
     while True:
         time.sleep(POLL_S)
         ledgers.poll()
@@ -313,7 +348,12 @@ def run(p: Pipeline) -> int:
             and weather_done >= records
         ):
             break
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if (len(ledgers.outcomes), stats_done, weather_done) != seen:
+            moved_at, seen = now, (len(ledgers.outcomes), stats_done, weather_done)
+        if now - moved_at > STALL_TIMEOUT_S:
+            raise TimeoutError(f"nothing went through for {STALL_TIMEOUT_S} s")
+        if now > deadline:
             raise TimeoutError(f"not everything went through within {PROCESS_TIMEOUT_S} s")
     processed_s = p.elapsed()
 
@@ -364,6 +404,9 @@ def run(p: Pipeline) -> int:
         problems.append(
             f"spark-weather REJECTed {weather_rejected:,}, flights without weather {no_weather:,}"
         )
+    executors = sj.executor_jvms(spark)
+    if p.cluster is not None and executors != SPARK_WORKERS:
+        problems.append(f"{executors} executor JVMs on the standalone cluster, not {SPARK_WORKERS}")
     problems += sj.compare("carrier/month delays", expected_delays, delays)
     problems += sj.compare("origin/month weather", expected_weather, observed)
 
@@ -399,6 +442,8 @@ def run(p: Pipeline) -> int:
             "faust": len(ledgers.pids),
         },
         "partitions": PARTITIONS,
+        "spark": "standalone" if p.cluster is not None else p.master,
+        "executor_jvms": executors,
         "seconds": seconds,
         "check": "failed" if problems else "passed",
     }

@@ -31,6 +31,7 @@ from examples.pipeline.config import (
     data_dir,
 )
 from queueflow.spark.session import local_session
+from queueflow.spark.startup import start_query
 
 #: Records a micro-batch acquires at most.
 MAX_RECORDS_PER_TRIGGER = 20_000
@@ -52,19 +53,35 @@ RESULT_SCHEMA = (
 HOUR = ["origin", "year", "month", "day", "hour"]
 
 
-def start_session(run_dir: Path) -> SparkSession:
-    """A ``local[2]`` SparkSession (1 GB driver, 2 shuffle partitions, as the tests configure
-    it) with queueflow's data sources registered."""
+#: The JVM options of the driver and, on a cluster, of the executors: small and quick to start.
+JAVA_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+
+
+def start_session(run_dir: Path, master: str | None = None) -> SparkSession:
+    """A SparkSession with 2 cores (1 GB driver, 2 shuffle partitions, as the tests configure
+    it) and queueflow's data sources registered: ``local[2]``, or on the standalone cluster
+    ``master`` (2 executors of 512 MB, one core each).
+
+    The bind address and the Python worker settings are :func:`local_session`'s (see
+    :mod:`queueflow.spark.startup`)."""
     session: SparkSession = local_session(
         "queueflow-pipeline",
+        master=master,
         work_dir=run_dir,
         conf={
             "spark.sql.execution.arrow.pyspark.enabled": "true",
             "spark.sql.streaming.stopTimeout": "30s",
-            "spark.driver.extraJavaOptions": "-XX:+UseSerialGC -XX:TieredStopAtLevel=1",
+            "spark.driver.extraJavaOptions": JAVA_OPTIONS,
+            "spark.executor.extraJavaOptions": JAVA_OPTIONS,
         },
     )
     return session
+
+
+def executor_jvms(spark: SparkSession) -> int:
+    """How many executor JVMs the application has besides the driver's (0 on ``local[N]``,
+    where the executor runs in the driver's JVM)."""
+    return int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1
 
 
 # -- the data -------------------------------------------------------------------------------
@@ -189,7 +206,9 @@ def start_stats_query(
     spark: SparkSession, bootstrap: str, app_id: str, topic: str, run_dir: Path, progress: Progress
 ) -> StreamingQuery:
     """Group ``spark-stats`` on the results ``topic``: append each batch's results (key, carrier,
-    month, arrival delay, status) to the Parquet table ``run_dir/stats``."""
+    month, arrival delay, status) to the Parquet table ``run_dir/stats``. Started with
+    :func:`~queueflow.spark.startup.start_query` (again if its Python runner was slow to
+    connect back)."""
     table = str(run_dir / "stats")
     results = _read(spark, source_options(bootstrap, app_id, STATS_GROUP, topic)).select(
         F.from_json(F.col("value").cast("string"), RESULT_SCHEMA).alias("r"), "delivery_count"
@@ -207,13 +226,13 @@ def start_stats_query(
         finally:
             batch.unpersist()
 
-    return (
+    writer = (
         rows.writeStream.queryName("spark-stats")
         .foreachBatch(handle)
         .option("checkpointLocation", str(run_dir / "checkpoints" / "stats"))
         .trigger(processingTime=TRIGGER)
-        .start()
     )
+    return start_query(writer.start, name="spark-stats")
 
 
 def start_weather_query(
@@ -265,13 +284,13 @@ def start_weather_query(
         finally:
             joined.unpersist()
 
-    return (
+    writer = (
         flights.writeStream.queryName("spark-weather")
         .foreachBatch(handle)
         .option("checkpointLocation", str(run_dir / "checkpoints" / "weather"))
         .trigger(processingTime=TRIGGER)
-        .start()
     )
+    return start_query(writer.start, name="spark-weather")
 
 
 # -- 3. the check ---------------------------------------------------------------------------
