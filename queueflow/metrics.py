@@ -68,7 +68,7 @@ Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
   (``max_connections``, ``max_connections_per_ip``);
 * ``queueflow_direct_connections_dropped_total{reason}``: connections closed later
   (``frame_too_large``, ``read_timeout``, ``unauthenticated_idle``, ``idle``,
-  ``write_timeout``, ``undecodable``).
+  ``write_timeout``, ``undecodable``, ``tls_mismatch``).
 
 Leaders, coordinators and members: ``queueflow_control_messages_dropped_total{receiver,reason}``:
 junk on an internal topic dropped after a look at its first bytes
@@ -413,7 +413,7 @@ class Metrics:
         self.direct_connections_dropped = Counter(
             "queueflow_direct_connections_dropped",
             "Direct connections the endpoint closed (reason: frame_too_large, read_timeout, "
-            "unauthenticated_idle, idle, write_timeout, undecodable)",
+            "unauthenticated_idle, idle, write_timeout, undecodable, tls_mismatch)",
             ("reason",),
             registry=reg,
         )
