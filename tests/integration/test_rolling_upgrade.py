@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import threading
 import time
@@ -218,3 +219,15 @@ def test_rolling_upgrade_from_the_previous_release_handles_every_record_once(
             producer.finish()
         for p in reversed(started):
             p.stop(timeout_s=WAIT_S)
+
+
+def test_a_clone_without_the_previous_release_fails_saying_how_to_fetch_it(
+    tmp_path: Path,
+) -> None:
+    """A shallow clone (CI checkouts often are) lacks the previous release's commit."""
+    repo = tmp_path / "shallow"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=60)
+    with pytest.raises(RuntimeError, match=r"git fetch --unshallow") as info:
+        previous_release_python(repo, tmp_path / "venv")
+    assert PREVIOUS_RELEASE in str(info.value)
+    assert "tests/integration/previous_release.py" in str(info.value)
