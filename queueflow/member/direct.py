@@ -46,6 +46,11 @@ _HELLO_REQUEST_ID = -1
 
 _TRUSTSTORE = "queueflow.leader.listener.ssl.truststore.location"
 _IDENTIFICATION = "queueflow.leader.listener.ssl.endpoint.identification.algorithm"
+_CLIENT_CERT_HINT = (
+    " (if the leader requires a client certificate, queueflow.leader.listener.ssl.client.auth="
+    "required: this member needs one signed by a CA the leader trusts, in "
+    "queueflow.leader.listener.ssl.keystore.location or its Kafka SSL context)"
+)
 
 
 def _log_tls_mismatch(address: str, error: str) -> None:
@@ -74,6 +79,8 @@ class _Connection:
         self.reader_task: asyncio.Task[None] | None = None
         self.ready: asyncio.Future[None] | None = None
         self.closed = False
+        #: Why the connection failed (once closed).
+        self.reason = "the connection was closed"
         #: Frames written so far (the first one must fit the leader's pre-authentication limit).
         self.frames_sent = 0
         #: Whether the leader answered a request on this connection.
@@ -114,9 +121,15 @@ class _Connection:
             if not self.answered and self.tls is None and "TLS" not in error:
                 # A TLS endpoint closes a plaintext connection after its first bytes.
                 error += f" (if the leader's direct endpoint uses TLS: {tls_mismatch_hint(False)})"
+            elif not self.answered and self.tls is not None:
+                # Under TLS 1.3 a refused client certificate ends the connection after the
+                # handshake, at the first read.
+                error += _CLIENT_CERT_HINT
             self.fail(error)
 
     def fail(self, reason: str) -> None:
+        if not self.closed:
+            self.reason = reason
         self.closed = True
         for future in self.pending.values():
             if not future.done():
@@ -135,7 +148,7 @@ class _Connection:
         self.pending[request.request_id] = future
         try:
             if self.closed:
-                raise _ConnectionLost(f"{self.address}: the connection was closed")
+                raise _ConnectionLost(f"{self.address}: {self.reason}")
             await self._write(request)
             return await asyncio.wait_for(future, timeout_s)
         except asyncio.TimeoutError:

@@ -340,6 +340,6 @@ def test_the_direct_path_uses_tls_and_refuses_members_it_cannot_trust(
         assert states == [], group  # no direct connection ever answered
         reasons = [e["reason"] for e in logs if e["event"] == "direct_path_rerouted"]
         assert reasons, f"{group}: never tried the direct path"
-        if group == "plaintext":
-            assert "queueflow.leader.listener.security.protocol" in reasons[0], reasons
+        setting = {"plaintext": "security.protocol"}.get(group, "ssl.client.auth=required")
+        assert f"queueflow.leader.listener.{setting}" in reasons[0], reasons
         print(f"{group}: {reasons[0]}")

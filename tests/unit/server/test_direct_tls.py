@@ -199,8 +199,9 @@ def test_mutual_tls_refuses_a_member_without_a_trusted_certificate(
     strange.load_cert_chain(keystore(stranger, "member"))  # ...but another CA signed its cert
 
     async def refused(client: DirectClient, address: str) -> None:
-        with pytest.raises(DirectPathError):
+        with pytest.raises(DirectPathError) as failed:
             await client.call(address, fetch("m1", 1), 2.0)
+        assert "queueflow.leader.listener.ssl.client.auth=required" in str(failed.value)
         await client.close()
 
     async def scenario() -> None:
