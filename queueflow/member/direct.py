@@ -46,6 +46,9 @@ _HELLO_REQUEST_ID = -1
 
 _TRUSTSTORE = "queueflow.leader.listener.ssl.truststore.location"
 _IDENTIFICATION = "queueflow.leader.listener.ssl.endpoint.identification.algorithm"
+_PLAINTEXT_HINT = tls_mismatch_hint(False)
+#: The reason of a connection this member closed itself.
+_CLOSED = "closed"
 _CLIENT_CERT_HINT = (
     " (if the leader requires a client certificate, queueflow.leader.listener.ssl.client.auth="
     "required: this member needs one signed by a CA the leader trusts, in "
@@ -118,16 +121,19 @@ class _Connection:
         except (OSError, asyncio.IncompleteReadError, ShareGroupError) as exc:
             error = f"connection to the leader failed: {exc!r}"
         finally:
-            if not self.answered and self.tls is None and "TLS" not in error:
-                # A TLS endpoint closes a plaintext connection after its first bytes.
-                error += f" (if the leader's direct endpoint uses TLS: {tls_mismatch_hint(False)})"
-            elif not self.answered and self.tls is not None:
-                # Under TLS 1.3 a refused client certificate ends the connection after the
-                # handshake, at the first read.
-                error += _CLIENT_CERT_HINT
             self.fail(error)
 
+    def _hinted(self, reason: str) -> str:
+        """``reason`` with what to check when the connection failed before any answer."""
+        if self.answered or "TLS" in reason or reason == _CLOSED:
+            return reason
+        if self.tls is None:  # a TLS endpoint closes a plaintext connection after its first bytes
+            return f"{reason} (if the leader's direct endpoint uses TLS: {_PLAINTEXT_HINT})"
+        # Under TLS 1.3 a refused client certificate ends the connection after the handshake.
+        return reason + _CLIENT_CERT_HINT
+
     def fail(self, reason: str) -> None:
+        reason = self._hinted(reason)
         if not self.closed:
             self.reason = reason
         self.closed = True
@@ -155,7 +161,7 @@ class _Connection:
             raise DirectPathError(f"{self.address}: no answer within {timeout_s:.1f} s") from None
         except OSError as exc:
             self.fail(repr(exc))
-            raise _ConnectionLost(f"{self.address}: {exc!r}") from exc
+            raise _ConnectionLost(f"{self.address}: {self.reason}") from exc
         finally:
             self.pending.pop(request.request_id, None)
 
@@ -192,7 +198,7 @@ class _Connection:
         await self.writer.drain()
 
     async def close(self) -> None:
-        self.fail("closed")
+        self.fail(_CLOSED)
         if self.reader_task is not None:
             self.reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
