@@ -56,6 +56,7 @@ from queueflow.kafka.key_reader import KafkaKeySource
 from queueflow.kafka.log_reader import LogRangeReader
 from queueflow.kafka.security import credentials_to_kwargs
 from queueflow.kafka.startup import wait_for_broker
+from queueflow.kafka.tls import leader_ssl_context
 from queueflow.kafka.transactions import check_ack_topics_readable, check_transactions
 from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.agent.outputs import Outbound
@@ -650,6 +651,7 @@ class ShareGroups:
             group_configs=self.group_configs,
             key_source=KafkaKeySource(self.kafka),
             batch_source=self._batches,
+            direct_ssl=leader_ssl_context(self.settings, self.kafka),
             auth_health=AuthHealth(
                 f"{self.app_id}/",
                 has_peers=self._has_peers,

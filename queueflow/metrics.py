@@ -68,7 +68,7 @@ Leaders' direct endpoints (docs/operations.md, "The direct port's limits"):
   (``max_connections``, ``max_connections_per_ip``);
 * ``queueflow_direct_connections_dropped_total{reason}``: connections closed later
   (``frame_too_large``, ``read_timeout``, ``unauthenticated_idle``, ``idle``,
-  ``write_timeout``, ``undecodable``).
+  ``write_timeout``, ``undecodable``, ``tls_mismatch``).
 * ``queueflow_direct_requests_unserved_total{reason}``: direct requests answered
   ``NOT_LEADER_OR_FOLLOWER`` because the membership lease had lapsed (``lease_acquire``:
   before acquiring, ``lease_answer``: before the answer left, its state write or record read
@@ -419,7 +419,7 @@ class Metrics:
         self.direct_connections_dropped = Counter(
             "queueflow_direct_connections_dropped",
             "Direct connections the endpoint closed (reason: frame_too_large, read_timeout, "
-            "unauthenticated_idle, idle, write_timeout, undecodable)",
+            "unauthenticated_idle, idle, write_timeout, undecodable, tls_mismatch)",
             ("reason",),
             registry=reg,
         )

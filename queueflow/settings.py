@@ -42,11 +42,14 @@ __all__ = [
     "AutoOffsetReset",
     "Choice",
     "EnvironmentVariable",
+    "KeystoreType",
+    "ListenerSecurityProtocol",
     "LogFormat",
     "ProcessingGuarantee",
     "Setting",
     "ShareAcquireMode",
     "ShareGroupSettings",
+    "SslClientAuth",
     "StateDurability",
     "TicketPolicy",
     "bool_default",
@@ -124,6 +127,32 @@ class TicketPolicy(Choice):
 
     REQUIRED = "required"
     OPTIONAL = "optional"
+
+
+class ListenerSecurityProtocol(Choice):
+    """``queueflow.leader.listener.security.protocol``: whether the direct member↔leader path
+    uses TLS (Kafka's ``security.protocol``, without SASL). ``auto``: ``SSL`` when the app's
+    Kafka connection uses SSL (``SSL`` or ``SASL_SSL``), else ``PLAINTEXT``."""
+
+    AUTO = "auto"
+    PLAINTEXT = "PLAINTEXT"
+    SSL = "SSL"
+
+
+class KeystoreType(Choice):
+    """``queueflow.leader.listener.ssl.keystore.type``: the key store's format (Kafka's
+    ``ssl.keystore.type``); PEM only (a file with the private key and the certificate chain)."""
+
+    PEM = "PEM"
+
+
+class SslClientAuth(Choice):
+    """``queueflow.leader.listener.ssl.client.auth``: whether the leader asks members for a
+    client certificate (Kafka's ``ssl.client.auth``: mutual TLS)."""
+
+    NONE = "none"
+    REQUESTED = "requested"
+    REQUIRED = "required"
 
 
 class LogFormat(Choice):
@@ -569,6 +598,64 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader",
     ),
     Setting(
+        "leader_listener_security_protocol",
+        "queueflow.leader.listener.security.protocol",
+        ListenerSecurityProtocol.AUTO,
+        doc="Whether the direct member↔leader path uses TLS (Kafka: security.protocol): `SSL`, "
+        "`PLAINTEXT`, or `auto`: `SSL` when the Kafka connection uses SSL (`SSL`, `SASL_SSL`). "
+        'Workers and members must agree (docs/operations.md "TLS on the direct path").',
+        read_by="leader; member",
+    ),
+    Setting(
+        "leader_listener_ssl_keystore_type",
+        "queueflow.leader.listener.ssl.keystore.type",
+        KeystoreType.PEM,
+        doc="Format of the direct path's key store (Kafka: ssl.keystore.type); PEM only.",
+        read_by="leader; member",
+    ),
+    Setting(
+        "leader_listener_ssl_keystore_location",
+        "queueflow.leader.listener.ssl.keystore.location",
+        "",
+        doc="PEM file with the private key and certificate chain (Kafka: ssl.keystore.location): "
+        "the leader's server certificate (required when the direct path uses TLS), a member's "
+        "client certificate (mutual TLS; empty: the Kafka connection's SSL context as it is).",
+        read_by="leader; member",
+    ),
+    Setting(
+        "leader_listener_ssl_key_password",
+        "queueflow.leader.listener.ssl.key.password",
+        "",
+        doc="Password of the key in the key store (Kafka: ssl.key.password); empty: not encrypted.",
+        read_by="leader; member",
+    ),
+    Setting(
+        "leader_listener_ssl_truststore_location",
+        "queueflow.leader.listener.ssl.truststore.location",
+        "",
+        doc="PEM file of the CA certificates to trust (Kafka: ssl.truststore.location): members "
+        "check the leader's certificate, the leader members' (mutual TLS); empty: the CA "
+        "certificates of the Kafka connection's SSL context, else the system's.",
+        read_by="leader; member",
+    ),
+    Setting(
+        "leader_listener_ssl_endpoint_identification_algorithm",
+        "queueflow.leader.listener.ssl.endpoint.identification.algorithm",
+        "https",
+        doc="`https`: a member checks that the leader's certificate names the host it connects "
+        "to (queueflow.leader.advertised.host); empty: it does not (Kafka: "
+        "ssl.endpoint.identification.algorithm).",
+        read_by="member",
+    ),
+    Setting(
+        "leader_listener_ssl_client_auth",
+        "queueflow.leader.listener.ssl.client.auth",
+        SslClientAuth.NONE,
+        doc="Whether the leader asks members for a client certificate signed by a trusted CA "
+        "(Kafka: ssl.client.auth): `required` refuses members without one (mutual TLS).",
+        read_by="leader",
+    ),
+    Setting(
         "leader_record_cache_bytes",
         "queueflow.leader.record.cache.bytes",
         8 * 1024 * 1024,
@@ -1011,6 +1098,27 @@ class ShareGroupSettings:
     fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")
     check_crcs: bool = bool_default("check_crcs")
     leader_listener: str = str_default("leader_listener")
+    leader_listener_security_protocol: ListenerSecurityProtocol = choice_default(
+        "leader_listener_security_protocol", ListenerSecurityProtocol
+    )
+    leader_listener_ssl_keystore_type: KeystoreType = choice_default(
+        "leader_listener_ssl_keystore_type", KeystoreType
+    )
+    leader_listener_ssl_keystore_location: str = str_default(
+        "leader_listener_ssl_keystore_location"
+    )
+    leader_listener_ssl_key_password: str = dataclasses.field(
+        default=str_default("leader_listener_ssl_key_password"), repr=False
+    )
+    leader_listener_ssl_truststore_location: str = str_default(
+        "leader_listener_ssl_truststore_location"
+    )
+    leader_listener_ssl_endpoint_identification_algorithm: str = str_default(
+        "leader_listener_ssl_endpoint_identification_algorithm"
+    )
+    leader_listener_ssl_client_auth: SslClientAuth = choice_default(
+        "leader_listener_ssl_client_auth", SslClientAuth
+    )
     leader_record_cache_bytes: int = int_default("leader_record_cache_bytes")
     kafka_listener: str = str_default("kafka_listener")
     leader_advertised_host: str = str_default("leader_advertised_host")
@@ -1124,7 +1232,7 @@ class ShareGroupSettings:
         out: dict[str, int | str] = {}
         for s in SETTINGS:
             value = getattr(self, s.attr)
-            if s.attr in ("auth_secret", "auth_member_credential") and value:
+            if s.attr in _SECRETS and value:
                 out[s.name] = "***"
             elif isinstance(value, int) and not isinstance(value, bool):
                 out[s.name] = value
@@ -1140,6 +1248,10 @@ _GROUP_BOUNDS = (
     ("min_session_timeout_ms", "max_session_timeout_ms"),
     ("min_heartbeat_interval_ms", "max_heartbeat_interval_ms"),
 )
+
+
+#: Settings shown as ``***`` (logs, admin output).
+_SECRETS: Final = ("auth_secret", "auth_member_credential", "leader_listener_ssl_key_password")
 
 
 def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
@@ -1205,6 +1317,13 @@ def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
             listener_address(values["leader_listener"])
         except ValueError as exc:
             raise ConfigurationError(f"{show('leader_listener')}: {exc}") from None
+    algorithm = values["leader_listener_ssl_endpoint_identification_algorithm"]
+    if algorithm not in ("https", ""):
+        raise ConfigurationError(
+            f"{show('leader_listener_ssl_endpoint_identification_algorithm')} is not allowed; "
+            "use 'https' (check that the leader's certificate names its host) or '' (empty: "
+            "don't), as Kafka's ssl.endpoint.identification.algorithm"
+        )
 
 
 def closest_names(name: str, known: typing.Iterable[str]) -> list[str]:

@@ -8,6 +8,7 @@ cluster: :class:`KafkaMemberIO` in production, an in-process one
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -15,6 +16,7 @@ from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.kafka.admin import partition_counts
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.startup import wait_for_broker, wait_for_topics
+from queueflow.kafka.tls import member_ssl_context
 from queueflow.member.browse import BrowseSource
 from queueflow.member.browse_source import KafkaBrowseSource
 from queueflow.member.producer import KafkaResultProducer, ResultProducer
@@ -167,6 +169,8 @@ class MemberContext:
         io: the link to the cluster.
         clock: wall and monotonic time.
         metrics: where member metrics go.
+        direct_ssl: the TLS client context for the leaders' direct endpoints
+            (:func:`queueflow.kafka.tls.member_ssl_context`); ``None``: plaintext.
     """
 
     app_id: str
@@ -174,6 +178,7 @@ class MemberContext:
     io: MemberIO
     clock: Clock = SYSTEM_CLOCK
     metrics: Metrics = field(default_factory=Metrics)
+    direct_ssl: ssl.SSLContext | None = None
 
     @classmethod
     def for_kafka(
@@ -183,6 +188,11 @@ class MemberContext:
         settings: ShareGroupSettings,
         metrics: Metrics | None = None,
     ) -> MemberContext:
-        """The context of members on a Kafka cluster."""
+        """The context of members on a Kafka cluster.
+
+        Raises:
+            ConfigurationError: a ``queueflow.leader.listener.ssl.*`` file can't be loaded.
+        """
         io = KafkaMemberIO(kafka, app_id, settings.request_timeout_ms, settings.check_crcs)
-        return cls(app_id, settings, io, metrics=metrics or Metrics())
+        direct_ssl = member_ssl_context(settings, kafka)
+        return cls(app_id, settings, io, metrics=metrics or Metrics(), direct_ssl=direct_ssl)

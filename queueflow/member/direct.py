@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 
 import structlog
 
 from queueflow.errors import ShareGroupError
+from queueflow.kafka.tls import tls_mismatch_hint
 from queueflow.protocol import framing
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.envelope import direct_dest, direct_reply_dest
@@ -42,6 +44,22 @@ CONNECT_TIMEOUT_S = 2.0
 _HELLO_REQUEST_ID = -1
 
 
+_TRUSTSTORE = "queueflow.leader.listener.ssl.truststore.location"
+_IDENTIFICATION = "queueflow.leader.listener.ssl.endpoint.identification.algorithm"
+_PLAINTEXT_HINT = tls_mismatch_hint(False)
+#: The reason of a connection this member closed itself.
+_CLOSED = "closed"
+_CLIENT_CERT_HINT = (
+    " (if the leader requires a client certificate, queueflow.leader.listener.ssl.client.auth="
+    "required: this member needs one signed by a CA the leader trusts, in "
+    "queueflow.leader.listener.ssl.keystore.location or its Kafka SSL context)"
+)
+
+
+def _log_tls_mismatch(address: str, error: str) -> None:
+    log.warning("direct_tls_failed", address=address, error=error)
+
+
 class DirectPathError(Exception):
     """A request over the direct path got no answer (connection refused, reset or timed out).
 
@@ -55,14 +73,17 @@ class _ConnectionLost(DirectPathError):
 
 
 class _Connection:
-    def __init__(self, address: str, auth: ControlAuth) -> None:
+    def __init__(self, address: str, auth: ControlAuth, tls: ssl.SSLContext | None) -> None:
         self.address = address
+        self.tls = tls
         self.auth = auth.receiver()  # a replay guard of its own
         self.pending: dict[int, asyncio.Future[protocol.ShareFetchResponse]] = {}
         self.writer: asyncio.StreamWriter | None = None
         self.reader_task: asyncio.Task[None] | None = None
         self.ready: asyncio.Future[None] | None = None
         self.closed = False
+        #: Why the connection failed (once closed).
+        self.reason = "the connection was closed"
         #: Frames written so far (the first one must fit the leader's pre-authentication limit).
         self.frames_sent = 0
         #: Whether the leader answered a request on this connection.
@@ -70,8 +91,10 @@ class _Connection:
 
     async def open(self) -> None:
         host, port = listener_address(self.address)
+        hostname = None if self.tls is None else host  # the name the certificate must hold
         reader, self.writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), CONNECT_TIMEOUT_S
+            asyncio.open_connection(host, port, ssl=self.tls, server_hostname=hostname),
+            CONNECT_TIMEOUT_S,
         )
         self.reader_task = asyncio.ensure_future(self._read(reader))
 
@@ -90,12 +113,29 @@ class _Connection:
                     future = self.pending.pop(message.request_id, None)
                     if future is not None and not future.done():
                         future.set_result(message)
+        except framing.FrameTooLargeError as exc:
+            error = f"connection to the leader failed: {exc.message}"
+            if exc.tls:  # a TLS alert: the leader's endpoint uses TLS, this member does not
+                error += f"; {tls_mismatch_hint(False)}"
+                _log_tls_mismatch(self.address, error)
         except (OSError, asyncio.IncompleteReadError, ShareGroupError) as exc:
             error = f"connection to the leader failed: {exc!r}"
         finally:
             self.fail(error)
 
+    def _hinted(self, reason: str) -> str:
+        """``reason`` with what to check when the connection failed before any answer."""
+        if self.answered or "TLS" in reason or reason == _CLOSED:
+            return reason
+        if self.tls is None:  # a TLS endpoint closes a plaintext connection after its first bytes
+            return f"{reason} (if the leader's direct endpoint uses TLS: {_PLAINTEXT_HINT})"
+        # Under TLS 1.3 a refused client certificate ends the connection after the handshake.
+        return reason + _CLIENT_CERT_HINT
+
     def fail(self, reason: str) -> None:
+        reason = self._hinted(reason)
+        if not self.closed:
+            self.reason = reason
         self.closed = True
         for future in self.pending.values():
             if not future.done():
@@ -114,14 +154,14 @@ class _Connection:
         self.pending[request.request_id] = future
         try:
             if self.closed:
-                raise _ConnectionLost(f"{self.address}: the connection was closed")
+                raise _ConnectionLost(f"{self.address}: {self.reason}")
             await self._write(request)
             return await asyncio.wait_for(future, timeout_s)
         except asyncio.TimeoutError:
             raise DirectPathError(f"{self.address}: no answer within {timeout_s:.1f} s") from None
         except OSError as exc:
             self.fail(repr(exc))
-            raise _ConnectionLost(f"{self.address}: {exc!r}") from exc
+            raise _ConnectionLost(f"{self.address}: {self.reason}") from exc
         finally:
             self.pending.pop(request.request_id, None)
 
@@ -158,7 +198,7 @@ class _Connection:
         await self.writer.drain()
 
     async def close(self) -> None:
-        self.fail("closed")
+        self.fail(_CLOSED)
         if self.reader_task is not None:
             self.reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -172,10 +212,13 @@ class DirectClient:
         auth: the member's :class:`~queueflow.protocol.roles.ControlAuth` (``role="member"``):
             seals frames for the endpoint they go to and opens the answers sealed to the
             member's key; ``None``: ``queueflow.auth.mode=none``.
+        tls: the TLS client context (:func:`queueflow.kafka.tls.member_ssl_context`); ``None``:
+            plaintext connections.
     """
 
-    def __init__(self, auth: ControlAuth | None = None) -> None:
+    def __init__(self, auth: ControlAuth | None = None, tls: ssl.SSLContext | None = None) -> None:
         self.auth = auth or ControlAuth(None, role="member")
+        self.tls = tls
         self._connections: dict[str, _Connection] = {}
         self._opening: dict[str, asyncio.Future[_Connection]] = {}
 
@@ -221,11 +264,21 @@ class DirectClient:
                 self._opening.pop(address, None)
 
     async def _open(self, address: str) -> _Connection:
-        connection = _Connection(address, self.auth)
+        connection = _Connection(address, self.auth, self.tls)
         try:
             await connection.open()
         except (OSError, TimeoutError, ValueError) as exc:
-            raise DirectPathError(f"cannot connect to the leader at {address}: {exc!r}") from exc
+            error = f"cannot connect to the leader at {address}: {exc!r}"
+            if self.tls is not None and isinstance(exc, ssl.SSLError | ConnectionError):
+                # A plaintext endpoint closes a TLS handshake after its first bytes; a
+                # certificate the member does not trust fails it too.
+                error += (
+                    "; the TLS handshake failed: the leader's certificate is not trusted "
+                    f"({_TRUSTSTORE}) or does not name {address} ({_IDENTIFICATION}), or "
+                    f"{tls_mismatch_hint(True)}"
+                )
+                _log_tls_mismatch(address, error)
+            raise DirectPathError(error) from exc
         self._connections[address] = connection
         return connection
 

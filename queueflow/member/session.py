@@ -191,7 +191,7 @@ class ShareFetchSession:
             metrics=ctx.metrics,
             principal=ctx.io.principal,
         )
-        self._direct = DirectClient(auth)
+        self._direct = DirectClient(auth, ctx.direct_ssl)
         #: Sends the ShareFetches (direct path or request topic, ticket refresh).
         self.router = FetchRouter(
             ctx,

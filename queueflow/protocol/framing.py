@@ -27,6 +27,7 @@ __all__ = [
     "FrameIdleTimeout",
     "FrameReadTimeout",
     "FrameTooLargeError",
+    "is_tls_record",
     "read_frame",
     "write_frame",
 ]
@@ -41,7 +42,23 @@ _SIZE: Final = struct.Struct(">I")
 class FrameTooLargeError(InvalidRequestError):
     """A frame announced 0 bytes or more than the reader's limit; the peer does not speak this
     protocol (or not yet authenticated: then the limit is the pre-authentication one). Close the
-    connection: nothing past the 4-byte length was read."""
+    connection: nothing past the 4-byte length was read.
+
+    Attributes:
+        tls: the 4 bytes are a TLS record header (a handshake or an alert): the peer speaks TLS
+            and this side does not (``queueflow.leader.listener.security.protocol``).
+    """
+
+    def __init__(self, message: str, *, tls: bool = False) -> None:
+        super().__init__(message)
+        self.tls = tls
+
+
+def is_tls_record(header: bytes) -> bool:
+    """Whether ``header`` (a frame's first bytes) starts a TLS record: content type 20-23
+    (change cipher spec, alert, handshake, application data), then major version 3 (RFC 8446
+    section 5.1)."""
+    return len(header) >= 2 and 20 <= header[0] <= 23 and header[1] == 3
 
 
 class FrameIdleTimeout(TimeoutError):
@@ -92,8 +109,13 @@ async def read_frame(
 
 
 async def _rest(reader: asyncio.StreamReader, first: bytes, max_bytes: int) -> bytes:
-    (size,) = _SIZE.unpack(first + await reader.readexactly(_SIZE.size - 1))
+    header = first + await reader.readexactly(_SIZE.size - 1)
+    (size,) = _SIZE.unpack(header)
     if not 0 < size <= max_bytes:  # checked before a byte of the body is read
+        if is_tls_record(header):
+            raise FrameTooLargeError(
+                "the peer speaks TLS (a TLS record arrived) and this side does not", tls=True
+            )
         raise FrameTooLargeError(
             f"frame of {size} bytes announced (allowed 1..{max_bytes}): the peer does "
             "not speak queueflow's direct protocol"

@@ -9,6 +9,7 @@ them unit-testable without Kafka.
 from __future__ import annotations
 
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -236,3 +237,6 @@ class ServerContext:
     #: Reads raw record batches for the direct path's answers (``None``: leaders carry no
     #: records; members read them; :mod:`queueflow.server.record_cache`).
     batch_source: BatchSource | None = None
+    #: The direct endpoint's TLS server context (``queueflow.leader.listener.ssl.*``,
+    #: :func:`queueflow.kafka.tls.leader_ssl_context`); ``None``: the direct path is plaintext.
+    direct_ssl: ssl.SSLContext | None = None

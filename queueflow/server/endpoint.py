@@ -16,7 +16,11 @@ Faust's consumer thread (docs/architecture.md, "The direct path"). Frames are
 * With ``queueflow.auth.mode=hmac`` requests are member envelopes encrypted to the workers' key
   and bound to this endpoint's address (:mod:`queueflow.protocol.envelope`), and answers are
   sealed by the workers to the member's key (:mod:`queueflow.protocol.sealed_replies`), as on
-  the reply topic: neither is readable on the wire (the framing itself is not TLS).
+  the reply topic: neither is readable on the wire.
+* With TLS (``queueflow.leader.listener.security.protocol``, ``queueflow.leader.listener.ssl.*``;
+  :mod:`queueflow.kafka.tls`; docs/operations.md, "TLS on the direct path") the whole stream
+  is encrypted, and with ``ssl.client.auth=required`` only members with a certificate of a
+  trusted CA connect.
 
 Requests that came through the request topics are still served (by the stream path), so members
 that don't know the address, or lost their connection, are never stuck.
@@ -33,6 +37,7 @@ import msgspec
 import structlog
 
 from queueflow.errors import ShareGroupError
+from queueflow.kafka.tls import tls_mismatch_hint
 from queueflow.logging import SkipLogLimiter
 from queueflow.protocol import framing, topics
 from queueflow.protocol import messages as protocol
@@ -127,8 +132,16 @@ class LeaderEndpoint:
         """
         listener = self.ctx.settings.leader_listener
         host, port = listener_address(listener)
+        tls = self.ctx.direct_ssl
         try:
-            self._server = await asyncio.start_server(self._serve_connection, host, port)
+            self._server = await asyncio.start_server(
+                self._serve_connection,
+                host,
+                port,
+                ssl=tls,
+                # a peer that never completes the handshake is an unauthenticated idle one
+                ssl_handshake_timeout=None if tls is None else self._limits.idle_timeout_s(False),
+            )
         except OSError as exc:
             raise OSError(
                 exc.errno,
@@ -142,6 +155,7 @@ class LeaderEndpoint:
             "leader_endpoint_listening",
             address=self.address,
             listener=listener,
+            tls=tls is not None,
             max_connections=self._gate.max_connections,
             max_connections_per_ip=self._gate.max_per_ip,
         )
@@ -280,6 +294,9 @@ class LeaderEndpoint:
                 reason = "idle" if verified else "unauthenticated_idle"
                 return self._dropped(writer, reason, verified, str(exc))
             except framing.FrameTooLargeError as exc:
+                if exc.tls:  # a member using TLS on this plaintext endpoint
+                    error = f"{exc.message}: {tls_mismatch_hint(False)}"
+                    return self._dropped(writer, "tls_mismatch", verified, error)
                 return self._dropped(writer, "frame_too_large", verified, str(exc))
             except framing.FrameReadTimeout as exc:
                 return self._dropped(writer, "read_timeout", verified, str(exc))

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
+from aiokafka.errors import KafkaConnectionError
 
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
@@ -24,6 +27,7 @@ from queueflow.structs import TopicPartition
 __all__ = ["ARRIVAL_FETCH_WAIT_MS", "LogOffsets"]
 
 log = structlog.get_logger("queueflow.server.log_offsets")
+_T = TypeVar("_T")
 
 #: The long-poll fetch of :meth:`LogOffsets.wait_end_beyond`: how long the broker holds it (ms)
 #: when no record comes (a record ends it at once; a long wait keeps an idle leader quiet).
@@ -52,6 +56,9 @@ class LogOffsets:
         self._client_lock = asyncio.Lock()
         # wait_end_beyond: per partition, a consumer long-polling where records are awaited.
         self._arrivals: dict[TopicPartition, _Arrivals] = {}
+        #: ListOffsets calls under way, and those close() cancelled (see _ask).
+        self._asking: set[asyncio.Future[Any]] = set()
+        self._cancelled_by_close: set[asyncio.Future[Any]] = set()
 
     def known_end(self, tp: TopicPartition) -> int | None:
         """The last known high watermark of ``tp`` (``None`` if unknown), without watching it."""
@@ -66,7 +73,7 @@ class LogOffsets:
         """Refresh and return the last stable offset of ``tp`` (a ``read_committed``
         ListOffsets)."""
         consumer = await self._client(stable=True)
-        return self._raise_stable(tp, (await consumer.end_offsets([tp]))[tp])
+        return self._raise_stable(tp, (await self._ask(consumer.end_offsets([tp])))[tp])
 
     def _raise_stable(self, tp: TopicPartition, end: int) -> int:
         """Record a last stable offset seen for ``tp``; never lowers it (as :meth:`_raise_end`:
@@ -78,13 +85,13 @@ class LogOffsets:
     async def log_end(self, tp: TopicPartition) -> int:
         """Refresh and return the high watermark of ``tp``."""
         consumer = await self._client()
-        return self._raise_end(tp, (await consumer.end_offsets([tp]))[tp])
+        return self._raise_end(tp, (await self._ask(consumer.end_offsets([tp])))[tp])
 
     async def log_ends(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Refresh and return the high watermarks of ``tps`` (read_uncommitted ListOffsets,
         one round trip per broker)."""
         consumer = await self._client()
-        ends = await consumer.end_offsets(list(tps))
+        ends = await self._ask(consumer.end_offsets(list(tps)))
         return {tp: self._raise_end(tp, ends[tp]) for tp in tps}
 
     def _raise_end(self, tp: TopicPartition, end: int) -> int:
@@ -99,13 +106,13 @@ class LogOffsets:
     async def log_start(self, tp: TopicPartition) -> int:
         """The log start offset of ``tp``."""
         consumer = await self._client()
-        return int((await consumer.beginning_offsets([tp]))[tp])
+        return int((await self._ask(consumer.beginning_offsets([tp])))[tp])
 
     async def offset_for_time(self, tp: TopicPartition, timestamp_ms: int) -> int | None:
         """The first offset of ``tp`` with a timestamp at or after ``timestamp_ms``, or
         ``None`` when there is none (ListOffsets by timestamp)."""
         consumer = await self._client()
-        found = (await consumer.offsets_for_times({tp: max(timestamp_ms, 0)})).get(tp)
+        found = (await self._ask(consumer.offsets_for_times({tp: max(timestamp_ms, 0)}))).get(tp)
         return None if found is None else int(found.offset)
 
     async def wait_end_beyond(self, tp: TopicPartition, offset: int, timeout_s: float) -> int:
@@ -148,8 +155,35 @@ class LogOffsets:
                     self._consumer = consumer
             return consumer
 
+    async def _ask(self, call: Coroutine[Any, Any, _T]) -> _T:
+        """Await one ListOffsets ``call`` of a consumer. If :meth:`close` stops the consumers
+        meanwhile, fail at once: the call would otherwise wait out its request timeout (40 s)
+        for metadata that no stopped client fetches, and a stopping worker's last stream event
+        (Faust waits for it) with it.
+
+        Raises:
+            KafkaConnectionError: :meth:`close` stopped the consumer during the call.
+        """
+        ask = asyncio.ensure_future(call)
+        self._asking.add(ask)
+        try:
+            return await ask
+        except asyncio.CancelledError:
+            if ask not in self._cancelled_by_close:
+                raise
+            raise KafkaConnectionError(
+                "the log offsets consumer was closed during the call: the worker is stopping"
+            ) from None
+        finally:
+            self._asking.discard(ask)
+            self._cancelled_by_close.discard(ask)
+
     async def close(self) -> None:
-        """Stop the background work and close the consumers."""
+        """Stop the background work and close the consumers; calls under way fail at once
+        (:meth:`_ask`)."""
+        for ask in list(self._asking):
+            self._cancelled_by_close.add(ask)
+            ask.cancel()
         for arrivals in self._arrivals.values():
             await arrivals.close()
         self._arrivals.clear()

@@ -28,6 +28,8 @@ USERS = {
     "qf-consumer": "consumer-secret",
     "qf-nobody": "nobody-secret",
 }
+#: The certificate of the workers' direct endpoints (TLS on the direct path, for 127.0.0.1).
+LEADER_CERT = "qf-leader-endpoint"
 #: Seconds the secured broker may take to serve.
 START_TIMEOUT_S = 120.0
 #: A small heap: the plaintext session broker runs at the same time.
@@ -40,7 +42,12 @@ def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBr
     base = tmp_path_factory.mktemp("kafka-secured")
     port, controller_port, sasl_port, ssl_port = find_free_ports(4)
     security = BrokerSecurity(
-        base / "certs", sasl_port, ssl_port, USERS, admin="admin", client_certs=["qf-mtls"]
+        base / "certs",
+        sasl_port,
+        ssl_port,
+        USERS,
+        admin="admin",
+        client_certs=["qf-mtls", LEADER_CERT],
     )
     broker = LocalBroker(
         base / "data",
@@ -57,7 +64,7 @@ def secured_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBr
         broker.stop()
 
 
-__all__ = ["JVM_OPTS", "USERS", "role_acls", "secured_broker"]
+__all__ = ["JVM_OPTS", "LEADER_CERT", "USERS", "role_acls", "secured_broker"]
 
 
 def cafile(broker: LocalBroker) -> Path:

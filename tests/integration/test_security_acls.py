@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 import urllib.request
 import uuid
@@ -23,11 +24,13 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
-from security_env import USERS, role_acls
+from security_env import LEADER_CERT, USERS, role_acls
+from structlog.testing import capture_logs
 
 from queueflow import ConfigurationError, ShareConsumer
 from queueflow.devtools.broker import LocalBroker, create_topic, find_free_ports
 from queueflow.devtools.broker.acls import create_acls
+from queueflow.devtools.broker.secure import CertificateAuthority
 from queueflow.testing import WorkerProcess, faust_worker_argv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,21 +61,30 @@ async def produce(broker: LocalBroker, topic: str, count: int) -> None:
 
 
 def consumer_for(
-    broker: LocalBroker, app_id: str, user: str | None = None, cert: str | None = None
+    broker: LocalBroker,
+    app_id: str,
+    user: str | None = None,
+    cert: str | None = None,
+    group: str = "audit",
+    settings: dict[str, str] | None = None,
 ) -> ShareConsumer:
-    """A ShareConsumer of group ``audit``: SCRAM-SHA-512 as ``user`` over SASL_SSL, or mTLS with
-    the client certificate ``cert`` over the SSL listener."""
+    """A ShareConsumer of ``group``: SCRAM-SHA-512 as ``user`` over SASL_SSL, or mTLS with the
+    client certificate ``cert`` over the SSL listener; ``settings``: further share settings."""
     assert broker.security is not None
     common: dict[str, Any] = {
         "app_id": app_id,
-        "settings": {"share.auto.offset.reset": "earliest", "queueflow.auth.secret": SECRET},
+        "settings": {
+            "share.auto.offset.reset": "earliest",
+            "queueflow.auth.secret": SECRET,
+            **(settings or {}),
+        },
         "ssl_context": broker.security.ssl_context(cert),
     }
     if cert is not None:
-        return ShareConsumer("audit", bootstrap_servers=broker.ssl_bootstrap, **common)
+        return ShareConsumer(group, bootstrap_servers=broker.ssl_bootstrap, **common)
     assert user is not None
     return ShareConsumer(
-        "audit",
+        group,
         bootstrap_servers=broker.sasl_bootstrap,
         security_protocol="SASL_SSL",
         sasl_mechanism="SCRAM-SHA-512",
@@ -106,10 +118,20 @@ class Secured:
             admin_kwargs(self.broker), role_acls(role, f"User:{user}", self.app_id, [self.topic])
         )
 
-    def worker(self, role: str, user: str) -> tuple[WorkerProcess, int]:
+    def worker(
+        self, role: str, user: str, extra: dict[str, str] | None = None
+    ) -> tuple[WorkerProcess, int]:
         assert self.broker.security is not None
         (web_port,) = find_free_ports(1)
+        certs = Path(self.broker.security.directory)
         env = {
+            # The Kafka connection uses SSL, so the direct path does (its certificate names
+            # 127.0.0.1, where the endpoint listens and which it advertises).
+            "QUEUEFLOW_LEADER_LISTENER": "127.0.0.1:0",
+            "QUEUEFLOW_LEADER_LISTENER_SSL_KEYSTORE_LOCATION": str(
+                certs / f"{LEADER_CERT}.keystore.pem"
+            ),
+            **(extra or {}),
             "SEC_APP_ID": self.app_id,
             "SEC_BROKER": self.broker.sasl_bootstrap,
             "SEC_TOPIC": self.topic,
@@ -253,3 +275,71 @@ def test_a_missing_write_acl_names_the_topic(secured: Secured) -> None:
 
     with pytest.raises(ConfigurationError, match=f"not authorized to access topic.*{coordinator}"):
         asyncio.run(subscribe())
+
+
+async def consume_all(secured: Secured, consumer: ShareConsumer) -> list[ssl.SSLObject | None]:
+    """Poll ``consumer`` until it got every record (within :data:`DEADLINE_S`); returns the TLS
+    state of its direct connections that were answered (an ``SSLObject``, or None: plaintext)."""
+    everything, got = set(range(RECORDS)), set()
+    deadline = time.monotonic() + DEADLINE_S
+    async with consumer:
+        await consumer.subscribe([secured.topic])
+        while got != everything:
+            assert time.monotonic() < deadline, f"lacks {everything - got}"
+            got |= {json.loads(r.value)["i"] for r in await consumer.poll(300)}
+        assert consumer._session is not None
+        connections = consumer._session._direct._connections.values()
+        return [
+            c.writer.get_extra_info("ssl_object")
+            for c in connections
+            if c.answered and c.writer is not None
+        ]
+
+
+def test_the_direct_path_uses_tls_and_refuses_members_it_cannot_trust(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """On an SSL cluster the direct path uses TLS by default; with
+    ``queueflow.leader.listener.ssl.client.auth=required`` only members with a certificate of a
+    trusted CA reach it. A member without one, with one of another CA, or in plaintext is
+    refused there (the error names what to set) and gets every record through the request
+    topics: nothing is lost."""
+    assert secured.broker.security is not None
+    secured.grant("all", "qf-all")
+    secured.grant("consumer", "CN=qf-mtls")
+    secured.grant("consumer", "qf-consumer")
+    asyncio.run(produce(secured.broker, secured.topic, RECORDS))
+    worker, _ = secured.worker(
+        "all", "qf-all", {"QUEUEFLOW_LEADER_LISTENER_SSL_CLIENT_AUTH": "required"}
+    )
+    worker.wait_ready(90, what="worker with role all (SASL_SSL, mTLS direct path)")
+    (listening,) = worker.events("leader_endpoint_listening")
+    assert listening["tls"] is True, listening
+
+    trusted = consumer_for(secured.broker, secured.app_id, cert="qf-mtls", group="mtls")
+    states = asyncio.run(consume_all(secured, trusted))
+    assert states and all(s is not None and s.version() in ("TLSv1.2", "TLSv1.3") for s in states)
+
+    stranger = CertificateAuthority(tmp_path / "stranger")
+    stranger.issue("qf-stranger")
+    refused = {
+        "no-certificate": {},
+        "other-ca": {
+            "queueflow.leader.listener.ssl.keystore.location": str(
+                stranger.directory / "qf-stranger.keystore.pem"
+            )
+        },
+        "plaintext": {"queueflow.leader.listener.security.protocol": "PLAINTEXT"},
+    }
+    for group, settings in refused.items():
+        consumer = consumer_for(
+            secured.broker, secured.app_id, user="qf-consumer", group=group, settings=settings
+        )
+        with capture_logs() as logs:
+            states = asyncio.run(consume_all(secured, consumer))
+        assert states == [], group  # no direct connection ever answered
+        reasons = [e["reason"] for e in logs if e["event"] == "direct_path_rerouted"]
+        assert reasons, f"{group}: never tried the direct path"
+        setting = {"plaintext": "security.protocol"}.get(group, "ssl.client.auth=required")
+        assert f"queueflow.leader.listener.{setting}" in reasons[0], reasons
+        print(f"{group}: {reasons[0]}")

@@ -31,10 +31,12 @@ def load(
 
 def other_valid_value(s: Setting) -> int | str:
     """A valid value different from the default."""
-    if s.choices:
-        return next(c for c in s.choices if c != show_value(s.default))
+    if s.choices:  # (a choice of one, e.g. ssl.keystore.type=PEM: that one)
+        return next((c for c in s.choices if c != show_value(s.default)), s.choices[0])
     if s.attr == "auth_secret":  # refused if weak
         return "kQ7v-2Lr9_XwN4pZtB8mYc3HsJ6dFgU1eRoV5aTi0"
+    if s.attr == "leader_listener_ssl_endpoint_identification_algorithm":
+        return ""  # Kafka's one other value: no host-name check
     if isinstance(s.default, str):  # free text: host names and listeners
         return "127.0.0.1:9100" if ":" in s.default else "leader-1.example"
     assert isinstance(s.default, int)
