@@ -11,13 +11,14 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
-from queueflow.admin import ShareGroupAdmin
-from queueflow.devtools.broker import create_topic, kafka_tool_argv
+from queueflow.admin import ShareGroupAdmin, SharePartitionOffsets
+from queueflow.devtools.broker import create_topic, kafka_tool_argv, run_kafka_tool
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
@@ -172,6 +173,113 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
             assert time.monotonic() < deadline, log[-3000:]
             time.sleep(0.2)
         assert "kafka_member_joined" in log, log[-3000:]
+        assert "kafka_frame_rejected" not in log, log[-3000:]
+
+
+def share_groups(port: int, *args: str) -> str:
+    """Kafka's ``kafka-share-groups.sh`` against the listener: its stdout (it must succeed)."""
+    proc = run_kafka_tool(
+        "share-groups",
+        ["--bootstrap-server", f"127.0.0.1:{port}", *args],
+        timeout_s=WAIT_S,
+        jvm_opts=JVM_OPTS,
+    )
+    print(f"$ kafka-share-groups.sh {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Error" not in proc.stdout, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def rows(text: str) -> list[list[str]]:
+    """The table rows of a tool's output, split on blanks, without the header."""
+    lines = [line.split() for line in text.splitlines() if line.strip()]
+    return [row for row in lines if row and row[0] not in ("GROUP", "TOPIC")]
+
+
+def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = f"qf-kadmin-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 2)
+    app_id = f"qf-kadmin-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    values = [f"r{i}" for i in range(10)]
+    asyncio.run(produce_records(kafka_bootstrap, topic, values, partitions=2))
+    worker = LeaderWorker(
+        app_id,
+        [topic],
+        kafka_bootstrap,
+        tmp_path / "data",
+        {
+            "share.auto.offset.reset": "earliest",
+            "group.share.heartbeat.interval.ms": 500,
+            "group.share.session.timeout.ms": 6000,
+            "queueflow.kafka.listener": f"PLAINTEXT://127.0.0.1:{port}",
+        },
+    )
+    admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
+
+    async def offsets_until(done: Callable[[list[SharePartitionOffsets]], bool]) -> list[Any]:
+        deadline = time.monotonic() + WAIT_S
+        while not done(got := await admin.list_offsets("g")):
+            assert time.monotonic() < deadline, got
+            await asyncio.sleep(0.5)
+        return got
+
+    with worker.start():
+        wait_listening(port, WAIT_S)
+        consumer = subprocess.Popen(
+            kafka_tool_argv(
+                "console-share-consumer",
+                ["--bootstrap-server", f"127.0.0.1:{port}", "--topic", topic, "--group", "g"],
+                jvm_opts=JVM_OPTS,
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        lines = LineReader(consumer)
+        try:
+            assert sorted(lines.take(len(values), WAIT_S)) == sorted(values)
+            asyncio.run(offsets_until(lambda got: all(o.lag == 0 for o in got)))
+            ends = {o.partition: o.log_end_offset for o in asyncio.run(admin.list_offsets("g"))}
+            described = rows(share_groups(port, "--describe", "--group", "g"))
+            assert sorted((r[0], r[1], int(r[2]), int(r[3]), r[4]) for r in described) == [
+                ("g", topic, p, ends[p], "0") for p in (0, 1)
+            ], described
+            members = share_groups(port, "--describe", "--group", "g", "--members")
+            assert "console-share-consumer" in members and f"{topic}:0,1" in members, members
+            state = share_groups(port, "--describe", "--group", "g", "--state")
+            assert "Stable" in state, state
+            assert "g" in share_groups(port, "--list").split()
+        finally:
+            consumer.terminate()
+            try:
+                consumer.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                consumer.kill()
+                consumer.wait(timeout=30)
+            lines.join(10)
+            assert consumer.stdout is not None
+            consumer.stdout.close()
+        deadline = time.monotonic() + WAIT_S
+        while asyncio.run(admin.describe_groups(["g"]))[0].state != "Empty":
+            assert time.monotonic() < deadline, "the console consumer did not leave"
+            time.sleep(0.5)
+        reset = share_groups(
+            port, "--reset-offsets", "--to-earliest", "--execute", "--group", "g", "--topic", topic
+        )
+        assert sorted((r[1], r[2], r[3]) for r in rows(reset)) == [
+            (topic, "0", "0"),
+            (topic, "1", "0"),
+        ], reset
+        after = asyncio.run(offsets_until(lambda got: all(o.start_offset == 0 for o in got)))
+        assert [o.lag for o in after] == [ends[0], ends[1]], after
+        deleted = share_groups(port, "--delete-offsets", "--group", "g", "--topic", topic)
+        assert "Successful" in deleted, deleted
+        asyncio.run(offsets_until(lambda got: all(o.start_offset is None for o in got)))
+        log = worker.log_path.read_text()
         assert "kafka_frame_rejected" not in log, log[-3000:]
 
 

@@ -250,6 +250,7 @@ def listener() -> Iterator[tuple[KafkaListener, list[StubSession]]]:
         "app",
         served,
         factory,
+        object(),  # type: ignore[arg-type]  # no admin API is asked here
         heartbeat_interval_ms=500,
         session_timeout_ms=60_000,
         limits=DirectLimits(
