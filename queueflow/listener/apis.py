@@ -17,10 +17,12 @@ __all__ = [
     "API_VERSIONS",
     "DELETE_SHARE_GROUP_OFFSETS",
     "DESCRIBE_SHARE_GROUP_OFFSETS",
+    "FETCH",
     "FIND_COORDINATOR",
     "LIST_GROUPS",
     "LIST_OFFSETS",
     "METADATA",
+    "PRODUCE",
     "SERVED",
     "SHARE_ACKNOWLEDGE",
     "SHARE_FETCH",
@@ -30,6 +32,8 @@ __all__ = [
     "serves",
 ]
 
+PRODUCE = 0
+FETCH = 1
 LIST_OFFSETS = 2
 METADATA = 3
 FIND_COORDINATOR = 10
@@ -47,7 +51,10 @@ DELETE_SHARE_GROUP_OFFSETS = 92
 #: from v0 (one key, as librdkafka asks; batched from v4), the share APIs from the versions
 #: Kafka 4.1+ clients send (KIP-932 GA); the admin APIs ``kafka-share-groups.sh`` uses:
 #: ListGroups v5 (group types), ListOffsets v6+ (``--reset-offsets --to-earliest``).
+#: Produce v3 and Fetch v4 are listed (and refused) for librdkafka (queueflow.listener.refused).
 SERVED: Mapping[int, tuple[int, int]] = {
+    PRODUCE: (3, 3),
+    FETCH: (4, 4),
     LIST_OFFSETS: (6, 11),
     METADATA: (12, 13),
     FIND_COORDINATOR: (0, 6),

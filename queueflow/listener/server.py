@@ -23,6 +23,7 @@ from queueflow.listener.metadata import (
     find_coordinator_response,
     metadata_response,
 )
+from queueflow.listener.refused import refused_fetch, refused_produce
 from queueflow.server.connections import DirectLimits
 
 __all__ = ["KafkaListener", "parse_listener"]
@@ -272,4 +273,14 @@ class KafkaListener:
             apis.ALTER_SHARE_GROUP_OFFSETS: self._admin.alter_offsets,
             apis.DELETE_SHARE_GROUP_OFFSETS: self._admin.delete_offsets,
             apis.LIST_OFFSETS: self._admin.list_offsets,
+            apis.PRODUCE: self._refuse_produce,
+            apis.FETCH: self._refuse_fetch,
         }
+
+    async def _refuse_produce(self, version: int, request: Any) -> Any:
+        log.info("kafka_request_refused", api="Produce")
+        return refused_produce(version, request)
+
+    async def _refuse_fetch(self, version: int, request: Any) -> Any:
+        log.info("kafka_request_refused", api="Fetch")
+        return refused_fetch(version, request)

@@ -18,7 +18,7 @@ from typing import IO, Any
 import pytest
 
 from queueflow.admin import ShareGroupAdmin, SharePartitionOffsets
-from queueflow.devtools.broker import create_topic, kafka_tool_argv, run_kafka_tool
+from queueflow.devtools.broker import create_topic, kafka_libs, kafka_tool_argv
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
@@ -26,6 +26,16 @@ from queueflow.testing import produce as produce_records
 RECORDS = 40
 WAIT_S = 60.0
 JVM_OPTS = ["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC"]
+#: Kafka's share-group tools come from these jars whatever the broker's release (a 3.9.1
+#: broker, QUEUEFLOW_KAFKA_VERSION=3.9.1, has none): the listener is their broker.
+TOOLS_VERSION = "4.3.1"
+
+
+def tool_argv(tool: str, args: list[str]) -> list[str]:
+    """The command line of Kafka's Java ``tool`` from the :data:`TOOLS_VERSION` jars."""
+    argv = kafka_tool_argv(tool, args, jvm_opts=JVM_OPTS)
+    argv[argv.index("-cp") + 1] = f"{kafka_libs(version=TOOLS_VERSION)}/*"
+    return argv
 
 
 def free_port() -> int:
@@ -117,7 +127,7 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
     with worker.start():
         wait_listening(port, WAIT_S)
         consumer = subprocess.Popen(
-            kafka_tool_argv(
+            tool_argv(
                 "console-share-consumer",
                 [
                     "--bootstrap-server",
@@ -129,7 +139,6 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
                     "--timeout-ms",
                     "120000",
                 ],
-                jvm_opts=JVM_OPTS,
             ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -142,7 +151,7 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
             assert sorted(got) == sorted(values), got  # every record, each once
             admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
 
-            async def described() -> tuple[list[str], list[int]]:
+            async def described() -> tuple[list[str], list[int | None]]:
                 deadline = time.monotonic() + WAIT_S
                 while True:
                     (group,) = await admin.describe_groups(["g"])
@@ -178,11 +187,13 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
 
 def share_groups(port: int, *args: str) -> str:
     """Kafka's ``kafka-share-groups.sh`` against the listener: its stdout (it must succeed)."""
-    proc = run_kafka_tool(
-        "share-groups",
-        ["--bootstrap-server", f"127.0.0.1:{port}", *args],
-        timeout_s=WAIT_S,
-        jvm_opts=JVM_OPTS,
+    proc = subprocess.run(
+        tool_argv("share-groups", ["--bootstrap-server", f"127.0.0.1:{port}", *args]),
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        timeout=WAIT_S,
+        check=False,
     )
     print(f"$ kafka-share-groups.sh {' '.join(args)}\n{proc.stdout}{proc.stderr}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -229,10 +240,9 @@ def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
     with worker.start():
         wait_listening(port, WAIT_S)
         consumer = subprocess.Popen(
-            kafka_tool_argv(
+            tool_argv(
                 "console-share-consumer",
                 ["--bootstrap-server", f"127.0.0.1:{port}", "--topic", topic, "--group", "g"],
-                jvm_opts=JVM_OPTS,
             ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -281,6 +291,76 @@ def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
         asyncio.run(offsets_until(lambda got: all(o.start_offset is None for o in got)))
         log = worker.log_path.read_text()
         assert "kafka_frame_rejected" not in log, log[-3000:]
+
+
+def test_confluent_kafka_share_consumer_in_explicit_mode(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """librdkafka's share consumer (confluent-kafka's ``ShareConsumer``, explicit mode): every
+    record once; RELEASEd records come back with their delivery count raised."""
+    from confluent_kafka import AcknowledgeType, ShareConsumer
+
+    topic = f"qf-klisten-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 2)
+    app_id = f"qf-klisten-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    values = [f"c{i}" for i in range(RECORDS)]
+    asyncio.run(produce_records(kafka_bootstrap, topic, values, partitions=2))
+    worker = LeaderWorker(
+        app_id,
+        [topic],
+        kafka_bootstrap,
+        tmp_path / "data",
+        {
+            "share.auto.offset.reset": "earliest",
+            "group.share.heartbeat.interval.ms": 500,
+            "group.share.session.timeout.ms": 6000,
+            "queueflow.kafka.listener": f"PLAINTEXT://127.0.0.1:{port}",
+        },
+    )
+    with worker.start():
+        wait_listening(port, WAIT_S)
+        consumer = ShareConsumer(
+            {
+                "bootstrap.servers": f"127.0.0.1:{port}",
+                "group.id": "c",
+                "share.acknowledgement.mode": "explicit",
+            }
+        )
+        done: list[str] = []
+        released: set[str] = set()
+        try:
+            consumer.subscribe([topic])
+            deadline = time.monotonic() + WAIT_S
+            while len(done) < RECORDS:
+                assert time.monotonic() < deadline, f"only {sorted(done)}"
+                for msg in consumer.poll(0.5):
+                    if msg.error() is not None:
+                        continue
+                    value = (msg.value() or b"").decode()
+                    if value in ("c3", "c4") and value not in released:
+                        released.add(value)  # once: it comes back
+                        consumer.acknowledge(msg, AcknowledgeType.RELEASE)
+                        continue
+                    expected = 2 if value in released else 1
+                    assert msg.delivery_count() == expected, (value, msg.delivery_count())
+                    done.append(value)
+                    consumer.acknowledge(msg, AcknowledgeType.ACCEPT)
+            consumer.commit_sync()
+            assert sorted(done) == sorted(values), done  # every record, each once
+        finally:
+            consumer.close()
+        admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
+
+        async def lags() -> list[int | None]:
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                found = [o.lag for o in await admin.list_offsets("c")]
+                if found == [0, 0] or time.monotonic() > deadline:
+                    return found
+                await asyncio.sleep(0.5)
+
+        assert asyncio.run(lags()) == [0, 0]
 
 
 pytestmark = pytest.mark.timeout(240)
