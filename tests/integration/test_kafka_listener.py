@@ -5,6 +5,7 @@ queueflow share group, each record once, and queueflow's admin shows it as a mem
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import socket
 import subprocess
@@ -17,12 +18,15 @@ from typing import IO, Any
 
 import pytest
 
+from queueflow import ShareConsumer
 from queueflow.admin import ShareGroupAdmin, SharePartitionOffsets
-from queueflow.devtools.broker import create_topic, kafka_libs, kafka_tool_argv
+from queueflow.devtools.broker import create_topic, find_free_ports, kafka_libs, kafka_tool_argv
+from queueflow.errors import ShareGroupError
 from queueflow.kafka.config import KafkaClientConfig
-from queueflow.testing import LeaderWorker
+from queueflow.testing import LeaderWorker, WorkerProcess, faust_worker_argv
 from queueflow.testing import produce as produce_records
 
+ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 40
 WAIT_S = 60.0
 JVM_OPTS = ["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC"]
@@ -361,6 +365,107 @@ def test_confluent_kafka_share_consumer_in_explicit_mode(
                 await asyncio.sleep(0.5)
 
         assert asyncio.run(lags()) == [0, 0]
+
+
+def test_a_mixed_group_handles_every_record_once(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Kafka's Java console share consumer (through the listener), a queueflow
+    ``ShareConsumer`` and a share agent in one group: every record handled once, by one of
+    them."""
+    topic = f"qf-kmixed-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 3)
+    app_id = f"qf-kmixed-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    ledger, log = tmp_path / "ledger.jsonl", tmp_path / "worker.log"
+    (web_port,) = find_free_ports(1)
+    env = {
+        "AGENT_APP_ID": app_id,
+        "AGENT_TOPIC": topic,
+        "AGENT_BROKER": f"kafka://{kafka_bootstrap}",
+        "AGENT_LEDGER": str(ledger),
+        "QUEUEFLOW_KAFKA_LISTENER": f"PLAINTEXT://127.0.0.1:{port}",
+        "QUEUEFLOW_GROUP_SHARE_HEARTBEAT_INTERVAL_MS": "500",
+    }
+    argv = faust_worker_argv(
+        "tests.integration.listener_agent_app", tmp_path / "data", web_port=web_port
+    )
+    worker = WorkerProcess(argv, log, env, cwd=ROOT)
+    worker.start()
+    python_got: list[int] = []
+    stop = threading.Event()
+
+    async def python_member() -> None:
+        async with ShareConsumer(
+            "mixed",
+            app_id=app_id,
+            bootstrap_servers=kafka_bootstrap,
+            settings={"group.share.heartbeat.interval.ms": 500},
+            client_id="queueflow-member",
+        ) as member:
+            await member.subscribe([topic])
+            while not stop.is_set():
+                python_got.extend(json.loads(r.value)["i"] for r in await member.poll(500))
+
+    member_thread = threading.Thread(target=asyncio.run, args=(python_member(),), daemon=True)
+    admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
+
+    async def clients() -> list[str]:
+        try:
+            (group,) = await admin.describe_groups(["mixed"])
+        except ShareGroupError:
+            return []  # no member joined yet
+        return sorted(m.client_id for m in group.members)
+
+    def agent_got() -> list[int]:
+        text = ledger.read_text() if ledger.exists() else ""
+        return [json.loads(line)["i"] for line in text.splitlines()]
+
+    consumer: subprocess.Popen[str] | None = None
+    try:
+        worker.wait_ready(90, what="agent worker")
+        wait_listening(port, WAIT_S)
+        consumer = subprocess.Popen(
+            tool_argv(
+                "console-share-consumer",
+                ["--bootstrap-server", f"127.0.0.1:{port}", "--topic", topic, "--group", "mixed"],
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        lines = LineReader(consumer)
+        member_thread.start()
+        deadline = time.monotonic() + WAIT_S
+        while len(joined := asyncio.run(clients())) < 3:
+            assert time.monotonic() < deadline, joined
+            time.sleep(0.5)
+        java_got: list[int] = []
+        for wave in range(3):  # in waves, so that each member is fetching when records come
+            values = [json.dumps({"i": i}) for i in range(wave * 30, wave * 30 + 30)]
+            asyncio.run(produce_records(kafka_bootstrap, topic, values, partitions=3))
+            deadline = time.monotonic() + WAIT_S
+            while len(java_got) + len(python_got) + len(agent_got()) < 30 * (wave + 1):
+                assert time.monotonic() < deadline, (java_got, python_got, agent_got())
+                java_got += [json.loads(line)["i"] for line in lines.within(0.5)]
+        java_got += [json.loads(line)["i"] for line in lines.within(2.0)]  # nothing more
+        handled = java_got + python_got + agent_got()
+        assert sorted(handled) == list(range(90)), sorted(handled)  # each once
+        print(f"java {len(java_got)}, queueflow {len(python_got)}, agent {len(agent_got())}")
+        assert "console-share-consumer" in joined and "queueflow-member" in joined, joined
+        # each kind of member handled some: the group really is mixed
+        assert java_got and python_got and agent_got(), (java_got, python_got, agent_got())
+    finally:
+        stop.set()
+        member_thread.join(30)
+        if consumer is not None:
+            consumer.terminate()
+            consumer.wait(timeout=30)
+            assert consumer.stdout is not None
+            consumer.stdout.close()
+        worker.terminate()
+        assert worker.process is not None
+        worker.process.wait(timeout=60)
+    assert "kafka_frame_rejected" not in log.read_text()
 
 
 pytestmark = pytest.mark.timeout(240)
