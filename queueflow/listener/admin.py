@@ -26,6 +26,7 @@ from queueflow.admin import (
 from queueflow.errors import ConfigurationError, ShareGroupError
 from queueflow.listener.apis import (
     ALTER_SHARE_GROUP_OFFSETS,
+    DELETE_GROUPS,
     DELETE_SHARE_GROUP_OFFSETS,
     DESCRIBE_SHARE_GROUP_OFFSETS,
     LIST_GROUPS,
@@ -73,6 +74,11 @@ class GroupAdmin(Protocol):
         self, partitions: Iterable[TopicPartition], spec: OffsetSpec
     ) -> dict[TopicPartition, int]:
         """Log offsets by spec."""
+
+    async def delete_share_groups(
+        self, group_ids: Iterable[str]
+    ) -> dict[str, ShareGroupError | None]:
+        """Delete empty share groups; per group, None or why not."""
 
 
 def kafka_error(exc: BaseException) -> tuple[ErrorCode, str]:
@@ -324,6 +330,25 @@ class AdminGateway:
                 for name in names
             ),
         )
+
+    async def delete_groups(self, version: int, request: Any) -> Any:
+        """DeleteGroups (v0-v2; ``--delete``): delete each empty share group (its metadata
+        and the state of its share-partitions); a group with members gets NON_EMPTY_GROUP,
+        an unknown one GROUP_ID_NOT_FOUND."""
+        m = _module(DELETE_GROUPS, version)
+        names = list(request.groups_names)
+        try:
+            outcome: Mapping[str, BaseException | None] = await self._admin.delete_share_groups(
+                names
+            )
+        except Exception as exc:
+            outcome = {name: exc for name in names}
+        results = []
+        for name in names:
+            error = outcome.get(name)
+            code = ErrorCode.none if error is None else kafka_error(error)[0]
+            results.append(m.DeletableGroupResult(group_id=name, error_code=code))
+        return m.DeleteGroupsResponse(throttle_time=_ZERO, results=tuple(results))
 
     async def list_offsets(self, version: int, request: Any) -> Any:
         """ListOffsets (v6-v11; ``--reset-offsets --to-earliest/--to-latest/--to-datetime``):

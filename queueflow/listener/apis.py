@@ -15,6 +15,7 @@ from kio.static.primitive import i16
 __all__ = [
     "ALTER_SHARE_GROUP_OFFSETS",
     "API_VERSIONS",
+    "DELETE_GROUPS",
     "DELETE_SHARE_GROUP_OFFSETS",
     "DESCRIBE_SHARE_GROUP_OFFSETS",
     "FETCH",
@@ -38,6 +39,7 @@ LIST_OFFSETS = 2
 METADATA = 3
 FIND_COORDINATOR = 10
 LIST_GROUPS = 16
+DELETE_GROUPS = 42
 API_VERSIONS = 18
 SHARE_GROUP_HEARTBEAT = 76
 SHARE_GROUP_DESCRIBE = 77
@@ -50,7 +52,8 @@ DELETE_SHARE_GROUP_OFFSETS = 92
 #: API key -> (lowest, highest) version served. Metadata from v12 (topic ids), FindCoordinator
 #: from v0 (one key, as librdkafka asks; batched from v4), the share APIs from the versions
 #: Kafka 4.1+ clients send (KIP-932 GA); the admin APIs ``kafka-share-groups.sh`` uses:
-#: ListGroups v5 (group types), ListOffsets v6+ (``--reset-offsets --to-earliest``).
+#: ListGroups v5 (group types), ListOffsets v6+ (``--reset-offsets --to-earliest``),
+#: DeleteGroups (``--delete``).
 #: Produce v3 and Fetch v4 are listed (and refused) for librdkafka (queueflow.listener.refused).
 SERVED: Mapping[int, tuple[int, int]] = {
     PRODUCE: (3, 3),
@@ -60,6 +63,7 @@ SERVED: Mapping[int, tuple[int, int]] = {
     FIND_COORDINATOR: (0, 6),
     LIST_GROUPS: (5, 5),
     API_VERSIONS: (0, 4),
+    DELETE_GROUPS: (0, 2),
     SHARE_GROUP_HEARTBEAT: (1, 1),
     SHARE_GROUP_DESCRIBE: (1, 1),
     SHARE_FETCH: (1, 2),

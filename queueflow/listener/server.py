@@ -273,6 +273,7 @@ class KafkaListener:
             apis.ALTER_SHARE_GROUP_OFFSETS: self._admin.alter_offsets,
             apis.DELETE_SHARE_GROUP_OFFSETS: self._admin.delete_offsets,
             apis.LIST_OFFSETS: self._admin.list_offsets,
+            apis.DELETE_GROUPS: self._admin.delete_groups,
             apis.PRODUCE: self._refuse_produce,
             apis.FETCH: self._refuse_fetch,
         }

@@ -293,6 +293,9 @@ def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
         deleted = share_groups(port, "--delete-offsets", "--group", "g", "--topic", topic)
         assert "Successful" in deleted, deleted
         asyncio.run(offsets_until(lambda got: all(o.start_offset is None for o in got)))
+        deleted = share_groups(port, "--delete", "--group", "g")
+        assert "Deletion of requested share groups ('g') was successful" in deleted, deleted
+        assert "g" not in share_groups(port, "--list").split()
         log = worker.log_path.read_text()
         assert "kafka_frame_rejected" not in log, log[-3000:]
 

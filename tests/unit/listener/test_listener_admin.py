@@ -97,6 +97,19 @@ class StubAdmin:
             raise ShareGroupError(QfErrorCode.NON_EMPTY_GROUP, f"group {group_id} has members")
         self.deleted.append((group_id, list(topics_)))
 
+    async def delete_share_groups(
+        self, group_ids: Iterable[str]
+    ) -> dict[str, ShareGroupError | None]:
+        out: dict[str, ShareGroupError | None] = {}
+        for group_id in group_ids:
+            if group_id == "empty":
+                out[group_id] = None
+            elif group_id == "g":
+                out[group_id] = ShareGroupError(QfErrorCode.NON_EMPTY_GROUP, "has members")
+            else:
+                out[group_id] = ShareGroupError(QfErrorCode.GROUP_ID_NOT_FOUND, "no group")
+        return out
+
     async def resolve_offsets(
         self, partitions: Iterable[TopicPartition], spec: OffsetSpec
     ) -> dict[TopicPartition, int]:
@@ -111,7 +124,7 @@ def gateway() -> tuple[AdminGateway, StubAdmin]:
 
 
 def test_admin_apis_are_listed_in_api_versions() -> None:
-    for key in (2, 16, 77, 90, 91, 92):
+    for key in (2, 16, 42, 77, 90, 91, 92):
         assert key in SERVED
 
 
@@ -253,6 +266,19 @@ def test_list_offsets_reads_the_log_and_refuses_unserved_partitions() -> None:
     ]
     assert other.partitions[0].error_code == ErrorCode.unknown_topic_or_partition
     assert [s.kind for s in admin.resolved] == ["earliest", "latest", "timestamp"]
+
+
+def test_delete_groups_deletes_empty_share_groups_only() -> None:
+    gw, _ = gateway()
+    for version in (0, 2):
+        answer = asyncio.run(
+            gw.delete_groups(version, request(42, version, groups_names=("empty", "g", "x")))
+        )
+        assert [(r.group_id, r.error_code) for r in answer.results] == [
+            ("empty", ErrorCode.none),
+            ("g", ErrorCode.non_empty_group),
+            ("x", ErrorCode.group_id_not_found),
+        ]
 
 
 def test_kafka_error_maps_queueflow_errors() -> None:
