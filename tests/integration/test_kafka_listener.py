@@ -35,10 +35,32 @@ JVM_OPTS = ["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC"]
 TOOLS_VERSION = "4.3.1"
 
 
+#: The tools' logging (log4j2, as Kafka 4.x uses): WARN and above to stderr, stdout kept for
+#: the records and tables the tests read.
+TOOLS_LOG4J2 = """\
+status = error
+rootLogger.level = WARN
+rootLogger.appenderRef.stderr.ref = STDERR
+appender.stderr.type = Console
+appender.stderr.name = STDERR
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = [%d] %p %m (%c)%n
+"""
+
+
 def tool_argv(tool: str, args: list[str]) -> list[str]:
-    """The command line of Kafka's Java ``tool`` from the :data:`TOOLS_VERSION` jars."""
-    argv = kafka_tool_argv(tool, args, jvm_opts=JVM_OPTS)
-    argv[argv.index("-cp") + 1] = f"{kafka_libs(version=TOOLS_VERSION)}/*"
+    """The command line of Kafka's Java ``tool`` from the :data:`TOOLS_VERSION` jars, whatever
+    the broker's release (the classpath and logging configuration are theirs)."""
+    libs = kafka_libs(version=TOOLS_VERSION)
+    config = libs.parent / "listener-tools-log4j2.properties"
+    if not config.exists() or config.read_text() != TOOLS_LOG4J2:
+        config.write_text(TOOLS_LOG4J2)
+    argv = [
+        f"-Dlog4j2.configurationFile={config}" if arg.startswith("-Dlog4j") else arg
+        for arg in kafka_tool_argv(tool, args, jvm_opts=JVM_OPTS)
+    ]
+    argv[argv.index("-cp") + 1] = f"{libs}/*"
     return argv
 
 
