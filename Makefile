@@ -55,7 +55,8 @@ test: venv
 # runs there too: QUEUEFLOW_KAFKA_VERSION=3.9.1 make test (native share-group tests are skipped).
 SMOKE_TESTS := tests/integration/test_broker.py tests/integration/test_share_agent.py \
 	tests/integration/test_failover.py tests/integration/test_direct_path_kafka.py \
-	tests/integration/test_outages.py tests/integration/test_security_acls.py
+	tests/integration/test_outages.py tests/integration/test_security_acls.py \
+	tests/integration/test_kafka_listener.py
 test-kafka39: venv
 	QUEUEFLOW_KAFKA_VERSION=3.9.1 $(BIN)/pytest -q $(SMOKE_TESTS)
 

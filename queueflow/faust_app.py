@@ -913,6 +913,7 @@ class ShareGroups:
             self.app_id,
             served,
             session,
+            ShareGroupAdmin(self.app_id, self.kafka, settings=s),
             heartbeat_interval_ms=s.heartbeat_interval_ms,
             session_timeout_ms=s.session_timeout_ms,
             limits=DirectLimits.from_settings(s),

@@ -13,34 +13,64 @@ from kio.static.constants import EntityType
 from kio.static.primitive import i16
 
 __all__ = [
+    "ALTER_SHARE_GROUP_OFFSETS",
     "API_VERSIONS",
+    "DELETE_GROUPS",
+    "DELETE_SHARE_GROUP_OFFSETS",
+    "DESCRIBE_SHARE_GROUP_OFFSETS",
+    "FETCH",
     "FIND_COORDINATOR",
+    "LIST_GROUPS",
+    "LIST_OFFSETS",
     "METADATA",
+    "PRODUCE",
     "SERVED",
     "SHARE_ACKNOWLEDGE",
     "SHARE_FETCH",
+    "SHARE_GROUP_DESCRIBE",
     "SHARE_GROUP_HEARTBEAT",
     "api_versions_response",
     "serves",
 ]
 
+PRODUCE = 0
+FETCH = 1
+LIST_OFFSETS = 2
 METADATA = 3
 FIND_COORDINATOR = 10
+LIST_GROUPS = 16
+DELETE_GROUPS = 42
 API_VERSIONS = 18
 SHARE_GROUP_HEARTBEAT = 76
+SHARE_GROUP_DESCRIBE = 77
 SHARE_FETCH = 78
 SHARE_ACKNOWLEDGE = 79
+DESCRIBE_SHARE_GROUP_OFFSETS = 90
+ALTER_SHARE_GROUP_OFFSETS = 91
+DELETE_SHARE_GROUP_OFFSETS = 92
 
 #: API key -> (lowest, highest) version served. Metadata from v12 (topic ids), FindCoordinator
 #: from v0 (one key, as librdkafka asks; batched from v4), the share APIs from the versions
-#: Kafka 4.1+ clients send (KIP-932 GA).
+#: Kafka 4.1+ clients send (KIP-932 GA); the admin APIs ``kafka-share-groups.sh`` uses:
+#: ListGroups v5 (group types), ListOffsets v6+ (``--reset-offsets --to-earliest``),
+#: DeleteGroups (``--delete``).
+#: Produce v3 and Fetch v4 are listed (and refused) for librdkafka (queueflow.listener.refused).
 SERVED: Mapping[int, tuple[int, int]] = {
+    PRODUCE: (3, 3),
+    FETCH: (4, 4),
+    LIST_OFFSETS: (6, 11),
     METADATA: (12, 13),
     FIND_COORDINATOR: (0, 6),
+    LIST_GROUPS: (5, 5),
     API_VERSIONS: (0, 4),
+    DELETE_GROUPS: (0, 2),
     SHARE_GROUP_HEARTBEAT: (1, 1),
+    SHARE_GROUP_DESCRIBE: (1, 1),
     SHARE_FETCH: (1, 2),
     SHARE_ACKNOWLEDGE: (1, 2),
+    DESCRIBE_SHARE_GROUP_OFFSETS: (0, 1),
+    ALTER_SHARE_GROUP_OFFSETS: (0, 0),
+    DELETE_SHARE_GROUP_OFFSETS: (0, 0),
 }
 
 _ZERO = datetime.timedelta(0)

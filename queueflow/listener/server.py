@@ -13,6 +13,7 @@ import structlog
 
 from queueflow.errors import ConfigurationError
 from queueflow.listener import apis
+from queueflow.listener.admin import AdminGateway, GroupAdmin
 from queueflow.listener.codec import SIZE, FrameError, decode_request, encode_response, peek_header
 from queueflow.listener.fetch import ShareFetcher
 from queueflow.listener.members import MemberRegistry, SessionFactory
@@ -22,6 +23,7 @@ from queueflow.listener.metadata import (
     find_coordinator_response,
     metadata_response,
 )
+from queueflow.listener.refused import refused_fetch, refused_produce
 from queueflow.server.connections import DirectLimits
 
 __all__ = ["KafkaListener", "parse_listener"]
@@ -71,6 +73,8 @@ class KafkaListener:
         app_id: the app's id (the cluster id in Metadata answers; the topic-id namespace).
         served: returns topic -> partition count of the topics the app serves.
         factory: builds a member's queueflow session.
+        admin: the app's share-group admin (:class:`~queueflow.admin.ShareGroupAdmin`), which
+            answers the admin APIs (``kafka-share-groups.sh``).
         heartbeat_interval_ms / session_timeout_ms: given to clients / after which a silent
             member is closed.
         limits: the direct endpoint's per-connection bounds (``queueflow.direct.*``,
@@ -91,6 +95,7 @@ class KafkaListener:
         app_id: str,
         served: Callable[[], Awaitable[Mapping[str, int]]],
         factory: SessionFactory,
+        admin: GroupAdmin,
         *,
         heartbeat_interval_ms: int,
         session_timeout_ms: int,
@@ -116,6 +121,7 @@ class KafkaListener:
             monotonic,
         )
         self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
+        self._admin = AdminGateway(admin, self.topic_ids, lambda: self._served_now)
         self._max_frame = limits.max_frame_bytes
         self._max_connections = max_connections
         self._idle_s = limits.idle_s
@@ -253,8 +259,29 @@ class KafkaListener:
             response = find_coordinator_response(version, body, self.node)
         elif key == apis.SHARE_GROUP_HEARTBEAT:
             response = await self.members.heartbeat(body, request.client_id)
-        elif key == apis.SHARE_FETCH:
-            response = await self._fetcher.share_fetch(version, body)
         else:
-            response = await self._fetcher.share_acknowledge(version, body)
+            response = await self._handlers()[key](version, body)
         return encode_response(correlation_id, response)
+
+    def _handlers(self) -> Mapping[int, Callable[[int, Any], Awaitable[Any]]]:
+        return {
+            apis.SHARE_FETCH: self._fetcher.share_fetch,
+            apis.SHARE_ACKNOWLEDGE: self._fetcher.share_acknowledge,
+            apis.SHARE_GROUP_DESCRIBE: self._admin.describe,
+            apis.LIST_GROUPS: self._admin.list_groups,
+            apis.DESCRIBE_SHARE_GROUP_OFFSETS: self._admin.describe_offsets,
+            apis.ALTER_SHARE_GROUP_OFFSETS: self._admin.alter_offsets,
+            apis.DELETE_SHARE_GROUP_OFFSETS: self._admin.delete_offsets,
+            apis.LIST_OFFSETS: self._admin.list_offsets,
+            apis.DELETE_GROUPS: self._admin.delete_groups,
+            apis.PRODUCE: self._refuse_produce,
+            apis.FETCH: self._refuse_fetch,
+        }
+
+    async def _refuse_produce(self, version: int, request: Any) -> Any:
+        log.info("kafka_request_refused", api="Produce")
+        return refused_produce(version, request)
+
+    async def _refuse_fetch(self, version: int, request: Any) -> Any:
+        log.info("kafka_request_refused", api="Fetch")
+        return refused_fetch(version, request)

@@ -17,7 +17,6 @@ from aiokafka.record.default_records import DefaultRecordBatch
 from kio.index import load_payload_module
 from kio.records.readers import read_batch
 from kio.schema.errors import ErrorCode
-from kio.schema.request_header.v2.header import RequestHeader
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i8, i16, i32, i64
@@ -37,11 +36,13 @@ TOPIC = "jobs"
 
 
 def request_frame(api_key: int, version: int, body: Any, correlation_id: int = 7) -> bytes:
-    """A request frame (size prefix included) as a Kafka client writes it, with kio."""
+    """A request frame (size prefix included) as a Kafka client writes it, with kio (the
+    request header its schema names: v1 for the versions before flexible ones)."""
     buffer = io.BytesIO()
-    entity_writer(RequestHeader)(
+    header = type(body).__header_schema__
+    entity_writer(header)(
         buffer,
-        RequestHeader(
+        header(
             request_api_key=i16(api_key),
             request_api_version=i16(version),
             correlation_id=i32(correlation_id),
@@ -62,8 +63,9 @@ def request(api_key: int, version: int, **fields: Any) -> Any:
 def response_of(api_key: int, version: int, frame: bytes) -> tuple[int, Any]:
     """(correlation id, body) of a response frame (size prefix included)."""
     m = load_payload_module(api_key, version, EntityType.response)
-    name = next(n for n in dir(m) if n.endswith("Response") and n != "ResponseHeader")
-    schema = getattr(m, name)
+    schema = next(
+        v for v in vars(m).values() if getattr(v, "__type__", None) is EntityType.response
+    )
     header, used = entity_reader(schema.__header_schema__)(frame, 4)
     body, size = entity_reader(schema)(frame, 4 + used)
     assert 4 + used + size == len(frame)
@@ -250,6 +252,7 @@ def listener() -> Iterator[tuple[KafkaListener, list[StubSession]]]:
         "app",
         served,
         factory,
+        object(),  # type: ignore[arg-type]  # no admin API is asked here
         heartbeat_interval_ms=500,
         session_timeout_ms=60_000,
         limits=DirectLimits(
@@ -540,3 +543,47 @@ def test_share_acknowledge_of_each_version(listener: Any, version: int) -> None:
     assert acked.error_code == ErrorCode.none
     assert acked.responses[0].partitions[0].error_code == ErrorCode.none
     assert sessions[0].acked == [(0, AcknowledgeType.REJECT)]
+
+
+def test_produce_and_fetch_are_listed_for_librdkafka_and_refused(listener: Any) -> None:
+    # librdkafka sends its ShareFetch only to a broker listing Produce v3+ and Fetch v4+
+    assert SERVED[0][0] <= 3 <= SERVED[0][1] and SERVED[1][0] <= 4 <= SERVED[1][1]
+    kl, _ = listener
+    m = load_payload_module(0, 3, EntityType.request)
+    produce = request(
+        0,
+        3,
+        transactional_id=None,
+        acks=i16(1),
+        timeout=datetime.timedelta(seconds=1),
+        topic_data=(
+            m.TopicProduceData(
+                name=TOPIC, partition_data=(m.PartitionProduceData(index=i32(0), records=None),)
+            ),
+        ),
+    )
+    f = load_payload_module(1, 4, EntityType.request)
+    fetch = request(
+        1,
+        4,
+        max_wait=datetime.timedelta(milliseconds=10),
+        min_bytes=i32(1),
+        topics=(
+            f.FetchTopic(
+                topic=TOPIC,
+                partitions=(
+                    f.FetchPartition(
+                        partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1024)
+                    ),
+                ),
+            ),
+        ),
+    )
+    produced, fetched = run(
+        kl, exchange(kl.port, request_frame(0, 3, produce), request_frame(1, 4, fetch))
+    )
+    _, p = response_of(0, 3, produced)
+    assert p.responses[0].partition_responses[0].error_code == ErrorCode.invalid_request
+    _, r = response_of(1, 4, fetched)
+    assert r.responses[0].partitions[0].error_code == ErrorCode.invalid_request
+    assert r.responses[0].partitions[0].records is None
