@@ -169,12 +169,18 @@ class SharedMemberIO(KafkaMemberIO):
         super().__init__(kafka, app_id, settings.request_timeout_ms)
         self.replies = _SharedReplies(kafka, app_id)
         self.reader = KafkaRecordReader(kafka)
-        self._prepared: asyncio.Task[dict[str, int]] | None = None
+        self._prepared: asyncio.Future[dict[str, int]] | None = None
+        self._found: asyncio.Future[int] | None = None
 
     async def prepare(self, settings: ShareGroupSettings, topics_: list[str]) -> dict[str, int]:
         if self._prepared is None:
             self._prepared = asyncio.ensure_future(super().prepare(settings, topics_))
         return dict(await asyncio.shield(self._prepared))
+
+    async def coordinator_partitions(self) -> int:
+        if self._found is None:  # one lookup for the 200 members starting at once
+            self._found = asyncio.ensure_future(super().coordinator_partitions())
+        return await asyncio.shield(self._found)
 
     def transport(self, member_id: str, client_id: str, reply_route: str | None = None) -> Any:
         return _MuxTransport(self.replies, member_id, reply_route)
