@@ -304,6 +304,8 @@ def test_two_hundred_groups_over_three_workers_survive_a_coordinator_kill(
 
         victim, killed, healed_s = asyncio.run(scenario())
         after = coordinators([w for w in workers if w is not victim])
+        # every member hashed its group as the workers did: no request reached another partition
+        misrouted = [e for w in workers for e in w.events("coordinator_request_misrouted")]
     finally:
         for w in workers:
             w.kill()
@@ -319,6 +321,7 @@ def test_two_hundred_groups_over_three_workers_survive_a_coordinator_kill(
     # nothing lost: every group got the records produced before and after the kill
     assert all(seen[g] == {"before-0", "before-1", "after-0", "after-1"} for g in groups)
     assert moved
+    assert misrouted == []
 
 
 def _failed(tasks: list[asyncio.Future[None]]) -> bool:
