@@ -207,7 +207,14 @@ def test_a_member_credential_cannot_act_as_a_worker(
                 sent_ms=now,
             )
             for message in (fence, announcement):
-                for cp in range(COORDINATOR_PARTITIONS):
+                # the partitions of the victim's and the insider's groups (every partition's
+                # refusals would fill the rate-limited refusal log before the wrong_role ones)
+                for cp in sorted(
+                    {
+                        topics.coordinator_partition(g, COORDINATOR_PARTITIONS)
+                        for g in ("insider-victim", "insider")
+                    }
+                ):
                     sealed = insider.seal(protocol.encode(message), topic_dest(coordinator, cp))
                     out.append((coordinator, cp, sealed))
         configs = protocol.AlterGroupConfigsRequest(
