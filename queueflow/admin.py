@@ -425,6 +425,9 @@ class ShareGroupAdmin:
             admin id (default: Kafka, the app's coordinator and reply topics).
         offsets: log offsets for :meth:`resolve_offsets` (default: a Kafka consumer).
         clock: wall-clock time (request deadlines, ``--by-duration``).
+        coordinator_partitions: the partition count of the app's coordinator topic, if known
+            (default: read from the cluster once, before the first request; docs/architecture.md
+            "Coordinator sharding").
 
     Every read raises :class:`~queueflow.errors.ConfigurationError` when the app has no
     group table (a wrong app id, or no worker ever ran), and ``TimeoutError`` when a changelog
@@ -441,6 +444,7 @@ class ShareGroupAdmin:
         transport: Callable[[str], AdminTransport] | None = None,
         offsets: OffsetLookup | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        coordinator_partitions: int | None = None,
     ) -> None:
         if not app_id:
             raise ConfigurationError("app_id must name the queueflow app (its Faust id)")
@@ -455,6 +459,8 @@ class ShareGroupAdmin:
         self._next_request = 0
         #: Per group, the members of the last read whose session lapsed with no coordinator.
         self._lapsed: dict[str, tuple[MemberDescription, ...]] = {}
+        #: Partitions of the app's coordinator topic (0: not read yet).
+        self._coordinators = coordinator_partitions or 0
 
     # -- writes (alterShareGroupOffsets, deleteShareGroupOffsets, deleteShareGroups) ---------
     async def alter_share_group_offsets(
@@ -804,8 +810,8 @@ class ShareGroupAdmin:
                 answer.set_result(reply)
 
         coordinator = topics.coordinator_topic(self.app_id)
-        partition = topics.coordinator_partition(request.group)
         try:
+            partition = await self._coordinator_partition(request.group)
             await asyncio.wait_for(transport.start(on_reply), self.timeout_ms / 1000)
             sealed = auth.seal(protocol.encode(request), topic_dest(coordinator, partition))
             await transport.send(coordinator, partition, sealed)
@@ -908,7 +914,7 @@ class ShareGroupAdmin:
     ) -> ShareGroupDescription:
         where = (
             topics.coordinator_topic(self.app_id),
-            topics.coordinator_partition(group.group_id),
+            topics.coordinator_partition(group.group_id, self._coordinators),
         )
         return replace(
             _describe(group),
@@ -954,6 +960,7 @@ class ShareGroupAdmin:
         coordinator no worker runs (not in ``owners``), members whose session lapsed are left
         out (kept in ``self._lapsed``), as its next coordinator will expire them."""
         table = await self._read(topics.groups_changelog(self.app_id), required=True)
+        await self._coordinator_partition("")  # sizes self._coordinators for _described
         now = self._clock.now_ms()
         default_timeout = (
             self._settings.session_timeout_ms
@@ -969,7 +976,10 @@ class ShareGroupAdmin:
             )
             if group.group_epoch == 0 and not group.members:
                 continue  # only configs set before its first join: no group yet, as in Kafka
-            where = (topics.coordinator_topic(self.app_id), topics.coordinator_partition(group_id))
+            where = (
+                topics.coordinator_topic(self.app_id),
+                topics.coordinator_partition(group_id, self._coordinators),
+            )
             if where not in owners:
                 lapsed = lapsed_members(group, now)
                 if lapsed:
@@ -1034,6 +1044,26 @@ class ShareGroupAdmin:
             return {}
         finally:
             await admin.close()
+
+    async def _coordinator_partition(self, group_id: str) -> int:
+        """The coordinator partition of ``group_id``, as the app's members find it
+        (FindCoordinator: the coordinator topic's partition count, read once, then the hash;
+        docs/architecture.md "Coordinator sharding").
+
+        Raises:
+            ConfigurationError: the coordinator topic and the group changelog differ in
+                partition count (:func:`~queueflow.protocol.topics.resolve_coordinator_partitions`).
+        """
+        if self._coordinators == 0:
+            names = [topics.coordinator_topic(self.app_id), topics.groups_changelog(self.app_id)]
+            counts = await self._existing(names)
+            self._coordinators = topics.resolve_coordinator_partitions(
+                self.app_id,
+                topics.LEGACY_COORDINATOR_PARTITIONS,  # neither exists: nothing to find anyway
+                counts.get(names[0]),
+                counts.get(names[1]),
+            )
+        return topics.coordinator_partition(group_id, self._coordinators)
 
     async def _existing(self, names: list[str]) -> dict[str, int]:
         """Partition counts of the topics among ``names`` that exist (creates none)."""

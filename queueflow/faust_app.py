@@ -49,6 +49,7 @@ from queueflow.kafka.admin import (
     ensure_partitions,
     ensure_topic,
     partition_counts,
+    topic_partition_counts,
 )
 from queueflow.kafka.batch_fetch import KafkaBatchFetcher
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
@@ -665,13 +666,11 @@ class ShareGroups:
         )
         #: leader_lease_lapsed / _regained, from the stall guard's timer (only with a direct path)
         self._lease_watch = LeaseGate(self.server_context) if self.endpoint is not None else None
-        self._coordinator_topic = control_topic(
-            app, topics.coordinator_topic(self.app_id), topics.COORDINATOR_PARTITIONS
-        )
-        self.coordinator = ShareGroupCoordinator(
-            self.server_context,
-            raw_table(app, topics.GROUPS_TABLE, partitions=topics.COORDINATOR_PARTITIONS),
-        )
+        # Partition counts as configured; prepare() reads those of existing topics (which win).
+        count = self.settings.coordinator_topic_partitions
+        self._coordinator_topic = control_topic(app, topics.coordinator_topic(self.app_id), count)
+        self._groups_table = raw_table(app, topics.GROUPS_TABLE, partitions=count)
+        self.coordinator = ShareGroupCoordinator(self.server_context, self._groups_table)
         serve(app, self._coordinator_topic, "share-group-coordinator", self.coordinator.handle)
         self._junk_gates[topics.coordinator_topic(self.app_id)] = self.coordinator.junk
         self._ticker = LeaderTicker(self.server_context, self.leaders)
@@ -868,7 +867,7 @@ class ShareGroups:
                 table.changelog_topic.partitions = counts[name]
                 await request_topic.maybe_declare()
         if self.coordinator is not None:
-            await self._coordinator_topic.maybe_declare()
+            await self._prepare_coordinator_topic()
         if self.leaders or self.coordinator is not None:  # a member-only worker creates nothing
             await ensure_topic(
                 self.kafka,
@@ -883,6 +882,40 @@ class ShareGroups:
         if self.endpoint is not None and self.leaders:
             await self.endpoint.start()
         await self._start_kafka_listener()
+
+    async def _prepare_coordinator_topic(self) -> None:
+        """Size the coordinator topic and the group table (co-partitioned) as the existing
+        topics are, else as ``queueflow.coordinator.topic.num.partitions``, and create the
+        coordinator topic (:func:`~queueflow.protocol.topics.resolve_coordinator_partitions`;
+        docs/architecture.md "Coordinator sharding").
+
+        Raises:
+            ConfigurationError: the existing coordinator topic and group changelog differ.
+        """
+        name = topics.coordinator_topic(self.app_id)
+        changelog = topics.groups_changelog(self.app_id)
+        existing = await topic_partition_counts(self.kafka, [name, changelog])
+        configured = self.settings.coordinator_topic_partitions
+        count = topics.resolve_coordinator_partitions(
+            self.app_id, configured, existing.get(name), existing.get(changelog)
+        )
+        if count != configured:
+            log.warning(
+                "coordinator_partitions_mismatch",
+                topic=name,
+                partitions=count,
+                configured=configured,
+                detail="the coordinator topic keeps the partition count it was created with "
+                "(as Kafka's offsets.topic.num.partitions): its groups' state is hashed by it. "
+                f"This app runs with {count}; queueflow.coordinator.topic.num.partitions="
+                f"{configured} applies to a new app id only",
+            )
+        self._coordinator_topic.partitions = count
+        self._groups_table.partitions = count
+        self._groups_table.changelog_topic.partitions = count
+        self.server_context.coordinator_partitions = count
+        log.info("coordinator_partitions", topic=name, partitions=count)
+        await self._coordinator_topic.maybe_declare()
 
     async def _start_kafka_listener(self) -> None:
         """Start the Kafka-protocol listener (``queueflow.kafka.listener``;
@@ -1152,7 +1185,7 @@ class ShareGroups:
     def _has_peers(self) -> bool:
         """Another worker of the app holds some of its control partitions (the coordinator
         topic's, the request topics'): this one is not alone."""
-        controls = [(self._coordinator_topic, topics.COORDINATOR_PARTITIONS)]
+        controls = [(self._coordinator_topic, self.server_context.coordinator_partitions)]
         controls += [(t, t.partitions or 0) for t in self._request_topics.values()]
         wanted = {
             TopicPartition(topic.get_topic_name(), p)

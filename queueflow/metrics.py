@@ -392,7 +392,8 @@ class Metrics:
         self.coordinator_unserved = Counter(
             "queueflow_coordinator_unserved",
             "Coordinator requests skipped because this worker no longer owns the coordinator "
-            "partition (reason: not_owner) or its Faust membership lease lapsed (lease)",
+            "partition (reason: not_owner), its Faust membership lease lapsed (lease), or "
+            "the request's group hashes to another coordinator partition (misrouted)",
             ("reason",),
             registry=reg,
         )

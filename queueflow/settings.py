@@ -550,6 +550,21 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="every worker and member",
     ),
     Setting(
+        "coordinator_topic_partitions",
+        "queueflow.coordinator.topic.num.partitions",
+        8,
+        1,
+        1000,
+        doc="Partitions of the coordinator topic `<app>-share-coordinator` (and of the group "
+        "table's changelog) when it is created, as Kafka's `offsets.topic.num.partitions`: "
+        "share groups are hashed to partitions as Kafka's group coordinator does, and each "
+        "partition's groups are coordinated by the worker that owns it. An existing topic keeps "
+        "its count (an app made before the coordinator was sharded keeps its 1); a different "
+        "value is logged (`coordinator_partitions_mismatch`) and ignored (docs/architecture.md "
+        '"Coordinator sharding").',
+        read_by="leader (when it creates the coordinator topic)",
+    ),
+    Setting(
         "recovery_stall_ms",
         "queueflow.leader.recovery.stall.ms",
         60000,
@@ -1093,6 +1108,7 @@ class ShareGroupSettings:
     request_timeout_ms: int = int_default("request_timeout_ms")
     join_timeout_ms: int = int_default("join_timeout_ms")
     broker_wait_ms: int = int_default("broker_wait_ms")
+    coordinator_topic_partitions: int = int_default("coordinator_topic_partitions")
     recovery_stall_ms: int = int_default("recovery_stall_ms")
     shutdown_timeout_ms: int = int_default("shutdown_timeout_ms")
     fetch_max_wait_ms: int = int_default("fetch_max_wait_ms")

@@ -54,6 +54,18 @@ class MemberIO(Protocol):
         """
         ...
 
+    async def coordinator_partitions(self) -> int:
+        """Partitions of the app's coordinator topic, once it exists (after :meth:`prepare`):
+        a share group's coordinator is partition
+        :func:`~queueflow.protocol.topics.coordinator_partition` of it, as a Kafka client's
+        FindCoordinator finds the broker leading the group's partition of
+        ``__consumer_offsets`` (docs/architecture.md "Coordinator sharding").
+
+        Raises:
+            ConfigurationError: the coordinator topic does not exist.
+        """
+        ...
+
     @property
     def principal(self) -> str:
         """The Kafka principal the member's clients authenticate as (``User:<name>`` with SASL
@@ -108,6 +120,7 @@ class KafkaMemberIO:
         self.app_id = app_id
         self.request_timeout_ms = request_timeout_ms
         self.check_crcs = check_crcs
+        self._coordinator_partitions: int | None = None
 
     @property
     def principal(self) -> str:
@@ -125,6 +138,15 @@ class KafkaMemberIO:
         names = [internal.coordinator_topic(self.app_id), internal.reply_topic(self.app_id)]
         await wait_for_topics(self.kafka, names, settings.join_timeout_ms, self.app_id)
         return counts
+
+    async def coordinator_partitions(self) -> int:
+        """See :meth:`MemberIO.coordinator_partitions`; read once (the count of a topic that
+        exists never changes: queueflow refuses to re-hash groups)."""
+        if self._coordinator_partitions is None:
+            name = internal.coordinator_topic(self.app_id)
+            counts = await partition_counts(self.kafka, [name])
+            self._coordinator_partitions = counts[name]
+        return self._coordinator_partitions
 
     def transport(
         self, member_id: str, client_id: str, reply_route: str | None = None

@@ -86,6 +86,10 @@ class Membership:
         self.assignors = [n.strip() for n in settings.member_assignors.split(",") if n.strip()]
         self.rack_id = settings.client_rack
         self.member_epoch = 0
+        #: The partition of the coordinator topic that coordinates :attr:`group` (set by the
+        #: session from the topic's partition count before it joins; see
+        #: :meth:`~queueflow.member.context.MemberIO.coordinator_partitions`).
+        self.coordinator_partition = 0
         self.assignment: set[TopicPartition] = set()
         #: Set whenever :attr:`assignment` changes.
         self.assignment_changed = asyncio.Event()
@@ -213,7 +217,7 @@ class Membership:
         )
         response = await self.requester.call(
             internal.coordinator_topic(self.app_id),
-            internal.coordinator_partition(self.group),
+            self.coordinator_partition,
             rid,
             protocol.encode(request),
             accept=self._from_current_coordinator,

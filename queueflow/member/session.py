@@ -37,6 +37,7 @@ from queueflow.member.reader import ReadResult, carried_records
 from queueflow.member.routing import FetchRouter
 from queueflow.member.transport import Requester
 from queueflow.protocol import messages as protocol
+from queueflow.protocol import topics as internal
 from queueflow.protocol.roles import ControlAuth
 from queueflow.protocol.sealed_replies import reply_route
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
@@ -248,6 +249,9 @@ class ShareFetchSession:
         io = self.ctx.io
         # the broker up, the source topics and the app's internal topics there
         self.partitions = await io.prepare(self.ctx.settings, self.topics)
+        self._membership.coordinator_partition = internal.coordinator_partition(
+            self.group, await io.coordinator_partitions()
+        )
         if self._lifecycle.state is SessionState.CLOSED:  # closed while it checked the topics
             return
         self._lifecycle.move(SessionState.STARTED)

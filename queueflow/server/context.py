@@ -17,6 +17,7 @@ from typing import Protocol
 
 from queueflow.clock import SYSTEM_CLOCK, Clock
 from queueflow.metrics import Metrics
+from queueflow.protocol import topics
 from queueflow.server.auth_health import AuthHealth
 from queueflow.server.record_cache import BatchSource
 from queueflow.settings import ShareGroupSettings
@@ -240,3 +241,12 @@ class ServerContext:
     #: The direct endpoint's TLS server context (``queueflow.leader.listener.ssl.*``,
     #: :func:`queueflow.kafka.tls.leader_ssl_context`); ``None``: the direct path is plaintext.
     direct_ssl: ssl.SSLContext | None = None
+    #: Partitions of the coordinator topic, as the host found or created it (Faust hosts set it
+    #: before the coordinator serves; it never changes after): a share group's coordinator
+    #: partition is ``topics.coordinator_partition(group, coordinator_partitions)``.
+    coordinator_partitions: int = 1
+
+    def coordinator_partition(self, group: str) -> int:
+        """The coordinator partition of share group ``group`` (docs/architecture.md
+        "Coordinator sharding")."""
+        return topics.coordinator_partition(group, self.coordinator_partitions)

@@ -198,7 +198,7 @@ class LeaderEndpoint:
             )
             payload = protocol.encode(message)
             coordinator = topics.coordinator_topic(self.ctx.app_id)
-            for partition in range(topics.COORDINATOR_PARTITIONS):  # every group's coordinator
+            for partition in range(self.ctx.coordinator_partitions):  # every group's coordinator
                 sealed = self.auth.seal(payload, topic_dest(coordinator, partition))
                 await self.ctx.sender.send(coordinator, partition, sealed)
             self._announced[topic] = (epoch, live)

@@ -353,6 +353,9 @@ class _MemberIO:
     async def prepare(self, settings: ShareGroupSettings, topics: list[str]) -> dict[str, int]:
         return await self.partition_counts(topics)
 
+    async def coordinator_partitions(self) -> int:
+        return self.cluster.server.coordinator_partitions
+
     def transport(
         self, member_id: str, client_id: str, reply_route: str | None = None
     ) -> _Transport:
@@ -388,7 +391,9 @@ class _Runtime:
 
     def assigned(self) -> set[TopicPartition]:
         app_id = self.cluster.app_id
-        owned = {TopicPartition(internal.coordinator_topic(app_id), 0)}
+        coordinator = internal.coordinator_topic(app_id)
+        count = self.cluster.server.coordinator_partitions
+        owned = {TopicPartition(coordinator, p) for p in range(count)}
         for name, count in self.cluster.topics.items():
             request_topic = internal.request_topic(app_id, name)
             owned.update(TopicPartition(request_topic, p) for p in range(count))
@@ -459,6 +464,10 @@ class InProcessCluster:
             refused at start. With ``queueflow.processing.guarantee=exactly_once`` in
             ``settings`` the cluster has the ack topics and transactions in memory (see the
             module docstring); otherwise a transactional producer refuses to start.
+        coordinator_partitions: partitions of the coordinator topic (its one coordinator owns
+            them all; each group is served on its own, as in a sharded app: docs/architecture.md
+            "Coordinator sharding"). 1 by default, as an app made before sharding, so that
+            tests may address the coordinator at partition 0.
     """
 
     def __init__(
@@ -471,7 +480,10 @@ class InProcessCluster:
         direct: bool = False,
         group_configs: Mapping[str, Mapping[str, Any]] | None = None,
         transactions: bool = True,
+        coordinator_partitions: int = 1,
     ) -> None:
+        if coordinator_partitions < 1:
+            raise ValueError(f"coordinator_partitions={coordinator_partitions}; must be >= 1")
         self.topics = dict(topics)
         self.transactions = transactions
         self.direct = direct
@@ -503,6 +515,8 @@ class InProcessCluster:
                 for g, v in (group_configs or {}).items()
             },
             key_source=_KeySource(self),
+            # One worker owns every coordinator partition; groups still hash to theirs.
+            coordinator_partitions=coordinator_partitions,
         )
         #: The state tables, by source topic (and ``"groups"`` for the coordinator's).
         self.tables: dict[str, dict[bytes, bytes]] = {"groups": {}}
@@ -669,7 +683,7 @@ class InProcessCluster:
         """Make every leader and the coordinator live: assign them all partitions and let them
         read their own fences."""
         generation = self.server.runtime.generation
-        self.coordinator.assign(set(range(internal.COORDINATOR_PARTITIONS)), generation)
+        self.coordinator.assign(set(range(self.server.coordinator_partitions)), generation)
         await self.coordinator.send_fences()
         for name, leader in self.leaders.items():
             leader.assign(set(range(self.topics[name])), generation)
@@ -801,6 +815,7 @@ class InProcessCluster:
             transport=lambda admin_id: _Transport(self.bus, admin_id),
             offsets=_Offsets(self),
             clock=self.clock,
+            coordinator_partitions=self.server.coordinator_partitions,
         )
 
 
@@ -826,7 +841,10 @@ class _InProcessAdmin(ShareGroupAdmin):
         return {tp: len(self.cluster.records[TopicPartition(*tp)]) for tp in tps}
 
     async def _existing(self, names: list[str]) -> dict[str, int]:
-        return {n: self.cluster.topics[n] for n in names if n in self.cluster.topics}
+        cluster = self.cluster
+        counts = dict(cluster.topics)
+        counts[internal.coordinator_topic(cluster.app_id)] = cluster.server.coordinator_partitions
+        return {n: counts[n] for n in names if n in counts}
 
 
 class _Offsets:

@@ -34,8 +34,12 @@ from queueflow.protocol.credentials import Credentials, member_credential
 from queueflow.protocol.envelope import MEMBER_FORMAT, reply_dest, topic_dest
 from queueflow.protocol.roles import ControlAuth
 from queueflow.protocol.sealed_replies import ReplySealer, reply_route
+from queueflow.settings import int_default
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
+
+#: The apps of these tests create their coordinator topic with the default partition count.
+COORDINATOR_PARTITIONS = int_default("coordinator_topic_partitions")
 
 SECRET = secrets.token_urlsafe(32)
 LEADER_SETTINGS = {
@@ -203,7 +207,14 @@ def test_a_member_credential_cannot_act_as_a_worker(
                 sent_ms=now,
             )
             for message in (fence, announcement):
-                for cp in range(topics.COORDINATOR_PARTITIONS):
+                # the partitions of the victim's and the insider's groups (every partition's
+                # refusals would fill the rate-limited refusal log before the wrong_role ones)
+                for cp in sorted(
+                    {
+                        topics.coordinator_partition(g, COORDINATOR_PARTITIONS)
+                        for g in ("insider-victim", "insider")
+                    }
+                ):
                     sealed = insider.seal(protocol.encode(message), topic_dest(coordinator, cp))
                     out.append((coordinator, cp, sealed))
         configs = protocol.AlterGroupConfigsRequest(
@@ -216,7 +227,7 @@ def test_a_member_credential_cannot_act_as_a_worker(
                 "share.record.lock.duration.ms": "1000",
             },
         )
-        cp = topics.coordinator_partition("insider")
+        cp = topics.coordinator_partition("insider", COORDINATOR_PARTITIONS)
         out.append(
             (coordinator, cp, insider.seal(protocol.encode(configs), topic_dest(coordinator, cp)))
         )

@@ -30,8 +30,12 @@ from structlog.testing import capture_logs
 from queueflow import ShareConsumer, ShareRecord
 from queueflow.protocol import topics
 from queueflow.protocol.sealed_replies import reply_route
+from queueflow.settings import int_default
 from queueflow.testing import LeaderWorker
 from queueflow.testing import produce as produce_records
+
+#: The apps of these tests create their coordinator topic with the default partition count.
+COORDINATOR_PARTITIONS = int_default("coordinator_topic_partitions")
 
 SECRET = secrets.token_urlsafe(32)
 AUTH = {"queueflow.auth.mode": "hmac", "queueflow.auth.secret": SECRET}
@@ -126,7 +130,7 @@ def test_after_a_flood_of_junk_the_victim_handles_its_records_within_seconds(
             where, partitions, key = {
                 "coordinator": (
                     topics.coordinator_topic(app_id),
-                    [topics.coordinator_partition(GROUP)],
+                    [topics.coordinator_partition(GROUP, COORDINATOR_PARTITIONS)],
                     None,
                 ),
                 "requests": (topics.request_topic(app_id, topic), list(range(PARTITIONS)), None),

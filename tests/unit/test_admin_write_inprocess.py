@@ -399,7 +399,13 @@ def test_no_coordinator_answer_is_a_timeout_naming_the_coordinator_topic() -> No
         async def close(self) -> None:
             pass
 
-    admin = ShareGroupAdmin("app", KafkaClientConfig("x:1"), 100, transport=lambda _: Nowhere())
+    admin = ShareGroupAdmin(
+        "app",
+        KafkaClientConfig("x:1"),
+        100,
+        transport=lambda _: Nowhere(),
+        coordinator_partitions=1,
+    )
     with pytest.raises(ShareGroupError) as info:
         run(admin.alter_share_group_offsets("g", {TP0: 0}))
     assert info.value.code is ErrorCode.REQUEST_TIMED_OUT
@@ -608,7 +614,7 @@ def test_a_revoked_coordinator_partition_forgets_its_pending_requests() -> None:
             )
             await cluster.coordinator.handle(0, 100, protocol.encode(request))
             assert "g" in cluster.coordinator.pending
-            cluster.coordinator.revoke({topics.coordinator_partition("g")})
+            cluster.coordinator.revoke({topics.coordinator_partition("g", 1)})
             assert cluster.coordinator.pending == {}
 
     run(scenario())

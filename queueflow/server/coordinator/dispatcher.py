@@ -202,6 +202,8 @@ class ShareGroupCoordinator:
         if isinstance(message, protocol.Fence):
             self.gate.on_fence(partition, message.leader_epoch)
             return
+        if self._misrouted(partition, message):
+            return
         if not await self.gate.may_serve(partition, message):
             return
         now = self.ctx.clock.now_ms()
@@ -228,6 +230,36 @@ class ShareGroupCoordinator:
                 await self._heartbeat(message, now)
             case _:
                 log.error("unexpected_coordinator_message", kind=type(message).__name__)
+
+    def _misrouted(self, partition: int, message: protocol.Message) -> bool:
+        """A request for a share group whose coordinator partition is not ``partition`` (its
+        sender hashed the group with another partition count: a member of a release before
+        the coordinator was sharded, or a coordinator topic re-created with another count) is
+        skipped, never served: the group's own partition may be another worker's, and two
+        coordinators of one group would each assign its partitions (docs/architecture.md
+        "Coordinator sharding"). Logged ``coordinator_request_misrouted`` (rate-limited)."""
+        group = getattr(message, "group", None)
+        if not isinstance(group, str):
+            return False
+        expected = self.ctx.coordinator_partition(group)
+        if expected == partition:
+            return False
+        self.ctx.metrics.coordinator_unserved.labels("misrouted").inc()
+        suppressed = self.gate.unserved.admit()
+        if suppressed is not None:
+            log.error(
+                "coordinator_request_misrouted",
+                group=group,
+                partition=partition,
+                expected_partition=expected,
+                coordinator_partitions=self.ctx.coordinator_partitions,
+                kind=getattr(message, "kind", "?"),
+                detail="the sender hashed the group to another partition of "
+                f"{self.request_topic}: it is of an older release or saw another partition "
+                "count; upgrade it (members find the count from the topic's metadata)",
+                suppressed=suppressed,
+            )
+        return True
 
     def _bind_member(self, message: protocol.Message) -> None:
         """Refuse a member's heartbeat for a member id bound to another member key (a

@@ -12,7 +12,7 @@ from __future__ import annotations
 from queueflow.engine.fencing import PartitionFencing
 from queueflow.engine.group import ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
-from queueflow.protocol import group_codec, topics
+from queueflow.protocol import group_codec
 from queueflow.protocol.auth import ticket_key
 from queueflow.server import group_configs
 from queueflow.server.context import ServerContext
@@ -66,7 +66,7 @@ class CoordinatorState:
 
     def epoch(self, group_id: str) -> int:
         """The coordinator epoch this worker serves ``group_id`` under (-1: not its own)."""
-        own = self.fencing.partitions.get(topics.coordinator_partition(group_id))
+        own = self.fencing.partitions.get(self.ctx.coordinator_partition(group_id))
         return -1 if own is None else own.epoch
 
     def group(self, group_id: str, now_ms: int) -> ShareGroup:
@@ -167,11 +167,15 @@ class CoordinatorState:
         Returns:
             The ids of the groups dropped (their gauges are the caller's to remove).
         """
-        dropped = [g for g in self.groups if topics.coordinator_partition(g) in partitions]
+
+        def moved(group_id: str) -> bool:
+            return self.ctx.coordinator_partition(group_id) in partitions
+
+        dropped = [g for g in self.groups if moved(g)]
         for group_id in dropped:
             del self.groups[group_id]
             self.epochs_counted.pop(group_id, None)
-        for group_id in [g for g in self.pending if topics.coordinator_partition(g) in partitions]:
+        for group_id in [g for g in self.pending if moved(g)]:
             self.pending.pop(group_id).abandon()
-        self.directory.forget_lag(lambda g: topics.coordinator_partition(g) in partitions)
+        self.directory.forget_lag(moved)
         return dropped

@@ -100,7 +100,7 @@ class ResultApplier:
             )
         for answer in result.coordinator_replies:
             coordinator = topics.coordinator_topic(self.ctx.app_id)
-            p = topics.coordinator_partition(answer.group)
+            p = self.ctx.coordinator_partition(answer.group)
             body = self.auth.seal(protocol.encode(answer), topic_dest(coordinator, p))
             await self.ctx.sender.send(coordinator, p, body)
         if result.step_down is not None:
