@@ -17,6 +17,7 @@ alive until :meth:`ClusterNemesis.release`, called once the cluster is stopped.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import random
 import threading
@@ -129,7 +130,10 @@ class ClusterNemesis:
         self._events.append(Event(t, "broker_kill", detail=f"broker {victim}"))
         c.kill_broker(victim)
         deadline = time.monotonic() + FENCE_TIMEOUT_S
-        while victim in c.live_brokers() and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):  # a client may still try the dead broker
+                if victim not in c.live_brokers():
+                    break
             time.sleep(0.5)
         fenced = self._note("fenced", victim, after_s=round(time.time() - t, 1))
         self._events.append(Event(fenced, "broker_fenced", detail=f"broker {victim}"))

@@ -418,6 +418,7 @@ class LocalCluster:
         if self._stored_layout() is None:
             self._write_layout()
         started = time.monotonic()
+        self._format_all(say)
         launched: list[ClusterNode] = []
         try:
             if self.controller.pid() is None:
@@ -440,6 +441,30 @@ class LocalCluster:
             f"Kafka cluster serving on {self.bootstrap} (controller 127.0.0.1:"
             f"{self.controller_port}) after {time.monotonic() - started:.1f} s"
         )
+
+    def _format_all(self, say: Callable[[str], None]) -> None:
+        """Format the nodes not yet formatted, together (a Kafka tool JVM each)."""
+        pending = [n for n in self.nodes if not n.is_formatted() and n.pid() is None]
+        if not pending:
+            return
+        say(f"formatting the KRaft storage of {len(pending)} nodes in {self.data_dir}")
+        errors: list[BrokerError] = []
+
+        def format_node(node: ClusterNode) -> None:
+            try:
+                node.data_dir.mkdir(parents=True, exist_ok=True)
+                node._write_configs()
+                node._format()
+            except BrokerError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=format_node, args=(n,)) for n in pending]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
 
     def stop(self, timeout_s: float = 30) -> None:
         """Stop every node: the brokers together (controlled shutdowns), then the controller.
