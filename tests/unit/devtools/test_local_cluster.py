@@ -8,10 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from examples.chaos.analysis import broker_outages
 from examples.chaos.timeline import Event
 from queueflow.devtools.broker.cluster import LocalCluster, is_cluster_dir, replication_configs
+from queueflow.devtools.cli import cli
 from queueflow.errors import BrokerError
 
 
@@ -81,3 +83,19 @@ def test_broker_outages_span_a_restart_and_a_kill_until_after_its_fencing() -> N
     assert broker_outages(events) == [(100.0, 140.0), (200.0, 215.0), (300.0, float("inf"))]
     # make chaos: one broker, no name
     assert broker_outages([Event(5.0, "broker_stop"), Event(9.0, "broker_start")]) == [(5.0, 9.0)]
+
+
+def test_the_cli_knows_a_cluster_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QUEUEFLOW_BROKER", raising=False)
+    cluster = LocalCluster(tmp_path, 3, broker_ports=[20001, 20002, 20003], controller_port=20000)
+    cluster._write_layout()
+    runner = CliRunner()
+    started = runner.invoke(cli, ["broker", "start", "--data-dir", str(tmp_path)])
+    assert started.exit_code == 1
+    assert "holds a cluster; start it with --brokers 3" in started.output
+    status = runner.invoke(cli, ["broker", "status", "--data-dir", str(tmp_path)])
+    assert status.exit_code == 1  # nothing runs
+    assert "127.0.0.1:20001,127.0.0.1:20002,127.0.0.1:20003" in status.output
+    assert "controller 0:  127.0.0.1:20000  not running" in status.output
+    stopped = runner.invoke(cli, ["broker", "stop", "--data-dir", str(tmp_path)])
+    assert (stopped.exit_code, stopped.output.strip()) == (0, "not running")
