@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
+import stamina
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -18,6 +19,7 @@ from aiokafka.coordinator.protocol import (
 )
 from aiokafka.errors import (
     InvalidPartitionsError,
+    KafkaError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
     for_code,
@@ -132,17 +134,39 @@ async def existing_partition_counts(
     names = set(names)
     if not names:
         return {}
-    existing = names & set(await admin.list_topics())
-    if existing != names:
-        await _check_authorized(admin, sorted(names - existing))
-    if not existing:
-        return {}
-    described = await admin.describe_topics(sorted(existing))
+    # The admin client sends to the least loaded broker it knows: one that just died (and
+    # that the controller has not fenced yet, ~broker.session.timeout.ms) answers
+    # NodeNotReadyError; the next attempt goes to another (docs/operations.md "Running
+    # against a replicated cluster").
+    async for attempt in stamina.retry_context(
+        on=_retriable,
+        attempts=METADATA_ATTEMPTS,
+        timeout=None,
+        wait_initial=0.2,
+        wait_max=2.0,
+    ):
+        with attempt:
+            existing = names & set(await admin.list_topics())
+            if existing != names:
+                await _check_authorized(admin, sorted(names - existing))
+            if not existing:
+                return {}
+            described = await admin.describe_topics(sorted(existing))
     return {
         d["topic"]: len(d["partitions"])
         for d in described
         if d["error_code"] == 0 and d["partitions"]
     }
+
+
+#: Attempts of a metadata lookup against a cluster with a broker down: each goes to a random
+#: broker; ~12 s of back-off in all, past the fencing of a dead broker (9 s).
+METADATA_ATTEMPTS = 10
+
+
+def _retriable(exc: Exception) -> bool:
+    """A metadata request failed on the broker it went to, not on what it asked."""
+    return isinstance(exc, KafkaError) and bool(exc.retriable)
 
 
 async def _check_authorized(admin: AIOKafkaAdminClient, names: list[str]) -> None:

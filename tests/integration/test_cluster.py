@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import ConfigResource, ConfigResourceType
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from test_share_groups import LEADER_SETTINGS, consumer
 
 from queueflow import ACCEPT, ShareConsumer
