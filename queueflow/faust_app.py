@@ -49,6 +49,7 @@ from queueflow.kafka.admin import (
     ensure_partitions,
     ensure_topic,
     partition_counts,
+    retry_unready,
 )
 from queueflow.kafka.batch_fetch import KafkaBatchFetcher
 from queueflow.kafka.config import KafkaClientConfig, check_control_auth
@@ -846,9 +847,9 @@ class ShareGroups:
                 request_topic.partitions = counts[name]
                 table.partitions = counts[name]
                 table.changelog_topic.partitions = counts[name]
-                await request_topic.maybe_declare()
+                await retry_unready(request_topic.maybe_declare)
         if self.coordinator is not None:
-            await self._coordinator_topic.maybe_declare()
+            await retry_unready(self._coordinator_topic.maybe_declare)
         if self.leaders or self.coordinator is not None:  # a member-only worker creates nothing
             await ensure_topic(
                 self.kafka,

@@ -88,3 +88,19 @@ def test_a_metadata_lookup_that_reached_a_dead_broker_is_retried() -> None:
         assert broken.calls == admin_module.METADATA_ATTEMPTS
     finally:
         stamina.set_testing(False)
+
+
+def test_a_topic_declaration_that_reached_a_dead_broker_is_retried() -> None:
+    calls: list[int] = []
+
+    async def declare() -> None:  # Faust's Topic.maybe_declare, sent to a random broker
+        calls.append(1)
+        if len(calls) == 1:
+            raise NodeNotReadyError("Attempt to send a request to node which is not ready (2)")
+
+    stamina.set_testing(True, attempts=admin_module.METADATA_ATTEMPTS)
+    try:
+        asyncio.run(admin_module.retry_unready(declare))
+    finally:
+        stamina.set_testing(False)
+    assert len(calls) == 2
