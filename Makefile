@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 LINT_PATHS := $(wildcard queueflow tests examples bench)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv test test-kafka39 partition-test soak lint typecheck imports check demo chaos chaos-exactly-once bench bench-micro pipeline broker-start broker-stop broker-status clean
+.PHONY: help venv test test-kafka39 soak lint typecheck imports check demo chaos chaos-exactly-once chaos-cluster partition-test bench bench-micro pipeline broker-start broker-stop broker-status clean
 
 help:
 	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
@@ -26,6 +26,7 @@ help:
 	@echo "make bench-micro   brokerless micro-benchmarks (bench/micro/: engine, codecs, read path, dispatch; µs/record); writes bench/results/micro-latest.json; ~30 s"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost or a delivery count repeats"
 	@echo "make chaos-exactly-once  the same with a result per ACCEPT published exactly once; exit 1 on a duplicate result downstream"
+	@echo "make chaos-cluster the same on 3 brokers + a KRaft controller (RF 3, min.insync 2): one broker SIGKILLed for good, the others roll-restarted; exit 1 if lost or a duplicate is unexplained"
 	@echo "make partition-test  run examples.partition (Linux, root): workers on separate hosts (network namespaces), four network partitions under load; exit 1 if a record is lost or a partition does not heal"
 	@echo "make soak          run examples.soak: 30 min at half the S1 rate, a SIGKILL every 30 s; RSS, fds and state sizes must stay flat"
 	@echo "make broker-start  start the local broker (./.queueflow/broker, 127.0.0.1:9092)"
@@ -104,6 +105,11 @@ chaos: venv
 
 chaos-exactly-once: venv
 	$(BIN)/python -m examples.chaos --exactly-once
+
+# A KRaft controller and 3 brokers (replication factor 3, min.insync.replicas 2): one broker
+# SIGKILLed for good, the other two roll-restarted, workers SIGKILLed throughout.
+chaos-cluster: venv
+	$(BIN)/python -m examples.chaos --brokers 3
 
 soak: venv
 	$(BIN)/python -m examples.soak $(SOAK_ARGS)

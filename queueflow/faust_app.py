@@ -49,6 +49,7 @@ from queueflow.kafka.admin import (
     ensure_partitions,
     ensure_topic,
     partition_counts,
+    retry_unready,
     topic_partition_counts,
 )
 from queueflow.kafka.batch_fetch import KafkaBatchFetcher
@@ -865,7 +866,7 @@ class ShareGroups:
                 request_topic.partitions = counts[name]
                 table.partitions = counts[name]
                 table.changelog_topic.partitions = counts[name]
-                await request_topic.maybe_declare()
+                await retry_unready(request_topic.maybe_declare)
         if self.coordinator is not None:
             await self._prepare_coordinator_topic()
         if self.leaders or self.coordinator is not None:  # a member-only worker creates nothing
@@ -915,7 +916,7 @@ class ShareGroups:
         self._groups_table.changelog_topic.partitions = count
         self.server_context.coordinator_partitions = count
         log.info("coordinator_partitions", topic=name, partitions=count)
-        await self._coordinator_topic.maybe_declare()
+        await retry_unready(self._coordinator_topic.maybe_declare)
 
     async def _start_kafka_listener(self) -> None:
         """Start the Kafka-protocol listener (``queueflow.kafka.listener``;

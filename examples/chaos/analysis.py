@@ -20,7 +20,7 @@ from examples.chaos.ledger import Ledger, terminal_line
 from examples.chaos.timeline import Event
 from queueflow.testing import event_time, parse_events
 
-__all__ = ["LOG_EVENTS", "analyse", "worker_log_events"]
+__all__ = ["BROKER_EVENTS", "LOG_EVENTS", "analyse", "broker_outages", "worker_log_events"]
 
 #: queueflow log events that explain redeliveries (counted in the summary's ``log_events``).
 LOG_EVENTS = frozenset(
@@ -38,6 +38,31 @@ LOG_EVENTS = frozenset(
 )
 #: The marker :class:`examples.chaos.workers.Worker` writes after each launch.
 _PID_MARKER = re.compile(r"^===== chaos: slot \d+ pid (\d+) =====")
+
+
+#: Driver events about brokers: a stop and start (a restart), a SIGKILL for good and the
+#: controller fencing that broker (``make chaos-cluster``).
+BROKER_EVENTS = ("broker_stop", "broker_start", "broker_kill", "broker_fenced")
+#: Seconds after a broker's SIGKILL during which leaderships move and clients find the new
+#: leaders (the controller fences it after broker.session.timeout.ms, 9 s).
+BROKER_KILL_WINDOW_S = 30.0
+
+
+def broker_outages(events: Sequence[Event]) -> list[tuple[float, float]]:
+    """(from, to) wall-clock intervals in which a broker was down or its partitions moving: a
+    stop until the next start (of the same broker), a SIGKILL until its fencing plus
+    :data:`BROKER_KILL_WINDOW_S`. A stop never followed by a start lasts until the end."""
+    out: list[tuple[float, float]] = []
+    open_since: dict[str, float] = {}
+    for e in sorted(events, key=lambda e: e.t):
+        if e.kind in ("broker_stop", "broker_kill"):
+            open_since[e.detail] = e.t
+        elif e.kind == "broker_start" and e.detail in open_since:
+            out.append((open_since.pop(e.detail), e.t))
+        elif e.kind == "broker_fenced" and e.detail in open_since:
+            out.append((open_since.pop(e.detail), e.t + BROKER_KILL_WINDOW_S))
+    out.extend((t, float("inf")) for t in open_since.values())
+    return out
 
 
 def worker_log_events(run_dir: Path) -> list[tuple[float, int, str]]:
@@ -77,12 +102,12 @@ def analyse(
     chaos = [
         e
         for e in events
-        if e.kind in ("kill", "exit", "broker_stop", "broker_start")
+        if e.kind in ("kill", "exit", *BROKER_EVENTS)
         or (e.kind == "restart" and e.role != "member")
     ]
     killed_pids = {e.pid: e.t for e in events if e.kind in ("kill", "exit")}
     leader_events = sorted(e.t for e in chaos if e.role != "member")
-    broker_windows = [e.t for e in events if e.kind in ("broker_stop", "broker_start")]
+    broker_windows = broker_outages(events)
 
     any_kill = sorted(e.t for e in chaos)
 
@@ -98,7 +123,7 @@ def analyse(
         i = bisect.bisect_left(times, lo)
         if i < len(times) and times[i] <= t1:
             return True
-        return any(lo <= t <= t1 for t in broker_windows)
+        return any(start <= t1 and end >= lo for start, end in broker_windows)
 
     reassigned = sorted(t for t, _pid, kind in log_events if kind == "assignment")
 
@@ -237,6 +262,7 @@ def analyse(
         "archived_after_crashes": archived_after_crashes,
         "duplicates": len(duplicates),
         "duplicates_after_terminal": after_terminal,
+        "duplicates_explained": len(duplicates - unexplained),
         "duplicates_unexplained": len(unexplained),
         "duplicates_unexplained_at_reassignment": len(at_reassignment),
         "repeated_delivery_counts": repeated_counts,

@@ -48,6 +48,8 @@ if RESULTS_TOPIC:
 #: in seconds, not after Faust's 60 s default.
 FAUST_SESSION_TIMEOUT_S = float(os.environ.get("CHAOS_FAUST_SESSION_TIMEOUT_S", "10"))
 FAUST_HEARTBEAT_S = float(os.environ.get("CHAOS_FAUST_HEARTBEAT_S", "1"))
+#: Replication factor of every topic the workers create (3 on ``make chaos-cluster``).
+REPLICATION_FACTOR = int(os.environ.get("CHAOS_REPLICATION_FACTOR", "1"))
 
 
 class PoisonRecord(RuntimeError):
@@ -76,6 +78,9 @@ app = queueflow.App(
     share_settings=SHARE_SETTINGS,
     broker_session_timeout=FAUST_SESSION_TIMEOUT_S,
     broker_heartbeat_interval=FAUST_HEARTBEAT_S,
+    # queueflow's internal topics (requests, changelogs, coordinator, replies) and Faust's:
+    # replicated like the run's topics on a cluster (make chaos-cluster).
+    topic_replication_factor=REPLICATION_FACTOR,
     group_configs={
         "chaos": {
             "errors.deadletterqueue.topic.name": DLQ_TOPIC,

@@ -51,6 +51,13 @@ class ChaosConfig:
     broker_down_s: float = 10.0
     #: restart the broker once this fraction of the records has a terminal outcome
     broker_restart_at: float = 0.5
+    #: brokers of the run's local cluster (``--brokers``; 1: one combined KRaft node, restarted
+    #: once; 3: ``make chaos-cluster``, :mod:`examples.chaos.cluster`)
+    brokers: int = 1
+    #: with a cluster: SIGKILL one broker for good once this fraction of the records is done
+    broker_kill_at: float = 0.1
+    #: with a cluster: roll-restart the other brokers once this fraction is done
+    broker_roll_at: float = 0.2
     #: overall bound (s) for the workers to finish every record
     timeout_s: float = 600.0
     seed: int = 0
@@ -75,6 +82,11 @@ class ChaosConfig:
     #: give the group a dead-letter topic (``<topic>-dlq``) and check that every archived
     #: record is in it (:mod:`examples.chaos.dead_letters`)
     dead_letters: bool = True
+
+    @property
+    def replication_factor(self) -> int:
+        """Of the run's topics (source, DLQ, results) and of queueflow's and Faust's."""
+        return min(self.brokers, 3)
 
     @property
     def delivery_limit(self) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.chaos.analysis import analyse, worker_log_events
+from examples.chaos.cluster import ClusterNemesis
 from examples.chaos.config import ROOT, ChaosConfig
 from examples.chaos.dead_letters import (
     archived_ids,
@@ -73,8 +74,11 @@ def run(
     bootstrap: str,
     broker: LocalBroker | None = None,
     progress: Callable[[str], None] = say,
+    nemesis: ClusterNemesis | None = None,
 ) -> dict[str, Any]:
-    """One chaos run against ``bootstrap``; ``broker`` (if given) is restarted once.
+    """One chaos run against ``bootstrap``; ``broker`` (if given) is restarted once; on a
+    cluster, ``nemesis`` kills one broker for good and roll-restarts the others meanwhile (the
+    run goes on until it is through, see :mod:`examples.chaos.cluster`).
 
     Always stops every worker it started; the broker is left running (started again if this run
     stopped it). Returns the summary (see :func:`analyse`).
@@ -85,17 +89,19 @@ def run(
     run_id = uuid.uuid4().hex[:8]
     topic = f"chaos-{run_id}"
     app_id = f"queueflow-chaos-{run_id}"
-    create_topic(bootstrap, topic, config.partitions)
+    rf = config.replication_factor
+    create_topic(bootstrap, topic, config.partitions, replication_factor=rf)
     if config.exactly_once:
-        create_topic(bootstrap, results_topic(topic), config.partitions)
+        create_topic(bootstrap, results_topic(topic), config.partitions, replication_factor=rf)
     dlq = dead_letter_topic(topic) if config.dead_letters else ""
     if dlq:
-        create_topic(bootstrap, dlq, config.partitions)
+        create_topic(bootstrap, dlq, config.partitions, replication_factor=rf)
     # Only the run's parameters: the workers add os.environ and QUEUEFLOW_LOG_FORMAT=json.
     env = dict(
         CHAOS_APP_ID=app_id,
         CHAOS_TOPIC=topic,
-        CHAOS_BROKER=f"kafka://{bootstrap}",
+        CHAOS_BROKER=";".join(f"kafka://{b}" for b in bootstrap.split(",")),
+        CHAOS_REPLICATION_FACTOR=str(rf),
         CHAOS_SEED=str(config.seed),
         CHAOS_RELEASE=str(config.release_p),
         CHAOS_REJECT=str(config.reject_p),
@@ -119,6 +125,7 @@ def run(
     finished = False
     kills = 0
     chaos_started = 0.0
+    all_done_at: float | None = None  # when the last open id got a terminal outcome
     produced_s = 0.0
     try:
         # Leaders first, and settled into one Faust generation before there is any work: a
@@ -156,6 +163,8 @@ def run(
             + f"; run dir {run_dir}"
         )
         chaos_started = time.monotonic()
+        if nemesis is not None:
+            nemesis.begin(events, lambda: 1 - len(open_ids) / config.records)
         deadline = chaos_started + config.timeout_s
         next_kill = chaos_started + config.kill_interval_s
         next_poll = next_print = last_progress = chaos_started
@@ -193,11 +202,18 @@ def run(
                 for record_id in touched & open_ids:
                     if terminal_line(ledger.lines[record_id], limit):
                         open_ids.discard(record_id)
-                if not open_ids:
+                # On a cluster, the run lasts until the brokers' kill and rolling restart are
+                # through (their summary says whether that was before the last record).
+                nemesis_busy = nemesis is not None and not nemesis.done.is_set()
+                if not open_ids and all_done_at is None:
+                    all_done_at = time.time()
+                if not open_ids and not nemesis_busy:
                     finished = True
                     break
-                if now - last_progress > config.stall_check_s and len(open_ids) <= max(
-                    1000, config.records // 10
+                if (
+                    open_ids
+                    and now - last_progress > config.stall_check_s
+                    and len(open_ids) <= max(1000, config.records // 10)
                 ):
                     # Nothing new for a while: maybe the leaders are done with the open ids
                     # (Archived after a last delivery no handler saw).
@@ -205,7 +221,7 @@ def run(
                         settled.update(settle(bootstrap, app_id, topic, config, where, open_ids))
                     open_ids.difference_update(settled)
                     last_progress = now
-                    if not open_ids:
+                    if not open_ids and not nemesis_busy:
                         finished = True
                         break
             if now >= next_print:
@@ -306,6 +322,12 @@ def run(
         letters = asyncio.run(read_dead_letters(bootstrap, dlq, config.partitions))
         archived = archived_ids(ledger, config.records, limit, settled)
         summary.update(check_dead_letters(archived, letters))
+    if nemesis is not None:
+        summary["cluster"] = nemesis.summary()
+        # The brokers' kill and rolling restart all happened while records were in flight.
+        summary["cluster"]["under_load"] = nemesis.done_at is not None and (
+            all_done_at is None or nemesis.done_at <= all_done_at
+        )
     if config.diagnose:
         with contextlib.suppress(Exception):
             timeout_ms = int(config.share_settings.get("queueflow.request.timeout.ms", 10000))

@@ -13,7 +13,8 @@ class Event:
 
     Attributes:
         t: wall-clock time (``time.time()``, s), comparable with ledger and log times.
-        kind: ``start``, ``kill``, ``restart``, ``exit``, ``broker_stop`` or ``broker_start``.
+        kind: ``start``, ``kill``, ``restart``, ``exit``, ``broker_stop``, ``broker_start``,
+            ``broker_kill`` or ``broker_fenced`` (the broker named in ``detail`` on a cluster).
         slot: the worker slot, -1 for broker events.
         role: the worker's role (``all``, ``leader``, ``member``), "" for broker events.
         pid: the process id concerned, if any.
@@ -21,7 +22,7 @@ class Event:
     """
 
     t: float  # wall clock, comparable with ledger times
-    kind: str  # kill | restart | exit | broker_stop | broker_start
+    kind: str  # kill | restart | exit | broker_stop | broker_start | broker_kill | broker_fenced
     slot: int = -1
     role: str = ""
     pid: int | None = None

@@ -8,9 +8,10 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
+import stamina
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.coordinator.protocol import (
     ConsumerProtocolMemberAssignment,
@@ -18,6 +19,7 @@ from aiokafka.coordinator.protocol import (
 )
 from aiokafka.errors import (
     InvalidPartitionsError,
+    KafkaError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
     for_code,
@@ -30,7 +32,10 @@ from queueflow.kafka.config import KafkaClientConfig
 from queueflow.kafka.lifecycle import stop_quietly
 from queueflow.structs import TopicPartition
 
+T = TypeVar("T")
+
 __all__ = [
+    "METADATA_ATTEMPTS",
     "TopicMetadata",
     "create_topic_hint",
     "ensure_partitions",
@@ -39,6 +44,7 @@ __all__ = [
     "group_partition_owners",
     "leader_racks",
     "partition_counts",
+    "retry_unready",
     "topic_partition_counts",
     "unknown_topic_error",
 ]
@@ -132,6 +138,10 @@ async def existing_partition_counts(
     names = set(names)
     if not names:
         return {}
+    return await retry_unready(lambda: _existing_partition_counts(admin, names))
+
+
+async def _existing_partition_counts(admin: AIOKafkaAdminClient, names: set[str]) -> dict[str, int]:
     existing = names & set(await admin.list_topics())
     if existing != names:
         await _check_authorized(admin, sorted(names - existing))
@@ -143,6 +153,41 @@ async def existing_partition_counts(
         for d in described
         if d["error_code"] == 0 and d["partitions"]
     }
+
+
+#: Attempts of a metadata lookup against a cluster with a broker down: each goes to a random
+#: broker; ~12 s of back-off in all, past the fencing of a dead broker (9 s).
+METADATA_ATTEMPTS = 10
+
+
+def _retriable(exc: Exception) -> bool:
+    """A request failed on the broker it went to, not on what it asked."""
+    return isinstance(exc, KafkaError) and bool(exc.retriable)
+
+
+async def retry_unready(call: Callable[[], Awaitable[T]]) -> T:
+    """Await ``call()``, again (up to :data:`METADATA_ATTEMPTS` times, 0.2 s to 2 s apart) while
+    it fails with a retriable Kafka error.
+
+    aiokafka's admin client (and Faust's topic creation) sends to a random broker it knows:
+    one that just died, and that the controller has not fenced yet
+    (``broker.session.timeout.ms``), fails the request with ``NodeNotReadyError``; another
+    attempt goes to another broker (docs/operations.md "Running against a replicated
+    cluster").
+
+    Raises:
+        KafkaError: the last error, after the last attempt; other errors at once.
+    """
+    async for attempt in stamina.retry_context(
+        on=_retriable,
+        attempts=METADATA_ATTEMPTS,
+        timeout=None,
+        wait_initial=0.2,
+        wait_max=2.0,
+    ):
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 async def _check_authorized(admin: AIOKafkaAdminClient, names: list[str]) -> None:

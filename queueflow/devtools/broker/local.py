@@ -292,16 +292,40 @@ class LocalBroker:
             self._wait_serving(time.monotonic() + timeout_s, timeout_s)
             return
         say = progress or log.info
+        launched = time.monotonic()
+        self.launch(progress, timeout_s)
+        try:
+            self._wait_serving(time.monotonic() + timeout_s, timeout_s)
+        except BrokerError:
+            self.kill()
+            raise
+        say(f"Kafka broker serving on {self.bootstrap} after {time.monotonic() - launched:.1f} s")
+
+    def launch(self, progress: Callable[[str], None] | None = None, timeout_s: float = 90) -> None:
+        """Format the storage on first use and launch the JVM; do not wait until it serves.
+
+        :meth:`start` is this plus the wait;
+        :class:`~queueflow.devtools.broker.cluster.LocalCluster` launches its brokers together
+        and then waits for each. The JVM belongs to the calling
+        thread when ``die_with_parent`` is set (see :mod:`queueflow.devtools.children`).
+
+        Args:
+            progress: as for :meth:`start`.
+            timeout_s: only quoted in the progress line (the bound :meth:`start` waits).
+
+        Raises:
+            BrokerError: Java or the jars missing, a port in use, formatting failed.
+        """
+        say = progress or log.info
         java = find_java()
         libs = kafka_libs(progress)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._check_format_ports()
-        ports = [self.port, self.controller_port]
-        if self.security is not None:
-            ports += [self.security.sasl_port, self.security.ssl_port]
-            if not self.is_formatted() or not self.security.ca_path.is_file():
-                self.security.generate()
-        for port in ports:
+        if self.security is not None and (
+            not self.is_formatted() or not self.security.ca_path.is_file()
+        ):
+            self.security.generate()
+        for port in self._listen_ports():
             if port_in_use(port):
                 raise PortInUseError(
                     f"port {port} on 127.0.0.1 is already in use (another Kafka broker?). Stop "
@@ -312,18 +336,11 @@ class LocalBroker:
         if not self.is_formatted():
             say(f"formatting the broker's KRaft storage in {self.log_dirs} (first start)")
             self._format()
-        launched = time.monotonic()
         say(
-            f"starting the Kafka {KAFKA_VERSION} broker on {self.bootstrap} (JVM launch until "
-            f"it serves: ~10 s, at most {timeout_s:g} s; log: {self.log_path})"
+            f"starting the Kafka {KAFKA_VERSION} {self._describe()} (JVM launch until it "
+            f"serves: ~10 s, at most {timeout_s:g} s; log: {self.log_path})"
         )
         self._launch(java, libs)
-        try:
-            self._wait_serving(time.monotonic() + timeout_s, timeout_s)
-        except BrokerError:
-            self.kill()
-            raise
-        say(f"Kafka broker serving on {self.bootstrap} after {time.monotonic() - launched:.1f} s")
 
     def stop(self, timeout_s: float = 30) -> None:
         """Stop the broker: SIGTERM (controlled shutdown), then SIGKILL after ``timeout_s``.
@@ -386,6 +403,17 @@ class LocalBroker:
         shutil.rmtree(self.data_dir)
 
     # -- internals -------------------------------------------------------------------------
+
+    def _listen_ports(self) -> list[int]:
+        """The ports this node binds (checked free before a launch)."""
+        ports = [self.port, self.controller_port]
+        if self.security is not None:
+            ports += [self.security.sasl_port, self.security.ssl_port]
+        return ports
+
+    def _describe(self) -> str:
+        """How progress lines name this node."""
+        return f"broker on {self.bootstrap}"
 
     def _check_format_ports(self) -> None:
         if not self.is_formatted():

