@@ -146,10 +146,8 @@ class ShareLeader:
             self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
 
     def revoke(self, partitions: set[int], lease_held: bool = True) -> None:
-        """Forget the share-partitions of revoked partitions; their new leader restores them.
-        A request still in progress for one of them can no longer write its state.
-        ``lease_held``: the membership lease still held when the rebalance began (else another
-        leader may have served them: they are never resumed from memory)."""
+        """Forget the share-partitions of revoked partitions (kept in memory only if the lease
+        held until the rebalance began); a request still running for one can't write state."""
         self.fencing.revoke(partitions)
         self._drop(partitions, "its partition was revoked by a Faust rebalance", lease_held)
         for p in partitions:  # re-read from the table if it comes back: others may apply more
