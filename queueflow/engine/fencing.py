@@ -486,8 +486,10 @@ def generations_continuous(previous: int | None, current: int) -> bool:
     Kafka's group coordinator numbers the generations one by one. A worker that missed one
     (cut off, expelled, a failed SyncGroup) can't know who led its old partitions in it, so
     the share-partitions it kept in memory must not be served again without reloading them.
+    The same generation again (a repeated assignment callback) is continuous; a lower one (the
+    group was deleted and started afresh) is not.
     """
-    return previous is None or current == previous + 1
+    return previous is None or previous <= current <= previous + 1
 
 
 class RecoveryWatch:
