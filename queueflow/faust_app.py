@@ -357,7 +357,7 @@ class ChangelogWriter:
         if ack_advances_recovery(owner, acked_under):
             # As Faust's own changelog callback does: recovery can start after this offset.
             _compat.set_persisted_offset(table, metadata.topic_partition, metadata.offset)
-        else:
+        elif owner is not None:  # not for writes made before the lease was proven
             log.info(
                 "state_changelog_offset_held",
                 topic=metadata.topic_partition.topic,
