@@ -41,7 +41,13 @@ import structlog
 from queueflow import _compat, dashboard
 from queueflow import logging as qf_logging
 from queueflow.admin import ShareGroupAdmin
-from queueflow.engine.fencing import MembershipLease, RecoveryWatch
+from queueflow.engine.fencing import (
+    MembershipLease,
+    RecoveryWatch,
+    ack_advances_recovery,
+    lease_allows,
+    write_ownership,
+)
 from queueflow.engine.group_config import DEAD_LETTER_TOPIC, ORDERING, validate_group_configs
 from queueflow.errors import ConfigurationError, UnknownNameWarning
 from queueflow.kafka.admin import (
@@ -188,6 +194,11 @@ class FaustRuntime:
         """How long (ms) this worker's membership is proven by an OK heartbeat to last."""
         return self.lease.remaining_ms(self.generation, int(time.monotonic() * 1000))
 
+    def ownership(self) -> int | None:
+        """The generation while the membership lease holds, else None
+        (:func:`~queueflow.engine.fencing.write_ownership`)."""
+        return write_ownership(self.generation, self.lease_remaining_ms())
+
     def watch_heartbeats(self) -> None:
         """Record every OK heartbeat of the aiokafka consumer's group coordinator in
         :attr:`lease` (idempotent; call it once the consumer exists, e.g. on assignment).
@@ -263,6 +274,11 @@ def partition_scope(request_topic: str, partition: int) -> Iterator[object]:
         yield event
 
 
+#: A state write waiting to be sent: table, partition, key, value (None: delete), its future,
+#: and the ownership it was made under (:func:`~queueflow.engine.fencing.write_ownership`).
+_Outgoing = tuple[Any, int, bytes, bytes | None, asyncio.Future[None], int | None]
+
+
 class ChangelogWriter:
     """Writes the leaders' share-partition state: the local RocksDB store at once, and the
     changelog through one ordered outbox on the worker's producer.
@@ -272,12 +288,18 @@ class ChangelogWriter:
     through this writer: one queue, sent in order, so a share-partition's snapshots and deltas
     reach the changelog in the order they were made. :meth:`flush` waits for the broker's
     acknowledgement of everything written so far (``queueflow.leader.state.durability=acked``).
+
+    An acknowledgement advances the store's persisted offset (where table recovery starts) only
+    if it arrives under the ownership the write was made under
+    (:func:`~queueflow.engine.fencing.ack_advances_recovery`; ``ownership``: e.g.
+    :meth:`FaustRuntime.ownership`, None: always): a write held up by a network partition and
+    acknowledged after a successor's must not make this worker's next recovery skip them.
     """
 
-    def __init__(self, app: faust.App) -> None:
+    def __init__(self, app: faust.App, ownership: Callable[[], int | None] | None = None) -> None:
         self.app = app
-        self._outbox: collections.deque[tuple[Any, int, bytes, bytes | None, asyncio.Future[None]]]
-        self._outbox = collections.deque()
+        self._ownership = ownership
+        self._outbox: collections.deque[_Outgoing] = collections.deque()
         self._unacked: collections.deque[asyncio.Future[None]] = collections.deque()
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
@@ -299,7 +321,8 @@ class ChangelogWriter:
         else:
             store[key] = value
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._outbox.append((table, partition, key, value, done))
+        owner = self._owner()
+        self._outbox.append((table, partition, key, value, done, owner))
         self._unacked.append(done)
         while self._unacked and self._unacked[0].done():
             self._unacked.popleft()
@@ -313,7 +336,7 @@ class ChangelogWriter:
             await self._wake.wait()
             self._wake.clear()
             while self._outbox:
-                table, partition, key, value, done = self._outbox.popleft()
+                table, partition, key, value, done, owner = self._outbox.popleft()
                 topic = table.changelog_topic.get_topic_name()
                 try:
                     sent = cast(
@@ -325,10 +348,14 @@ class ChangelogWriter:
                     done.set_exception(exc)
                     done.exception()  # retrieved: flush() re-raises for the waiters
                     continue
-                sent.add_done_callback(functools.partial(self._acked, table, done=done))
+                sent.add_done_callback(functools.partial(self._acked, table, owner, done=done))
 
-    @staticmethod
-    def _acked(table: Any, fut: asyncio.Future[Any], *, done: asyncio.Future[None]) -> None:
+    def _owner(self) -> int | None:
+        return 0 if self._ownership is None else self._ownership()
+
+    def _acked(
+        self, table: Any, owner: int | None, fut: asyncio.Future[Any], *, done: asyncio.Future[None]
+    ) -> None:
         if done.done():
             return
         if fut.cancelled() or fut.exception() is not None:
@@ -338,8 +365,19 @@ class ChangelogWriter:
             done.exception()
             return
         metadata = fut.result()
-        # As Faust's own changelog callback does: recovery can start after this offset.
-        _compat.set_persisted_offset(table, metadata.topic_partition, metadata.offset)
+        acked_under = self._owner()
+        if ack_advances_recovery(owner, acked_under):
+            # As Faust's own changelog callback does: recovery can start after this offset.
+            _compat.set_persisted_offset(table, metadata.topic_partition, metadata.offset)
+        elif owner is not None:  # not for writes made before the lease was proven
+            log.info(
+                "state_changelog_offset_held",
+                topic=metadata.topic_partition.topic,
+                partition=metadata.topic_partition.partition,
+                offset=metadata.offset,
+                written_generation=owner,
+                acked_generation=acked_under,
+            )
         done.set_result(None)
 
     async def flush(self) -> None:
@@ -989,7 +1027,7 @@ class ShareGroups:
     @property
     def _changelog_writer(self) -> ChangelogWriter:
         if self._changelog is None:
-            self._changelog = ChangelogWriter(self.app)
+            self._changelog = ChangelogWriter(self.app, self._runtime.ownership)
         return self._changelog
 
     async def _flush_state(self) -> None:
@@ -1224,10 +1262,12 @@ class ShareGroups:
         # Woken from a pause longer than the session, the consumer thread's revocation can
         # reach this loop before the stall guard's timer: step down for the stall first.
         self._fences_unsettled(self._check_stalls())
+        # Lapsed before the rebalance began: a successor may have served them (engine.fencing).
+        lease_held = lease_allows(self._runtime.lease_remaining_ms())
         self._runtime.lease.reset()  # the next generation proves itself by a heartbeat
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()
-            leader.revoke({tp.partition for tp in revoked if tp.topic == name})
+            leader.revoke({tp.partition for tp in revoked if tp.topic == name}, lease_held)
         if self.coordinator is not None:
             name = self._coordinator_topic.get_topic_name()
             self.coordinator.revoke({tp.partition for tp in revoked if tp.topic == name})

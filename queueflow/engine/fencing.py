@@ -74,7 +74,10 @@ __all__ = [
     "MembershipLease",
     "PartitionFencing",
     "RecoveryWatch",
+    "ack_advances_recovery",
+    "generations_continuous",
     "lease_allows",
+    "write_ownership",
 ]
 
 
@@ -445,6 +448,48 @@ def lease_allows(remaining_ms: int | None, needed_ms: int = 0) -> bool:
     """True when a lease with ``remaining_ms`` left (``None``: can't lapse) covers ``needed_ms``
     more of serving (0: just now)."""
     return remaining_ms is None or remaining_ms > needed_ms
+
+
+def write_ownership(generation: int, lease_remaining_ms: int | None) -> int | None:
+    """Under what a state write is made, or acknowledged: the Faust generation while the
+    membership lease holds (``lease_remaining_ms``: :meth:`MembershipLease.remaining_ms`,
+    ``None`` for a host whose membership can't lapse), ``None`` when it has lapsed."""
+    return generation if lease_allows(lease_remaining_ms) else None
+
+
+def ack_advances_recovery(written_under: int | None, acked_under: int | None) -> bool:
+    """Whether the broker's acknowledgement of a changelog write may advance the local store's
+    persisted offset (where Faust's table recovery starts next time).
+
+    A write sent while the worker owned its partition can be held up by a network partition
+    and acknowledged after a successor's writes to the same changelog partition, at a higher
+    offset. Recording that offset would make the next recovery of this worker's store start
+    past the successor's writes: the store would never see them, and a share-partition checked
+    against it (:meth:`~queueflow.server.durable.DurableSharePartition.resume`) would look
+    untouched. So only an acknowledgement that arrives under the ownership the write was made
+    under (:func:`write_ownership`: the same generation, the lease holding at both moments)
+    advances it. A lease that lapsed and holds again within one generation is still that
+    ownership: an OK heartbeat of the generation proves nobody else was assigned the
+    partition meanwhile. Otherwise recovery simply reads a little more of the changelog.
+
+    Args:
+        written_under: :func:`write_ownership` when the write was made.
+        acked_under: :func:`write_ownership` when its acknowledgement arrived.
+    """
+    return written_under is not None and written_under == acked_under
+
+
+def generations_continuous(previous: int | None, current: int) -> bool:
+    """Whether a worker assigned partitions at generation ``current`` took part in every
+    rebalance since its previous assignment at ``previous`` (``None``: none before).
+
+    Kafka's group coordinator numbers the generations one by one. A worker that missed one
+    (cut off, expelled, a failed SyncGroup) can't know who led its old partitions in it, so
+    the share-partitions it kept in memory must not be served again without reloading them.
+    The same generation again (a repeated assignment callback) is continuous; a lower one (the
+    group was deleted and started afresh) is not.
+    """
+    return previous is None or previous <= current <= previous + 1
 
 
 class RecoveryWatch:

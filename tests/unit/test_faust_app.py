@@ -342,6 +342,45 @@ def test_state_writes_go_to_the_scoped_partition_and_the_changelog_in_order(
     loop.run_until_complete(scenario())
 
 
+def test_a_changelog_ack_after_the_ownership_changed_does_not_advance_recovery(
+    state: tuple[faust.App, Any, FakeProducer], loop: asyncio.AbstractEventLoop
+) -> None:
+    # A write held up by a network partition is acknowledged after a successor's writes, at
+    # a higher offset: recording it would make this worker's next table recovery skip them.
+    app, table, producer = state
+    owner: list[int | None] = [2]
+
+    async def scenario() -> None:
+        writer = ChangelogWriter(app, lambda: owner[0])
+        leader_table = LeaderStateTable(table, writer)
+        changelog = table.changelog_topic.get_topic_name()
+        store = _compat.table_store(table)
+        tp = KafkaTopicPartition(changelog, 0)
+        with partition_scope("qf-unit-state-fetch", 0):
+            leader_table[b"S"] = b"mine"  # made at generation 2, the lease holding
+            leader_table[b"D"] = b"mine too"
+        await settle()
+        producer.sent[0].future.set_result(Acked(changelog, 0, 5))
+        await settle()
+        assert store.persisted_offset(tp) == 5  # same ownership: recovery may start after it
+        owner[0] = None  # the lease lapsed; the successor writes offsets 6..9 meanwhile
+        with capture_logs() as logs:
+            producer.sent[1].future.set_result(Acked(changelog, 0, 10))
+            await asyncio.wait_for(writer.flush(), 5)  # durable all the same
+        assert store.persisted_offset(tp) == 5
+        assert [e["event"] for e in logs] == ["state_changelog_offset_held"]
+        assert (logs[0]["written_generation"], logs[0]["acked_generation"]) == (2, None)
+        owner[0] = 4  # back after a rebalance: a late ack of generation 2 is no proof either
+        with partition_scope("qf-unit-state-fetch", 0):
+            leader_table[b"D2"] = b"new"  # made at generation 4
+        await settle()
+        producer.sent[2].future.set_result(Acked(changelog, 0, 12))
+        await asyncio.wait_for(writer.flush(), 5)
+        assert store.persisted_offset(tp) == 12
+
+    loop.run_until_complete(scenario())
+
+
 def test_a_failed_changelog_write_fails_the_flush(
     state: tuple[faust.App, Any, FakeProducer], loop: asyncio.AbstractEventLoop
 ) -> None:

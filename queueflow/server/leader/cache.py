@@ -14,6 +14,7 @@ import enum
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
+from queueflow.engine.fencing import generations_continuous
 from queueflow.errors import CorruptStateError, FencedStateEpochError, IllegalTransitionError
 from queueflow.logging import get_logger
 from queueflow.server.context import ServerContext
@@ -40,9 +41,10 @@ class SharePartitionState(enum.Enum):
     UNLOADED = "unloaded"
     #: Loaded and served.
     LIVE = "live"
-    #: Its request partition was lost (revoked, stepped down): fenced, every write refused, but
-    #: kept in memory in case a rebalance gives the partition straight back
-    #: (:meth:`DurableSharePartition.resume`).
+    #: Its request partition was revoked while the membership lease held: fenced, every write
+    #: refused, but kept in memory in case the next rebalance gives the partition straight
+    #: back (:meth:`DurableSharePartition.resume`). Never after a lease lapse, a step-down or a
+    #: missed generation: another leader may have written the state meanwhile.
     RETAINED = "retained"
     #: Its durable state is corrupt: every request for it is refused with the load error until
     #: its partition moves (an operator repairs or deletes the state).
@@ -54,7 +56,8 @@ SHARE_PARTITION_TRANSITIONS: dict[SharePartitionState, frozenset[SharePartitionS
     SharePartitionState.UNLOADED: frozenset(
         {SharePartitionState.LIVE, SharePartitionState.REFUSED}
     ),
-    # UNLOADED: its state was deleted by an admin request.
+    # UNLOADED: its state was deleted by an admin request, or its partition was dropped when
+    # another leader may have served it (the lease lapsed, a step-down).
     SharePartitionState.LIVE: frozenset(
         {SharePartitionState.RETAINED, SharePartitionState.UNLOADED}
     ),
@@ -107,6 +110,7 @@ class SharePartitionCache:
         # Request partition -> how often it was dropped: a load that awaited the broker while
         # its partition was dropped must not make the share-partition live.
         self._drops: dict[int, int] = {}
+        self._generation: int | None = None  # of the last assignment (forget_retained)
         self._log = get_logger("queueflow.server.leader", topic=topic)
         #: Called with the partitions dropped (:meth:`drop`), so what others keep for them is
         #: released too (the direct endpoint's record cache).
@@ -166,9 +170,19 @@ class SharePartitionCache:
         )
 
     # -- moves -----------------------------------------------------------------------------
-    def drop(self, partitions: Iterable[int], reason: str) -> None:
+    def drop(self, partitions: Iterable[int], reason: str, resumable: bool = True) -> None:
         """This worker stopped leading ``partitions``: their ``LIVE`` share-partitions are
-        fenced (``reason``) and ``RETAINED``, the ``REFUSED`` ones forgotten."""
+        fenced (``reason``), the ``REFUSED`` ones forgotten.
+
+        Args:
+            partitions: request partitions.
+            reason: why (the fenced writes' error says it).
+            resumable: ``True`` for a plain revocation while the membership lease held: the
+                share-partitions are ``RETAINED`` in case the partition comes straight back.
+                ``False`` when another leader may have served them meanwhile (the lease lapsed
+                first, a newer fence, a stall): they are forgotten, and reloaded from the
+                table (with their successor's writes) if the partition comes back.
+        """
         wanted = set(partitions)
         for p in wanted:
             self._drops[p] = self._drops.get(p, 0) + 1
@@ -178,17 +192,27 @@ class SharePartitionCache:
             if entry.state is SharePartitionState.LIVE:
                 assert entry.durable is not None
                 entry.durable.fence(reason)
-                self._move(key, SharePartitionState.RETAINED)
-            elif entry.state is SharePartitionState.REFUSED:
+                kept = SharePartitionState.RETAINED if resumable else SharePartitionState.UNLOADED
+                self._move(key, kept)
+            elif entry.state is SharePartitionState.REFUSED or (
+                entry.state is SharePartitionState.RETAINED and not resumable
+            ):
                 self._move(key, SharePartitionState.UNLOADED)
         for callback in self.on_dropped:
             callback(wanted)
 
-    def forget_retained(self, keep: set[int]) -> None:
+    def forget_retained(self, keep: set[int], generation: int | None = None) -> None:
         """Forget the ``RETAINED`` share-partitions of partitions not in ``keep`` (led elsewhere
-        now: reloaded if they ever come back)."""
+        now: reloaded if they ever come back), and all of them when this assignment, at Faust
+        generation ``generation`` (``None``: not known), follows a generation this worker
+        missed (:func:`~queueflow.engine.fencing.generations_continuous`)."""
+        continuous = generation is None or generations_continuous(self._generation, generation)
+        if generation is not None:
+            self._generation = generation
         for key, entry in list(self._entries.items()):
-            if entry.state is SharePartitionState.RETAINED and key[1] not in keep:
+            if entry.state is SharePartitionState.RETAINED and (
+                key[1] not in keep or not continuous
+            ):
                 self._move(key, SharePartitionState.UNLOADED)
 
     def deleted(self, key: Key) -> None:

@@ -135,7 +135,7 @@ class ShareLeader:
         """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation);
         the stall guard announces it once Faust has recovered the tables."""
         self.fencing.assign(partitions, epoch)
-        self.cache.forget_retained(partitions)  # led elsewhere now: reload if it comes back
+        self.cache.forget_retained(partitions, epoch)  # led elsewhere now: reload if it comes back
         self._log.info("leader_assigned", partitions=sorted(partitions), leader_epoch=epoch)
 
     async def send_fences(self) -> None:
@@ -145,26 +145,26 @@ class ShareLeader:
         for p, epoch in sent:
             self._log.info("leader_fence_sent", partition=p, leader_epoch=epoch)
 
-    def revoke(self, partitions: set[int]) -> None:
-        """Forget the share-partitions of revoked partitions; their new leader restores them.
-        A request still in progress for one of them can no longer write its state."""
+    def revoke(self, partitions: set[int], lease_held: bool = True) -> None:
+        """Forget the share-partitions of revoked partitions (kept in memory only if the lease
+        held until the rebalance began); a request still running for one can't write state."""
         self.fencing.revoke(partitions)
-        self._drop(partitions, "its partition was revoked by a Faust rebalance")
+        self._drop(partitions, "its partition was revoked by a Faust rebalance", lease_held)
         for p in partitions:  # re-read from the table if it comes back: others may apply more
             self.positions.forget(p)
 
-    def _drop(self, partitions: set[int], reason: str) -> None:
+    def _drop(self, partitions: set[int], reason: str, resumable: bool) -> None:
         for p in partitions:  # waiting direct requests: refused, their members re-route
             self.long_polls.fail(p)
         self.keys.stop(partitions)
-        self.cache.drop(partitions, reason)
+        self.cache.drop(partitions, reason, resumable)
 
     def step_down(self, partitions: list[int], reason: str) -> None:
         """Stop serving ``partitions``: fence their share-partitions so any later write is
         refused with ``FENCED_STATE_EPOCH``, and log why."""
         if not partitions:
             return
-        self._drop(set(partitions), reason)
+        self._drop(set(partitions), reason, resumable=False)  # a successor may have written
         self.ctx.metrics.leader_step_downs.labels(self.topic).inc(len(partitions))
         self._log.warning(
             "leader_stepped_down",
