@@ -129,19 +129,21 @@ class LineReader:
         self._thread.join(timeout_s)
 
 
-def test_java_console_share_consumer_drains_a_queueflow_group_once(
-    kafka_bootstrap: str, tmp_path: Path
-) -> None:
-    topic = f"qf-klisten-{uuid.uuid4().hex[:8]}"
-    create_topic(kafka_bootstrap, topic, 2)
-    app_id = f"qf-klisten-{uuid.uuid4().hex[:8]}"
+def listener_worker(
+    bootstrap: str, tmp_path: Path, prefix: str, values: list[str]
+) -> tuple[str, str, int, LeaderWorker]:
+    """A new 2-partition topic holding ``values`` and a (not yet started) leader worker of a new
+    app serving it with the Kafka-protocol listener on a free port: (topic, app id, listener
+    port, worker)."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 2)
+    app_id = f"{prefix}-{uuid.uuid4().hex[:8]}"
     port = free_port()
-    values = [f"r{i}" for i in range(RECORDS)]
-    asyncio.run(produce_records(kafka_bootstrap, topic, values, partitions=2))
+    asyncio.run(produce_records(bootstrap, topic, values, partitions=2))
     worker = LeaderWorker(
         app_id,
         [topic],
-        kafka_bootstrap,
+        bootstrap,
         tmp_path / "data",
         {
             "share.auto.offset.reset": "earliest",
@@ -150,6 +152,14 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
             "queueflow.kafka.listener": f"PLAINTEXT://127.0.0.1:{port}",
         },
     )
+    return topic, app_id, port, worker
+
+
+def test_java_console_share_consumer_drains_a_queueflow_group_once(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    values = [f"r{i}" for i in range(RECORDS)]
+    topic, app_id, port, worker = listener_worker(kafka_bootstrap, tmp_path, "qf-klisten", values)
     with worker.start():
         wait_listening(port, WAIT_S)
         consumer = subprocess.Popen(
@@ -236,24 +246,8 @@ def rows(text: str) -> list[list[str]]:
 def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    topic = f"qf-kadmin-{uuid.uuid4().hex[:8]}"
-    create_topic(kafka_bootstrap, topic, 2)
-    app_id = f"qf-kadmin-{uuid.uuid4().hex[:8]}"
-    port = free_port()
     values = [f"r{i}" for i in range(10)]
-    asyncio.run(produce_records(kafka_bootstrap, topic, values, partitions=2))
-    worker = LeaderWorker(
-        app_id,
-        [topic],
-        kafka_bootstrap,
-        tmp_path / "data",
-        {
-            "share.auto.offset.reset": "earliest",
-            "group.share.heartbeat.interval.ms": 500,
-            "group.share.session.timeout.ms": 6000,
-            "queueflow.kafka.listener": f"PLAINTEXT://127.0.0.1:{port}",
-        },
-    )
+    topic, app_id, port, worker = listener_worker(kafka_bootstrap, tmp_path, "qf-kadmin", values)
     admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
 
     async def offsets_until(done: Callable[[list[SharePartitionOffsets]], bool]) -> list[Any]:
@@ -329,24 +323,8 @@ def test_confluent_kafka_share_consumer_in_explicit_mode(
     record once; RELEASEd records come back with their delivery count raised."""
     from confluent_kafka import AcknowledgeType, ShareConsumer
 
-    topic = f"qf-klisten-{uuid.uuid4().hex[:8]}"
-    create_topic(kafka_bootstrap, topic, 2)
-    app_id = f"qf-klisten-{uuid.uuid4().hex[:8]}"
-    port = free_port()
     values = [f"c{i}" for i in range(RECORDS)]
-    asyncio.run(produce_records(kafka_bootstrap, topic, values, partitions=2))
-    worker = LeaderWorker(
-        app_id,
-        [topic],
-        kafka_bootstrap,
-        tmp_path / "data",
-        {
-            "share.auto.offset.reset": "earliest",
-            "group.share.heartbeat.interval.ms": 500,
-            "group.share.session.timeout.ms": 6000,
-            "queueflow.kafka.listener": f"PLAINTEXT://127.0.0.1:{port}",
-        },
-    )
+    topic, app_id, port, worker = listener_worker(kafka_bootstrap, tmp_path, "qf-klisten", values)
     with worker.start():
         wait_listening(port, WAIT_S)
         consumer = ShareConsumer(
