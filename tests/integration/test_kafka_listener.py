@@ -130,7 +130,11 @@ class LineReader:
 
 
 def listener_worker(
-    bootstrap: str, tmp_path: Path, prefix: str, values: list[str]
+    bootstrap: str,
+    tmp_path: Path,
+    prefix: str,
+    values: list[str],
+    settings: dict[str, Any] | None = None,
 ) -> tuple[str, str, int, LeaderWorker]:
     """A new 2-partition topic holding ``values`` and a (not yet started) leader worker of a new
     app serving it with the Kafka-protocol listener on a free port: (topic, app id, listener
@@ -150,6 +154,7 @@ def listener_worker(
             "group.share.heartbeat.interval.ms": 500,
             "group.share.session.timeout.ms": 6000,
             "queueflow.kafka.listener": f"PLAINTEXT://127.0.0.1:{port}",
+            **(settings or {}),
         },
     )
     return topic, app_id, port, worker
@@ -247,7 +252,15 @@ def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     values = [f"r{i}" for i in range(10)]
-    topic, app_id, port, worker = listener_worker(kafka_bootstrap, tmp_path, "qf-kadmin", values)
+    # One coordinator partition: with the sharded default (8) the tool's --reset-offsets is
+    # answered "not empty" after the member left (a known gap, docs/kafka-listener.md).
+    topic, app_id, port, worker = listener_worker(
+        kafka_bootstrap,
+        tmp_path,
+        "qf-kadmin",
+        values,
+        {"queueflow.coordinator.topic.num.partitions": 1},
+    )
     admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
 
     async def offsets_until(done: Callable[[list[SharePartitionOffsets]], bool]) -> list[Any]:
