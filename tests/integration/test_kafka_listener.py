@@ -129,6 +129,44 @@ class LineReader:
         self._thread.join(timeout_s)
 
 
+def start_console_consumer(
+    port: int, topic: str, group: str, *extra: str
+) -> tuple[subprocess.Popen[str], LineReader]:
+    """Kafka's Java console share consumer on the listener at ``port``, and its line reader."""
+    consumer = subprocess.Popen(
+        tool_argv(
+            "console-share-consumer",
+            [
+                "--bootstrap-server",
+                f"127.0.0.1:{port}",
+                "--topic",
+                topic,
+                "--group",
+                group,
+                *extra,
+            ],
+        ),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    return consumer, LineReader(consumer)
+
+
+def stop_console_consumer(consumer: subprocess.Popen[str], lines: LineReader) -> None:
+    """SIGTERM the console consumer (SIGKILL after 30 s) and close its output."""
+    consumer.terminate()
+    try:
+        consumer.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        consumer.kill()
+        consumer.wait(timeout=30)
+    lines.join(10)
+    assert consumer.stdout is not None
+    consumer.stdout.close()
+
+
 def listener_worker(
     bootstrap: str,
     tmp_path: Path,
@@ -167,26 +205,7 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
     topic, app_id, port, worker = listener_worker(kafka_bootstrap, tmp_path, "qf-klisten", values)
     with worker.start():
         wait_listening(port, WAIT_S)
-        consumer = subprocess.Popen(
-            tool_argv(
-                "console-share-consumer",
-                [
-                    "--bootstrap-server",
-                    f"127.0.0.1:{port}",
-                    "--topic",
-                    topic,
-                    "--group",
-                    "g",
-                    "--timeout-ms",
-                    "120000",
-                ],
-            ),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        lines = LineReader(consumer)
+        consumer, lines = start_console_consumer(port, topic, "g", "--timeout-ms", "120000")
         try:
             got = lines.take(RECORDS, WAIT_S)
             assert sorted(got) == sorted(values), got  # every record, each once
@@ -208,15 +227,7 @@ def test_java_console_share_consumer_drains_a_queueflow_group_once(
             more = lines.within(2.0)
             assert more == [], more
         finally:
-            consumer.terminate()
-            try:
-                consumer.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                consumer.kill()
-                consumer.wait(timeout=30)
-            lines.join(10)
-            assert consumer.stdout is not None
-            consumer.stdout.close()
+            stop_console_consumer(consumer, lines)
         # the console consumer's close left the group (ShareGroupHeartbeat epoch -1)
         deadline = time.monotonic() + WAIT_S
         while '"reason": "left"' not in (log := worker.log_path.read_text()):
@@ -272,17 +283,7 @@ def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
 
     with worker.start():
         wait_listening(port, WAIT_S)
-        consumer = subprocess.Popen(
-            tool_argv(
-                "console-share-consumer",
-                ["--bootstrap-server", f"127.0.0.1:{port}", "--topic", topic, "--group", "g"],
-            ),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        lines = LineReader(consumer)
+        consumer, lines = start_console_consumer(port, topic, "g")
         try:
             assert sorted(lines.take(len(values), WAIT_S)) == sorted(values)
             asyncio.run(offsets_until(lambda got: all(o.lag == 0 for o in got)))
@@ -297,15 +298,7 @@ def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
             assert "Stable" in state, state
             assert "g" in share_groups(port, "--list").split()
         finally:
-            consumer.terminate()
-            try:
-                consumer.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                consumer.kill()
-                consumer.wait(timeout=30)
-            lines.join(10)
-            assert consumer.stdout is not None
-            consumer.stdout.close()
+            stop_console_consumer(consumer, lines)
         deadline = time.monotonic() + WAIT_S
         while asyncio.run(admin.describe_groups(["g"]))[0].state != "Empty":
             assert time.monotonic() < deadline, "the console consumer did not leave"
@@ -435,21 +428,12 @@ def test_a_mixed_group_handles_every_record_once(kafka_bootstrap: str, tmp_path:
         text = ledger.read_text() if ledger.exists() else ""
         return [json.loads(line)["i"] for line in text.splitlines()]
 
-    consumer: subprocess.Popen[str] | None = None
+    console: tuple[subprocess.Popen[str], LineReader] | None = None
     try:
         worker.wait_ready(90, what="agent worker")
         wait_listening(port, WAIT_S)
-        consumer = subprocess.Popen(
-            tool_argv(
-                "console-share-consumer",
-                ["--bootstrap-server", f"127.0.0.1:{port}", "--topic", topic, "--group", "mixed"],
-            ),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
-        lines = LineReader(consumer)
+        console = start_console_consumer(port, topic, "mixed")
+        lines = console[1]
         member_thread.start()
         deadline = time.monotonic() + WAIT_S
         while len(joined := asyncio.run(clients())) < 3:
@@ -473,11 +457,8 @@ def test_a_mixed_group_handles_every_record_once(kafka_bootstrap: str, tmp_path:
     finally:
         stop.set()
         member_thread.join(30)
-        if consumer is not None:
-            consumer.terminate()
-            consumer.wait(timeout=30)
-            assert consumer.stdout is not None
-            consumer.stdout.close()
+        if console is not None:
+            stop_console_consumer(*console)
         worker.terminate()
         assert worker.process is not None
         worker.process.wait(timeout=60)
