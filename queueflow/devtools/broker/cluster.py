@@ -47,7 +47,7 @@ from queueflow.devtools.broker.blocking import run_blocking
 from queueflow.devtools.broker.local import LocalBroker, _random_cluster_id, _render
 from queueflow.devtools.broker.locations import KAFKA_VERSION, has_native_share_groups
 from queueflow.devtools.broker.logtail import LOG_TAIL_LINES, tail_text
-from queueflow.devtools.broker.probe import SHARE_VERSION, finalized_features
+from queueflow.devtools.broker.probe import SHARE_VERSION, finalized_features, started_admin
 from queueflow.devtools.broker.tools import run_kafka_tool
 from queueflow.errors import BrokerError
 
@@ -655,19 +655,10 @@ def _next_ports(first: int, count: int, skip: int) -> list[int]:
 
 
 async def _describe(bootstrap: str, timeout_s: float) -> tuple[set[int], list[Any]]:
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap,
-        request_timeout_ms=max(int(timeout_s * 1000), 1000),
-        client_id=_CLIENT_ID,
-    )
-    try:
-        await asyncio.wait_for(admin.start(), timeout_s)
+    async with started_admin(bootstrap, timeout_s, _CLIENT_ID) as admin:
         cluster = await asyncio.wait_for(admin.describe_cluster(), timeout_s)
         topics = await asyncio.wait_for(admin.describe_topics(), timeout_s)
         return {int(b["node_id"]) for b in cluster.get("brokers", [])}, list(topics)
-    finally:
-        with contextlib.suppress(Exception):
-            await admin.close()
 
 
 def live_broker_ids(bootstrap: str, timeout_s: float = 5.0) -> set[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
@@ -78,19 +79,33 @@ def finalized_features(bootstrap: str, timeout_s: float = 5.0) -> dict[str, int]
     raise BrokerError(f"no answer to ApiVersions from {bootstrap}: {last!r}")
 
 
-async def _broker_count(bootstrap: str, timeout_s: float) -> int:
+@contextlib.asynccontextmanager
+async def started_admin(
+    bootstrap: str, timeout_s: float, client_id: str = _CLIENT_ID
+) -> AsyncIterator[AIOKafkaAdminClient]:
+    """An aiokafka admin client of ``bootstrap`` (``host:port[,...]``), started within
+    ``timeout_s`` seconds (also its request timeout, at least 1 s), closed on exit.
+
+    Raises:
+        asyncio.TimeoutError, KafkaError: it could not start.
+    """
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap,
         request_timeout_ms=max(int(timeout_s * 1000), 1000),
-        client_id=_CLIENT_ID,
+        client_id=client_id,
     )
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
-        cluster = await asyncio.wait_for(admin.describe_cluster(), timeout_s)
-        return len(cluster.get("brokers", []))
+        yield admin
     finally:
         with contextlib.suppress(Exception):
             await admin.close()
+
+
+async def _broker_count(bootstrap: str, timeout_s: float) -> int:
+    async with started_admin(bootstrap, timeout_s) as admin:
+        cluster = await asyncio.wait_for(admin.describe_cluster(), timeout_s)
+        return len(cluster.get("brokers", []))
 
 
 def probe(bootstrap: str, timeout_s: float) -> tuple[bool, int | None, str]:
