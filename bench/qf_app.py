@@ -20,6 +20,7 @@ Configured by the driver (``bench.suite``) through the environment:
 ``BENCH_LEAD_TOPICS``  more source topics to lead (comma-separated; leader processes)
 ``BENCH_RESULTS_TOPIC``  mode ``results``: the sink topic of one 64-byte result per record
                     (S9), published with ``$QUEUEFLOW_PROCESSING_GUARANTEE``
+``BENCH_HEARTBEAT_MS``  the app's ``group.share.heartbeat.interval.ms`` (default 1000)
 ``BENCH_SAMPLES``   latency mode: where to write the samples (when the driver's stop-file
                     appears, and at exit)
 ==================  ===========================================================================
@@ -84,7 +85,7 @@ app = queueflow.App(
     broker=os.environ["BENCH_BROKER"],
     share_settings={
         "share.auto.offset.reset": "earliest",
-        "group.share.heartbeat.interval.ms": 1000,
+        "group.share.heartbeat.interval.ms": int(os.environ.get("BENCH_HEARTBEAT_MS", "1000")),
         "group.share.session.timeout.ms": 15000,
     },
 )

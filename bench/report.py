@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fmt_rate", "num", "s1_rows", "spread", "table", "write"]
+__all__ = ["fmt_rate", "num", "s1_rows", "s11_rows", "spread", "table", "write"]
 
 
 def fmt_rate(result: dict[str, Any]) -> str:
@@ -146,6 +146,7 @@ def table(results: dict[str, Any]) -> str:
     rows += s6_rows(results.get("S6"))
     rows += s9_rows(results.get("S9"))
     rows += s10_rows(results.get("S10"))
+    rows += s11_rows(results.get("S11"))
     rows += s8_rows(results.get("S8"))
     width = max((len(r[0]) for r in rows), default=10)
     width2 = max((len(r[1]) for r in rows), default=10)
@@ -289,4 +290,41 @@ def s9_rows(s9: dict[str, Any] | None) -> list[tuple[str, str, str]]:
         rows.append(
             ("S9 exactly_once / at_least_once", f"{ratio:.2f}", f"pairs {lo:.2f}..{hi:.2f}")
         )
+    return rows
+
+
+def s11_rows(s11: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """S11's table rows: per side the perf tool's records/s, MB/s, elapsed and steady rate
+    (median and spread over the runs), then the queueflow/native ratios."""
+    if not s11:
+        return []
+    rows: list[tuple[str, str, str]] = []
+    what = f"{s11.get('records', 0):,} x 1 KiB, {s11.get('threads')} thread(s)"
+    labels = {"native": "native share group", "queueflow": "queueflow via listener"}
+    for side, label in labels.items():
+        v = s11.get(side)
+        if not v:
+            continue
+        note = (
+            f"{spread(v.get('mb_s'), 1)} MB/s; tool elapsed {spread(v.get('elapsed_s'), 2)} s; "
+            f"after 1st report {spread(v.get('steady_rec_s'), 0)} rec/s"
+        )
+        cpu = [
+            f"{name} {num(v[f'{name}_cpu_us']['median'], 1)}"
+            for name in ("broker", "leader", "tool")
+            if (v.get(f"{name}_cpu_us") or {}).get("median") is not None
+        ]
+        if cpu:
+            note += f"; CPU us/record {', '.join(cpu)}"
+        if v.get("errors"):
+            note += f" [{len(v['errors'])} failed: {v['errors'][0][:80]}]"
+        rows.append(
+            (f"S11 perf tool, {label} ({what})", f"{spread(v.get('rec_s'), 0)} rec/s", note)
+        )
+    for key, of in (("ratio", "tool's rec/s"), ("steady_ratio", "rec/s after 1st report")):
+        r = s11.get(key)
+        if r:
+            rows.append((f"S11 queueflow / native, {of}", spread(r), "median of per-pair ratios"))
+    if s11.get("error"):
+        rows.append(("S11 perf tool", "error", str(s11["error"])[:100]))
     return rows

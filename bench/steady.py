@@ -45,6 +45,11 @@ HEADLINE_KEYS = (
     "s6_leader_pct",
     "s6_member_pct",
     "s6_broker_pct",
+    # Kafka's perf tool (S11): its records/s on native and through queueflow's listener, and
+    # the median of per-pair queueflow/native ratios
+    "perf_tool_native_rec_s",
+    "perf_tool_queueflow_rec_s",
+    "perf_tool_ratio",
 )
 
 
@@ -161,6 +166,18 @@ def _variant_errors(results: Mapping[str, Any], key: str) -> str | None:
     return "; ".join(parts) or None
 
 
+def _perf_tool_errors(results: Mapping[str, Any], key: str) -> str | None:
+    """The first failure of the S11 side(s) a headline key is made of (None if none)."""
+    if not key.startswith("perf_tool_"):
+        return None
+    sides = [s for s in ("native", "queueflow") if s in key] or ["native", "queueflow"]
+    for side in sides:
+        errors = _get(results, "S11", side, "errors") or []
+        if errors:
+            return f"{side}: {errors[0]}"[:200]
+    return None
+
+
 def headline(results: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The ``headline`` object (exactly :data:`HEADLINE_KEYS`) from a run's results, and for
     every key that is None, why.
@@ -168,7 +185,8 @@ def headline(results: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]
     Sources: ``S1.ratios.<key>.median`` and ``S1.cpu.<key>.median``; ``S3.runs.<rate>.
     to_handler_ms.p99``; ``S4.cpu_overhead_pct``; ``S5.engine.own_runs.bytes_per_record`` (the
     worst case: every in-flight record a run of its own); ``S2.queueflow.16.efficiency``;
-    ``S6.cpu_pct`` (leader, broker, the busiest member).
+    ``S6.cpu_pct`` (leader, broker, the busiest member); ``S11.<side>.rec_s.median`` and
+    ``S11.ratio.median`` (bench.scenario_s11).
     """
     members = _get(results, "S6", "cpu_pct", "members") or {}
     sources: dict[str, tuple[str, Any]] = {
@@ -188,6 +206,12 @@ def headline(results: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]
         "s6_leader_pct": ("S6", _get(results, "S6", "cpu_pct", "leader")),
         "s6_member_pct": ("S6", max(members.values()) if members else None),
         "s6_broker_pct": ("S6", _get(results, "S6", "cpu_pct", "broker")),
+        "perf_tool_native_rec_s": ("S11", _get(results, "S11", "native", "rec_s", "median")),
+        "perf_tool_queueflow_rec_s": (
+            "S11",
+            _get(results, "S11", "queueflow", "rec_s", "median"),
+        ),
+        "perf_tool_ratio": ("S11", _get(results, "S11", "ratio", "median")),
     }
     out: dict[str, Any] = {}
     why: dict[str, str] = {}
@@ -198,7 +222,11 @@ def headline(results: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]
             if scenario not in results:
                 why[key] = f"{scenario} not run"
             else:
-                error = _get(results, scenario, "error") or _variant_errors(results, key)
+                error = (
+                    _get(results, scenario, "error")
+                    or _variant_errors(results, key)
+                    or _perf_tool_errors(results, key)
+                )
                 why[key] = f"{scenario}: {error}" if error else f"{scenario}: no figure"
     return out, why
 

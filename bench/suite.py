@@ -19,6 +19,10 @@ S9  exactly-once: ``processing_guarantee="exactly_once"`` against ``"at_least_on
     per record, counted downstream read_committed, as interleaved pairs;
 S10 key-ordered sharing: ``share.ordering=key`` against unordered sharing, 16 members on one
     partition, uniform and Zipf keys, as interleaved repetitions;
+S11 Kafka's perf tool: ``kafka-share-consumer-perf-test.sh`` (Java ShareConsumerPerformance)
+    against the broker's native share group and against a queueflow group through the
+    Kafka-protocol listener, as interleaved pairs over one pre-produced topic
+    (bench.scenario_s11);
 S8  Spark source throughput: the ``queueflow`` source vs Spark's built-in Kafka source on one
     partition, 1/2/4 tasks, a no-op and a 5 ms-per-record ``foreachBatch``.
 
@@ -63,6 +67,7 @@ from bench.scenario_s6 import scenario_s6
 from bench.scenario_s8 import scenario_s8
 from bench.scenario_s9 import scenario_s9
 from bench.scenario_s10 import scenario_s10
+from bench.scenario_s11 import scenario_s11
 from bench.steady import headline
 from queueflow.devtools.broker import LocalBroker, bootstrap_from_env, find_free_ports
 
@@ -79,6 +84,7 @@ MIN_SECONDS = {
     "S8": 240.0,
     "S9": 150.0,
     "S10": 120.0,
+    "S11": 150.0,  # leader start, produce, 2 x pairs tool JVMs
 }
 SCENARIOS = {
     "S1": scenario_s1,
@@ -90,6 +96,7 @@ SCENARIOS = {
     "S8": scenario_s8,
     "S9": scenario_s9,
     "S10": scenario_s10,
+    "S11": scenario_s11,
 }
 
 
@@ -99,7 +106,7 @@ S1_VARIANTS = "qf_batch,native_batch,raw,qf_batch_uvloop,qf_record,native_record
 #: ``--quick``: every scenario but S8 in about 6 minutes (figures not comparable: 1 round,
 #: short windows, small sizes); S8 (Spark) left out.
 QUICK = {
-    "scenarios": "S1,S2,S3,S4,S5,S6,S9,S10",
+    "scenarios": "S1,S2,S3,S4,S5,S6,S9,S10,S11",
     "pairs": 1,
     "warmup": 1.0,
     "window": 3.0,
@@ -112,6 +119,8 @@ QUICK = {
     "s9_pairs": 1,
     "s10_records": 500,
     "s10_pairs": 1,
+    "s11_records": 20_000,
+    "s11_pairs": 1,
     "budget": 900.0,
 }
 
@@ -126,8 +135,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--scenarios",
-        default="S1,S2,S3,S4,S5,S6,S9,S10",
-        help="comma-separated subset (default S1,S2,S3,S4,S5,S6,S9,S10; S8, the Spark source, "
+        default="S1,S2,S3,S4,S5,S6,S9,S10,S11",
+        help="comma-separated subset (default S1,S2,S3,S4,S5,S6,S9,S10,S11; S8, the Spark source, "
         "about 4 min more, runs only when named)",
     )
     p.add_argument("--pairs", type=int, default=5, help="S1 interleaved rounds (default 5)")
@@ -226,6 +235,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--s10-pairs", type=int, default=3, help="S10 repetitions (default 3)")
     p.add_argument("--s10-keys", type=int, default=1_000, help="S10 distinct keys")
     p.add_argument("--s10-work-ms", type=float, default=2.0, help="S10 handler ms per record")
+    p.add_argument(
+        "--s11-records",
+        type=int,
+        default=200_000,
+        help="S11 records of 1 KiB every perf tool run reads (default 200000)",
+    )
+    p.add_argument("--s11-pairs", type=int, default=5, help="S11 interleaved pairs (default 5)")
+    p.add_argument(
+        "--s11-threads", type=int, default=1, help="S11 the tool's --threads (default 1)"
+    )
+    p.add_argument(
+        "--s11-timeout", type=float, default=300.0, help="S11 seconds one tool run may take"
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "latest.json")
     p.add_argument(
         "--keep-logs",
@@ -246,6 +268,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.s8_tasks = [int(x) for x in args.s8_tasks.split(",") if x.strip()]
     if args.pairs < 1:
         p.error("--pairs must be >= 1")
+    if args.s11_pairs < 1 or args.s11_records < 1 or args.s11_threads < 1:
+        p.error("--s11-pairs, --s11-records and --s11-threads must be >= 1")
     return args
 
 

@@ -1,15 +1,15 @@
 """The consumers S1..S4 compare: queueflow share agents, plain Faust, raw aiokafka, native
-share groups (confluent-kafka's ShareConsumer and Kafka's Java ShareConsumerPerformance)."""
+share groups (confluent-kafka's ShareConsumer). Kafka's Java perf tool is S11's
+(bench.scenario_s11)."""
 
 from __future__ import annotations
 
-import datetime
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench import harness
-from bench.context import S1_PROCESSES, Context
+from bench.context import Context
 from bench.harness import PYTHON, Fleet, rss_bytes
 from bench.measure import balanced, faust_argv, measure_fleet, qf_env, stable, start_leader
 from bench.profiling import finish_profilers, start_profilers
@@ -17,9 +17,7 @@ from queueflow.devtools.broker import run_kafka_tool
 
 __all__ = [
     "confluent_share_support",
-    "parse_java_perf",
     "run_faust",
-    "run_java_perf",
     "run_native",
     "run_queueflow",
     "run_raw",
@@ -230,95 +228,3 @@ def run_native(
         )
     result.update(processes=processes, client=support, acknowledgement="implicit")
     return result
-
-
-def run_java_perf(ctx: Context, topic: str, records: int, timeout_s: float) -> dict[str, Any]:
-    """Kafka's ShareConsumerPerformance: 4 share consumers (threads) in one JVM."""
-    group = ctx.uid("s1e")
-    error = set_share_earliest(ctx, group)
-    if error:
-        return {"error": error}
-    args = [
-        "--bootstrap-server",
-        ctx.bootstrap,
-        "--topic",
-        topic,
-        "--group",
-        group,
-        "--num-records",
-        str(records),
-        "--threads",
-        str(S1_PROCESSES),
-        "--timeout",
-        "15000",
-        "--show-detailed-stats",
-        "--reporting-interval",
-        "250",
-    ]
-    broker_before = harness.cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None
-    try:
-        proc = run_kafka_tool("share-consumer-perf", args, timeout_s=timeout_s)
-    except Exception as exc:  # BrokerError on timeout
-        return {"error": f"ShareConsumerPerformance: {exc}"[:600]}
-    (ctx.run_dir / "s1e-java.log").write_text(proc.stdout + "\n" + proc.stderr)
-    out = parse_java_perf(proc.stdout, records) | {
-        "returncode": proc.returncode,
-        "threads": S1_PROCESSES,
-    }
-    broker_after = harness.cpu_seconds(ctx.broker_pid) if ctx.broker_pid else None
-    if broker_before is not None and broker_after is not None:
-        # the whole tool run: JVM start and group join included
-        out["broker_cpu_s"] = round(broker_after - broker_before, 2)
-        out["broker_cpu_us_per_record"] = round(1e6 * out["broker_cpu_s"] / max(records, 1), 1)
-    return out
-
-
-def _java_time(text: str) -> float:
-    return datetime.datetime.strptime(text.strip(), "%Y-%m-%d %H:%M:%S:%f").timestamp()
-
-
-def parse_java_perf(stdout: str, expected: int) -> dict[str, Any]:
-    """Parse ShareConsumerPerformance output (detailed stats every 250 ms, then the summary).
-
-    ``tool_rate`` is the tool's own nMsg.sec, which includes joining the group; ``rate`` is
-    measured like the Python variants: from the first interval with records to the end.
-    """
-    rows, summary = [], None
-    for line in stdout.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 7 or not parts[0][:4].isdigit():
-            continue
-        try:
-            start, end = _java_time(parts[0]), _java_time(parts[1])
-            count = int(parts[5])
-            rate = float(parts[4])
-        except ValueError:
-            continue
-        if "for share consumer" in line:
-            rows.append((start, end, count))
-        else:
-            summary = (start, end, count, rate)
-    if summary is None:
-        return {
-            "error": "no summary line in ShareConsumerPerformance output",
-            "stdout_tail": stdout[-800:],
-        }
-    start, end, count, tool_rate = summary
-    out: dict[str, Any] = {
-        "records": count,
-        "expected": expected,
-        "complete": count >= expected,
-        "tool_rate": round(tool_rate, 1),
-        "tool_seconds": round(end - start, 3),
-    }
-    with_records = [r for r in rows if r[2] > 0]
-    if with_records:
-        # The first row with records ends at the first report after the first record.
-        first = min(r[1] for r in with_records)
-        before = sum(r[2] for r in with_records if r[1] <= first)
-        if end > first:
-            out["seconds"] = round(end - first, 3)
-            out["rate"] = round((count - before) / (end - first), 1)
-    if "rate" not in out:
-        out["rate"] = out["tool_rate"]
-    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import io
 from collections.abc import Sequence
+from typing import cast
 
 from kio.records.schema import NewRecordBatch, Record, RecordHeader
 from kio.records.writers import write_new_batch
@@ -18,6 +19,7 @@ __all__ = ["acquired_ranges", "record_batch"]
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 #: Record-batch attribute bit: the timestamps are LogAppendTime.
 _LOG_APPEND_TIME = 0x08
+_NO_ATTRIBUTES = i8(0)
 
 
 def record_batch(records: Sequence[ShareRecord]) -> bytes:
@@ -26,6 +28,9 @@ def record_batch(records: Sequence[ShareRecord]) -> bytes:
     if not records:
         return b""
     log_append = any(r.timestamp_type == 1 for r in records)
+    # Per record only what differs: offsets and timestamps come from Kafka, in range, so
+    # they are cast to kio's types rather than checked again (most of the cost per record).
+    instants: dict[int, TZAwareMicros] = {}
     batch = NewRecordBatch(
         producer_id=i64(-1),
         producer_epoch=i16(-1),
@@ -33,14 +38,16 @@ def record_batch(records: Sequence[ShareRecord]) -> bytes:
         attributes=i16(_LOG_APPEND_TIME if log_append else 0),
         records=tuple(
             Record(
-                attributes=i8(0),
-                timestamp=_instant(r.timestamp),
-                offset=i64(r.offset),
+                attributes=_NO_ATTRIBUTES,
+                timestamp=instants.get(r.timestamp) or _instant(r.timestamp, instants),
+                offset=cast(i64, r.offset),
                 key=r.raw_key,
                 value=r.raw_value,
                 headers=tuple(
                     RecordHeader(key=name.encode(), value=value) for name, value in r.headers
-                ),
+                )
+                if r.headers
+                else (),
             )
             for r in records
         ),
@@ -50,13 +57,14 @@ def record_batch(records: Sequence[ShareRecord]) -> bytes:
     return buffer.getvalue()
 
 
-def _instant(timestamp_ms: int) -> TZAwareMicros:
-    """The datetime kio's writer wants for a timestamp in ms. Half a millisecond more: the
-    writer truncates ``datetime.timestamp() * 1000``, whose float error would otherwise turn
-    some timestamps into the millisecond before."""
+def _instant(timestamp_ms: int, seen: dict[int, TZAwareMicros]) -> TZAwareMicros:
+    """The datetime kio's writer wants for a timestamp in ms, kept in ``seen`` (records of a
+    batch often share their millisecond). Half a millisecond more: the writer truncates
+    ``datetime.timestamp() * 1000``, whose float error would otherwise turn some timestamps
+    into the millisecond before. UTC and not before 1970: what TZAwareMicros requires."""
     instant = _EPOCH + datetime.timedelta(milliseconds=max(timestamp_ms, 0), microseconds=500)
-    parsed: TZAwareMicros = TZAwareMicros.parse(instant)
-    return parsed
+    seen[timestamp_ms] = cast(TZAwareMicros, instant)
+    return seen[timestamp_ms]
 
 
 def acquired_ranges(records: Sequence[ShareRecord]) -> list[tuple[int, int, int]]:

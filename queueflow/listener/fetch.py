@@ -61,6 +61,12 @@ def ack_batches_error(topics: Iterable[Any]) -> str | None:
     return None
 
 
+def _outcome(kind: int) -> AcknowledgeType:
+    """The queueflow outcome of a Kafka acknowledge type: GAP (an offset with no record) is
+    done, as ACCEPT."""
+    return AcknowledgeType.ACCEPT if kind == AcknowledgeType.GAP else AcknowledgeType(kind)
+
+
 def _next_epoch(epoch: int) -> int:
     """The epoch after ``epoch`` (KIP-932: it wraps from Integer.MAX_VALUE to 1)."""
     return 1 if epoch >= 2_147_483_647 else epoch + 1
@@ -135,13 +141,14 @@ class ShareFetcher:
             for p in topic.partitions:
                 tp = TopicPartition(name, p.partition_index)
                 for batch in p.acknowledgement_batches:  # checked by ack_batches_error
-                    types = batch.acknowledge_types
-                    for i, offset in enumerate(range(batch.first_offset, batch.last_offset + 1)):
-                        kind = types[0] if len(types) == 1 else types[i]
-                        if kind == AcknowledgeType.GAP:
-                            kind = AcknowledgeType.ACCEPT  # an offset with no record: done
-                        member.session.acknowledge(tp, offset, AcknowledgeType(kind))
-                        touched.add(tp)
+                    types, first = batch.acknowledge_types, batch.first_offset
+                    touched.add(tp)
+                    if len(types) == 1:  # one type for the range (what clients mostly send)
+                        kind = _outcome(types[0])
+                        member.session.acknowledge_range(tp, first, batch.last_offset, kind)
+                        continue
+                    for i, offset in enumerate(range(first, batch.last_offset + 1)):
+                        member.session.acknowledge(tp, offset, _outcome(types[i]))
         return touched
 
     async def share_fetch(self, version: int, request: Any) -> Any:

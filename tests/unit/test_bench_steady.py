@@ -121,8 +121,14 @@ def test_headline_has_exactly_the_issue_keys_with_their_sources() -> None:
         "s6_leader_pct": 1.5,
         "s6_member_pct": 0.4,  # the busiest member
         "s6_broker_pct": 3.0,
+        "perf_tool_native_rec_s": None,
+        "perf_tool_queueflow_rec_s": None,
+        "perf_tool_ratio": None,
     }
-    assert why == {"s3_p99_ms_10000": "S3: no figure"}
+    assert why == {"s3_p99_ms_10000": "S3: no figure"} | {
+        key: "S11 not run"
+        for key in ("perf_tool_native_rec_s", "perf_tool_queueflow_rec_s", "perf_tool_ratio")
+    }
 
 
 def test_headline_says_why_a_figure_is_missing() -> None:

@@ -201,6 +201,7 @@ class StubSession:
         self.member_id = str(uuid.uuid4())
         self.assignment = {TopicPartition(TOPIC, 0)}
         self.acked: list[tuple[int, AcknowledgeType]] = []
+        self.ranges: list[tuple[int, int, AcknowledgeType]] = []  # acknowledge_range calls
         self.next_offset = 0
         self.closed = False
 
@@ -216,6 +217,13 @@ class StubSession:
     def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
         self.acked.append((offset, kind))
         self.pending.append(offset)
+
+    def acknowledge_range(
+        self, tp: TopicPartition, first: int, last: int, kind: AcknowledgeType
+    ) -> None:
+        self.ranges.append((first, last, kind))
+        for offset in range(first, last + 1):
+            self.acknowledge(tp, offset, kind)
 
     async def flush(self, tp: TopicPartition) -> None:
         return None
@@ -543,6 +551,47 @@ def test_share_acknowledge_of_each_version(listener: Any, version: int) -> None:
     assert acked.error_code == ErrorCode.none
     assert acked.responses[0].partitions[0].error_code == ErrorCode.none
     assert sessions[0].acked == [(0, AcknowledgeType.REJECT)]
+
+
+def test_a_batch_of_one_type_is_acknowledged_as_one_range(listener: Any) -> None:
+    """A batch with one acknowledge type for its offsets (what clients mostly send) is one
+    ``acknowledge_range`` call, not one call per offset; GAP counts as ACCEPT either way."""
+    kl, sessions = listener
+    m = load_payload_module(79, 2, EntityType.request)
+    batches = ((0, 4, (1,)), (5, 7, (1, 0, 2)), (8, 9, (0,)))  # ACCEPT; per offset; GAP
+    body = m.ShareAcknowledgeRequest(
+        group_id="g",
+        member_id="m1",
+        share_session_epoch=i32(1),
+        topics=(
+            m.AcknowledgeTopic(
+                topic_id=TopicIds("app").id_of(TOPIC),
+                partitions=(
+                    m.AcknowledgePartition(
+                        partition_index=i32(0),
+                        acknowledgement_batches=tuple(
+                            m.AcknowledgementBatch(
+                                first_offset=i64(first),
+                                last_offset=i64(last),
+                                acknowledge_types=tuple(i8(t) for t in types),
+                            )
+                            for first, last, types in batches
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    )
+    answers = run(kl, exchange(kl.port, heartbeat(0), share_fetch(0), request_frame(79, 2, body)))
+    assert response_of(79, 2, answers[2])[1].error_code == ErrorCode.none
+    accept, release = AcknowledgeType.ACCEPT, AcknowledgeType.RELEASE
+    assert sessions[0].ranges == [(0, 4, accept), (8, 9, accept)]
+    assert sessions[0].acked == [
+        *((o, accept) for o in range(7)),
+        (7, release),
+        (8, accept),
+        (9, accept),
+    ]
 
 
 def test_produce_and_fetch_are_listed_for_librdkafka_and_refused(listener: Any) -> None:
