@@ -121,7 +121,9 @@ def _one_run(
     except PerfToolOutputError as exc:
         return out | {"error": f"exit {proc.returncode}: {exc}; stderr {proc.stderr[-300:]!r}"}
     out.update(parsed.as_dict(records))
-    cpu_s = {n: round(b - a, 2) for n, b in cpu.items() if (a := cpu0[n]) is not None and b}
+    cpu_s = {
+        n: round(b - a, 2) for n, b in cpu.items() if (a := cpu0[n]) is not None and b is not None
+    }
     cpu_s["tool"] = round(_children_cpu() - tool0, 2)
     out["cpu_s"] = cpu_s
     out["cpu_us_per_record"] = {
