@@ -709,13 +709,14 @@ class ShareGroups:
         count = self.settings.coordinator_topic_partitions
         self._coordinator_topic = control_topic(app, topics.coordinator_topic(self.app_id), count)
         self._groups_table = raw_table(app, topics.GROUPS_TABLE, partitions=count)
-        self.coordinator = ShareGroupCoordinator(self.server_context, self._groups_table)
-        serve(app, self._coordinator_topic, "share-group-coordinator", self.coordinator.handle)
-        self._junk_gates[topics.coordinator_topic(self.app_id)] = self.coordinator.junk
-        self._ticker = LeaderTicker(self.server_context, self.leaders)
-        app.timer(self.settings.lock_check_interval_ms / 1000, name="queueflow-ticker")(
-            self._ticker.tick
+        self.coordinator = coordinator = ShareGroupCoordinator(
+            self.server_context, self._groups_table
         )
+        serve(app, self._coordinator_topic, "share-group-coordinator", coordinator.handle)
+        self._junk_gates[topics.coordinator_topic(self.app_id)] = coordinator.junk
+        self._ticker = LeaderTicker(self.server_context, self.leaders, lambda: coordinator.groups)
+        # Not a Faust timer: idle, it sleeps until a lock is taken or the coordinator is due.
+        app.task(self._ticker.run)
         app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)
         # Fences and announcements are sends: on a timer of their own, so that one blocked
         # across a freeze (or a slow broker) never holds the stall guard back.
