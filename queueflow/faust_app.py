@@ -801,6 +801,7 @@ class ShareGroups:
         dead_letter: Any = None,
         processing_guarantee: str | None = None,
         ordering: str = "none",
+        lazy_records: bool = False,
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent; see :meth:`App.share_agent` (same arguments, same errors).
         The arguments after ``group`` are the fields of :class:`ShareAgentOptions`, checked
@@ -820,6 +821,7 @@ class ShareGroups:
                 dead_letter=dead_letter,
                 processing_guarantee=processing_guarantee,
                 ordering=ordering,
+                lazy_records=lazy_records,
             )
             if options.ordering == "key":
                 self._order_by_key(group)
@@ -1356,6 +1358,7 @@ class App(faust.App):
         dead_letter: Any = None,
         processing_guarantee: str | None = None,
         ordering: str = "none",
+        lazy_records: bool = False,
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent: ``handler(record)`` runs once per delivery of each record
         (with ``batch=True``, ``handler(records)`` once per batch of deliveries).
@@ -1383,6 +1386,10 @@ class App(faust.App):
                 once and are handled in offset order; different keys spread over all members.
                 Sets the group config ``share.ordering=key`` as the app's default for
                 ``group``.
+            lazy_records: with ``batch=True``, the records are lazy views: key, value and
+                headers are decoded from the fetched batch only when the handler first
+                touches one (docs/performance.md "Lazy record views"; pays for a handler
+                that reads offsets only, costs more for one that reads every value).
 
         Returns:
             A decorator; the decorated name becomes the :class:`ShareAgent`.
@@ -1407,6 +1414,7 @@ class App(faust.App):
             dead_letter=dead_letter,
             processing_guarantee=processing_guarantee,
             ordering=ordering,
+            lazy_records=lazy_records,
         )
 
     async def on_first_start(self) -> None:

@@ -93,6 +93,7 @@ class ShareAgentOptions:
     dead_letter: Any = None
     processing_guarantee: str | None = None
     ordering: str = "none"
+    lazy_records: bool = False
 
     def __post_init__(self) -> None:
         check_ordering(self.ordering)
@@ -117,6 +118,11 @@ class ShareAgentOptions:
             )
         if self.concurrency < 1:
             raise ConfigurationError(f"share_agent concurrency={self.concurrency}; must be >= 1")
+        if self.lazy_records and not self.batch:
+            raise ConfigurationError(
+                "share_agent lazy_records=True needs batch=True (a batch handler): a record "
+                "handler's record is decoded anyway"
+            )
         if self.batch_size is not None and not self.batch:
             raise ConfigurationError(
                 f"share_agent batch_size={self.batch_size} needs batch=True (a batch handler)"

@@ -135,7 +135,6 @@ class ShareLeader:
         """Lead ``partitions`` under leader epoch ``epoch`` (the Faust consumer generation);
         the stall guard announces it once Faust has recovered the tables."""
         self.fencing.assign(partitions, epoch)
-        self.ctx.state_changed.set()  # the ticker looks for locks again
         self.cache.forget_retained(partitions, epoch)  # led elsewhere now: reload if it comes back
         self._log.info("leader_assigned", partitions=sorted(partitions), leader_epoch=epoch)
 
@@ -466,7 +465,6 @@ class ShareLeader:
     async def _apply(self, result: LeaderResult, partition: int, sender_key: bytes = b"") -> None:
         """Perform ``result`` (:meth:`~queueflow.server.leader.applier.ResultApplier.apply`)."""
         await self.applier.apply(result, partition, sender_key)
-        self.ctx.state_changed.set()  # it may have acquired records: the ticker looks again
 
 
 def _has_locks(durable: DurableSharePartition) -> bool:
