@@ -20,8 +20,10 @@ does; so are control batches (skipped) and aborted ones (gaps).
 What is not the same: a record whose header name is not UTF-8 is found when its batch is
 decoded, not before the handler runs. Eagerly it is left out of the handler's records and
 REJECTed; lazily, touching any record of its batch raises :class:`UndecodableRecordError`
-(the handler fails, the call's records are RELEASEd as for any handler error, and the next
-delivery, eager or lazy, finds it again; see docs/performance.md "Lazy record views").
+once (the other records are decoded then) and touching that record raises it every time: a
+batch handler that raises has its records handled again alone, so that record fails alone
+and is RELEASEd, until ``share.delivery.count.limit`` archives it (docs/guide.md "Batch
+handlers", docs/performance.md "Lazy record views").
 """
 
 from __future__ import annotations
@@ -112,9 +114,28 @@ class _Pending:
                 r.timestamp = m.timestamp
                 r.timestamp_type = m.timestamp_type
         self.views = []
+        for offset, reason in seen:  # these stay views that raise on every access
+            r = views[offset - base] if 0 <= offset - base < size else None
+            if r is not None:
+                r.__class__ = LazyShareRecord
+                _HEADERS_SLOT.__set__(r, _Undecodable(offset, reason))
         if seen:
-            offset, reason = seen[0]
-            raise UndecodableRecordError(offset, reason)
+            raise UndecodableRecordError(*seen[0])
+
+
+class _Undecodable(_Pending):
+    """The pending state of a view whose record can't be decoded: every access raises."""
+
+    __slots__ = ("offset", "reason")
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(None, [], offset)
+        self.offset, self.reason = offset, reason
+
+    def decode(self) -> None:
+        """Raises:
+        UndecodableRecordError: always."""
+        raise UndecodableRecordError(self.offset, self.reason)
 
 
 def _decoded(record: LazyShareRecord) -> ShareRecord:
@@ -274,7 +295,8 @@ def lazy_records_from_batches(
     for pos, size, n in _batch_spans(data):
         if ranges.current is None or not batches.has_next():
             break
-        batch = batches.next_batch()
+        with undecodable_records():  # a batch taken inside it parses leniently when iterated
+            batch = batches.next_batch()
         if batch is None:
             break
         base, top = batch.base_offset, batch.next_offset - 1

@@ -21,7 +21,11 @@ from inprocess_helpers import direct_cluster, eventually, run
 
 from queueflow.errors import ConfigurationError
 from queueflow.member.agent import ShareAgent
-from queueflow.member.lazy_records import LazyShareRecord, lazy_records_from_batches
+from queueflow.member.lazy_records import (
+    LazyShareRecord,
+    UndecodableRecordError,
+    lazy_records_from_batches,
+)
 from queueflow.member.reader import records_from_batches
 from queueflow.structs import ShareRecord
 from queueflow.testing.inprocess import InProcessCluster
@@ -175,3 +179,33 @@ def test_lazy_records_needs_a_batch_handler() -> None:
     cluster = InProcessCluster({SOURCE: 1})
     with pytest.raises(ConfigurationError, match="lazy_records=True needs batch=True"):
         ShareAgent(cluster.member_context, handler, SOURCE, "g", lazy_records=True)
+
+
+def test_an_undecodable_record_raises_on_every_access_and_the_others_decode() -> None:
+    """A header name that is not UTF-8: the first touch of the batch raises once, the other
+    records are decoded by it, the bad one raises on every access (so a batch handler's
+    retry-alone isolates it)."""
+    builder = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=0,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=1 << 20,
+    )
+    for i in range(3):
+        hdrs = [("XYbad", b"h")] if i == 1 else [("ok", b"1")]
+        builder.append(i, timestamp=1, key=None, value=b"v%d" % i, headers=hdrs)
+    raw = bytearray(bytes(builder.build()).replace(b"XYbad", b"\xff\xfebad"))
+    struct.pack_into(">I", raw, 17, calc_crc32c(bytes(raw[21:])))  # the CRC, made right again
+    data = bytes(raw)
+    records, _gaps, _bad = lazy_records_from_batches(data, TOPIC, PARTITION, [(0, 2, 1)])
+    with pytest.raises(UndecodableRecordError, match="offset 1"):
+        records[0].value  # noqa: B018
+    assert records[0].value == b"v0" and records[2].headers == (("ok", b"1"),)
+    for _ in range(2):
+        with pytest.raises(UndecodableRecordError, match="offset 1"):
+            records[1].value  # noqa: B018
+    eager = records_from_batches(data, TOPIC, PARTITION, [(0, 2, 1)])
+    assert [r.offset for r in eager[0]] == [0, 2] and [r.offset for r, _ in eager[2]] == [1]
