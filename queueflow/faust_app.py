@@ -714,7 +714,9 @@ class ShareGroups:
         )
         serve(app, self._coordinator_topic, "share-group-coordinator", coordinator.handle)
         self._junk_gates[topics.coordinator_topic(self.app_id)] = coordinator.junk
-        self._ticker = LeaderTicker(self.server_context, self.leaders, lambda: coordinator.groups)
+        self._ticker = LeaderTicker(  # groups with admin requests pending expire those on ticks
+            self.server_context, self.leaders, lambda: {*coordinator.groups, *coordinator.pending}
+        )
         # Not a Faust timer: idle, it sleeps until a lock is taken or the coordinator is due.
         app.task(self._ticker.run)
         app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)

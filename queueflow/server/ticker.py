@@ -9,8 +9,8 @@ Idle, it costs nothing per lock check interval: :meth:`LeaderTicker.run` ticks e
 ``queueflow.lock.check.interval.ms`` only while a led share-partition holds Acquired records,
 and otherwise sleeps until a leader changes state (``ServerContext.state_changed``: a lock can
 only be taken by a result a leader applies) or the next coordinator tick is due. Coordinator
-ticks go only to the owned coordinator partitions that serve a share group: a tick of one
-without a loaded group has nothing to expire.
+ticks go only to the owned coordinator partitions that serve a share group (loaded, or with an
+admin request pending): a tick of one without has nothing to expire.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ class LeaderTicker:
     Args:
         ctx: the server context (its runtime says which partitions this worker owns).
         leaders: a live view of this worker's leaders by source topic, read at every tick.
-        coordinator_groups: the share groups the coordinator serves now (read at every
-            coordinator tick): only their coordinator partitions are ticked. ``None``: every
-            owned coordinator partition is.
+        coordinator_groups: the share groups the coordinator has loaded or has admin requests
+            pending for (read at every coordinator tick): only their coordinator partitions
+            are ticked. ``None``: every owned coordinator partition is.
     """
 
     def __init__(
