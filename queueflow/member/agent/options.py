@@ -76,9 +76,13 @@ class ShareAgentOptions:
             app's default group config ``share.ordering=key`` for the group, and the agent
             refuses to start in a group that is not key-ordered. ``"none"`` (default): as the
             group is configured.
+        lazy_records: with ``batch=True``, the records a leader carried are lazy views
+            (:mod:`queueflow.member.lazy_records`: decoded when the handler first touches one;
+            docs/performance.md "Lazy record views").
 
     Raises:
         ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``,
+            lazy_records without ``batch=True``,
             handler_timeout_ms < 1, or an unknown processing_guarantee (when built); a lock
             duration out of range (:meth:`check_lock_duration`).
     """
