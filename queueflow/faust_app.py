@@ -709,13 +709,16 @@ class ShareGroups:
         count = self.settings.coordinator_topic_partitions
         self._coordinator_topic = control_topic(app, topics.coordinator_topic(self.app_id), count)
         self._groups_table = raw_table(app, topics.GROUPS_TABLE, partitions=count)
-        self.coordinator = ShareGroupCoordinator(self.server_context, self._groups_table)
-        serve(app, self._coordinator_topic, "share-group-coordinator", self.coordinator.handle)
-        self._junk_gates[topics.coordinator_topic(self.app_id)] = self.coordinator.junk
-        self._ticker = LeaderTicker(self.server_context, self.leaders)
-        app.timer(self.settings.lock_check_interval_ms / 1000, name="queueflow-ticker")(
-            self._ticker.tick
+        self.coordinator = coordinator = ShareGroupCoordinator(
+            self.server_context, self._groups_table
         )
+        serve(app, self._coordinator_topic, "share-group-coordinator", coordinator.handle)
+        self._junk_gates[topics.coordinator_topic(self.app_id)] = coordinator.junk
+        self._ticker = LeaderTicker(  # groups with admin requests pending expire those on ticks
+            self.server_context, self.leaders, lambda: {*coordinator.groups, *coordinator.pending}
+        )
+        # Not a Faust timer: idle, it sleeps until a lock is taken or the coordinator is due.
+        app.task(self._ticker.run)
         app.timer(STALL_CHECK_INTERVAL_S, name="queueflow-stall-guard")(self._watch_stalls)
         # Fences and announcements are sends: on a timer of their own, so that one blocked
         # across a freeze (or a slow broker) never holds the stall guard back.
@@ -800,6 +803,7 @@ class ShareGroups:
         dead_letter: Any = None,
         processing_guarantee: str | None = None,
         ordering: str = "none",
+        lazy_records: bool = False,
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent; see :meth:`App.share_agent` (same arguments, same errors).
         The arguments after ``group`` are the fields of :class:`ShareAgentOptions`, checked
@@ -819,6 +823,7 @@ class ShareGroups:
                 dead_letter=dead_letter,
                 processing_guarantee=processing_guarantee,
                 ordering=ordering,
+                lazy_records=lazy_records,
             )
             if options.ordering == "key":
                 self._order_by_key(group)
@@ -1355,6 +1360,7 @@ class App(faust.App):
         dead_letter: Any = None,
         processing_guarantee: str | None = None,
         ordering: str = "none",
+        lazy_records: bool = False,
     ) -> Callable[[Handler], ShareAgent]:
         """Declare a share agent: ``handler(record)`` runs once per delivery of each record
         (with ``batch=True``, ``handler(records)`` once per batch of deliveries).
@@ -1382,6 +1388,10 @@ class App(faust.App):
                 once and are handled in offset order; different keys spread over all members.
                 Sets the group config ``share.ordering=key`` as the app's default for
                 ``group``.
+            lazy_records: with ``batch=True``, the records are lazy views: key, value and
+                headers are decoded from the fetched batch only when the handler first
+                touches one (docs/performance.md "Lazy record views"; pays for a handler
+                that reads offsets only, costs more for one that reads every value).
 
         Returns:
             A decorator; the decorated name becomes the :class:`ShareAgent`.
@@ -1406,6 +1416,7 @@ class App(faust.App):
             dead_letter=dead_letter,
             processing_guarantee=processing_guarantee,
             ordering=ordering,
+            lazy_records=lazy_records,
         )
 
     async def on_first_start(self) -> None:

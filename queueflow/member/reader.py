@@ -601,6 +601,7 @@ def carried_records(
     records_end: int,
     *,
     check_crcs: bool = True,
+    lazy: bool = False,
     lock_deadline: float = math.inf,
     delivered_at: float = 0.0,
 ) -> tuple[ReadResult, list[protocol.WireAcquired]]:
@@ -616,6 +617,8 @@ def carried_records(
         records_end: the answer's ``records_end``: the batches hold every acquired record
             below it.
         check_crcs: check each batch's CRC-32C (the member's ``check.crcs``).
+        lazy: lazy record views (:func:`queueflow.member.lazy_records.lazy_records_from_batches`:
+            a share agent's ``lazy_records=True``).
         lock_deadline / delivered_at: set on every record (see :func:`records_from_batches`).
 
     Returns:
@@ -629,7 +632,10 @@ def carried_records(
     """
     covered = [(f, min(last, records_end - 1), c) for f, last, c in acquired if f < records_end]
     rest = [(max(f, records_end), last, c) for f, last, c in acquired if last >= records_end]
-    read = records_from_batches(
+    parse = records_from_batches
+    if lazy:
+        from queueflow.member.lazy_records import lazy_records_from_batches as parse
+    read = parse(
         data,
         topic,
         partition,

@@ -162,6 +162,9 @@ class ShareFetchSession:
         self.ctx = ctx
         self.group = group
         self.lock_duration_ms = lock_duration_ms
+        #: Carried records as lazy views (a share agent's ``lazy_records=True``; see
+        #: :mod:`queueflow.member.lazy_records`).
+        self.lazy_records = False
         self.on_acknowledged = on_acknowledged
         self.partitions: dict[str, int] = {}
         #: Outcomes the leaders refused as stale (their records are delivered again).
@@ -486,6 +489,7 @@ class ShareFetchSession:
                     rest,
                     response.records_end,
                     check_crcs=self.ctx.settings.check_crcs,
+                    lazy=self.lazy_records,
                     lock_deadline=lock_deadline,
                     delivered_at=self.ctx.clock.monotonic(),
                 )

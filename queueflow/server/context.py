@@ -8,6 +8,7 @@ them unit-testable without Kafka.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -245,6 +246,9 @@ class ServerContext:
     #: before the coordinator serves; it never changes after): a share group's coordinator
     #: partition is ``topics.coordinator_partition(group, coordinator_partitions)``.
     coordinator_partitions: int = 1
+    #: Set whenever a leader applies a result or is assigned partitions: the ticker
+    #: (:class:`queueflow.server.ticker.LeaderTicker`) sleeps on it while no lock is held.
+    state_changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def coordinator_partition(self, group: str) -> int:
         """The coordinator partition of share group ``group`` (docs/architecture.md

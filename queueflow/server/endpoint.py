@@ -10,9 +10,11 @@ Faust's consumer thread (docs/architecture.md, "The direct path"). Frames are
   share-partitions this worker does not lead with ``NOT_LEADER_OR_FOLLOWER``.
 * It serves only while an OK heartbeat proves the worker's group membership
   (:class:`~queueflow.engine.fencing.MembershipLease`); requests park no longer than that.
-* It announces itself: every :data:`ANNOUNCE_INTERVAL_S`, and whenever the partitions it is live
-  on change, it sends a :class:`~queueflow.protocol.messages.LeaderAnnouncement` per led topic to
-  the coordinator, which hands the addresses to members in heartbeat answers.
+* It announces itself: whenever the partitions it is live on or their leader epoch change,
+  within :data:`ANNOUNCE_INTERVAL_S` of a change of their lag, and every
+  :data:`ANNOUNCE_KEEPALIVE_S` otherwise, it sends a
+  :class:`~queueflow.protocol.messages.LeaderAnnouncement` per led topic to the coordinator,
+  which hands the addresses to members in heartbeat answers.
 * With ``queueflow.auth.mode=hmac`` requests are member envelopes encrypted to the workers' key
   and bound to this endpoint's address (:mod:`queueflow.protocol.envelope`), and answers are
   sealed by the workers to the member's key (:mod:`queueflow.protocol.sealed_replies`), as on
@@ -58,13 +60,35 @@ from queueflow.server.transport import control_auth, monotonic_ms, not_leader
 from queueflow.settings import listener_address
 from queueflow.structs import TopicPartition
 
-__all__ = ["ANNOUNCE_INTERVAL_S", "LeaderEndpoint", "advertised_host"]
+__all__ = ["ANNOUNCE_INTERVAL_S", "ANNOUNCE_KEEPALIVE_S", "LeaderEndpoint", "advertised_host"]
 
 log = structlog.get_logger("queueflow.server.endpoint")
 
-#: How often (s) a leader repeats its announcements (the coordinator keeps them in memory, so a
-#: new coordinator learns the addresses within this time).
+#: How soon (s) a leader announces a changed lag (the ``lag`` assignor's input), at the most.
 ANNOUNCE_INTERVAL_S = 2.0
+#: How often (s) a leader repeats an announcement nothing changed in. The coordinator keeps
+#: them in memory (for :data:`~queueflow.server.coordinator.LEADER_ADDRESS_TTL_MS`); a
+#: coordinator partition moves only in a rebalance, which changes every leader's epoch, so
+#: its new owner hears from every leader at once.
+ANNOUNCE_KEEPALIVE_S = 10.0
+
+#: A topic's last announcement: (leader epoch, live partitions, lag report, monotonic s).
+_Announced = tuple[int, tuple[int, ...], list[tuple[str, int, int]], float]
+
+
+def _announce_due(
+    last: _Announced | None,
+    epoch: int,
+    live: tuple[int, ...],
+    lag: list[tuple[str, int, int]],
+    now: float,
+) -> bool:
+    """Whether a topic's announcement is due (see :meth:`LeaderEndpoint.announce`)."""
+    if last is None or (last[0], last[1]) != (epoch, live):
+        return True
+    age = now - last[3]
+    return age >= ANNOUNCE_KEEPALIVE_S or (lag != last[2] and age >= ANNOUNCE_INTERVAL_S)
+
 
 #: The high-water mark (bytes) of a connection's send buffer: above it an answer waits (up to
 #: ``queueflow.direct.write.timeout.ms``) for the peer to read, so a peer that never reads its
@@ -103,8 +127,8 @@ class LeaderEndpoint:
         self.address = ""
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        self._announced: dict[str, tuple[int, tuple[int, ...]]] = {}
-        self._announced_at = 0.0
+        #: What was last announced per topic: (epoch, live partitions, lag, monotonic s).
+        self._announced: dict[str, _Announced] = {}
         self.auth = control_auth(ctx, "endpoint")
         #: The member key of each request being served: (member, request id, topic, partition).
         self._serving: dict[tuple[str, int, str, int], bytes] = {}
@@ -172,21 +196,23 @@ class LeaderEndpoint:
                 await task
 
     async def announce(self) -> None:
-        """Tell the coordinator which partitions this worker is live on, per led topic, when
-        they changed or every :data:`ANNOUNCE_INTERVAL_S` (call it often; it is cheap)."""
+        """Tell the coordinator which partitions this worker is live on, per led topic, and
+        their lag: at once when the partitions or the leader epoch changed, within
+        :data:`ANNOUNCE_INTERVAL_S` when only the lag changed, and every
+        :data:`ANNOUNCE_KEEPALIVE_S` otherwise (call it often; it is cheap)."""
         lease_ms = self.ctx.runtime.lease_remaining_ms()
         if not self.address or not self.ctx.runtime.streams_active:
             return
         if lease_ms is not None and lease_ms <= 0:
             return  # it would refuse every request (see _answer)
         now = self.ctx.clock.monotonic()
-        due = now - self._announced_at >= ANNOUNCE_INTERVAL_S
         for topic, leader in list(self.leaders.items()):
             live = tuple(sorted(p for p in leader.fencing.partitions if leader.fencing.is_live(p)))
             if not live:
                 continue
             epoch = max(leader.fencing.partitions[p].epoch for p in live)
-            if not due and self._announced.get(topic) == (epoch, live):
+            lag = leader.lag_report(live)
+            if not _announce_due(self._announced.get(topic), epoch, live, lag, now):
                 continue
             message = protocol.LeaderAnnouncement(
                 topic=topic,
@@ -194,16 +220,14 @@ class LeaderEndpoint:
                 leader_epoch=epoch,
                 address=self.address,
                 sent_ms=self.ctx.clock.now_ms(),
-                lag=leader.lag_report(live),
+                lag=lag,
             )
             payload = protocol.encode(message)
             coordinator = topics.coordinator_topic(self.ctx.app_id)
             for partition in range(self.ctx.coordinator_partitions):  # every group's coordinator
                 sealed = self.auth.seal(payload, topic_dest(coordinator, partition))
                 await self.ctx.sender.send(coordinator, partition, sealed)
-            self._announced[topic] = (epoch, live)
-        if due:
-            self._announced_at = now
+            self._announced[topic] = (epoch, live, lag, now)
 
     def _may_cancel(self, cancel: protocol.ShareFetchCancel, member_key: bytes) -> bool:
         """A cancel ends a parked request only if it came with the request's member key."""

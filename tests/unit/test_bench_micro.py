@@ -40,6 +40,11 @@ EXPECTED = {
     "read.views.nocrc",
     "read.parse",
     "read.crc",
+    *(
+        f"lazy.{touch}.{kind}"
+        for touch in ("none", "value", "all")
+        for kind in ("eager", "lazy", "ratio")
+    ),
     "units.fetch",
     "units.list",
     "units.judge",
@@ -80,7 +85,7 @@ def test_quick_run_writes_every_benchmark_with_its_figures(tmp_path: Path) -> No
     for name, figures in benchmarks.items():
         assert figures["repeats"] >= MIN_REPEATS, name
         assert figures["n"] >= 1, name
-        assert figures["unit"] in {"record", "message", "call"}, name
+        assert figures["unit"] in {"record", "message", "call", "ratio"}, name
         assert 0 < figures["min_us"] <= figures["median_us"] <= figures["max_us"], name
         assert figures["what"], name
 

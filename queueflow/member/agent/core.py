@@ -237,6 +237,7 @@ class ShareAgent:
                 self.client_id,
                 self.lock_duration_ms,
             )
+            self.session.lazy_records = self.options.lazy_records
             try:
                 await self.session.start()
                 if self.options.ordering == "key":  # the group must be key-ordered

@@ -76,9 +76,13 @@ class ShareAgentOptions:
             app's default group config ``share.ordering=key`` for the group, and the agent
             refuses to start in a group that is not key-ordered. ``"none"`` (default): as the
             group is configured.
+        lazy_records: with ``batch=True``, the records a leader carried are lazy views
+            (:mod:`queueflow.member.lazy_records`: decoded when the handler first touches one;
+            docs/performance.md "Lazy record views").
 
     Raises:
         ConfigurationError: concurrency < 1, batch_size < 1 or set without ``batch=True``,
+            lazy_records without ``batch=True``,
             handler_timeout_ms < 1, or an unknown processing_guarantee (when built); a lock
             duration out of range (:meth:`check_lock_duration`).
     """
@@ -93,6 +97,7 @@ class ShareAgentOptions:
     dead_letter: Any = None
     processing_guarantee: str | None = None
     ordering: str = "none"
+    lazy_records: bool = False
 
     def __post_init__(self) -> None:
         check_ordering(self.ordering)
@@ -117,6 +122,11 @@ class ShareAgentOptions:
             )
         if self.concurrency < 1:
             raise ConfigurationError(f"share_agent concurrency={self.concurrency}; must be >= 1")
+        if self.lazy_records and not self.batch:
+            raise ConfigurationError(
+                "share_agent lazy_records=True needs batch=True (a batch handler): a record "
+                "handler's record is decoded anyway"
+            )
         if self.batch_size is not None and not self.batch:
             raise ConfigurationError(
                 f"share_agent batch_size={self.batch_size} needs batch=True (a batch handler)"

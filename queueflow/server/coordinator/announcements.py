@@ -1,6 +1,7 @@
 """Leader announcements: where share-partition leaders serve, and their lag.
 
-Every leader announces, every 2 s (:mod:`queueflow.server.endpoint`), the address of its direct
+Every leader announces (:mod:`queueflow.server.endpoint`: on a change, a changed lag within 2 s,
+every 10 s otherwise) the address of its direct
 endpoint for the share-partitions it is live on, and the lag of those share-partitions (KIP-1226's
 definition, the ``lag`` assignor's input). :class:`LeaderDirectory` keeps both; the membership
 handlers (:mod:`.membership`) hand the addresses to members in heartbeat answers and the lag to
@@ -18,10 +19,11 @@ from queueflow.structs import TopicPartition
 __all__ = ["LAG_TTL_MS", "LEADER_ADDRESS_TTL_MS", "LeaderDirectory", "handle_announcement"]
 
 #: A leader address not announced again within this many ms is no longer handed out (leaders
-#: announce every 2 s; see :mod:`queueflow.server.endpoint`).
-LEADER_ADDRESS_TTL_MS = 6000
-#: A share-partition's lag not reported again within this many ms counts as unknown.
-LAG_TTL_MS = 10_000
+#: repeat an unchanged announcement every 10 s; see :mod:`queueflow.server.endpoint`).
+LEADER_ADDRESS_TTL_MS = 30_000
+#: A share-partition's lag not reported again within this many ms counts as unknown (a changed
+#: lag is reported within 2 s, an unchanged one every 10 s).
+LAG_TTL_MS = 30_000
 
 
 class LeaderDirectory:
@@ -65,7 +67,7 @@ class LeaderDirectory:
 
 
 def _expired(known: tuple[int, str, int], now_ms: int) -> bool:
-    # Not refreshed for three announcement periods: its worker is gone or no longer leads.
+    # Not refreshed for three keepalive periods: its worker is gone or no longer leads.
     return now_ms - known[2] > LEADER_ADDRESS_TTL_MS
 
 

@@ -83,6 +83,7 @@ class ResultApplier:
             self.cache.create(new.group, new.partition, new.start_offset)
         for durable in result.writes:
             self.persist(durable)
+        self.ctx.state_changed.set()  # a lock may have been taken: the idle ticker looks again
         if result.position is not None:
             self.positions.write(partition, result.position)
         if result.flush and self.ctx.settings.state_durability is StateDurability.ACKED:
