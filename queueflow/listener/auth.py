@@ -133,7 +133,7 @@ class ConnectionGuard:
         monotonic: Callable[[], float],
     ) -> None:
         self._security = security
-        self._peer = peer
+        self.peer = peer
         self.principal = principal or "User:ANONYMOUS"
         self.exchange = SaslExchange(security.mechanisms)
         self._broker: BrokerSession | None = None
@@ -163,7 +163,7 @@ class ConnectionGuard:
                 self._broker = await BrokerSession.open(self._security.target, "queueflow-sasl")
                 error, _ = await self._broker.handshake(body.mechanism)
             except BrokerAuthError as exc:
-                log.warning("kafka_client_auth_failed", peer=self._peer, reason=str(exc))
+                log.warning("kafka_client_auth_failed", peer=self.peer, reason=str(exc))
                 error = ErrorCode.illegal_sasl_state
         return sasl.handshake_response(error, enabled), error is not ErrorCode.none
 
@@ -185,7 +185,7 @@ class ConnectionGuard:
         if error is not ErrorCode.none:
             log.warning(
                 "kafka_client_auth_failed",
-                peer=self._peer,
+                peer=self.peer,
                 mechanism=self.exchange.mechanism,
                 reason=message,
             )
@@ -194,7 +194,7 @@ class ConnectionGuard:
             self.principal = f"User:{self._user}"
             log.info(
                 "kafka_client_authenticated",
-                peer=self._peer,
+                peer=self.peer,
                 principal=self.principal,
                 mechanism=self.exchange.mechanism,
             )
@@ -222,7 +222,7 @@ class ConnectionGuard:
             return None
         message = f"{self.principal} is not authorized to READ {what} (grant it an ALLOW ACL)"
         log.warning(
-            "kafka_client_unauthorized", peer=self._peer, principal=self.principal, reason=message
+            "kafka_client_unauthorized", peer=self.peer, principal=self.principal, reason=message
         )
         return sasl.unauthorized_response(api_key, version, error, message, body)
 

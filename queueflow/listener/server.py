@@ -273,7 +273,7 @@ class KafkaListener:
         key, version, correlation_id = peek_header(frame)
         refusal = guard.exchange.refusal(key)
         if refusal is not None:
-            log.warning("kafka_client_auth_failed", principal=guard.principal, reason=refusal)
+            log.warning("kafka_client_auth_failed", peer=guard.peer, reason=refusal)
             return None, True
         if key in (sasl.SASL_HANDSHAKE, sasl.SASL_AUTHENTICATE) and apis.serves(key, version):
             body = decode_request(frame).body
