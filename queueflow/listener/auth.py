@@ -20,14 +20,15 @@ from kio.schema.errors import ErrorCode
 
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig
-from queueflow.listener import sasl
+from queueflow.listener import acl_rules, sasl
+from queueflow.listener.acl_rules import AclOperation
 from queueflow.listener.broker_auth import (
     BrokerAuthError,
     BrokerSession,
     BrokerTarget,
     OperationCache,
 )
-from queueflow.listener.sasl import AclOperation, SaslExchange, SecurityProtocol
+from queueflow.listener.sasl import SaslExchange, SecurityProtocol
 from queueflow.settings import ShareGroupSettings, SslClientAuth
 
 __all__ = [
@@ -201,32 +202,37 @@ class ConnectionGuard:
         return sasl.authenticate_response(version, ErrorCode.none, None, token), False
 
     async def authorize(self, api_key: int, version: int, body: Any) -> Any | None:
-        """The refusal to answer instead of a share-group request whose principal lacks READ
-        on its group or topics (GROUP_ or TOPIC_AUTHORIZATION_FAILED), or ``None``: go on.
-        Without SASL (no broker connection as the principal) nothing is checked here: mutual
-        TLS decided who connects."""
-        rule = sasl.AUTHORIZE.get(api_key)
+        """The refusal to answer instead of a request whose principal lacks an ACL it needs
+        (:data:`~queueflow.listener.acl_rules.AUTHORIZE`: GROUP_ or
+        TOPIC_AUTHORIZATION_FAILED), or ``None``: go on. Without SASL (no broker connection as
+        the principal) nothing is checked here: mutual TLS decided who connects."""
+        rule = acl_rules.AUTHORIZE.get(api_key)
         if rule is None or self._broker is None:
             return None
         need = rule(body)
-        error, what = ErrorCode.none, ""
+        error, op, denied = ErrorCode.none, need.group_op, []
         try:
-            if need.group is not None and not await self._allowed("group", need.group):
-                error, what = ErrorCode.group_authorization_failed, f"group {need.group}"
-            denied = [t for t in need.topics if not await self._allowed("topic", t)]
-            if error is ErrorCode.none and denied:
-                error, what = ErrorCode.topic_authorization_failed, f"topic(s) {', '.join(denied)}"
+            denied = [g for g in need.groups if not await self._allowed("group", g, op)]
+            if denied:
+                error, what = ErrorCode.group_authorization_failed, "group"
+            else:
+                op = need.topic_op
+                denied = [t for t in need.topics if not await self._allowed("topic", t, op)]
+                error, what = ErrorCode.topic_authorization_failed, "topic"
         except BrokerAuthError as exc:
-            error, what = ErrorCode.group_authorization_failed, f"group {need.group} ({exc})"
-        if error is ErrorCode.none:
+            error, what, denied = ErrorCode.group_authorization_failed, "group", [repr(exc)]
+        if not denied:
             return None
-        message = f"{self.principal} is not authorized to READ {what} (grant it an ALLOW ACL)"
+        message = (
+            f"{self.principal} is not authorized to {op.name} {what} {', '.join(denied)} "
+            "(grant it an ALLOW ACL)"
+        )
         log.warning(
             "kafka_client_unauthorized", peer=self.peer, principal=self.principal, reason=message
         )
-        return sasl.unauthorized_response(api_key, version, error, message, body)
+        return acl_rules.unauthorized_response(api_key, version, error, message, body)
 
-    async def _allowed(self, kind: str, name: str) -> bool:
+    async def _allowed(self, kind: str, name: str, op: AclOperation) -> bool:
         bits = self._cache.get((kind, name))
         if bits is None:
             assert self._broker is not None
@@ -235,7 +241,7 @@ class ConnectionGuard:
             else:
                 bits = (await self._broker.topic_operations([name])).get(name, -1)
             self._cache.put((kind, name), bits)
-        return sasl.allows(bits, AclOperation.READ)
+        return acl_rules.allows(bits, op)
 
 
 def cert_principal(ssl_object: ssl.SSLObject | None) -> str:

@@ -1,6 +1,6 @@
-"""The listener's security rules, pure: its security protocol, the SASL state of a connection
-(KIP-152 framing: SaslHandshake v1, then SaslAuthenticate), the answers to the SASL requests,
-and which ACL operations each share-group request needs (KIP-932 "Security").
+"""The listener's SASL rules, pure: its security protocol, the SASL state of a connection
+(KIP-152 framing: SaslHandshake v1, then SaslAuthenticate) and the answers to the SASL
+requests. Which ACLs each request needs is :mod:`queueflow.listener.acl_rules`.
 
 The I/O (relaying the client's SASL exchange to the app's Kafka cluster, asking it what the
 principal may do) is :mod:`queueflow.listener.broker_auth`; docs/kafka-listener.md "Security".
@@ -21,30 +21,22 @@ from kio.static.constants import EntityType
 from queueflow.errors import ConfigurationError
 
 __all__ = [
-    "AUTHORIZE",
     "MECHANISMS",
     "ROUNDS",
     "SASL_AUTHENTICATE",
     "SASL_HANDSHAKE",
-    "AclOperation",
-    "Need",
     "SaslExchange",
     "SaslStage",
     "SecurityProtocol",
-    "allows",
     "authenticate_response",
     "handshake_response",
     "parse_mechanisms",
-    "unauthorized_response",
     "user_name",
 ]
 
 SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
 _API_VERSIONS = 18
-_SHARE_GROUP_HEARTBEAT = 76
-_SHARE_FETCH = 78
-_SHARE_ACKNOWLEDGE = 79
 
 #: The SASL mechanisms the listener can relay (their exchange needs no channel binding).
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -88,47 +80,6 @@ def parse_mechanisms(text: str) -> tuple[str, ...]:
             + f"; give a comma-separated list of {', '.join(MECHANISMS)}"
         )
     return names
-
-
-class AclOperation(enum.IntEnum):
-    """Kafka's ACL operations, numbered as in the authorized-operations bit fields (KIP-430)."""
-
-    ALL = 2
-    READ = 3
-    WRITE = 4
-    DELETE = 6
-    DESCRIBE = 8
-
-
-def allows(bits: int, operation: AclOperation) -> bool:
-    """Whether an authorized-operations bit field (KIP-430) grants ``operation``."""
-    return bits >= 0 and bool(bits & (1 << operation | 1 << AclOperation.ALL))
-
-
-@dataclass(frozen=True, slots=True)
-class Need:
-    """What one request needs: READ on ``group`` (``None``: no group check) and READ on each of
-    ``topics``."""
-
-    group: str | None
-    topics: tuple[str, ...] = ()
-
-
-def _authorize_heartbeat(body: Any) -> Need:
-    return Need(body.group_id, tuple(body.subscribed_topic_names or ()))
-
-
-def _authorize_share(body: Any) -> Need:
-    return Need(body.group_id)
-
-
-#: API key -> what a request of it needs (KIP-932 "Security": READ on the share group; the
-#: topics a member subscribes to need READ, as a queueflow member's principal does).
-AUTHORIZE = {
-    _SHARE_GROUP_HEARTBEAT: _authorize_heartbeat,
-    _SHARE_FETCH: _authorize_share,
-    _SHARE_ACKNOWLEDGE: _authorize_share,
-}
 
 
 class SaslStage(enum.Enum):
@@ -208,37 +159,6 @@ def authenticate_response(
     extra: dict[str, Any] = {"session_lifetime": datetime.timedelta(0)} if version >= 1 else {}
     return m.SaslAuthenticateResponse(
         error_code=error, error_message=message, auth_bytes=auth_bytes, **extra
-    )
-
-
-def unauthorized_response(
-    api_key: int, version: int, error: ErrorCode, message: str, request: Any
-) -> Any:
-    """The answer of ``version`` to a share-group request (heartbeat, fetch, acknowledge) whose
-    principal lacks an ACL: ``error`` (GROUP_ or TOPIC_AUTHORIZATION_FAILED) and ``message``,
-    nothing else (Kafka's top-level authorization errors, KIP-932 "Security")."""
-    m = load_payload_module(api_key, version, EntityType.response)
-    zero = datetime.timedelta(0)
-    if api_key == _SHARE_GROUP_HEARTBEAT:
-        return m.ShareGroupHeartbeatResponse(
-            throttle_time=zero,
-            error_code=error,
-            error_message=message,
-            member_id=request.member_id,
-            member_epoch=request.member_epoch,
-            heartbeat_interval=zero,
-        )
-    extra: dict[str, Any] = (
-        {"acquisition_lock_timeout": zero} if api_key == _SHARE_FETCH or version >= 2 else {}
-    )
-    name = "ShareFetchResponse" if api_key == _SHARE_FETCH else "ShareAcknowledgeResponse"
-    return getattr(m, name)(
-        throttle_time=zero,
-        error_code=error,
-        error_message=message,
-        responses=(),
-        node_endpoints=(),
-        **extra,
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from queueflow.errors import ConfigurationError
-from queueflow.listener import apis, sasl
+from queueflow.listener import acl_rules, apis, sasl
 from queueflow.listener.admin import AdminGateway, GroupAdmin
 from queueflow.listener.auth import (
     ConnectionGuard,
@@ -282,7 +282,7 @@ class KafkaListener:
             else:
                 response, close = await guard.authenticate(version, body)
             return encode_response(correlation_id, response), close
-        if guard.checks_acls and key in sasl.AUTHORIZE and apis.serves(key, version):
+        if guard.checks_acls and key in acl_rules.AUTHORIZE and apis.serves(key, version):
             refused = await guard.authorize(key, version, decode_request(frame).body)
             if refused is not None:
                 return encode_response(correlation_id, refused), False

@@ -22,6 +22,7 @@ from kio.static.constants import EntityType
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig
 from queueflow.listener import KafkaListener, sasl
+from queueflow.listener.acl_rules import AclOperation, allows
 from queueflow.listener.auth import ListenerSecurity, listener_protocol, listener_security
 from queueflow.listener.broker_auth import BrokerTarget
 from queueflow.listener.codec import (
@@ -32,11 +33,9 @@ from queueflow.listener.codec import (
     encode_response,
 )
 from queueflow.listener.sasl import (
-    AclOperation,
     SaslExchange,
     SaslStage,
     SecurityProtocol,
-    allows,
     parse_mechanisms,
     user_name,
 )
@@ -93,9 +92,10 @@ def test_malformed_first_tokens_name_nobody() -> None:
 
 
 @given(st.integers(-(2**31), 2**31 - 1))
-def test_read_is_granted_by_its_bit_or_all(bits: int) -> None:
-    expected = bits >= 0 and bool(bits & (1 << 3 | 1 << 2))
-    assert allows(bits, AclOperation.READ) is expected
+def test_an_operation_is_granted_by_its_bit_or_all_and_describe_by_read(bits: int) -> None:
+    assert allows(bits, AclOperation.READ) is (bits >= 0 and bool(bits & (1 << 3 | 1 << 2)))
+    implying = 1 << 8 | 1 << 2 | 1 << 3 | 1 << 4 | 1 << 6
+    assert allows(bits, AclOperation.DESCRIBE) is (bits >= 0 and bool(bits & implying))
 
 
 def test_mechanisms_are_checked() -> None:
@@ -398,3 +398,20 @@ def test_a_plaintext_listener_answers_sasl_requests_with_an_illegal_state() -> N
     finally:
         loop.run_until_complete(kl.close())
         loop.close()
+
+
+def test_admin_requests_need_their_group_operations(secured_listener: Any) -> None:
+    kl, loop = secured_listener
+    describe = frame(77, 1, 3, group_ids=("closed",), include_authorized_operations=False)
+    delete = frame(42, 2, 4, groups_names=("open",))  # READ and DESCRIBE only, no DELETE
+    answers = loop.run_until_complete(
+        exchange(kl.port, HANDSHAKE, authenticate("right"), describe, delete)
+    )
+    (described,) = answers[2].groups
+    assert described.error_code is ErrorCode.group_authorization_failed
+    assert described.error_message == (
+        "User:alice is not authorized to DESCRIBE group closed (grant it an ALLOW ACL)"
+    )
+    assert [(r.group_id, r.error_code) for r in answers[3].results] == [
+        ("open", ErrorCode.group_authorization_failed)
+    ]
