@@ -30,6 +30,7 @@ from queueflow.listener.metadata import (
     metadata_response,
 )
 from queueflow.listener.refused import refused_fetch, refused_produce
+from queueflow.listener.sasl import SaslStage
 from queueflow.server.connections import DirectLimits
 
 __all__ = ["KafkaListener", "parse_listener"]
@@ -132,9 +133,8 @@ class KafkaListener:
         )
         self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
         self._admin = AdminGateway(admin, self.topic_ids, lambda: self._served_now)
-        self._max_frame = limits.max_frame_bytes
+        self._limits = limits
         self._max_connections = max_connections
-        self._idle_s = limits.idle_s
         self._read_s = limits.frame_read_timeout_s
         self._write_s = limits.write_timeout_s
         self._connections: set[asyncio.Task[None]] = set()
@@ -235,15 +235,19 @@ class KafkaListener:
         peer: str,
     ) -> None:
         while True:
+            # before SASL authentication, the direct port's tighter bounds (Kafka:
+            # sasl.server.max.receive.size)
+            done = guard.exchange.stage is SaslStage.DONE
+            idle_s, limit = self._limits.idle_timeout_s(done), self._limits.frame_bytes(done)
             try:
-                head = await asyncio.wait_for(reader.readexactly(SIZE.size), self._idle_s)
+                head = await asyncio.wait_for(reader.readexactly(SIZE.size), idle_s)
             except asyncio.TimeoutError:
                 return  # idle (Kafka: connections.max.idle.ms)
             (size,) = SIZE.unpack(head)
-            if size < 8 or size > self._max_frame:
+            if size < 8 or size > limit:
+                setting = "max.frame.bytes" if done else "unauthenticated.max.frame.bytes"
                 raise FrameError(
-                    f"a {size}-byte frame (the limit is {self._max_frame} bytes: "
-                    "queueflow.direct.max.frame.bytes)"
+                    f"a {size}-byte frame (the limit is {limit} bytes: queueflow.direct.{setting})"
                 )
             try:
                 frame = await asyncio.wait_for(reader.readexactly(size), self._read_s)

@@ -249,7 +249,7 @@ def secured_listener() -> Iterator[tuple[KafkaListener, asyncio.AbstractEventLoo
         heartbeat_interval_ms=500,
         session_timeout_ms=60_000,
         limits=DirectLimits(
-            unauthenticated_max_frame_bytes=4096,
+            unauthenticated_max_frame_bytes=1024,
             max_frame_bytes=4096,
             unauthenticated_idle_s=600.0,
             idle_s=600.0,
@@ -415,3 +415,11 @@ def test_admin_requests_need_their_group_operations(secured_listener: Any) -> No
     assert [(r.group_id, r.error_code) for r in answers[3].results] == [
         ("open", ErrorCode.group_authorization_failed)
     ]
+
+
+def test_frames_before_authentication_are_bounded_tighter(secured_listener: Any) -> None:
+    kl, loop = secured_listener
+    token = b"\0alice\0" + b"x" * 2000  # over the 1,024 bytes allowed before authentication
+    big = frame(sasl.SASL_AUTHENTICATE, 2, 2, auth_bytes=token)
+    answers = loop.run_until_complete(exchange(kl.port, HANDSHAKE, big))
+    assert [a.error_code for a in answers] == [ErrorCode.none]  # then closed
