@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import ssl
 import struct
 from collections.abc import Iterator
 from typing import Any
@@ -423,3 +424,52 @@ def test_frames_before_authentication_are_bounded_tighter(secured_listener: Any)
     big = frame(sasl.SASL_AUTHENTICATE, 2, 2, auth_bytes=token)
     answers = loop.run_until_complete(exchange(kl.port, HANDSHAKE, big))
     assert [a.error_code for a in answers] == [ErrorCode.none]  # then closed
+
+
+def test_mutual_tls_names_the_client_by_its_certificate(tmp_path: Any) -> None:
+    from queueflow.devtools.broker.secure import CertificateAuthority
+    from queueflow.listener.auth import cert_principal
+
+    ca = CertificateAuthority(tmp_path)
+    ca.issue("listener")
+    cert, key = ca.issue("carol")
+    settings = ShareGroupSettings(
+        kafka_listener="SSL://127.0.0.1:0",
+        kafka_listener_ssl_keystore_location=str(tmp_path / "listener.keystore.pem"),
+        kafka_listener_ssl_truststore_location=str(ca.ca_path),
+        kafka_listener_ssl_client_auth="required",  # type: ignore[arg-type]
+    )
+    secured_ssl = KafkaClientConfig("broker:9093", extra={"security_protocol": "SSL"})
+    security = listener_security(settings, secured_ssl)
+    assert security.protocol is SecurityProtocol.SSL and security.target is None
+    assert security.ssl_context is not None
+
+    async def principal() -> str:
+        seen: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen.set_result(cert_principal(writer.get_extra_info("ssl_object")))
+            writer.close()
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0, ssl=security.ssl_context)
+        port = server.sockets[0].getsockname()[1]
+        client = ssl.create_default_context(cafile=str(ca.ca_path))
+        client.load_cert_chain(cert, key)
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client)
+        try:
+            return await asyncio.wait_for(seen, 10)
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+
+    assert asyncio.run(principal()) == "User:CN=carol"
+    # without client authentication, SSL alone is refused on a secured cluster
+    with pytest.raises(ConfigurationError, match="without authentication"):
+        listener_security(
+            ShareGroupSettings(
+                kafka_listener="SSL://127.0.0.1:0",
+                kafka_listener_ssl_keystore_location=str(tmp_path / "listener.keystore.pem"),
+            ),
+            secured_ssl,
+        )
