@@ -969,6 +969,7 @@ class ShareGroups:
             return
         try:  # the listener extra: pip install 'queueflow[listener]'
             from queueflow.listener import KafkaListener
+            from queueflow.listener.auth import listener_security
         except ImportError as exc:
             raise ConfigurationError(
                 f"queueflow.kafka.listener={s.kafka_listener!r} needs kio: "
@@ -996,6 +997,7 @@ class ShareGroups:
             limits=DirectLimits.from_settings(s),
             max_connections=s.direct_max_connections,
             monotonic=ctx.clock.monotonic,
+            security=listener_security(s, self.kafka),
         )
         await self.kafka_listener.start()
 

@@ -687,7 +687,54 @@ SETTINGS: tuple[Setting, ...] = (
         "",
         doc="Where the worker's Kafka-protocol listener listens, e.g. "
         "`PLAINTEXT://127.0.0.1:9192`, so that Kafka's own share consumers (KIP-932 clients) "
-        "join this app's groups (docs/kafka-listener.md); empty (default): off. PLAINTEXT only.",
+        "join this app's groups (docs/kafka-listener.md); empty (default): off. The scheme is "
+        "the security protocol, as in Kafka's `listeners`: `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT`, "
+        "`SASL_SSL` (`host:port` alone: `PLAINTEXT`); when the app's Kafka connection is "
+        "secured, `PLAINTEXT` is refused at start.",
+        read_by="leader",
+    ),
+    Setting(
+        "kafka_listener_sasl_enabled_mechanisms",
+        "queueflow.kafka.listener.sasl.enabled.mechanisms",
+        "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        doc="SASL mechanisms the Kafka-protocol listener offers (Kafka: sasl.enabled.mechanisms), "
+        "comma-separated, of `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`. The client's exchange is "
+        "relayed to the app's Kafka cluster, which must enable the mechanism too "
+        '(docs/kafka-listener.md "Security").',
+        read_by="leader",
+    ),
+    Setting(
+        "kafka_listener_ssl_keystore_location",
+        "queueflow.kafka.listener.ssl.keystore.location",
+        "",
+        doc="PEM file with the Kafka-protocol listener's private key and certificate chain "
+        "(Kafka: ssl.keystore.location); required with `SSL` and `SASL_SSL`.",
+        read_by="leader",
+    ),
+    Setting(
+        "kafka_listener_ssl_key_password",
+        "queueflow.kafka.listener.ssl.key.password",
+        "",
+        doc="Password of the key in the listener's key store (Kafka: ssl.key.password); empty: "
+        "not encrypted.",
+        read_by="leader",
+    ),
+    Setting(
+        "kafka_listener_ssl_truststore_location",
+        "queueflow.kafka.listener.ssl.truststore.location",
+        "",
+        doc="PEM file of the CA certificates clients' certificates must chain to (Kafka: "
+        "ssl.truststore.location; mutual TLS); empty: the CA certificates of the Kafka "
+        "connection's SSL context, else the system's.",
+        read_by="leader",
+    ),
+    Setting(
+        "kafka_listener_ssl_client_auth",
+        "queueflow.kafka.listener.ssl.client.auth",
+        SslClientAuth.NONE,
+        doc="Whether the listener asks clients for a certificate (Kafka: ssl.client.auth): "
+        "`required` refuses clients without one signed by a trusted CA (mutual TLS; the "
+        "principal is then `User:<subject DN>`, as Kafka's default SSL principal builder).",
         read_by="leader",
     ),
     Setting(
@@ -1137,6 +1184,19 @@ class ShareGroupSettings:
     )
     leader_record_cache_bytes: int = int_default("leader_record_cache_bytes")
     kafka_listener: str = str_default("kafka_listener")
+    kafka_listener_sasl_enabled_mechanisms: str = str_default(
+        "kafka_listener_sasl_enabled_mechanisms"
+    )
+    kafka_listener_ssl_keystore_location: str = str_default("kafka_listener_ssl_keystore_location")
+    kafka_listener_ssl_key_password: str = dataclasses.field(
+        default=str_default("kafka_listener_ssl_key_password"), repr=False
+    )
+    kafka_listener_ssl_truststore_location: str = str_default(
+        "kafka_listener_ssl_truststore_location"
+    )
+    kafka_listener_ssl_client_auth: SslClientAuth = choice_default(
+        "kafka_listener_ssl_client_auth", SslClientAuth
+    )
     leader_advertised_host: str = str_default("leader_advertised_host")
     direct_max_connections: int = int_default("direct_max_connections")
     direct_max_connections_per_ip: int = int_default("direct_max_connections_per_ip")
@@ -1267,7 +1327,12 @@ _GROUP_BOUNDS = (
 
 
 #: Settings shown as ``***`` (logs, admin output).
-_SECRETS: Final = ("auth_secret", "auth_member_credential", "leader_listener_ssl_key_password")
+_SECRETS: Final = (
+    "auth_secret",
+    "auth_member_credential",
+    "leader_listener_ssl_key_password",
+    "kafka_listener_ssl_key_password",
+)
 
 
 def _cross_check(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:

@@ -31,6 +31,7 @@ from queueflow.settings import ListenerSecurityProtocol, ShareGroupSettings, Ssl
 
 __all__ = [
     "direct_path_tls",
+    "kafka_listener_ssl_context",
     "kafka_ssl_context",
     "leader_ssl_context",
     "member_ssl_context",
@@ -104,10 +105,10 @@ def _trust(
         context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
 
 
-def _load(action: Callable[[], Any], what: str) -> Any:
+def _load(action: Callable[[], Any], what: str, prefix: str = "leader_listener") -> Any:
     """Run ``action`` (loading a setting's file); its failure becomes a ConfigurationError
-    naming the setting."""
-    attr = f"leader_listener_ssl_{what}"
+    naming the setting (``<prefix>_ssl_<what>``)."""
+    attr = f"{prefix}_ssl_{what}"
     try:
         return action()
     except (OSError, ssl.SSLError, ValueError) as exc:
@@ -115,7 +116,7 @@ def _load(action: Callable[[], Any], what: str) -> Any:
             f"{_name(attr)}: cannot load it ({exc}); give a readable PEM file"
             + (
                 f" (with the private key and certificate chain; an encrypted key needs "
-                f"{_name('leader_listener_ssl_key_password')})"
+                f"{_name(f'{prefix}_ssl_key_password')})"
                 if what == "keystore_location"
                 else " of CA certificates"
             )
@@ -190,4 +191,46 @@ def member_ssl_context(
         "keystore_location" if keystore else "truststore_location",
     )
     context.check_hostname = check_hostname
+    return context
+
+
+def kafka_listener_ssl_context(
+    settings: ShareGroupSettings, kafka: KafkaClientConfig | None
+) -> ssl.SSLContext:
+    """The TLS server context of the Kafka-protocol listener (``queueflow.kafka.listener``
+    with ``SSL`` or ``SASL_SSL``; docs/kafka-listener.md "Security"): its certificate from
+    ``queueflow.kafka.listener.ssl.keystore.location`` and, for mutual TLS
+    (``ssl.client.auth``), the CAs clients' certificates must chain to
+    (``ssl.truststore.location``, else the Kafka connection's CAs, else the system's).
+
+    Raises:
+        ConfigurationError: no key store set, or a file can't be loaded; the message names the
+            setting.
+    """
+    prefix = "kafka_listener"
+    keystore = settings.kafka_listener_ssl_keystore_location
+    if not keystore:
+        raise ConfigurationError(
+            f"{_name('kafka_listener')}={settings.kafka_listener!r} uses TLS, so the listener "
+            f"needs a certificate: set {_name('kafka_listener_ssl_keystore_location')} (or "
+            f"${lookup('kafka_listener_ssl_keystore_location').env}) to a PEM file with this "
+            "worker's private key and a certificate for the host clients connect to"
+        )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    password = settings.kafka_listener_ssl_key_password
+    _load(lambda: context.load_cert_chain(keystore, password=password), "keystore_location", prefix)
+    context.verify_mode = _CLIENT_AUTH[settings.kafka_listener_ssl_client_auth]
+    if context.verify_mode != ssl.CERT_NONE:
+        location = settings.kafka_listener_ssl_truststore_location
+        cadata = _kafka_cas(kafka)
+        if location:
+            _load(
+                lambda: context.load_verify_locations(cafile=location),
+                "truststore_location",
+                prefix,
+            )
+        elif cadata:
+            context.load_verify_locations(cadata=cadata)
+        else:
+            context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
     return context

@@ -24,6 +24,8 @@ __all__ = [
     "LIST_OFFSETS",
     "METADATA",
     "PRODUCE",
+    "SASL_AUTHENTICATE",
+    "SASL_HANDSHAKE",
     "SERVED",
     "SHARE_ACKNOWLEDGE",
     "SHARE_FETCH",
@@ -41,6 +43,8 @@ FIND_COORDINATOR = 10
 LIST_GROUPS = 16
 DELETE_GROUPS = 42
 API_VERSIONS = 18
+SASL_HANDSHAKE = 17
+SASL_AUTHENTICATE = 36
 SHARE_GROUP_HEARTBEAT = 76
 SHARE_GROUP_DESCRIBE = 77
 SHARE_FETCH = 78
@@ -55,6 +59,8 @@ DELETE_SHARE_GROUP_OFFSETS = 92
 #: ListGroups v5 (group types), ListOffsets v6+ (``--reset-offsets --to-earliest``),
 #: DeleteGroups (``--delete``).
 #: Produce v3 and Fetch v4 are listed (and refused) for librdkafka (queueflow.listener.refused).
+#: SaslHandshake v1 (KIP-152 framing) and SaslAuthenticate are listed on every listener, as
+#: Kafka's brokers list them (queueflow.listener.sasl; ILLEGAL_SASL_STATE without SASL).
 SERVED: Mapping[int, tuple[int, int]] = {
     PRODUCE: (3, 3),
     FETCH: (4, 4),
@@ -63,6 +69,8 @@ SERVED: Mapping[int, tuple[int, int]] = {
     FIND_COORDINATOR: (0, 6),
     LIST_GROUPS: (5, 5),
     API_VERSIONS: (0, 4),
+    SASL_HANDSHAKE: (1, 1),
+    SASL_AUTHENTICATE: (0, 2),
     DELETE_GROUPS: (0, 2),
     SHARE_GROUP_HEARTBEAT: (1, 1),
     SHARE_GROUP_DESCRIBE: (1, 1),

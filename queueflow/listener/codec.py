@@ -25,6 +25,8 @@ __all__ = [
     "FrameError",
     "Request",
     "decode_request",
+    "decode_response",
+    "encode_request",
     "encode_response",
     "peek_header",
 ]
@@ -113,3 +115,39 @@ def encode_response(correlation_id: int, response: Any) -> bytes:
     data = bytes(frame)
     del frame
     return data
+
+
+def encode_request(request: Any, correlation_id: int, client_id: str) -> bytes:
+    """The frame (size prefix included) of ``request`` (a kio request entity), with the request
+    header its schema names: what the listener sends to the app's brokers."""
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    header_type = type(request).__header_schema__
+    header = header_type(
+        request_api_key=request.__api_key__,
+        request_api_version=request.__version__,
+        correlation_id=i32(correlation_id),
+        client_id=client_id,
+    )
+    entity_writer(header_type)(buffer, header)
+    entity_writer(type(request))(buffer, request)
+    frame = buffer.getbuffer()
+    SIZE.pack_into(frame, 0, len(frame) - 4)
+    data = bytes(frame)
+    del frame
+    return data
+
+
+def decode_response(frame: bytes, schema: type[Any]) -> tuple[int, Any]:
+    """``(correlation_id, response)`` of a response frame (without its size prefix) of the kio
+    response type ``schema``.
+
+    Raises:
+        FrameError: bytes that don't parse as ``schema``.
+    """
+    try:
+        header, used = entity_reader(schema.__header_schema__)(frame, 0)
+        body, _ = entity_reader(schema)(frame, used)
+    except Exception as exc:  # kio's native reader raises various errors on bad bytes
+        raise FrameError(f"a {schema.__name__} does not parse: {exc!r}") from None
+    return int(header.correlation_id), body

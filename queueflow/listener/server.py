@@ -12,8 +12,14 @@ from typing import Any
 import structlog
 
 from queueflow.errors import ConfigurationError
-from queueflow.listener import apis
+from queueflow.listener import acl_rules, apis, sasl
 from queueflow.listener.admin import AdminGateway, GroupAdmin
+from queueflow.listener.auth import (
+    ConnectionGuard,
+    ListenerSecurity,
+    cert_principal,
+    listener_protocol,
+)
 from queueflow.listener.codec import SIZE, FrameError, decode_request, encode_response, peek_header
 from queueflow.listener.fetch import ShareFetcher
 from queueflow.listener.members import MemberRegistry, SessionFactory
@@ -24,6 +30,7 @@ from queueflow.listener.metadata import (
     metadata_response,
 )
 from queueflow.listener.refused import refused_fetch, refused_produce
+from queueflow.listener.sasl import SaslStage
 from queueflow.server.connections import DirectLimits
 
 __all__ = ["KafkaListener", "parse_listener"]
@@ -42,18 +49,17 @@ def parse_listener(value: str) -> tuple[str, int]:
     """``(host, port)`` of a ``queueflow.kafka.listener`` value: ``PLAINTEXT://host:port`` or
     ``host:port``.
 
+    ``SSL://``, ``SASL_PLAINTEXT://`` or ``SASL_SSL://host:port`` (the scheme is the security
+    protocol, :func:`~queueflow.listener.auth.listener_protocol`).
+
     Raises:
-        ConfigurationError: another security protocol (not served yet), or no valid port.
+        ConfigurationError: an unknown security protocol, or no valid port.
     """
     text = value.strip()
-    protocol, sep, rest = text.partition("://")
+    listener_protocol(text)
+    _, sep, rest = text.partition("://")
     if not sep:
-        protocol, rest = "PLAINTEXT", text
-    if protocol.upper() != "PLAINTEXT":
-        raise ConfigurationError(
-            f"queueflow.kafka.listener={value!r}: only PLAINTEXT is served so far "
-            "(docs/kafka-listener.md); use PLAINTEXT://host:port"
-        )
+        rest = text
     host, colon, port = rest.rpartition(":")
     if not colon or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ConfigurationError(
@@ -83,6 +89,8 @@ class KafkaListener:
             and ``write_timeout_s`` (a slow client) apply here.
         max_connections: connections held at once; more are closed at once.
         monotonic: the clock, in seconds.
+        security: what clients must present (TLS, SASL; :func:`~queueflow.listener.auth.
+            listener_security`); ``None``: PLAINTEXT.
 
     Raises:
         ConfigurationError: an invalid ``listen``.
@@ -102,8 +110,11 @@ class KafkaListener:
         limits: DirectLimits,
         max_connections: int,
         monotonic: Callable[[], float],
+        security: ListenerSecurity | None = None,
     ) -> None:
         self._host, self._port = parse_listener(listen)
+        self._security = security or ListenerSecurity()
+        self._monotonic = monotonic
         self._advertised = (
             self._host if self._host not in ("0.0.0.0", "::", "") else advertised_host
         )
@@ -122,9 +133,8 @@ class KafkaListener:
         )
         self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
         self._admin = AdminGateway(admin, self.topic_ids, lambda: self._served_now)
-        self._max_frame = limits.max_frame_bytes
+        self._limits = limits
         self._max_connections = max_connections
-        self._idle_s = limits.idle_s
         self._read_s = limits.frame_read_timeout_s
         self._write_s = limits.write_timeout_s
         self._connections: set[asyncio.Task[None]] = set()
@@ -141,7 +151,9 @@ class KafkaListener:
         self._served_now = await self._served()
         for topic in self._served_now:
             self.topic_ids.id_of(topic)
-        self._server = await asyncio.start_server(self._accept, self._host, self._port)
+        self._server = await asyncio.start_server(
+            self._accept, self._host, self._port, ssl=self._security.ssl_context
+        )
         sockets = self._server.sockets
         if sockets and self._port == 0:
             self._port = int(sockets[0].getsockname()[1])
@@ -153,6 +165,7 @@ class KafkaListener:
             host=self._host,
             port=self._port,
             advertised=f"{self._advertised}:{self._port}",
+            protocol=self._security.protocol.value,
             topics=sorted(self._served_now),
         )
 
@@ -193,8 +206,14 @@ class KafkaListener:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        guard = ConnectionGuard(
+            self._security,
+            str(peer),
+            cert_principal(writer.get_extra_info("ssl_object")),
+            self._monotonic,
+        )
         try:
-            await self._serve(reader, writer, str(peer))
+            await self._serve(reader, writer, guard, str(peer))
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away
         except FrameError as exc:
@@ -203,23 +222,32 @@ class KafkaListener:
             log.exception("kafka_request_failed", peer=str(peer), error=repr(exc))
         finally:
             self._connections.discard(task)
+            await guard.close()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
     async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        guard: ConnectionGuard,
+        peer: str,
     ) -> None:
         while True:
+            # before SASL authentication, the direct port's tighter bounds (Kafka:
+            # sasl.server.max.receive.size)
+            done = guard.exchange.stage is SaslStage.DONE
+            idle_s, limit = self._limits.idle_timeout_s(done), self._limits.frame_bytes(done)
             try:
-                head = await asyncio.wait_for(reader.readexactly(SIZE.size), self._idle_s)
+                head = await asyncio.wait_for(reader.readexactly(SIZE.size), idle_s)
             except asyncio.TimeoutError:
                 return  # idle (Kafka: connections.max.idle.ms)
             (size,) = SIZE.unpack(head)
-            if size < 8 or size > self._max_frame:
+            if size < 8 or size > limit:
+                setting = "max.frame.bytes" if done else "unauthenticated.max.frame.bytes"
                 raise FrameError(
-                    f"a {size}-byte frame (the limit is {self._max_frame} bytes: "
-                    "queueflow.direct.max.frame.bytes)"
+                    f"a {size}-byte frame (the limit is {limit} bytes: queueflow.direct.{setting})"
                 )
             try:
                 frame = await asyncio.wait_for(reader.readexactly(size), self._read_s)
@@ -228,7 +256,9 @@ class KafkaListener:
                     f"a {size}-byte frame did not arrive within {self._read_s} s "
                     "(queueflow.direct.frame.read.timeout.ms)"
                 ) from None
-            answer = await self._answer(frame, peer)
+            answer, close = await self._guarded(frame, guard)
+            if answer is None:
+                return  # closed before any answer (ILLEGAL_SASL_STATE)
             writer.write(answer)
             try:
                 await asyncio.wait_for(writer.drain(), self._write_s)
@@ -237,8 +267,32 @@ class KafkaListener:
                     f"the client took no answer within {self._write_s} s "
                     "(queueflow.direct.write.timeout.ms)"
                 ) from None
+            if close:
+                return
 
-    async def _answer(self, frame: bytes, peer: str) -> bytes:
+    async def _guarded(self, frame: bytes, guard: ConnectionGuard) -> tuple[bytes | None, bool]:
+        """``(answer, close)`` for one frame: the SASL requests answered by ``guard``, a request
+        before authentication closes the connection unanswered (as Kafka's brokers do), a
+        share-group request of a principal without READ gets its authorization error."""
+        key, version, correlation_id = peek_header(frame)
+        refusal = guard.exchange.refusal(key)
+        if refusal is not None:
+            log.warning("kafka_client_auth_failed", peer=guard.peer, reason=refusal)
+            return None, True
+        if key in (sasl.SASL_HANDSHAKE, sasl.SASL_AUTHENTICATE) and apis.serves(key, version):
+            body = decode_request(frame).body
+            if key == sasl.SASL_HANDSHAKE:
+                response, close = await guard.handshake(body)
+            else:
+                response, close = await guard.authenticate(version, body)
+            return encode_response(correlation_id, response), close
+        if guard.checks_acls and key in acl_rules.AUTHORIZE and apis.serves(key, version):
+            refused = await guard.authorize(key, version, decode_request(frame).body)
+            if refused is not None:
+                return encode_response(correlation_id, refused), False
+        return await self._answer(frame), False
+
+    async def _answer(self, frame: bytes) -> bytes:
         key, version, correlation_id = peek_header(frame)
         if key == apis.API_VERSIONS and not apis.serves(key, version):
             return encode_response(correlation_id, apis.api_versions_response(version))

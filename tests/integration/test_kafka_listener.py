@@ -82,13 +82,14 @@ def wait_listening(port: int, timeout_s: float) -> None:
 
 
 class LineReader:
-    """``proc``'s stdout lines, read by a thread (a pipe's buffered reader hides lines from
-    select)."""
+    """``proc``'s stdout lines (or ``stream``'s), read by a thread (a pipe's buffered reader
+    hides lines from select)."""
 
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
+    def __init__(self, proc: subprocess.Popen[str], stream: IO[str] | None = None) -> None:
+        stream = stream or proc.stdout
+        assert stream is not None
         self.lines: queue.Queue[str | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._read, args=(proc.stdout,), daemon=True)
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
 
     def _read(self, stream: IO[str]) -> None:

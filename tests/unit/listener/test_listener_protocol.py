@@ -140,8 +140,9 @@ def test_metadata_names_the_listener_and_refuses_unserved_topics() -> None:
 def test_parse_listener() -> None:
     assert parse_listener("PLAINTEXT://127.0.0.1:9192") == ("127.0.0.1", 9192)
     assert parse_listener("0.0.0.0:0") == ("0.0.0.0", 0)
-    with pytest.raises(ConfigurationError, match="only PLAINTEXT"):
-        parse_listener("SASL_SSL://host:9093")
+    assert parse_listener("SASL_SSL://host:9093") == ("host", 9093)
+    with pytest.raises(ConfigurationError, match="not a security protocol"):
+        parse_listener("KERBEROS://host:9093")
     with pytest.raises(ConfigurationError, match="expected PLAINTEXT://host:port"):
         parse_listener("PLAINTEXT://host")
 
