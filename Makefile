@@ -48,8 +48,14 @@ $(STAMP): pyproject.toml
 	@t0=$$(date +%s) && $(PIP) -e '.[test]' && echo "==> installed in $$(( $$(date +%s) - t0 )) s"
 	@touch $(STAMP)
 
+# Two pytest-xdist workers, each its own session (its own broker, SparkSession, tmp dirs): the
+# tests mostly wait (session timeouts, lock durations, JVM starts), so two halve the wall time on
+# 2 cores. Whole files go to one worker (--dist loadfile: a module fixture is set up once), the
+# slowest files first (tests/conftest.py). TEST_WORKERS=1 runs it serially in one process.
+TEST_WORKERS ?= 2
+TEST_DIST := $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: venv
-	$(BIN)/pytest -q --durations=30 $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=30 $(TEST_DIST) $(PYTEST_ARGS)
 
 # queueflow on a Kafka without share groups: the broker, share agents with every outcome,
 # failover and fencing, the direct path, outages, secured listeners with ACLs. The whole suite
