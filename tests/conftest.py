@@ -94,9 +94,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+class _SparkOnOneWorker:
+    """``--dist loadfile`` with tests/spark as one unit: one worker starts the SparkSession
+    (a JVM, ~15 s and ~1 GiB) instead of each."""
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: object) -> object | None:
+        if config.getoption("dist") != "loadfile":
+            return None
+        from xdist.scheduler import LoadFileScheduling
+
+        class Scheduler(LoadFileScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                path = nodeid.split("::", 1)[0]
+                return "tests/spark" if path.startswith("tests/spark/") else path
+
+        return Scheduler(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+    if config.pluginmanager.hasplugin("xdist"):  # its hooks exist only then
+        config.pluginmanager.register(_SparkOnOneWorker(), "queueflow-spark-on-one-worker")
 
 
 def _terminate(signum: int, frame: object) -> None:
