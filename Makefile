@@ -14,7 +14,7 @@ LINT_PATHS := $(wildcard queueflow tests examples bench)
 
 help:
 	@echo "make venv          create $(VENV) and install queueflow[test] (re-runs when pyproject.toml changes)"
-	@echo "make test          run the test suite (starts a throwaway local Kafka broker)"
+	@echo "make test          run the test suite on 2 workers, each with a throwaway local Kafka broker (TEST_WORKERS=1: serially, one broker)"
 	@echo "make test-kafka39  the smoke subset on Kafka 3.9.1 (no share groups in the broker)"
 	@echo "make lint          ruff check + ruff format --check"
 	@echo "make typecheck     mypy (strict on the engine and the base layer)"
@@ -48,8 +48,14 @@ $(STAMP): pyproject.toml
 	@t0=$$(date +%s) && $(PIP) -e '.[test]' && echo "==> installed in $$(( $$(date +%s) - t0 )) s"
 	@touch $(STAMP)
 
+# Two pytest-xdist workers, each its own session (its own broker, tmp dirs): the tests mostly
+# wait (session timeouts, lock durations, JVM starts), so two halve the wall time on 2 cores.
+# Whole files go to one worker (a module fixture is set up once; tests/spark all to one: one
+# SparkSession), the slowest first (tests/conftest.py). TEST_WORKERS=1: serially, one process.
+TEST_WORKERS ?= 2
+TEST_DIST := $(if $(filter 1,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: venv
-	$(BIN)/pytest -q --durations=30 $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=30 $(TEST_DIST) $(PYTEST_ARGS)
 
 # queueflow on a Kafka without share groups: the broker, share agents with every outcome,
 # failover and fencing, the direct path, outages, secured listeners with ACLs. The whole suite
@@ -59,7 +65,7 @@ SMOKE_TESTS := tests/integration/test_broker.py tests/integration/test_share_age
 	tests/integration/test_outages.py tests/integration/test_security_acls.py \
 	tests/integration/test_kafka_listener.py
 test-kafka39: venv
-	QUEUEFLOW_KAFKA_VERSION=3.9.1 $(BIN)/pytest -q $(SMOKE_TESTS)
+	QUEUEFLOW_KAFKA_VERSION=3.9.1 $(BIN)/pytest -q $(TEST_DIST) $(SMOKE_TESTS)
 
 lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)

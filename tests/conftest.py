@@ -20,6 +20,7 @@ the session dies without that (``die_with_parent``, see :mod:`queueflow.devtools
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -46,10 +47,35 @@ BROKER_START_TIMEOUT_S = 120.0
 #: Seconds a topic may take to be created and get leaders.
 TOPIC_TIMEOUT_S = 30.0
 
-_INTEGRATION_DIR = Path(__file__).resolve().parent / "integration"
+_TESTS_DIR = Path(__file__).resolve().parent
+_INTEGRATION_DIR = _TESTS_DIR / "integration"
+#: The slowest files (≥ 60 s of tests each on an idle machine), scheduled first under xdist.
+_SLOWEST_FILES = (
+    "test_examples.py",
+    "test_chaos.py",
+    "test_rolling_upgrade.py",
+    "test_failover.py",
+    "test_redelivery.py",
+    "test_kafka_listener.py",
+    "test_security_acls.py",
+)
+
+
+def _xdist_rank(item: pytest.Item) -> int:
+    """Scheduling rank of ``item``'s file: the slowest files, then the other broker tests, then
+    the unit tests (many small files that fill the workers' last minutes evenly)."""
+    path = Path(item.path).resolve()
+    if path.name in _SLOWEST_FILES:
+        return 0
+    return 2 if _TESTS_DIR / "unit" in path.parents else 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # `make test` hands whole files to two workers in collection order
+        # (--dist loadfile --no-loadscope-reorder): the longest first, so neither worker is left
+        # with a long file at the end. A stable sort keeps each file's own order.
+        items.sort(key=_xdist_rank)
     native = has_native_share_groups() or bool(bootstrap_from_env())
     kept: list[pytest.Item] = []
     deselected: list[pytest.Item] = []
@@ -68,9 +94,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
 
 
+class _SparkOnOneWorker:
+    """``--dist loadfile`` with tests/spark as one unit: one worker starts the SparkSession
+    (a JVM, ~15 s and ~1 GiB) instead of each."""
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: object) -> object | None:
+        if config.getoption("dist") != "loadfile":
+            return None
+        from xdist.scheduler import LoadFileScheduling
+
+        class Scheduler(LoadFileScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                path = nodeid.split("::", 1)[0]
+                return "tests/spark" if path.startswith("tests/spark/") else path
+
+        return Scheduler(config, log)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminate)
+    if config.pluginmanager.hasplugin("xdist"):  # its hooks exist only then
+        config.pluginmanager.register(_SparkOnOneWorker(), "queueflow-spark-on-one-worker")
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -53,10 +53,26 @@ CHAOS_ENV = {
 #: ``stream_wait_empty=False`` stops without waiting for the stream event in flight (the next
 #: leader reads that request again).
 OLD_RELEASE_ENV = {"STREAM_WAIT_EMPTY": "false"}
-#: Seconds a previous-release worker may take to stop before it is killed: the same bug can hold
-#: it inside its own shutdown (after its share agents drained and left); it stops in 1-2 s
-#: otherwise.
-OLD_STOP_S = 10.0
+#: Seconds a previous-release worker's share agents may take to drain and leave after SIGTERM
+#: (``share_agent_drained``; under a second when idle).
+OLD_DRAIN_S = 10.0
+#: Seconds it may then take to exit before it is killed: the same bug can hold it inside its own
+#: shutdown after its agents drained and left, until aiokafka's 40 s request timeout; it exits
+#: within 1-2 s otherwise. A kill then loses nothing: its members left, and its leaders' state is
+#: in their changelogs (the next leaders read it, as after any crash).
+OLD_EXIT_S = 3.0
+
+
+def stop_old_worker(worker: WorkerProcess) -> None:
+    """SIGTERM a previous-release worker; SIGKILL it :data:`OLD_EXIT_S` s after its share agents
+    drained (or :data:`OLD_DRAIN_S` + :data:`OLD_EXIT_S` s after the SIGTERM at the latest)."""
+    worker.terminate()
+    deadline = time.monotonic() + OLD_DRAIN_S
+    while worker.alive() and not worker.events("share_agent_drained"):
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    worker.stop(timeout_s=OLD_EXIT_S)  # a second SIGTERM is ignored: Faust is already stopping
 
 
 class Producer(threading.Thread):
@@ -182,7 +198,7 @@ def test_rolling_upgrade_from_the_previous_release_handles_every_record_once(
         for before, after in zip(old_workers, new_workers, strict=True):
             start(after)
             after.wait_ready(WAIT_S, what=after.log_path.stem)
-            before.stop(timeout_s=OLD_STOP_S)  # SIGTERM: drain, then leave
+            stop_old_worker(before)  # SIGTERM: drain, then leave
         old_member.stop(timeout_s=WAIT_S)
         produced = producer.finish()
         everything = set(range(1, produced + 1))
