@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import capacity_model, measure
-from bench.context import RECORD_SIZE, RESULTS, Context
+from bench.context import RECORD_SIZE, RESULTS, Context, guarded
 from bench.harness import ROOT, Fleet, cpu_seconds, produce
 from bench.measure import balanced, faust_argv, qf_env, stable, start_leader
 from bench.scenario_s5 import engine_memory
@@ -159,9 +159,11 @@ def ack_run(
                 others.append(fleet.add("leader" if i == 0 else f"leader-{i}", argv, lenv))
 
             def owned(stats: list[dict[str, Any]]) -> bool:
-                return sum(int(x.get("owned") or 0) for x in stats) == args.partitions
+                counts = [int(x.get("owned") or 0) for x in stats]
+                settled = all(x.get("recovered") for x in stats) and min(counts) > 0
+                return settled and sum(counts) == args.partitions
 
-            if not fleet.wait(owned, 120, members=others):
+            if not fleet.wait(stable(owned, 3.0), 150, members=others):
                 return {"error": "leader workers did not take every partition within 120 s"}
         members = []
         for i in range(args.members):
@@ -211,9 +213,10 @@ def ack_run(
 async def heartbeat_load(
     ctx: Context, app_id: str, topic: str, pid: int, groups: int, window_s: float
 ) -> dict[str, Any]:
-    """Join ``groups`` groups (one member each, sharing one reply channel), measure the leader
-    worker's idle CPU for ``window_s``, then heartbeat every group as fast as answers come
-    (32 in flight) for ``window_s``: CPU µs per heartbeat with the idle CPU subtracted."""
+    """Measure the leader worker's idle CPU for ``window_s`` (one member heartbeating), join
+    ``groups`` groups (one member each, sharing one reply channel), then heartbeat every group
+    as fast as answers come (32 in flight) for ``window_s``: CPU µs per heartbeat with the idle
+    CPU subtracted."""
     from queueflow.kafka.config import KafkaClientConfig
     from queueflow.member.context import MemberContext
     from queueflow.member.membership import Membership
@@ -228,17 +231,28 @@ async def heartbeat_load(
     partitions = await member.io.coordinator_partitions()
     ships = [session._membership]
     for g in range(1, groups):
-        m = Membership(session._requester, app_id, f"capacity-{g}", [topic], settings, "capacity")
+        # the session's member id: the coordinator keys its answers by it, and the reply
+        # channel keeps only answers under its own key
+        m = Membership(
+            session._requester,
+            app_id,
+            f"capacity-{g}",
+            [topic],
+            settings,
+            "capacity",
+            member_id=session.member_id,
+        )
         m.coordinator_partition = topics.coordinator_partition(m.group, partitions)
         ships.append(m)
     try:
-        for i in range(0, len(ships), 32):
-            await asyncio.gather(*(m._heartbeat(join=True) for m in ships[i + 1 : i + 33]))
-        await asyncio.sleep(3)  # joins settled
+        # idle first: only the first membership's own heartbeats
+        await asyncio.sleep(2)
         idle0, t0 = cpu_seconds(pid), time.monotonic()
         await asyncio.sleep(window_s)
         idle1, t1 = cpu_seconds(pid), time.monotonic()
         idle_rate = (idle1 - idle0) / (t1 - t0)  # type: ignore[operator]
+        for i in range(1, len(ships), 32):
+            await asyncio.gather(*(m._heartbeat(join=True) for m in ships[i : i + 32]))
         count = 0
         stop = time.monotonic() + window_s
 
@@ -250,12 +264,13 @@ async def heartbeat_load(
                     count += 1
 
         c0, t0 = cpu_seconds(pid), time.monotonic()
-        await asyncio.gather(*(loop(ships[i::32]) for i in range(32)))
+        await asyncio.gather(*(loop(ships[1:][i::32]) for i in range(32)))
         c1, t1 = cpu_seconds(pid), time.monotonic()
     finally:
-        for m in ships[1:]:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(m._heartbeat(leave=True), 5)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                asyncio.gather(*(m._heartbeat(leave=True) for m in ships[1:])), 15
+            )
         await session.close()
     busy = (c1 - c0) - idle_rate * (t1 - t0)  # type: ignore[operator]
     return {
@@ -299,17 +314,21 @@ def figures(ctx: Context) -> dict[str, Any]:
     args = ctx.args
     topic = ctx.uid("cap")
     create_topic(ctx.bootstrap, topic, args.partitions)
-    ctx.say(f"producing {args.records:,} records of {RECORD_SIZE} B to {topic}")
-    produce(ctx.bootstrap, topic, args.records, RECORD_SIZE, args.partitions, timeout_s=900)
-    runs: dict[str, Any] = {}
-    for pattern in ("batch", "release10"):
+    records = args.records if {"batch", "release10"} & set(args.parts.split(",")) else 1000
+    ctx.say(f"producing {records:,} records of {RECORD_SIZE} B to {topic}")
+    produce(ctx.bootstrap, topic, records, RECORD_SIZE, args.partitions, timeout_s=900)
+    runs: dict[str, Any] = {"batch": {}, "release10": {}, "heartbeats": {}, "engine_memory": {}}
+    parts = args.parts.split(",")
+    for pattern in [p for p in ("batch", "release10") if p in parts]:
         ctx.say(f"acknowledgement pattern {pattern} ...")
-        runs[pattern] = ack_run(ctx, topic, pattern)
+        runs[pattern] = guarded(lambda pattern=pattern: ack_run(ctx, topic, pattern))
         ctx.say(f"  {_brief(runs[pattern])}")
-    ctx.say(f"coordinator: heartbeats of {args.groups} groups ...")
-    runs["heartbeats"] = coordinator_run(ctx, topic)
-    ctx.say(f"  {runs['heartbeats']}")
-    runs["engine_memory"] = engine_memory()
+    if "heartbeats" in parts:
+        ctx.say(f"coordinator: heartbeats of {args.groups} groups ...")
+        runs["heartbeats"] = guarded(lambda: coordinator_run(ctx, topic))
+        ctx.say(f"  {runs['heartbeats']}")
+    if "memory" in parts:
+        runs["engine_memory"] = engine_memory()
     b, r, hb = runs["batch"], runs["release10"], runs["heartbeats"]
     out: dict[str, Any] = {
         "leader_cpu_us_per_record": b.get("leader_cpu_us"),
@@ -427,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         broker.stop(timeout_s=30)
         broker.wipe()
     if args.check_cluster:
-        out["cluster_check"] = check_cluster(args, run_dir, out)
+        out["cluster_check"] = guarded(lambda: check_cluster(args, run_dir, out))
     out["loadavg_1min"] = [round(load, 2), round(os.getloadavg()[0], 2)]
     out["cores"] = os.cpu_count()
     out["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
