@@ -427,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table is not None:
         measured = json.loads(Path(args.table).read_text().strip().splitlines()[-1])
+        print(capacity_model.figures_markdown(measured))
+        print()
         print(capacity_model.markdown(capacity_model.table(measured)))
         return 0
     from queueflow.devtools.broker import LocalBroker, find_free_ports

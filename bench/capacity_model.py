@@ -24,8 +24,9 @@ Sizing rules, one per column (``R``: acknowledged records/s over all groups, ``G
   replication adds to it);
 * in flight ``R * hold s * bytes per in-flight record`` (Little's law).
 
-The first to saturate is the resource that needs the most cores (leader, member, coordinator,
-broker): adding hosts to a deployment, that is the process type to add first.
+The first to saturate is queueflow's process type that needs the most cores (leader, member,
+coordinator): adding hosts to a deployment, that is the one to add first. The broker's cores and
+bytes are shown beside it (Kafka's own sizing).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "RATES",
     "Assumptions",
     "Row",
+    "figures_markdown",
     "markdown",
     "row",
     "table",
@@ -148,7 +150,8 @@ def row(
         "coordinator": round(coordinator_cores, 2),
         "broker": round(broker_cores, 2),
     }
-    first = max(cores, key=lambda k: cores[k])
+    # queueflow's own processes; the broker's cores are shown, sized as Kafka sizes a cluster
+    first = max(("leader", "member", "coordinator"), key=lambda k: cores[k])
     arithmetic = (
         f"W=ceil({rate:,}*{f['leader_cpu_us_per_record']:g}/{core_us:,.0f})={workers}; "
         f"N=ceil({rate:,}*{f['member_cpu_us_per_record']:g}/{core_us:,.0f})={members}; "
@@ -203,3 +206,71 @@ def markdown(rows: Sequence[Row]) -> str:
             f"{r.first} | {r.arithmetic} |"
         )
     return "\n".join(lines)
+
+
+#: (figure key, what it is, how it is measured) for :func:`figures_markdown`
+FIGURE_ROWS = (
+    (
+        "leader_cpu_us_per_record",
+        "leader CPU per acknowledged record, µs",
+        "leader worker's CPU ÷ records ACCEPTed in the window; a batch handler (one "
+        "acknowledgement per fetched batch), 4 partitions, 2 member processes",
+    ),
+    ("leader_records_per_core_s", "records/s one leader core serves", "10⁶ ÷ the above"),
+    (
+        "member_cpu_us_per_record",
+        "member CPU per record, µs",
+        "the member processes' CPU ÷ the same records (no-op batch handler)",
+    ),
+    (
+        "broker_cpu_us_per_record",
+        "broker CPU per record, µs",
+        "the broker JVM's CPU ÷ the same records (one broker, RF 1)",
+    ),
+    (
+        "changelog_bytes_per_ack",
+        "changelog bytes per acknowledged record",
+        "key + value bytes in the state changelog from the app's start to the window's end ÷ "
+        "records acknowledged by then (batch pattern)",
+    ),
+    (
+        "records_per_ack_request",
+        "records per acknowledgement (batch size N)",
+        "records acquired per ShareFetch, mean over the members",
+    ),
+    (
+        "coordinator_cpu_us_per_heartbeat",
+        "coordinator CPU per heartbeat, µs",
+        "a leader worker's CPU (its idle CPU subtracted) ÷ ShareGroupHeartbeats it answered: "
+        "200 groups of one member, heartbeats sent as fast as answered (32 in flight), request "
+        "and reply topics",
+    ),
+    ("heartbeats_per_core_s", "heartbeats/s one coordinator core serves", "10⁶ ÷ the above"),
+    (
+        "bytes_per_inflight_record",
+        "bytes per in-flight record",
+        "the engine under tracemalloc, every in-flight record a run of its own (S5's worst case)",
+    ),
+)
+
+
+def figures_markdown(measured: Mapping[str, Any]) -> str:
+    """The measured figures (and the scattered-RELEASE pattern's) as a Markdown table."""
+    release = measured.get("release10") or {}
+    lines = [
+        "| figure | measured | scattered RELEASE (10 %) | how |",
+        "|---|---|---|---|",
+    ]
+    for key, what, how in FIGURE_ROWS:
+        other = release.get(key)
+        lines.append(
+            f"| {what} | {_fmt(measured.get(key))} | {_fmt(other) if other is not None else ''} "
+            f"| {how} |"
+        )
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, int | float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:g}"
+    return "—" if value is None else str(value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.capacity_model import Assumptions, markdown, row, table
+from bench.capacity_model import Assumptions, figures_markdown, markdown, row, table
 
 FIGURES = {
     "leader_cpu_us_per_record": 10.0,
@@ -63,7 +63,7 @@ def test_table_covers_every_rate_and_group_count_rates_outermost() -> None:
 
 def test_missing_figure_says_what_to_run() -> None:
     partial = {k: v for k, v in FIGURES.items() if k != "changelog_bytes_per_ack"}
-    with pytest.raises(ValueError, match="changelog_bytes_per_ack.*bench.capacity"):
+    with pytest.raises(ValueError, match=r"changelog_bytes_per_ack.*bench\.capacity"):
         row(partial, 10_000, 10)
 
 
@@ -76,3 +76,13 @@ def test_bad_assumptions_are_refused(bad: dict[str, float]) -> None:
 def test_nonpositive_rate_is_refused() -> None:
     with pytest.raises(ValueError, match="positive"):
         row(FIGURES, 0, 10)
+
+
+def test_figures_table_lists_each_figure_and_the_release_pattern() -> None:
+    measured = dict(
+        FIGURES, leader_records_per_core_s=100_000, release10={"leader_cpu_us_per_record": 21.5}
+    )
+    text = figures_markdown(measured)
+    assert "| leader CPU per acknowledged record, µs | 10 | 21.5 |" in text
+    assert "| records/s one leader core serves | 100,000 |  |" in text
+    assert "| heartbeats/s one coordinator core serves | — |" in text  # not measured
