@@ -75,6 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="also run one point on a local 3-broker cluster and compare",
     )
     p.add_argument("--cluster-workers", type=int, default=2)
+    p.add_argument(
+        "--parts",
+        default="batch,release10,heartbeats,memory",
+        help="what to measure (comma-separated; default all)",
+    )
     p.add_argument("--out", type=Path, default=LATEST)
     return p.parse_args(argv)
 
