@@ -392,6 +392,28 @@ def predict_rate(measured: dict[str, Any], workers: int, cores: float) -> dict[s
     }
 
 
+def predict_at_share(measured: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """The rate the model predicts for the CPU the fleet actually got in ``run``'s window (on a
+    loaded machine, less than every core): ``fleet cores * 1e6 / (L + M)``."""
+    cpu = {k: v for k, v in (run.get("cpu_s") or {}).items() if k != "broker"}
+    seconds = run.get("seconds")
+    if not cpu or not seconds:
+        return {}
+    cores = sum(cpu.values()) / seconds
+    per_record = float(measured["leader_cpu_us_per_record"]) + float(
+        measured["member_cpu_us_per_record"]
+    )
+    predicted = cores * 1e6 / per_record
+    out: dict[str, Any] = {
+        "fleet_cores": round(cores, 3),
+        "predicted_at_fleet_cpu": round(predicted),
+        "formula_at_fleet_cpu": f"{cores:.3f}*1e6/{per_record:.2f}",
+    }
+    if run.get("rate"):
+        out["measured_over_predicted_at_fleet_cpu"] = round(run["rate"] / predicted, 3)
+    return out
+
+
 def check_cluster(
     args: argparse.Namespace, run_dir: Path, measured: dict[str, Any]
 ) -> dict[str, Any]:
@@ -422,6 +444,7 @@ def check_cluster(
         out["changelog_bytes_per_ack"] = run.get("changelog_bytes_per_ack")
         if run.get("rate"):
             out["measured_over_predicted"] = round(run["rate"] / out["predicted_rate"], 3)
+        out.update(predict_at_share(measured, run))
     finally:
         cluster.stop(timeout_s=30)
         cluster.wipe()
