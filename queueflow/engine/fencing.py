@@ -503,10 +503,11 @@ def store_rebuild_needed(was_active: bool, previous: int | None, current: int) -
     (``was_active`` in its previous assignment, at ``previous``, and
     :func:`generations_continuous`), is known to hold the partition's state. Any other store
     was kept by Faust's standby replica or an older ownership, and those can miss changelog
-    records while counting them as applied: Faust drops a fetched batch it can't hand on (a
-    rebalance stops its flow; the consumer's position has already moved past it) and a
-    standby partition has no committed offset to seek back to, so the next records apply on
-    top of a hole, and the store's persisted offset (where recovery starts) lies beyond it.
+    records while counting them as applied: faust-streaming clears its changelog queue when
+    a recovery resumes its flow the second time, dropping the standby records fetched since
+    the standby partitions were resumed (the consumer's position is already past them, and a
+    standby partition has no committed offset to seek back to), so the next records apply on
+    top of a hole and the store's persisted offset (where recovery starts) lies beyond it.
     Reading the compacted changelog from its start instead costs a few MiB per takeover.
 
     Args:
