@@ -261,7 +261,7 @@ def raw_table(
     return table
 
 
-class ChangelogTable(faust.Table):
+class ChangelogTable(faust.Table[bytes, bytes]):
     """A Faust table whose local store a share-partition is loaded from only once it holds
     the whole changelog partition (docs/architecture.md "Standby stores and late snapshots").
 
