@@ -15,6 +15,7 @@ import rocksdict
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from test_share_groups import LEADER_SETTINGS, consumer, poll_until, produce
 
+from queueflow import ACCEPT
 from queueflow.protocol import topics
 from queueflow.testing import LeaderWorker
 
@@ -87,7 +88,9 @@ def test_a_store_missing_changelog_records_is_rebuilt_before_a_share_partition_l
         seen: list[int] = []
         deadline = time.monotonic() + 6  # the member joins and long-polls within this
         while time.monotonic() < deadline:
-            seen += [r.offset for r in await c.poll(timeout_ms=500)]
+            for record in await c.poll(timeout_ms=500):
+                seen.append(record.offset)
+                c.acknowledge(record, ACCEPT)
         await c.close()
         return seen
 
