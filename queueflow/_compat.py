@@ -25,9 +25,11 @@ from typing import Any
 
 __all__ = [
     "TESTED",
+    "active_changelog_partitions",
     "add_service",
     "admin_send_request",
     "admin_send_to_controller",
+    "clear_store_partition",
     "current_event_scope",
     "filter_consumer_records",
     "group_coordinator",
@@ -37,6 +39,7 @@ __all__ = [
     "refresh_consumer_metadata",
     "refresh_producer_metadata",
     "set_persisted_offset",
+    "store_partition_get",
     "table_recovery",
     "table_store",
     "tolerate_undecodable_records",
@@ -179,6 +182,55 @@ def set_persisted_offset(table: Any, tp: Any, offset: int) -> None:
         offset: the offset of the record the broker acknowledged.
     """
     table.data.set_persisted_offset(tp, offset)
+
+
+def active_changelog_partitions(table: Any) -> set[int]:
+    """The partitions of a Faust table's changelog that the app's current assignment makes
+    this worker the active (not standby) owner of.
+
+    Uses ``app.assignor.assigned_actives()`` (Faust's ``PartitionAssignor``, the set of
+    ``TP`` it assigned as active) and ``Collection.changelog_topic_name``.
+    """
+    name = table.changelog_topic_name
+    return {tp.partition for tp in table.app.assignor.assigned_actives() if tp.topic == name}
+
+
+def clear_store_partition(table: Any, partition: int) -> int:
+    """Empty the local store of a table's changelog ``partition`` (its persisted offset
+    included, so that Faust's table recovery reads the changelog from its start), and make
+    Faust's recovery forget how far it had read that partition. Returns the keys deleted.
+
+    Call it from ``Table.on_rebalance``, before Faust's ``Recovery.on_rebalance`` sets the
+    partition's start offset (``Recovery._add`` keeps an existing ``active_offsets`` entry
+    when the store has no persisted offset). Uses the RocksDB store's ``_db_for_partition``
+    (a ``rocksdict.Rdict``, raw mode: ``keys()``, ``delete``) and ``_key_index`` (its key to
+    partition cache), and ``app.tables.recovery.active_offsets`` / ``standby_offsets``.
+    """
+    store = table.data
+    open_partition = getattr(store, "_db_for_partition", None)
+    if open_partition is None:  # an in-memory store: rebuilt from the changelog anyway
+        return 0
+    db = open_partition(partition)
+    keys = list(db.keys())
+    for key in keys:
+        db.delete(key)
+    store._key_index.clear()
+    # Faust's TP and aiokafka's TopicPartition are named tuples: a plain tuple finds either.
+    table.app.tables.recovery.active_offsets.pop((table.changelog_topic_name, partition), None)
+    return len(keys)
+
+
+def store_partition_get(table: Any, partition: int, key: bytes) -> bytes | None:
+    """The value of ``key`` in the local store of a table's changelog ``partition`` (None:
+    absent), read directly, as :meth:`Store.apply_changelog_batch` writes it.
+
+    Uses the RocksDB store's ``_db_for_partition`` (``faust.stores.rocksdb.Store``).
+    """
+    open_partition = getattr(table.data, "_db_for_partition", None)
+    if open_partition is None:  # an in-memory store
+        return None
+    value: bytes | None = open_partition(partition).get(key)
+    return value
 
 
 def add_service(app: Any, service: Any) -> None:

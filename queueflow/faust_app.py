@@ -46,10 +46,12 @@ from queueflow.engine.fencing import (
     RecoveryWatch,
     ack_advances_recovery,
     lease_allows,
+    snapshot_replaces,
+    store_rebuild_needed,
     write_ownership,
 )
 from queueflow.engine.group_config import DEAD_LETTER_TOPIC, ORDERING, validate_group_configs
-from queueflow.errors import ConfigurationError, UnknownNameWarning
+from queueflow.errors import ConfigurationError, CorruptStateError, UnknownNameWarning
 from queueflow.kafka.admin import (
     TopicMetadata,
     ensure_partitions,
@@ -72,6 +74,7 @@ from queueflow.member.context import MemberContext
 from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
+from queueflow.protocol.state_codec import decode_snapshot
 from queueflow.server.auth_health import AuthHealth
 from queueflow.server.connections import DirectLimits
 from queueflow.server.context import RequestHandler, ServerContext
@@ -234,10 +237,21 @@ class FaustSender:
             await self.app.producer.send(topic, key, value, partition, None, None)
 
 
-def raw_table(app: faust.App, name: str, partitions: int | None = None) -> Any:
-    """A Faust table with bytes keys and values (queueflow encodes its own records)."""
-    table: Any = app.Table(
-        name, partitions=partitions, extra_topic_configs=topics.STATE_CHANGELOG_CONFIG
+def raw_table(
+    app: faust.App, name: str, partitions: int | None = None, *, snapshots: bool = False
+) -> Any:
+    """A Faust table with bytes keys and values (queueflow encodes its own records): a
+    :class:`ChangelogTable` (``snapshots``: it holds share-partition state, whose late
+    snapshots it keeps out)."""
+    table: Any = app.tables.add(
+        ChangelogTable(
+            app,
+            name=name,
+            beacon=app.tables.beacon,
+            partitions=partitions,
+            extra_topic_configs=topics.STATE_CHANGELOG_CONFIG,
+            snapshots=snapshots,
+        )
     )
     # Faust derives serializers from key_type/value_type (json). The changelog topic decodes
     # during recovery, so it needs raw serializers too.
@@ -245,6 +259,120 @@ def raw_table(app: faust.App, name: str, partitions: int | None = None) -> Any:
         obj.key_serializer = "raw"
         obj.value_serializer = "raw"
     return table
+
+
+class ChangelogTable(faust.Table[bytes, bytes]):
+    """A Faust table whose local store a share-partition is loaded from only once it holds
+    the whole changelog partition (docs/architecture.md "Standby stores and late snapshots").
+
+    * **Takeover rebuilds.** A changelog partition this worker becomes the active owner of
+      without having owned it in every generation since its previous assignment
+      (:func:`~queueflow.engine.fencing.store_rebuild_needed`: a standby's store, or its own
+      from before a missed generation) is emptied and recovered from the changelog's start:
+      a standby store can lack records Faust counted as applied. ``state_store_rebuilt`` is
+      logged.
+    * **Late snapshots** (``snapshots``): a share-partition snapshot read from the changelog
+      does not replace one of a higher state epoch (a cut leader's snapshot acknowledged after
+      its successor's, :func:`~queueflow.engine.fencing.snapshot_replaces`);
+      ``state_late_snapshot_ignored`` is logged.
+    """
+
+    def __init__(self, *args: Any, snapshots: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._snapshots = snapshots
+        #: Changelog partitions active here at the last rebalance, and its generation.
+        self._owned: set[int] = set()
+        self._owned_generation: int | None = None
+        #: Partitions emptied for a rebuild whose recovery has not completed yet.
+        self._rebuilding: set[int] = set()
+
+    async def on_rebalance(
+        self, assigned: Any, revoked: Any, newly_assigned: Any, generation_id: int = 0
+    ) -> None:
+        """Faust's rebalance hook (before its recovery reads the persisted offsets): empty the
+        stores of the partitions taken over (see the class docstring)."""
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+        active = _compat.active_changelog_partitions(self)
+        for partition in sorted(active):
+            if store_rebuild_needed(
+                partition in self._owned, self._owned_generation, generation_id
+            ):
+                dropped = _compat.clear_store_partition(self, partition)
+                self._rebuilding.add(partition)
+                log.info(
+                    "state_store_rebuilt",
+                    table=self.name,
+                    partition=partition,
+                    keys_dropped=dropped,
+                    generation=generation_id,
+                    previous_generation=self._owned_generation,
+                )
+        self._owned, self._owned_generation = active, generation_id
+
+    def persisted_offset(self, tp: Any) -> int | None:
+        """Where Faust's recovery of ``tp`` starts: nowhere (the changelog's start) while the
+        partition is being rebuilt, even if a flushed standby batch set an offset since."""
+        if tp.partition in self._rebuilding:
+            return None
+        offset: int | None = super().persisted_offset(tp)
+        return offset
+
+    async def on_recovery_completed(self, active_tps: Any, standby_tps: Any) -> None:
+        """Faust's end of table recovery: the rebuilt partitions are whole again."""
+        self._rebuilding.difference_update(tp.partition for tp in active_tps)
+        await super().on_recovery_completed(active_tps, standby_tps)
+
+    def apply_changelog_batch(self, batch: Any) -> None:
+        """Apply changelog records to the store (Faust's recovery and standby), keeping late
+        snapshots out (``snapshots``)."""
+        if self._snapshots:
+            batch = self._without_late_snapshots(list(batch))
+        super().apply_changelog_batch(batch)
+
+    def _without_late_snapshots(self, batch: list[Any]) -> list[Any]:
+        held: dict[tuple[int, bytes], tuple[int, int] | None] = {}
+        kept = []
+        for event in batch:
+            message = event.message
+            key = message.key
+            if not (isinstance(key, bytes) and key.startswith(b"S/")):
+                kept.append(event)
+                continue
+            slot = (message.partition, key)
+            if slot not in held:
+                held[slot] = _snapshot_epochs(
+                    _compat.store_partition_get(self, message.partition, key)
+                )
+            incoming = None if message.value is None else _snapshot_epochs(message.value)
+            if message.value is not None and not snapshot_replaces(held[slot], incoming):
+                log.warning(
+                    "state_late_snapshot_ignored",
+                    topic=message.topic,
+                    partition=message.partition,
+                    offset=message.offset,
+                    key=key.decode(errors="replace"),
+                    snapshot=incoming,
+                    kept=held[slot],
+                    reason="a snapshot of a lower state epoch reached the changelog after its "
+                    "successor's (a cut leader's write acknowledged late); the successor's "
+                    "state is kept",
+                )
+                continue
+            held[slot] = incoming
+            kept.append(event)
+        return kept
+
+
+def _snapshot_epochs(raw: bytes | None) -> tuple[int, int] | None:
+    """``(state epoch, snapshot epoch)`` of an encoded snapshot; None if absent or unreadable
+    (a corrupt one is reported when a share-partition is loaded from it)."""
+    if raw is None:
+        return None
+    try:
+        snapshot = decode_snapshot(raw, where="changelog")
+    except CorruptStateError:
+        return None
+    return snapshot.state_epoch, snapshot.snapshot_epoch
 
 
 class _EventMessage:
@@ -871,7 +999,7 @@ class ShareGroups:
             return None
         if topic not in self.leaders:
             request_topic = control_topic(self.app, topics.request_topic(self.app_id, topic))
-            table = raw_table(self.app, topics.state_table(topic))
+            table = raw_table(self.app, topics.state_table(topic), snapshots=True)
             leader = ShareLeader(
                 self.server_context, topic, LeaderStateTable(table, self._changelog_writer)
             )

@@ -1,6 +1,7 @@
 """``python -m examples.partition`` (``make partition-test``): workers on separate hosts
 (network namespaces, needs root), four network partitions under load; prints one JSON line and
-exits 1 if a record was lost or a scenario did not heal."""
+exits 1 if a record was lost, handed out twice at one delivery count, or a scenario did not
+heal."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     one_way = [s for s in result["scenarios"] if s["name"] == "one_way"]
     ok = (
         result["lost"] == 0
+        and result["repeated_delivery_counts"] == 0
         and "load_error" not in result
         and all(s.get("heal_s") is not None for s in result["scenarios"])
         and all((s.get("lapsed_before_successor_s") or 0) > 0 for s in one_way)

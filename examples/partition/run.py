@@ -18,7 +18,7 @@ from examples.partition.lab import PartitionCluster
 from examples.partition.nemesis import Nemesis
 from queueflow.testing import produce
 
-__all__ = ["PartitionConfig", "run"]
+__all__ = ["PartitionConfig", "repeated_delivery_counts", "run"]
 
 #: The hosts: three workers that lead, coordinate and handle, two that only handle.
 ROLES = {"w1": "all", "w2": "all", "w3": "all", "m1": "member", "m2": "member"}
@@ -167,4 +167,26 @@ def _drain(
         "lost_sample": lost[:10],
         "duplicates": sum(n - 1 for n in accepts.values() if n > 1),
         "redelivered": sum(1 for lines in ledger.lines.values() if len(lines) > 1),
+        **repeated_delivery_counts(ledger.lines),
+    }
+
+
+def repeated_delivery_counts(lines: dict[int, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The records a handler saw more than once with the same delivery count: two leaders
+    handed the same record out (a semantics bug), unlike a redelivery, which counts up
+    (KIP-932 "Delivery count"). ``lines``: the ledger's lines by record id (``dc``: the
+    delivery count, ``p``: the partition).
+
+    Returns:
+        ``repeated_delivery_counts`` (how many records), ``repeated_by_partition`` and
+        ``repeated_sample`` (up to 10 ids), for the JSON line.
+    """
+    repeated = sorted(
+        i for i, seen in lines.items() if len({int(e["dc"]) for e in seen}) < len(seen)
+    )
+    by_partition = Counter(str(lines[i][0].get("p")) for i in repeated)
+    return {
+        "repeated_delivery_counts": len(repeated),
+        "repeated_by_partition": dict(sorted(by_partition.items())),
+        "repeated_sample": repeated[:10],
     }

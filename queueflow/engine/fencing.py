@@ -77,6 +77,8 @@ __all__ = [
     "ack_advances_recovery",
     "generations_continuous",
     "lease_allows",
+    "snapshot_replaces",
+    "store_rebuild_needed",
     "write_ownership",
 ]
 
@@ -490,6 +492,47 @@ def generations_continuous(previous: int | None, current: int) -> bool:
     group was deleted and started afresh) is not.
     """
     return previous is None or previous <= current <= previous + 1
+
+
+def store_rebuild_needed(was_active: bool, previous: int | None, current: int) -> bool:
+    """Whether a worker assigned a state changelog partition as *active* at generation
+    ``current`` must rebuild its local store of that partition from the changelog before a
+    share-partition is loaded from it.
+
+    Only a store this worker wrote itself, as the partition's owner in every generation since
+    (``was_active`` in its previous assignment, at ``previous``, and
+    :func:`generations_continuous`), is known to hold the partition's state. Any other store
+    was kept by Faust's standby replica or an older ownership, and those can miss changelog
+    records while counting them as applied: faust-streaming clears its changelog queue when
+    a recovery resumes its flow the second time, dropping the standby records fetched since
+    the standby partitions were resumed (the consumer's position is already past them, and a
+    standby partition has no committed offset to seek back to), so the next records apply on
+    top of a hole and the store's persisted offset (where recovery starts) lies beyond it.
+    Reading the compacted changelog from its start instead costs a few MiB per takeover.
+
+    Args:
+        was_active: the partition was active on this worker in its previous assignment.
+        previous: the generation of that assignment (``None``: none before).
+        current: the generation of this assignment.
+    """
+    return not (was_active and generations_continuous(previous, current))
+
+
+def snapshot_replaces(current: tuple[int, int] | None, incoming: tuple[int, int] | None) -> bool:
+    """Whether a share-partition snapshot read from the changelog (``incoming``) may replace
+    the one the store holds (``current``); both ``(state epoch, snapshot epoch)``, ``None``:
+    none held, or unreadable (the load reports a corrupt one).
+
+    Every state epoch writes the same snapshot key, and a cut leader's snapshot sent before
+    its successor took over can reach the changelog after the successor's (KIP-932
+    "Share-partition leader": a successor always has the higher state epoch). Replacing the
+    successor's snapshot with it would restore the old leader's state: records the successor
+    handed out would be delivered again at the same delivery count. So a snapshot never
+    replaces one of a higher state epoch, nor, within one state epoch, of a higher snapshot
+    epoch (one leader writes its snapshots in order). An equal one replaces (replay is
+    idempotent), and a tombstone (a deleted share-partition) always applies.
+    """
+    return current is None or incoming is None or incoming >= current
 
 
 class RecoveryWatch:
