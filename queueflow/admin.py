@@ -959,7 +959,10 @@ class ShareGroupAdmin:
         """The stored groups, each member with its stored last heartbeat; for a group whose
         coordinator no worker runs (not in ``owners``), members whose session lapsed are left
         out (kept in ``self._lapsed``), as its next coordinator will expire them."""
-        table = await self._read(topics.groups_changelog(self.app_id), required=True)
+        # A group's record counts in its own coordinator partition only: a coordinator could
+        # write it to another one too (a Tick on that partition), and a merged read would
+        # give whichever copy it read last.
+        table = await self._read(topics.groups_changelog(self.app_id), required=True, home=True)
         await self._coordinator_partition("")  # sizes self._coordinators for _described
         now = self._clock.now_ms()
         default_timeout = (
@@ -998,9 +1001,11 @@ class ShareGroupAdmin:
         await consumer.start()
         return consumer
 
-    async def _read(self, topic: str, required: bool) -> dict[bytes, bytes]:
+    async def _read(self, topic: str, required: bool, home: bool = False) -> dict[bytes, bytes]:
         """The latest value of every key of the compacted ``topic``, up to its end offsets
-        now (tombstones delete)."""
+        now (tombstones delete); with ``home``, only each key's records in the partition the
+        key (a group id) hashes to over the topic's partition count
+        (:func:`~queueflow.protocol.topics.coordinator_partition`)."""
         count = (await self._existing([topic])).get(topic)
         if not count:
             if required:
@@ -1010,9 +1015,15 @@ class ShareGroupAdmin:
                     "the app has run"
                 )
             return {}
+
+        def at_home(key: bytes, partition: int) -> bool:
+            return topics.coordinator_partition(key.decode(errors="replace"), count) == partition
+
         consumer = await self._consumer()
         try:
-            return await read_latest(consumer, topic, count, self.timeout_ms)
+            return await read_latest(
+                consumer, topic, count, self.timeout_ms, at_home if home else None
+            )
         finally:
             await consumer.stop()
 

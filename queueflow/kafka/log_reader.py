@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
@@ -76,11 +77,20 @@ class LogRangeReader:
 
 
 async def read_latest(
-    consumer: AIOKafkaConsumer, topic: str, partitions: int, timeout_ms: int
+    consumer: AIOKafkaConsumer,
+    topic: str,
+    partitions: int,
+    timeout_ms: int,
+    keep: Callable[[bytes, int], bool] | None = None,
 ) -> dict[bytes, bytes]:
     """The latest value of every key of the compacted ``topic`` (``partitions`` partitions),
     read from the start up to its end offsets as of now with ``consumer`` (group-less; it is
     assigned here); tombstones delete, records without a key are skipped.
+
+    Args:
+        keep: ``keep(key, partition)``: whether a record of ``key`` in ``partition`` counts
+            (default: every record). Without it, a key written to two partitions gets the
+            value of whichever partition was read last.
 
     Raises:
         TimeoutError: not read to its end within ``timeout_ms`` (ms).
@@ -102,6 +112,8 @@ async def read_latest(
         for tp, records in batch.items():
             for r in records:
                 if r.offset >= ends[tp] or r.key is None:
+                    continue
+                if keep is not None and not keep(r.key, tp.partition):
                     continue
                 if r.value is None:
                     latest.pop(r.key, None)

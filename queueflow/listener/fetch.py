@@ -183,20 +183,31 @@ class ShareFetcher:
             if epoch == _FINAL:
                 flushed = {tp: await member.session.flush(tp) for tp in touched}
                 member.share_session = None
-                return self._fetch_answer(m, ErrorCode.none, None, {}, flushed, 0)
-            if epoch != 0:  # a session opened with epoch 0 expects 1 next
-                share.next_epoch = _next_epoch(epoch)
-            assigned = member.session.assignment
-            fetched = sorted(share.partitions | touched)
-            per_partition = max(int(request.max_records) // max(len(fetched), 1), 1)
-            wait_ms = min(int(request.max_wait.total_seconds() * 1000), self._cap_ms)
-            outcomes = await asyncio.gather(
-                *(
-                    self._fetch_one(member, tp, per_partition if tp in assigned else 0, wait_ms)
-                    for tp in fetched
-                )
+            else:
+                return await self._fetch(m, member, request, touched)
+        await self._members.session_closed(member)
+        return self._fetch_answer(m, ErrorCode.none, None, {}, flushed, 0)
+
+    async def _fetch(
+        self, m: Any, member: KafkaMember, request: Any, touched: set[TopicPartition]
+    ) -> Any:
+        """The records of a ShareFetch of an open session (``member.lock`` held)."""
+        epoch = request.share_session_epoch
+        share = member.share_session
+        assert share is not None
+        if epoch != 0:  # a session opened with epoch 0 expects 1 next
+            share.next_epoch = _next_epoch(epoch)
+        assigned = member.session.assignment
+        fetched = sorted(share.partitions | touched)
+        per_partition = max(int(request.max_records) // max(len(fetched), 1), 1)
+        wait_ms = min(int(request.max_wait.total_seconds() * 1000), self._cap_ms)
+        outcomes = await asyncio.gather(
+            *(
+                self._fetch_one(member, tp, per_partition if tp in assigned else 0, wait_ms)
+                for tp in fetched
             )
-            acked = {tp: member.ack_errors.pop(tp, None) for tp in touched}
+        )
+        acked = {tp: member.ack_errors.pop(tp, None) for tp in touched}
         results = dict(zip(fetched, outcomes, strict=True))
         lock_ms = max(
             (r.lock_timeout_ms for r in results.values() if isinstance(r, FetchResult)), default=0
@@ -286,6 +297,8 @@ class ShareFetcher:
                     member.share_session = None
                 elif member.share_session is not None:
                     member.share_session.next_epoch = _next_epoch(epoch)
+            if epoch == _FINAL:
+                await self._members.session_closed(member)
         by_topic: dict[str, list[Any]] = {}
         for tp, result in sorted(results.items()):
             by_topic.setdefault(tp.topic, []).append(

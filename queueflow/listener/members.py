@@ -68,6 +68,9 @@ class KafkaMember:
     #: The last acknowledgement error of each share-partition, until an answer reports it.
     ack_errors: dict[TopicPartition, ShareGroupError] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: It left (ShareGroupHeartbeat epoch -1) with its share session open: closed when the
+    #: session closes (epoch -1) or after the session timeout.
+    leaving: bool = False
 
 
 class MemberRegistry:
@@ -132,7 +135,11 @@ class MemberRegistry:
         key = (group, member_id)
         member = self.members.get(key)
         if epoch == _LEAVE:
-            if member is not None:
+            if member is not None and member.share_session is not None:
+                # As Kafka's brokers: the share session outlives the leave, so acknowledgements
+                # sent after it (librdkafka's close) still count; its end closes the member.
+                member.leaving = True
+            elif member is not None:
                 await self._close(member, "left")
             return self._answer(ErrorCode.none, member_id, _LEAVE)
         if epoch == 0:
@@ -226,6 +233,11 @@ class MemberRegistry:
                 for topic, parts in sorted(by_topic.items())
             )
         )
+
+    async def session_closed(self, member: KafkaMember) -> None:
+        """The member's share session closed (epoch -1): a member that left is closed now."""
+        if member.leaving:
+            await self._close(member, "left")
 
     async def reap(self) -> None:
         """Close the members whose heartbeats stopped for the session timeout."""

@@ -826,7 +826,7 @@ class _InProcessAdmin(ShareGroupAdmin):
         super().__init__(*args, **kwargs)
         self.cluster = cluster
 
-    async def _read(self, topic: str, required: bool) -> dict[bytes, bytes]:
+    async def _read(self, topic: str, required: bool, home: bool = False) -> dict[bytes, bytes]:
         cluster = self.cluster
         if topic == internal.groups_changelog(cluster.app_id):
             return dict(cluster.tables["groups"])

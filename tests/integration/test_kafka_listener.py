@@ -264,15 +264,9 @@ def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     values = [f"r{i}" for i in range(10)]
-    # One coordinator partition: with the sharded default (8) the tool's --reset-offsets is
-    # answered "not empty" after the member left (a known gap, docs/kafka-listener.md).
-    topic, app_id, port, worker = listener_worker(
-        kafka_bootstrap,
-        tmp_path,
-        "qf-kadmin",
-        values,
-        {"queueflow.coordinator.topic.num.partitions": 1},
-    )
+    # The app's default coordinator topic (8 partitions, docs/architecture.md "Coordinator
+    # sharding"): the group's state is on one of them.
+    topic, app_id, port, worker = listener_worker(kafka_bootstrap, tmp_path, "qf-kadmin", values)
     admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
 
     async def offsets_until(done: Callable[[list[SharePartitionOffsets]], bool]) -> list[Any]:
@@ -304,6 +298,8 @@ def test_kafka_share_groups_describes_resets_and_deletes_a_queueflow_group(
         while asyncio.run(admin.describe_groups(["g"]))[0].state != "Empty":
             assert time.monotonic() < deadline, "the console consumer did not leave"
             time.sleep(0.5)
+        # Kafka's tool reads the group's state itself (ShareGroupDescribe through the
+        # listener) and refuses a group that isn't Empty
         reset = share_groups(
             port, "--reset-offsets", "--to-earliest", "--execute", "--group", "g", "--topic", topic
         )

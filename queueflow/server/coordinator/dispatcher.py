@@ -337,17 +337,23 @@ class ShareGroupCoordinator:
             getattr(log, event.level)(event.event, **event.fields)
         metrics = self.ctx.metrics
         for record in result.records:
-            match record:
-                case PersistGroup():
-                    self.table[record.group_id.encode()] = record.value
-                    metrics.group_members.labels(record.group_id).set(record.members)
-                    metrics.group_epoch.labels(record.group_id).set(record.group_epoch)
-                    if record.rebalances > 0:
-                        metrics.group_rebalances.labels(record.group_id).inc(record.rebalances)
-                case DeleteGroup():
-                    if self.table.get(record.group_id.encode()) is not None:
-                        del self.table[record.group_id.encode()]
-                    metrics.group_members.labels(record.group_id).set(0)
+            # In the group's own coordinator partition, whichever partition's record led here
+            # (a Tick on one partition touches every group this worker coordinates): the
+            # table picks the changelog partition from the current event.
+            key = record.group_id.encode()
+            partition = self.ctx.coordinator_partition(record.group_id)
+            with self.ctx.state_scope(self.request_topic, partition):
+                match record:
+                    case PersistGroup():
+                        self.table[key] = record.value
+                        metrics.group_members.labels(record.group_id).set(record.members)
+                        metrics.group_epoch.labels(record.group_id).set(record.group_epoch)
+                        if record.rebalances > 0:
+                            metrics.group_rebalances.labels(record.group_id).inc(record.rebalances)
+                    case DeleteGroup():
+                        if self.table.get(key) is not None:
+                            del self.table[key]
+                        metrics.group_members.labels(record.group_id).set(0)
         for sent in result.to_leaders:
             topic = topics.request_topic(self.ctx.app_id, sent.message.topic)
             p = sent.message.partition

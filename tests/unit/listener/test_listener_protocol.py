@@ -411,6 +411,31 @@ def test_heartbeat_join_assignment_and_fencing(listener: Any) -> None:
     assert response_of(76, 1, nothing)[1].error_code == ErrorCode.unknown_topic_or_partition
 
 
+def test_acknowledgements_after_the_leave_count_until_the_share_session_closes(
+    listener: Any,
+) -> None:
+    """As Kafka's brokers (4.3), where a leave heartbeat leaves the share session open (only its
+    end or the connection's releases the member's records): librdkafka's close sends its last
+    acknowledgements after its leave heartbeat, and they are applied."""
+    kl, sessions = listener
+    answers = run(
+        kl,
+        exchange(
+            kl.port,
+            heartbeat(0),
+            share_fetch(0),  # offset 0 acquired
+            heartbeat(-1),  # leaves with its session open
+            share_fetch(-1, acks=((0, 0, 1),)),  # the session's end carries the ACCEPT
+        ),
+    )
+    left, closed = response_of(76, 1, answers[2])[1], response_of(78, 2, answers[3])[1]
+    assert left.error_code == ErrorCode.none and left.member_epoch == -1
+    assert closed.error_code == ErrorCode.none
+    assert closed.responses[0].partitions[0].acknowledge_error_code == ErrorCode.none
+    assert sessions[0].acked == [(0, AcknowledgeType.ACCEPT)] and sessions[0].closed
+    assert kl.members.members == {}
+
+
 def test_share_sessions_epochs_records_and_acknowledgements(listener: Any) -> None:
     kl, sessions = listener
     answers = run(

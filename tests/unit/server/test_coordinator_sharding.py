@@ -6,6 +6,9 @@ from existing topics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import pytest
@@ -193,6 +196,59 @@ def test_a_revoked_coordinator_partition_forgets_only_its_own_groups() -> None:
     revoked = topics.coordinator_partition("group-0", 8)
     moved = {g for g in groups if topics.coordinator_partition(g, 8) == revoked}
     assert after == set(groups) - moved and moved
+
+
+class ScopedTable(dict[bytes, bytes]):
+    """The groups table of a Faust host, as far as partitions go: a write goes to the
+    partition of the current state scope (Faust's current event), recorded as
+    ``(partition or None, key)``."""
+
+    def __init__(self, scope: ContextVar[int | None]) -> None:
+        super().__init__()
+        self.scope = scope
+        self.writes: list[tuple[int | None, bytes]] = []
+
+    def __setitem__(self, key: bytes, value: bytes) -> None:
+        self.writes.append((self.scope.get(), key))
+        super().__setitem__(key, value)
+
+
+def test_each_group_is_written_in_its_own_coordinator_partition() -> None:
+    """A Tick arrives on every coordinator partition the worker owns and touches every group
+    it coordinates: each group's record must still go to its own partition of the groups
+    changelog, or the admin (and the group's next coordinator) read a stale copy from
+    another partition."""
+    scope: ContextVar[int | None] = ContextVar("partition", default=None)
+
+    @contextlib.contextmanager
+    def state_scope(topic: str, partition: int) -> Iterator[None]:
+        token = scope.set(partition)
+        try:
+            yield
+        finally:
+            scope.reset(token)
+
+    groups = {"orders": 3, "a": 1}
+
+    async def scenario() -> list[tuple[int | None, bytes]]:
+        async with sharded() as cluster:
+            table = ScopedTable(scope)
+            cluster.server.state_scope = state_scope
+            cluster.coordinator.table = cluster.coordinator.state.table = table
+            for i, group in enumerate(groups):
+                member = RawMember(cluster, f"m-{i}", group)
+                topic = topics.coordinator_topic(cluster.app_id)
+                answer = await member.call(topic, groups[group], member.heartbeat_request(0))
+                assert answer.error == "NONE", answer
+            cluster.clock.advance(60_000)  # every session lapses: the ticks expire them
+            await cluster.tick()
+            await settle(cluster)
+            return table.writes
+
+    writes = run(scenario())
+    assert {key for _, key in writes} == {b"orders", b"a"}
+    assert len(writes) >= 4  # joined, then expired by a tick
+    assert all(partition == groups[key.decode()] for partition, key in writes), writes
 
 
 def test_the_admin_reaches_the_coordinator_of_a_group_on_any_partition() -> None:
