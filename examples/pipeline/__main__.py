@@ -295,8 +295,9 @@ def run(p: Pipeline) -> int:
     cancelled_keys = {
         flight_key(f["carrier"], f["flight"], f["time_hour"]) for f in cancelled.to_pylist()
     }
-    flights = sj.with_key(spark.createDataFrame(flights_arrow)).cache()
-    weather = spark.createDataFrame(weather_arrow).cache()
+    flights = sj.with_key(sj.as_dataframe(spark, flights_arrow, p.run_dir / "flights.parquet"))
+    flights = flights.cache()
+    weather = sj.as_dataframe(spark, weather_arrow, p.run_dir / "weather.parquet").cache()
     no_weather = with_timeout(
         lambda: flights.join(weather, on=sj.HOUR, how="left_anti").count(),
         SPARK_TIMEOUT_S,

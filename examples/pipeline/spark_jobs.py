@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -99,6 +100,14 @@ def read_flights() -> pa.Table:
         for f in table.schema
     ]
     return table.cast(pa.schema(fields))
+
+
+def as_dataframe(spark: SparkSession, table: pa.Table, path: Path) -> DataFrame:
+    """``table`` as a Spark DataFrame read from a Parquet file at ``path`` (written here), not
+    ``spark.createDataFrame(table)``: rows created in the driver travel inside the tasks, and on
+    a standalone cluster serializing them ran the 1g driver out of heap (docs/spark.md)."""
+    pq.write_table(table, path)
+    return spark.read.parquet(str(path))
 
 
 def read_weather() -> pa.Table:
