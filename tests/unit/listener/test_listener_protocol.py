@@ -20,6 +20,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 from kio.static.primitive import i8, i16, i32, i64
+from listener_stubs import unit_limits
 
 from queueflow.errors import ConfigurationError, ShareGroupError
 from queueflow.errors import ErrorCode as QfErrorCode
@@ -29,7 +30,6 @@ from queueflow.listener.batches import acquired_ranges, record_batch
 from queueflow.listener.codec import FrameError, decode_request, encode_response
 from queueflow.listener.metadata import Node, TopicIds, find_coordinator_response, metadata_response
 from queueflow.member.session import FetchResult
-from queueflow.server.connections import DirectLimits
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
 TOPIC = "jobs"
@@ -264,14 +264,7 @@ def listener() -> Iterator[tuple[KafkaListener, list[StubSession]]]:
         object(),  # type: ignore[arg-type]  # no admin API is asked here
         heartbeat_interval_ms=500,
         session_timeout_ms=60_000,
-        limits=DirectLimits(
-            unauthenticated_max_frame_bytes=4096,
-            max_frame_bytes=4096,
-            unauthenticated_idle_s=600.0,
-            idle_s=600.0,
-            frame_read_timeout_s=10.0,
-            write_timeout_s=10.0,
-        ),
+        limits=unit_limits(),
         max_connections=4,
         monotonic=loop.time,
     )

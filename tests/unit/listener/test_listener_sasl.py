@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kio.index import load_payload_module, load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.static.constants import EntityType
+from listener_stubs import unit_limits
 
 from queueflow.errors import ConfigurationError
 from queueflow.kafka.config import KafkaClientConfig
@@ -40,7 +41,6 @@ from queueflow.listener.sasl import (
     parse_mechanisms,
     user_name,
 )
-from queueflow.server.connections import DirectLimits
 from queueflow.settings import ShareGroupSettings
 
 API_VERSIONS, METADATA, HEARTBEAT = 18, 3, 76
@@ -249,14 +249,7 @@ def secured_listener() -> Iterator[tuple[KafkaListener, asyncio.AbstractEventLoo
         object(),  # type: ignore[arg-type]
         heartbeat_interval_ms=500,
         session_timeout_ms=60_000,
-        limits=DirectLimits(
-            unauthenticated_max_frame_bytes=1024,
-            max_frame_bytes=4096,
-            unauthenticated_idle_s=600.0,
-            idle_s=600.0,
-            frame_read_timeout_s=10.0,
-            write_timeout_s=10.0,
-        ),
+        limits=unit_limits(1024),
         max_connections=4,
         monotonic=loop.time,
         security=ListenerSecurity(
@@ -381,14 +374,7 @@ def test_a_plaintext_listener_answers_sasl_requests_with_an_illegal_state() -> N
         object(),  # type: ignore[arg-type]
         heartbeat_interval_ms=500,
         session_timeout_ms=60_000,
-        limits=DirectLimits(
-            unauthenticated_max_frame_bytes=4096,
-            max_frame_bytes=4096,
-            unauthenticated_idle_s=600.0,
-            idle_s=600.0,
-            frame_read_timeout_s=10.0,
-            write_timeout_s=10.0,
-        ),
+        limits=unit_limits(),
         max_connections=4,
         monotonic=loop.time,
     )
