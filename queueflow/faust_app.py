@@ -1346,15 +1346,12 @@ class ShareGroups:
             note="Faust's table recovery made no progress: stopping this worker so that its "
             "partitions move to another; restart it",
         )
-        # Marked crashed, the worker exits non-zero (a supervisor restarts it); the SIGTERM
-        # stops it now, gracefully (Faust acts on a crash only once it has started).
-        await self.app.crash(
+        await self._stop_failed(
             RuntimeError(
                 f"table recovery made no progress for {stalled} ms with {remaining} changelog "
                 "records left (queueflow.leader.recovery.stall.ms); restart the worker"
             )
         )
-        os.kill(os.getpid(), signal.SIGTERM)
 
     def _has_peers(self) -> bool:
         """Another worker of the app holds some of its control partitions (the coordinator
@@ -1379,16 +1376,20 @@ class ShareGroups:
             "Stopping it so that its partitions move to the other workers; give it the "
             "app's secret and restart it",
         )
-        self._key_mismatch_stop = asyncio.ensure_future(self._stop_for_key_mismatch())
-
-    async def _stop_for_key_mismatch(self) -> None:
-        # Marked failed, the worker exits non-zero once the SIGTERM stopped it gracefully (its
-        # offsets committed, its group left: its partitions move at once). A crash would stop
-        # the consumer thread before the stop's commit, which then waits for it for good.
-        reason = RuntimeError(
-            "queueflow.auth.secret differs from the other workers' and members' (see the "
-            "auth_key_mismatch log line); give this worker the app's secret"
+        self._key_mismatch_stop = asyncio.ensure_future(
+            self._stop_failed(
+                RuntimeError(
+                    "queueflow.auth.secret differs from the other workers' and members' (see "
+                    "the auth_key_mismatch log line); give this worker the app's secret"
+                )
+            )
         )
+
+    async def _stop_failed(self, reason: BaseException) -> None:
+        """Stop this worker so that it exits non-zero with ``reason`` (a supervisor restarts
+        it). Marked failed, the SIGTERM stops it gracefully (its offsets committed, its group
+        left: its partitions move at once). A crash would stop the consumer thread before the
+        stop's commit, which then waits for it for good (seen in CI: the worker never exited)."""
         if not _compat.mark_worker_failed(self.app, reason):
             await self.app.crash(reason)
         os.kill(os.getpid(), signal.SIGTERM)

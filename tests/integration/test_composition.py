@@ -62,8 +62,7 @@ def composition_worker(
     try:
         yield worker.process, ledger, log
     finally:
-        worker.terminate()
-        worker.process.wait(timeout=60)
+        worker.stop(timeout_s=60)  # SIGKILL if not exited by then: no process leaks
 
 
 def wait_for(

@@ -456,9 +456,7 @@ def test_a_mixed_group_handles_every_record_once(kafka_bootstrap: str, tmp_path:
         member_thread.join(30)
         if console is not None:
             stop_console_consumer(*console)
-        worker.terminate()
-        assert worker.process is not None
-        worker.process.wait(timeout=60)
+        worker.stop(timeout_s=60)  # SIGKILL if not exited by then: no process leaks
     assert "kafka_frame_rejected" not in log.read_text()
 
 

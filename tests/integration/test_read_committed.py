@@ -59,8 +59,7 @@ def agent_worker(topic: str, bootstrap: str, tmp_path: Path) -> Iterator[dict[st
             "app_id": app_id,
         }
     finally:
-        worker.terminate()
-        worker.process.wait(timeout=60)
+        worker.stop(timeout_s=60)  # SIGKILL if not exited by then: no process leaks
 
 
 def worker_log(worker: dict[str, object]) -> str:

@@ -94,9 +94,7 @@ def agents(
     try:
         yield worker, ledger
     finally:
-        worker.terminate()
-        assert worker.process is not None
-        worker.process.wait(timeout=60)
+        worker.stop(timeout_s=60)  # SIGKILL if not exited by then: no process leaks
 
 
 def test_hung_handlers_archive_no_good_record_and_every_archive_is_logged(

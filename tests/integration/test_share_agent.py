@@ -37,7 +37,7 @@ def agent_worker(
     module: str, topic: str, bootstrap: str, tmp_path: Path
 ) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path, int]]:
     """Run ``faust -A <module> worker`` (role ``all``); yields (process, ledger, log, web port)
-    and stops it with SIGTERM (a graceful drain)."""
+    and stops it with SIGTERM (a graceful drain; SIGKILL if it has not exited within 60 s)."""
     ledger, log = tmp_path / "ledger.jsonl", tmp_path / "worker.log"
     (web_port,) = find_free_ports(1)
     env = {
@@ -55,8 +55,7 @@ def agent_worker(
     try:
         yield worker.process, ledger, log, web_port
     finally:
-        worker.terminate()
-        worker.process.wait(timeout=60)
+        worker.stop(timeout_s=60)
 
 
 def wait_for_ledger(
