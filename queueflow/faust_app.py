@@ -1339,19 +1339,19 @@ class ShareGroups:
         if stalled is None or self._stopping_stalled:
             return
         self._stopping_stalled = True  # once: the stall guard goes on ticking while it stops
+        reason = RuntimeError(
+            f"table recovery made no progress for {stalled} ms with {remaining} changelog "
+            "records left (queueflow.leader.recovery.stall.ms); restart the worker"
+        )
         log.error(
             "leader_recovery_stalled",
             stalled_ms=stalled,
             remaining=remaining,
+            error=str(reason),
             note="Faust's table recovery made no progress: stopping this worker so that its "
             "partitions move to another; restart it",
         )
-        await self._stop_failed(
-            RuntimeError(
-                f"table recovery made no progress for {stalled} ms with {remaining} changelog "
-                "records left (queueflow.leader.recovery.stall.ms); restart the worker"
-            )
-        )
+        await self._stop_failed(reason)
 
     def _has_peers(self) -> bool:
         """Another worker of the app holds some of its control partitions (the coordinator
