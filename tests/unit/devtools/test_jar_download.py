@@ -49,18 +49,34 @@ JARS = {
 
 class Repository:
     """A Maven repository over HTTP: ``files`` maps URL paths to bodies; ``fail_once`` paths
-    answer 503 once; every request path is recorded."""
+    answer 503 once; a path in ``after`` is answered only once the path it maps to has been
+    served (within 10 s); every request path is recorded."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.fail_once: set[str] = set()
+        self.after: dict[str, str] = {}
         self.requests: list[str] = []
+        served: set[str] = set()
+        changed = threading.Condition()
         repo = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.lstrip("/")
                 repo.requests.append(path)
+                first = repo.after.get(path)
+                if first is not None:
+                    with changed:
+                        changed.wait_for(lambda: first in served, timeout=10)
+                try:
+                    self._answer(path)
+                finally:
+                    with changed:
+                        served.add(path)
+                        changed.notify_all()
+
+            def _answer(self, path: str) -> None:
                 if path in repo.fail_once:
                     repo.fail_once.discard(path)
                     self.send_error(503)
@@ -259,12 +275,17 @@ def test_a_rerun_after_a_failure_fetches_only_what_is_missing(
     repo: Repository, tmp_path: Path
 ) -> None:
     beta = next(a for a in JARS if a.artifact == "beta_2.13")
+    alpha = next(a for a in JARS if a.artifact == "alpha")
     content = repo.files.pop(f"maven2/{beta.path}")
+    # beta's 404 comes once alpha was served: alpha was on its way when the download failed (on
+    # a loaded machine the failure could otherwise cancel alpha's download before it started).
+    repo.after[f"maven2/{beta.path}"] = f"maven2/{alpha.path}"
     with pytest.raises(BrokerError, match="HTTP 404"):
         maven.kafka_libs(version=VERSION)
     assert not _libs(tmp_path).exists()
 
     repo.files[f"maven2/{beta.path}"] = content
+    repo.after.clear()
     repo.requests.clear()
     lines: list[str] = []
     libs = maven.kafka_libs(progress=lines.append, version=VERSION)
