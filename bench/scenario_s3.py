@@ -19,7 +19,7 @@ __all__ = ["latency_run", "paced_produce", "scenario_s3"]
 def scenario_s3(ctx: Context) -> dict[str, Any]:
     """Latency at fixed produce rates (``--s3-rates``, default 2,500 and 10,000 records/s):
     a warm-up, then a measured window; percentiles of the records produced in the window."""
-    warmup, window = ctx.args.warmup, ctx.args.s3_window
+    warmup, window = ctx.args.s3_warmup, ctx.args.s3_window
     out: dict[str, Any] = {
         "rates": ctx.args.s3_rates,
         "warmup_s": warmup,
@@ -47,7 +47,7 @@ def scenario_s3(ctx: Context) -> dict[str, Any]:
 def latency_run(ctx: Context, label: str, rate: float) -> dict[str, Any]:
     """``rate`` records/s for warm-up + window seconds into a fresh topic, queueflow members
     (per-record handler) consuming; samples of records produced after the warm-up."""
-    warmup, window = ctx.args.warmup, ctx.args.s3_window
+    warmup, window = ctx.args.s3_warmup, ctx.args.s3_window
     count = int(rate * (warmup + window))
     topic = ctx.uid("s3")
     create_topic(ctx.bootstrap, topic, S1_PARTITIONS)

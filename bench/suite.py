@@ -111,6 +111,7 @@ QUICK = {
     "warmup": 1.0,
     "window": 3.0,
     "s1_topic_records": 3_000_000,
+    "s3_warmup": 1.0,
     "s3_window": 3.0,
     "s2_consumers": "1,16",
     "s2_faust": False,
@@ -144,8 +145,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--warmup",
         type=float,
         default=3.0,
-        help="S1/S3/S4 seconds of warm-up before a window, once every consumer is flowing "
-        "(default 3)",
+        help="S1/S4 seconds of warm-up before a window, once every consumer is flowing (default 3)",
+    )
+    p.add_argument(
+        "--s3-warmup",
+        type=float,
+        default=10.0,
+        help="S3 seconds produced at the rate before its window (default 10: a fresh fleet "
+        "catches up for its first ~5 s at 2,500 records/s)",
     )
     p.add_argument(
         "--window", type=float, default=15.0, help="S1/S4 seconds counted per run (default 15)"
