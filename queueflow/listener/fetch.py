@@ -196,7 +196,7 @@ class ShareFetcher:
                 member.ack_errors.pop(tp, None)  # only this request's errors are reported
             if epoch == _FINAL:
                 flushed = {tp: await member.session.flush(tp) for tp in touched}
-                member.share_session = None
+                await self._close_share(member, share, "final epoch")
             else:
                 return await self._fetch(m, member, request, touched)
         await self._members.session_closed(member)
@@ -303,14 +303,10 @@ class ShareFetcher:
         )
 
     async def connection_closed(self, connection: object) -> None:
-        """A client connection closed (the client exited, crashed or was killed): as Kafka 4.x
-        brokers do, the share sessions it opened close, and the records they returned and
-        that were not acknowledged are RELEASEd at once rather than when their locks end.
-        Their delivery is given back (``undelivered``: the delivery count goes down, the
-        record is not Archived), as Kafka's share-partition releases a closed session's
-        records (``SharePartition.releaseAcquiredRecords``, ``DeliveryCountOps.DECREASE``).
-        The member stays in its group (its heartbeats decide that); a member that left
-        with its share session open is closed now."""
+        """A client connection closed (the client exited, crashed or was killed): the share
+        sessions it opened close (:meth:`_close_share`), as Kafka 4.x brokers close a share
+        session with its connection. The member stays in its group (its heartbeats decide
+        that); a member that left with its share session open is closed now."""
         opened = [
             member
             for member in list(self._members.members.values())
@@ -321,25 +317,34 @@ class ShareFetcher:
                 share = member.share_session
                 if share is None or share.connection is not connection:
                     continue
-                member.share_session = None
-                held = share.held.runs()
-                for tp, runs in held.items():
-                    for first, last in runs:
-                        for offset in range(first, last + 1):
-                            member.session.acknowledge(
-                                tp, offset, AcknowledgeType.RELEASE, undelivered=True
-                            )
-                errors = await member.session.flush_all()
-            log.info(
-                "kafka_share_session_closed",
-                group=member.group,
-                member_id=member.member_id,
-                queueflow_member_id=member.session.member_id,
-                reason="connection closed",
-                released=sum(last - first + 1 for runs in held.values() for first, last in runs),
-                errors={f"{tp.topic}[{tp.partition}]": str(e) for tp, e in errors.items() if e},
-            )
+                await self._close_share(member, share, "connection closed")
             await self._members.session_closed(member)
+
+    async def _close_share(self, member: KafkaMember, share: ShareSession, why: str) -> None:
+        """Close ``member``'s share session (``member.lock`` held; the request's own
+        acknowledgements already applied): the records it returned and that were not
+        acknowledged are RELEASEd at once rather than when their locks end, their delivery
+        given back (``undelivered``: the delivery count goes down, the record is not
+        Archived), as Kafka's share-partition releases a closed session's records
+        (``SharePartition.releaseAcquiredRecords``, ``DeliveryCountOps.DECREASE``)."""
+        member.share_session = None
+        held = share.held.runs()
+        for tp, runs in held.items():
+            for first, last in runs:
+                for offset in range(first, last + 1):
+                    member.session.acknowledge(
+                        tp, offset, AcknowledgeType.RELEASE, undelivered=True
+                    )
+        errors = await member.session.flush_all() if held else {}
+        log.info(
+            "kafka_share_session_closed",
+            group=member.group,
+            member_id=member.member_id,
+            queueflow_member_id=member.session.member_id,
+            reason=why,
+            released=len(share.held),
+            errors={f"{tp.topic}[{tp.partition}]": str(e) for tp, e in errors.items() if e},
+        )
 
     async def share_acknowledge(self, version: int, request: Any) -> Any:
         """Answer one ShareAcknowledge: the acknowledgements are sent to the leaders now; epoch
@@ -352,8 +357,8 @@ class ShareFetcher:
             async with member.lock:
                 touched = self._add_acks(member, request.topics)
                 results = {tp: await member.session.flush(tp) for tp in sorted(touched)}
-                if epoch == _FINAL:
-                    member.share_session = None
+                if epoch == _FINAL and member.share_session is not None:
+                    await self._close_share(member, member.share_session, "final epoch")
                 elif member.share_session is not None:
                     member.share_session.next_epoch = _next_epoch(epoch)
             if epoch == _FINAL:

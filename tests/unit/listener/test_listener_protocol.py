@@ -472,6 +472,30 @@ def test_share_sessions_epochs_records_and_acknowledgements(listener: Any) -> No
     assert topic.partitions[0].acknowledge_error_code == ErrorCode.invalid_record_state
 
 
+def test_the_final_epoch_releases_what_the_session_held_and_was_not_acknowledged(
+    listener: Any,
+) -> None:
+    """As Kafka's brokers (releaseSession on the final epoch): the request's own
+    acknowledgements first, then the rest of what the session returned is RELEASEd, its
+    delivery given back."""
+    kl, sessions = listener
+    answers = run(
+        kl,
+        exchange(
+            kl.port,
+            heartbeat(0),
+            share_fetch(0),  # offset 0
+            share_fetch(1),  # offset 1: 0 and 1 held
+            share_fetch(-1, acks=((0, 0, 1),)),  # ACCEPT 0 and close
+        ),
+    )
+    closed = response_of(78, 2, answers[3])[1]
+    assert closed.error_code == ErrorCode.none
+    session = sessions[0]
+    assert session.acked[0] == (0, AcknowledgeType.ACCEPT) and session.released == [1]
+    assert kl.members.members[("g", "m1")].share_session is None
+
+
 def test_a_closed_connection_closes_its_share_session_and_releases_what_it_held(
     listener: Any,
 ) -> None:
