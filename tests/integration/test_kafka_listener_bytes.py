@@ -15,6 +15,7 @@ releases its records at once ("A client that disconnects"), on the real broker:
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import io
 import os
@@ -50,7 +51,10 @@ from test_kafka_listener import (
     wait_listening,
 )
 
+from queueflow.admin import ShareGroupAdmin
 from queueflow.devtools.broker import create_topic
+from queueflow.errors import ShareGroupError
+from queueflow.kafka.config import KafkaClientConfig
 from queueflow.listener.metadata import TopicIds
 from queueflow.testing import LeaderWorker
 
@@ -228,7 +232,8 @@ def test_compressed_batches_are_forwarded_and_delivered_once(
         wait_listening(port, WAIT_S)
         # 1. the bytes: the broker's batches, compressed, with their producer ids
         answers = raw_fetch_all(port, app_id, topic, "raw", len(values))
-        batches = [b for data in answers for b in batches_of(data)]
+        by_base = {b.base_offset: b for data in answers for b in batches_of(data)}
+        batches = list(by_base.values())
         assert {b.compression_type for b in batches} == set(CODEC_IDS.values()), batches
         assert all(b.producer_id >= 0 for b in batches)
         assert sorted(m.value.decode() for b in batches for m in b) == sorted(values)
@@ -283,15 +288,15 @@ def test_two_members_on_one_partition_each_deliver_only_their_records(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     """Java (5 records per ShareFetch) and librdkafka share one partition whose batches hold
-    100 records each: every answer forwards whole batches holding records the other member
+    100 records each: answers forward whole batches holding records the other member
     acquired, and every record is delivered once, by one of them."""
     topic = f"qf-lbytes-2m-{uuid.uuid4().hex[:8]}"
     create_topic(kafka_bootstrap, topic, 1)
-    _app, port, worker = leader(kafka_bootstrap, tmp_path, [topic])
+    app_id, port, worker = leader(kafka_bootstrap, tmp_path, [topic])
     with worker.start():
         wait_listening(port, WAIT_S)
         java, lines = start_console_consumer(
-            port, topic, "two", "--consumer-property", "max.poll.records=5"
+            port, topic, "two", "--command-property", "max.poll.records=5"
         )
         consumer = ShareConsumer(
             {
@@ -302,33 +307,52 @@ def test_two_members_on_one_partition_each_deliver_only_their_records(
         )
         java_got: list[str] = []
         rdkafka_got: list[str] = []
+        expected: list[str] = []
         try:
             consumer.subscribe([topic])
-            for m in consumer.poll(2.0):  # joined: fetching
-                assert m.error() is not None
-            for wave in range(3):
+            admin = ShareGroupAdmin(app_id, KafkaClientConfig(kafka_bootstrap))
+            deadline = time.monotonic() + WAIT_S
+            while not members_assigned(admin, "two", 2):
+                assert time.monotonic() < deadline, "the two members were not both assigned"
+                assert consumer.poll(0.5) == []
+            wave = 0
+            while wave < 2 or not (java_got and rdkafka_got):  # both took some of one batch
+                assert wave < 8, (len(java_got), len(rdkafka_got))
                 values = [f"w{wave}-{i}" for i in range(100)]
+                expected += values
                 produce_batches(kafka_bootstrap, topic, values, **{"compression.type": "lz4"})
                 deadline = time.monotonic() + WAIT_S
-                while len(java_got) + len(rdkafka_got) < 100 * (wave + 1):
+                while len(java_got) + len(rdkafka_got) < len(expected):
                     assert time.monotonic() < deadline, (len(java_got), len(rdkafka_got))
                     for msg in consumer.poll(0.2):
                         if msg.error() is None:
                             rdkafka_got.append((msg.value() or b"").decode())
                             consumer.acknowledge(msg, AcknowledgeType.ACCEPT)
                     java_got += lines.within(0.2)
+                wave += 1
             consumer.commit_sync()
-            java_got += lines.within(2.0)
-            for msg in consumer.poll(1.0):  # nothing more
-                assert msg.error() is not None, msg.value()
+            java_got += lines.within(2.0)  # nothing more
+            assert [m for m in consumer.poll(1.0) if m.error() is None] == []
         finally:
             consumer.close()
             stop_console_consumer(java, lines)
         handled = java_got + rdkafka_got
-        expected = [f"w{w}-{i}" for w in range(3) for i in range(100)]
         assert sorted(handled) == sorted(expected)  # each once
-        assert java_got and rdkafka_got, (len(java_got), len(rdkafka_got))
-        print(f"java {len(java_got)}, librdkafka {len(rdkafka_got)}")
+        print(f"{wave} waves: java {len(java_got)}, librdkafka {len(rdkafka_got)}")
+
+
+def members_assigned(admin: ShareGroupAdmin, group: str, count: int) -> bool:
+    """``count`` members of ``group`` each hold an assignment."""
+
+    async def described() -> bool:
+        try:
+            (described,) = await admin.describe_groups([group])
+        except ShareGroupError:
+            return False  # no member yet
+        members = described.members
+        return len(members) == count and all(m.assignment for m in members)
+
+    return asyncio.run(described())
 
 
 # -- a killed client ------------------------------------------------------------------------------
