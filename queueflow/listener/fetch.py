@@ -176,7 +176,10 @@ class ShareFetcher:
             return self._fetch_answer(m, error, message, {}, {}, 0)
         async with member.lock:
             if epoch == 0:  # tied to this connection, as Kafka 4.x ties it
+                old = member.share_session
                 member.share_session = ShareSession(connection=CONNECTION.get())
+                if old is not None:  # reopened (a reconnect): what it held is still held
+                    member.share_session.held = old.held
             share = member.share_session
             assert share is not None
             for topic in request.topics:

@@ -714,3 +714,34 @@ def test_produce_and_fetch_are_listed_for_librdkafka_and_refused(listener: Any) 
     _, r = response_of(1, 4, fetched)
     assert r.responses[0].partitions[0].error_code == ErrorCode.invalid_request
     assert r.responses[0].partitions[0].records is None
+
+
+def test_a_session_reopened_on_another_connection_keeps_what_the_first_held(
+    listener: Any,
+) -> None:
+    """A client that reconnects opens its share session again (epoch 0) on the new connection:
+    the old connection's close releases nothing, the new one's releases what both held."""
+    kl, sessions = listener
+
+    async def scenario() -> None:
+        async def answer(reader: asyncio.StreamReader) -> bytes:
+            size = await asyncio.wait_for(reader.readexactly(4), 5)
+            return size + await reader.readexactly(struct.unpack(">i", size)[0])
+
+        first = await asyncio.open_connection("127.0.0.1", kl.port)
+        first[1].write(heartbeat(0) + share_fetch(0))  # offset 0 held
+        await answer(first[0])
+        await answer(first[0])
+        second = await asyncio.open_connection("127.0.0.1", kl.port)
+        second[1].write(share_fetch(0))  # reopened here: offset 1
+        assert response_of(78, 2, await answer(second[0]))[1].error_code == ErrorCode.none
+        first[1].close()
+        await first[1].wait_closed()
+        await asyncio.wait_for(first[0].read(), 5)  # the listener saw it close
+        assert sessions[0].released == []
+        second[1].close()
+        await second[1].wait_closed()
+        await asyncio.wait_for(sessions[0].released_event.wait(), 5)
+
+    run(kl, scenario())
+    assert sessions[0].released == [0, 1]
