@@ -2,9 +2,9 @@
 
 What the listener's queueflow member does with one share-partition's direct-path answer and
 what the listener then sends: the carried bytes (v2 batches of 125 records of a 1 KiB value,
-uncompressed, as S11's producer writes them; ``listener_batches`` of them per repeat, all
-acquired) parsed, then the ShareFetch v1 answer's partition built and the whole answer encoded
-with kio (:func:`queueflow.listener.codec.encode_response`):
+uncompressed, as S11's producer writes them, with fewer records per batch; ``listener_batches``
+of them per repeat, all acquired) parsed, then the ShareFetch v1 answer's partition built and
+the whole answer encoded with kio (:func:`queueflow.listener.codec.encode_response`):
 
 * ``listener.answer.reencode``: as before forwarding: the eager parse
   (:func:`queueflow.member.reader.records_from_batches`, CRC checked), then every record written
@@ -41,9 +41,9 @@ from queueflow.member.reader import records_from_batches
 
 __all__ = ["BENCHMARKS", "bench_answer", "carried"]
 
-#: Records per batch (a producer's batch of 1 KiB records at its default 16 KiB batch.size is
-#: about 15; Kafka's perf producer with linger writes more; 125 is what the listener's
-#: docs/performance.md figure used).
+#: Records per batch: S11's producer (bench/harness.py: ``batch.size`` 512 KiB, ``linger.ms``
+#: 20) writes batches of up to about 500 records of 1 KiB; 125 is what the listener's earlier
+#: ``record_batch`` figure in docs/performance.md used.
 BATCH_RECORDS = 125
 VALUE_BYTES = 1024
 TOPIC, PARTITION = "jobs", 0
