@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.context import RESULTS
-from bench.micro import codecs, dispatch, engine, lazy, readpath, units
+from bench.micro import answer, codecs, dispatch, engine, lazy, readpath, units
 from bench.micro.timing import FULL, QUICK, Result, Sizes
 from bench.suite import machine
 
@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, Callable[[Sizes], list[Result]]] = {
     **lazy.BENCHMARKS,
     **units.BENCHMARKS,
     **dispatch.BENCHMARKS,
+    **answer.BENCHMARKS,
 }
 
 

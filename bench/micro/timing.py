@@ -31,6 +31,8 @@ class Sizes:
         calls: calls per repeat of a codec benchmark.
         read_batches: 500-record batches parsed per repeat of a read-path benchmark.
         dispatch_records: records handled per repeat (window) of a dispatch benchmark.
+        listener_batches: 125-record batches of 1 KiB records per repeat of a listener answer
+            benchmark.
     """
 
     repeats: int
@@ -39,6 +41,7 @@ class Sizes:
     calls: int
     read_batches: int
     dispatch_records: int
+    listener_batches: int = 8
 
 
 #: ``make bench-micro``: about half a minute on 2 cores.
@@ -49,6 +52,7 @@ FULL = Sizes(
     calls=2_000,
     read_batches=40,
     dispatch_records=20_000,
+    listener_batches=8,
 )
 #: ``--quick``: tiny sizes, to check that everything runs (figures mean little).
 QUICK = Sizes(
@@ -58,6 +62,7 @@ QUICK = Sizes(
     calls=20,
     read_batches=1,
     dispatch_records=100,
+    listener_batches=1,
 )
 
 

@@ -1,10 +1,19 @@
 """Acquired records as Kafka record batches and ``AcquiredRecords`` ranges (KIP-932
-"ShareFetch API"), written with kio's record-batch writer. Pure."""
+"ShareFetch API"). Pure.
+
+As Kafka's share-partition leader does, an answer returns whole record batches as the broker
+stored them (possibly compressed, with their producer ids) and lets its ``AcquiredRecords``
+ranges say which offsets this member acquired: clients deliver only those
+(:func:`answer_records`). Where the queueflow member has no batch bytes (records it read
+itself from the broker rather than got from a leader's direct-path answer) they are written
+anew with kio's record-batch writer (:func:`record_batch`).
+"""
 
 from __future__ import annotations
 
 import datetime
 import io
+import struct
 from collections.abc import Sequence
 from typing import cast
 
@@ -14,12 +23,17 @@ from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from queueflow.structs import ShareRecord
 
-__all__ = ["acquired_ranges", "record_batch"]
+__all__ = ["acquired_ranges", "answer_records", "batch_spans", "record_batch"]
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 #: Record-batch attribute bit: the timestamps are LogAppendTime.
 _LOG_APPEND_TIME = 0x08
 _NO_ATTRIBUTES = i8(0)
+#: v2 record batch header: base offset, batch length (after these 12 bytes), leader epoch,
+#: magic; the last offset delta at byte 23.
+_HEAD = struct.Struct(">qiib")
+_DELTA = struct.Struct(">i")
+_DELTA_AT, _V2_HEADER_BYTES = 23, 61
 
 
 def record_batch(records: Sequence[ShareRecord]) -> bytes:
@@ -78,3 +92,62 @@ def acquired_ranges(records: Sequence[ShareRecord]) -> list[tuple[int, int, int]
         else:
             ranges.append((r.offset, r.offset, r.delivery_count))
     return ranges
+
+
+def batch_spans(data: bytes) -> list[tuple[int, int]] | None:
+    """``(first, last)`` offsets of each record batch of ``data`` (base offset, base offset
+    plus last offset delta), in order; None when ``data`` is not a sequence of whole v2
+    batches in increasing offset order (then it is not forwarded)."""
+    spans: list[tuple[int, int]] = []
+    pos, end = 0, len(data)
+    while pos < end:
+        if pos + _V2_HEADER_BYTES > end:
+            return None
+        base, length, _epoch, magic = _HEAD.unpack_from(data, pos)
+        size = 12 + length
+        if magic != 2 or size < _V2_HEADER_BYTES or pos + size > end:
+            return None
+        (delta,) = _DELTA.unpack_from(data, pos + _DELTA_AT)
+        if delta < 0 or (spans and base <= spans[-1][1]):
+            return None
+        spans.append((base, base + delta))
+        pos += size
+    return spans
+
+
+def answer_records(
+    records: Sequence[ShareRecord], batches: bytes
+) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """The ``Records`` and ``AcquiredRecords`` of one share-partition's ShareFetch answer.
+
+    Args:
+        records: the acquired records to deliver, in offset order (what the queueflow member
+            fetched: gaps and undecodable records are already acknowledged by it and left out).
+        batches: record batches that hold the records inside their offset spans, as a leader
+            carried them (``FetchResult.batches``), or ``b""``.
+
+    Returns:
+        ``(bytes, ranges)``: ``batches`` as they are, followed by a batch written anew of the
+        records after their last offset (read by the member itself), when every record is
+        either inside a batch or after them; otherwise (no batches, or records between or
+        before them) every record written anew. ``ranges``: :func:`acquired_ranges` of
+        ``records``, so a client skips every other offset of the forwarded batches (records
+        of other members, already acknowledged, or not delivered here).
+    """
+    ranges = acquired_ranges(records)
+    spans = batch_spans(batches) if batches and records else None
+    if not spans:
+        return record_batch(records), ranges
+    rest = len(records)  # the first record after the last batch
+    top = spans[-1][1]
+    while rest and records[rest - 1].offset > top:
+        rest -= 1
+    i = 0
+    for first, last in spans:  # each record before ``rest`` must lie inside a batch
+        while i < rest and records[i].offset <= last:
+            if records[i].offset < first:
+                return record_batch(records), ranges
+            i += 1
+    if rest == len(records):
+        return batches, ranges
+    return batches + record_batch(records[rest:]), ranges

@@ -6,6 +6,7 @@ partitions, -1 closes it)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime
 from collections.abc import Iterable
 from typing import Any
@@ -18,17 +19,24 @@ from kio.static.primitive import i16, i32, i64
 
 from queueflow.errors import ShareGroupError
 from queueflow.listener.apis import SHARE_ACKNOWLEDGE, SHARE_FETCH
-from queueflow.listener.batches import acquired_ranges, record_batch
+from queueflow.listener.batches import answer_records
+from queueflow.listener.held import HeldRecords
 from queueflow.listener.members import KafkaMember, MemberRegistry, ShareSession
 from queueflow.listener.metadata import Node, TopicIds
 from queueflow.member.session import FetchResult
 from queueflow.structs import AcknowledgeType, TopicPartition
 
-__all__ = ["ShareFetcher", "kafka_error"]
+__all__ = ["CONNECTION", "ShareFetcher", "kafka_error"]
 
 log = structlog.get_logger("queueflow.listener")
 _ZERO = datetime.timedelta(0)
 _FINAL = -1
+
+#: The client connection whose request is being answered (set by the listener's server in each
+#: connection's task): a share session belongs to the connection that opened it.
+CONNECTION: contextvars.ContextVar[object | None] = contextvars.ContextVar(
+    "queueflow_listener_connection", default=None
+)
 
 
 #: The most offsets one request may acknowledge (bounds the work a request can ask for).
@@ -134,6 +142,7 @@ class ShareFetcher:
         """Record the acknowledgements of a request on the member's session; returns their
         share-partitions."""
         touched: set[TopicPartition] = set()
+        held = member.share_session.held if member.share_session is not None else None
         for topic in topics:
             name = self._topic_ids.name_of(topic.topic_id)
             if name is None:
@@ -146,9 +155,14 @@ class ShareFetcher:
                     if len(types) == 1:  # one type for the range (what clients mostly send)
                         kind = _outcome(types[0])
                         member.session.acknowledge_range(tp, first, batch.last_offset, kind)
+                        if held is not None and kind is not AcknowledgeType.RENEW:
+                            held.remove(tp, first, batch.last_offset)
                         continue
                     for i, offset in enumerate(range(first, batch.last_offset + 1)):
-                        member.session.acknowledge(tp, offset, _outcome(types[i]))
+                        kind = _outcome(types[i])
+                        member.session.acknowledge(tp, offset, kind)
+                        if held is not None and kind is not AcknowledgeType.RENEW:
+                            held.remove(tp, offset, offset)
         return touched
 
     async def share_fetch(self, version: int, request: Any) -> Any:
@@ -161,8 +175,11 @@ class ShareFetcher:
         if error is not ErrorCode.none or member is None:
             return self._fetch_answer(m, error, message, {}, {}, 0)
         async with member.lock:
-            if epoch == 0:
-                member.share_session = ShareSession()
+            if epoch == 0:  # tied to this connection, as Kafka 4.x ties it
+                old = member.share_session
+                member.share_session = ShareSession(connection=CONNECTION.get())
+                if old is not None:  # reopened (a reconnect): what it held is still held
+                    member.share_session.held = old.held
             share = member.share_session
             assert share is not None
             for topic in request.topics:
@@ -182,7 +199,7 @@ class ShareFetcher:
                 member.ack_errors.pop(tp, None)  # only this request's errors are reported
             if epoch == _FINAL:
                 flushed = {tp: await member.session.flush(tp) for tp in touched}
-                member.share_session = None
+                await self._close_share(member, share, "final epoch")
             else:
                 return await self._fetch(m, member, request, touched)
         await self._members.session_closed(member)
@@ -212,7 +229,7 @@ class ShareFetcher:
         lock_ms = max(
             (r.lock_timeout_ms for r in results.values() if isinstance(r, FetchResult)), default=0
         )
-        return self._fetch_answer(m, ErrorCode.none, None, results, acked, lock_ms)
+        return self._fetch_answer(m, ErrorCode.none, None, results, acked, lock_ms, share.held)
 
     async def _fetch_one(
         self, member: KafkaMember, tp: TopicPartition, max_records: int, wait_ms: int
@@ -238,15 +255,21 @@ class ShareFetcher:
         results: dict[TopicPartition, FetchResult | ShareGroupError],
         acked: dict[TopicPartition, ShareGroupError | None],
         lock_ms: int,
+        held: HeldRecords | None = None,
     ) -> Any:
+        """A ShareFetch answer; the records returned are added to ``held`` (the share
+        session's)."""
         by_topic: dict[str, list[Any]] = {}
         for tp in sorted(results.keys() | acked.keys()):
             result = results.get(tp)
             if isinstance(result, FetchResult):
-                records = result.records
+                data, ranges = answer_records(result.records, result.batches)
                 fetch_error = kafka_error(result.error)
+                if held is not None:
+                    for first, last, _count in ranges:
+                        held.add(tp, first, last)
             else:
-                records = []
+                data, ranges = b"", []
                 fetch_error = kafka_error(result)
             ack_error = kafka_error(acked.get(tp))
             by_topic.setdefault(tp.topic, []).append(
@@ -257,14 +280,14 @@ class ShareFetcher:
                     current_leader=m.LeaderIdAndEpoch(
                         leader_id=i32(self._node.node_id), leader_epoch=i32(0)
                     ),
-                    records=record_batch(records),
+                    records=data,
                     acquired_records=tuple(
                         m.AcquiredRecords(
                             first_offset=i64(first),
                             last_offset=i64(last),
                             delivery_count=i16(count),
                         )
-                        for first, last, count in acquired_ranges(records)
+                        for first, last, count in ranges
                     ),
                 )
             )
@@ -282,6 +305,50 @@ class ShareFetcher:
             node_endpoints=self._endpoints(m),
         )
 
+    async def connection_closed(self, connection: object) -> None:
+        """A client connection closed (the client exited, crashed or was killed): the share
+        sessions it opened close (:meth:`_close_share`), as Kafka 4.x brokers close a share
+        session with its connection. The member stays in its group (its heartbeats decide
+        that); a member that left with its share session open is closed now."""
+        opened = [
+            member
+            for member in list(self._members.members.values())
+            if member.share_session is not None and member.share_session.connection is connection
+        ]
+        for member in opened:
+            async with member.lock:  # after a ShareFetch still being answered
+                share = member.share_session
+                if share is None or share.connection is not connection:
+                    continue
+                await self._close_share(member, share, "connection closed")
+            await self._members.session_closed(member)
+
+    async def _close_share(self, member: KafkaMember, share: ShareSession, why: str) -> None:
+        """Close ``member``'s share session (``member.lock`` held; the request's own
+        acknowledgements already applied): the records it returned and that were not
+        acknowledged are RELEASEd at once rather than when their locks end, their delivery
+        given back (``undelivered``: the delivery count goes down, the record is not
+        Archived), as Kafka's share-partition releases a closed session's records
+        (``SharePartition.releaseAcquiredRecords``, ``DeliveryCountOps.DECREASE``)."""
+        member.share_session = None
+        held = share.held.runs()
+        for tp, runs in held.items():
+            for first, last in runs:
+                for offset in range(first, last + 1):
+                    member.session.acknowledge(
+                        tp, offset, AcknowledgeType.RELEASE, undelivered=True
+                    )
+        errors = await member.session.flush_all() if held else {}
+        log.info(
+            "kafka_share_session_closed",
+            group=member.group,
+            member_id=member.member_id,
+            queueflow_member_id=member.session.member_id,
+            reason=why,
+            released=len(share.held),
+            errors={f"{tp.topic}[{tp.partition}]": str(e) for tp, e in errors.items() if e},
+        )
+
     async def share_acknowledge(self, version: int, request: Any) -> Any:
         """Answer one ShareAcknowledge: the acknowledgements are sent to the leaders now; epoch
         -1 also closes the share session."""
@@ -293,8 +360,8 @@ class ShareFetcher:
             async with member.lock:
                 touched = self._add_acks(member, request.topics)
                 results = {tp: await member.session.flush(tp) for tp in sorted(touched)}
-                if epoch == _FINAL:
-                    member.share_session = None
+                if epoch == _FINAL and member.share_session is not None:
+                    await self._close_share(member, member.share_session, "final epoch")
                 elif member.share_session is not None:
                     member.share_session.next_epoch = _next_epoch(epoch)
             if epoch == _FINAL:

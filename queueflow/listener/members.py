@@ -21,6 +21,7 @@ from kio.schema.share_group_heartbeat.v1.response import (
 from kio.static.primitive import i32, i32Timedelta
 
 from queueflow.errors import ConfigurationError, ShareGroupError
+from queueflow.listener.held import HeldRecords
 from queueflow.listener.metadata import TopicIds
 from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.structs import TopicPartition
@@ -39,10 +40,13 @@ _LEAVE = -1
 @dataclass(slots=True)
 class ShareSession:
     """A KIP-932 share session: the share-partitions a member fetches and the epoch its next
-    ShareFetch or ShareAcknowledge must carry."""
+    ShareFetch or ShareAcknowledge must carry; the connection that opened it (its close
+    releases ``held``) and the records returned and not acknowledged yet."""
 
     partitions: set[TopicPartition] = field(default_factory=set)
     next_epoch: int = 1
+    connection: object | None = None
+    held: HeldRecords = field(default_factory=HeldRecords)
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from queueflow.listener.auth import (
     listener_protocol,
 )
 from queueflow.listener.codec import SIZE, FrameError, decode_request, encode_response, peek_header
-from queueflow.listener.fetch import ShareFetcher
+from queueflow.listener.fetch import CONNECTION, ShareFetcher
 from queueflow.listener.members import MemberRegistry, SessionFactory
 from queueflow.listener.metadata import (
     Node,
@@ -43,6 +43,20 @@ NODE_ID = 0
 REAP_INTERVAL_S = 1.0
 #: The longest a ShareFetch is held (ms), whatever MaxWaitMs it asks for.
 MAX_WAIT_CAP_MS = 5000
+
+
+def _forwarding(factory: SessionFactory) -> SessionFactory:
+    """``factory`` whose sessions keep the record batches leaders carry (forwarded to the
+    client as they are, docs/kafka-listener.md) and parse them as lazy views: the listener
+    reads only their offsets and delivery counts, so their records are never decoded."""
+
+    def build(*args: Any) -> Any:
+        session = factory(*args)
+        session.forward_batches = True
+        session.lazy_records = True
+        return session
+
+    return build
 
 
 def parse_listener(value: str) -> tuple[str, int]:
@@ -124,7 +138,7 @@ class KafkaListener:
         self.topic_ids = TopicIds(app_id)
         self.node = Node(NODE_ID, self._advertised, self._port)
         self.members = MemberRegistry(
-            factory,
+            _forwarding(factory),
             lambda: self._served_now,
             self.topic_ids,
             heartbeat_interval_ms,
@@ -140,6 +154,7 @@ class KafkaListener:
         self._connections: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._closing = False  # closing every member anyway: no release per connection
 
     @property
     def port(self) -> int:
@@ -171,6 +186,7 @@ class KafkaListener:
 
     async def close(self) -> None:
         """Stop listening, close the connections and every member (each leaves its group)."""
+        self._closing = True
         if self._reaper is not None:
             self._reaper.cancel()
             await asyncio.gather(self._reaper, return_exceptions=True)
@@ -206,6 +222,8 @@ class KafkaListener:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        connection = object()  # what the share sessions opened here belong to
+        CONNECTION.set(connection)  # this task's context: its requests see it
         guard = ConnectionGuard(
             self._security,
             str(peer),
@@ -222,8 +240,13 @@ class KafkaListener:
             log.exception("kafka_request_failed", peer=str(peer), error=repr(exc))
         finally:
             self._connections.discard(task)
-            await guard.close()
             writer.close()
+            try:
+                if not self._closing:
+                    await self._fetcher.connection_closed(connection)
+            except Exception as exc:  # the records' locks still end: logged, not raised
+                log.warning("kafka_share_session_release_failed", peer=str(peer), error=repr(exc))
+            await guard.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 

@@ -91,6 +91,12 @@ class FetchResult:
             ``records``).
         lock_deadline: the records' acquisition lock deadline (monotonic s: the request's
             send time plus ``lock_timeout_ms``; ``inf`` when unknown), one for the whole fetch.
+        batches: with :attr:`ShareFetchSession.forward_batches` on, the Kafka v2 record
+            batches a direct-path answer carried, as the broker stored them (possibly
+            compressed; bytes of the answer, not copied), once they parsed: every record of
+            ``records`` whose offset lies inside one of them is in it; they may hold offsets
+            that were not acquired. ``b""`` otherwise (nothing carried, the request topics, or
+            the bytes did not parse and the records were read from Kafka).
     """
 
     records: list[ShareRecord] = field(default_factory=list)
@@ -101,6 +107,7 @@ class FetchResult:
     long_polled: bool = False
     undecodable: int = 0
     lock_deadline: float = math.inf
+    batches: bytes = b""
 
 
 @dataclass(slots=True)
@@ -165,6 +172,9 @@ class ShareFetchSession:
         #: Carried records as lazy views (a share agent's ``lazy_records=True``; see
         #: :mod:`queueflow.member.lazy_records`).
         self.lazy_records = False
+        #: Keep the record batches a leader's answer carried in :attr:`FetchResult.batches`
+        #: (the Kafka-protocol listener forwards them to its client as they are).
+        self.forward_batches = False
         self.on_acknowledged = on_acknowledged
         self.partitions: dict[str, int] = {}
         #: Outcomes the leaders refused as stale (their records are delivered again).
@@ -386,7 +396,7 @@ class ShareFetchSession:
             )
             before = self.undecodable
             result.lock_deadline = deadline
-            result.records = await self._read(tp, response, deadline)
+            result.records = await self._read(tp, response, deadline, result)
             result.undecodable = self.undecodable - before
         return result
 
@@ -452,15 +462,22 @@ class ShareFetchSession:
         await self.router.end_long_polls(tp)
 
     async def _read(
-        self, tp: TopicPartition, response: protocol.ShareFetchResponse, lock_deadline: float
+        self,
+        tp: TopicPartition,
+        response: protocol.ShareFetchResponse,
+        lock_deadline: float,
+        result: FetchResult,
     ) -> list[ShareRecord]:
         """Take the records the answer carried (:func:`~queueflow.member.reader.carried_records`)
         and read the other acquired ranges (``read_committed`` if the leader says so); GAP the
         gaps, RELEASE every acquired offset if the read fails (rather than wait for their
         locks). Every record gets ``lock_deadline`` and its delivery time: the carried ones
-        from the parser as it builds them, the ones read apart afterwards."""
+        from the parser as it builds them, the ones read apart afterwards; ``result.batches``
+        the carried bytes (:attr:`forward_batches`)."""
         try:
-            records, gaps, undecodable = await self._take_or_read(tp, response, lock_deadline)
+            records, gaps, undecodable = await self._take_or_read(
+                tp, response, lock_deadline, result
+            )
         except Exception:
             for first, last, _count in response.acquired:
                 for offset in range(first, last + 1):  # no handler saw them
@@ -474,10 +491,15 @@ class ShareFetchSession:
         return records
 
     async def _take_or_read(
-        self, tp: TopicPartition, response: protocol.ShareFetchResponse, lock_deadline: float
+        self,
+        tp: TopicPartition,
+        response: protocol.ShareFetchResponse,
+        lock_deadline: float,
+        result: FetchResult,
     ) -> ReadResult:
         """The acquired records: those the answer carried, the rest read from Kafka; each
-        with ``lock_deadline`` and its delivery time set."""
+        with ``lock_deadline`` and its delivery time set (the carried bytes kept in
+        ``result.batches`` with :attr:`forward_batches`)."""
         rest = response.acquired
         carried: ReadResult = ([], [], [])
         if response.records:
@@ -502,6 +524,9 @@ class ShareFetchSession:
                     note="the member reads the acquired records from the broker instead",
                 )
                 carried, rest = ([], [], []), response.acquired
+            else:
+                if self.forward_batches:
+                    result.batches = response.records
         if not rest:
             return carried
         try:

@@ -45,6 +45,9 @@ EXPECTED = {
         for touch in ("none", "value", "all")
         for kind in ("eager", "lazy", "ratio")
     ),
+    "listener.answer.reencode",
+    "listener.answer.forward",
+    "listener.answer.ratio",
     "units.fetch",
     "units.list",
     "units.judge",

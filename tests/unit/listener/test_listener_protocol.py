@@ -205,6 +205,8 @@ class StubSession:
         self.ranges: list[tuple[int, int, AcknowledgeType]] = []  # acknowledge_range calls
         self.next_offset = 0
         self.closed = False
+        self.released: list[int] = []  # RELEASEd undelivered (a closed connection's records)
+        self.released_event = asyncio.Event()
 
     async def start(self) -> None:
         pass
@@ -215,9 +217,14 @@ class StubSession:
     def prepare(self, tp: TopicPartition) -> None:
         pass
 
-    def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
+    def acknowledge(
+        self, tp: TopicPartition, offset: int, kind: AcknowledgeType, *, undelivered: bool = False
+    ) -> None:
         self.acked.append((offset, kind))
         self.pending.append(offset)
+        if undelivered:
+            self.released.append(offset)
+            self.released_event.set()
 
     def acknowledge_range(
         self, tp: TopicPartition, first: int, last: int, kind: AcknowledgeType
@@ -353,6 +360,7 @@ def share_fetch(
     acks: tuple[tuple[int, int, int], ...] = (),
     member: str = "m1",
     topic_id: uuid.UUID | None = None,
+    max_wait_ms: int = 0,
 ) -> bytes:
     m = load_payload_module(78, 2, EntityType.request)
     tid = topic_id or TopicIds("app").id_of(TOPIC)
@@ -369,7 +377,7 @@ def share_fetch(
             group_id="g",
             member_id=member,
             share_session_epoch=i32(epoch),
-            max_wait=datetime.timedelta(milliseconds=0),
+            max_wait=datetime.timedelta(milliseconds=max_wait_ms),
             min_bytes=i32(1),
             max_records=i32(10),
             batch_size=i32(10),
@@ -441,10 +449,11 @@ def test_share_sessions_epochs_records_and_acknowledgements(listener: Any) -> No
             share_fetch(0),  # opens it: the next epoch is 1
             share_fetch(1, acks=((0, 0, 1),)),  # ACCEPT offset 0 rides along
             share_fetch(1),  # the epoch again
+            share_fetch(2, acks=((100, 100, 1),)),  # refused by the leader as stale
         ),
     )
     nobody = response_of(78, 2, answers[0])[1]
-    missing, opened, second, repeated = (response_of(78, 2, a)[1] for a in answers[2:])
+    missing, opened, second, repeated, stale = (response_of(78, 2, a)[1] for a in answers[2:])
     assert nobody.error_code == ErrorCode.unknown_member_id
     assert missing.error_code == ErrorCode.share_session_not_found
     (topic,) = opened.responses
@@ -456,12 +465,62 @@ def test_share_sessions_epochs_records_and_acknowledgements(listener: Any) -> No
     assert [r.value for r in batch.records] == [b"v"]
     assert opened.acquisition_lock_timeout == datetime.timedelta(seconds=30)
     assert second.error_code == ErrorCode.none
-    assert sessions[0].acked == [(0, AcknowledgeType.ACCEPT)]
+    assert sessions[0].acked[0] == (0, AcknowledgeType.ACCEPT)
     assert repeated.error_code == ErrorCode.invalid_share_session_epoch
     assert second.responses[0].partitions[0].acknowledge_error_code == ErrorCode.none
-    (stale,) = run(kl, exchange(kl.port, share_fetch(2, acks=((100, 100, 1),))))
-    (topic,) = response_of(78, 2, stale)[1].responses
+    (topic,) = stale.responses
     assert topic.partitions[0].acknowledge_error_code == ErrorCode.invalid_record_state
+
+
+def test_the_final_epoch_releases_what_the_session_held_and_was_not_acknowledged(
+    listener: Any,
+) -> None:
+    """As Kafka's brokers (releaseSession on the final epoch): the request's own
+    acknowledgements first, then the rest of what the session returned is RELEASEd, its
+    delivery given back."""
+    kl, sessions = listener
+    answers = run(
+        kl,
+        exchange(
+            kl.port,
+            heartbeat(0),
+            share_fetch(0),  # offset 0
+            share_fetch(1),  # offset 1: 0 and 1 held
+            share_fetch(-1, acks=((0, 0, 1),)),  # ACCEPT 0 and close
+        ),
+    )
+    closed = response_of(78, 2, answers[3])[1]
+    assert closed.error_code == ErrorCode.none
+    session = sessions[0]
+    assert session.acked[0] == (0, AcknowledgeType.ACCEPT) and session.released == [1]
+    assert kl.members.members[("g", "m1")].share_session is None
+
+
+def test_a_closed_connection_closes_its_share_session_and_releases_what_it_held(
+    listener: Any,
+) -> None:
+    """As Kafka 4.x brokers: the share session belongs to the connection that opened it; when
+    that connection closes, the records returned and not acknowledged are RELEASEd at once,
+    their delivery given back (undelivered), and the member stays in its group."""
+    kl, sessions = listener
+    answers = run(
+        kl,
+        exchange(
+            kl.port,
+            heartbeat(0),
+            share_fetch(0),  # offset 0
+            share_fetch(1, acks=((0, 0, 1),)),  # ACCEPT 0; offset 1 returned
+            share_fetch(2),  # offset 2 returned: 1 and 2 held
+        ),
+    )
+    assert all(response_of(78, 2, a)[1].error_code == ErrorCode.none for a in answers[1:])
+    session = sessions[0]
+    run(kl, asyncio.wait_for(session.released_event.wait(), 5))
+    assert session.released == [1, 2]
+    assert (1, AcknowledgeType.RELEASE) in session.acked and not session.closed
+    assert ("g", "m1") in kl.members.members  # still a member: its heartbeats decide
+    (again,) = run(kl, exchange(kl.port, share_fetch(3)))  # another connection
+    assert response_of(78, 2, again)[1].error_code == ErrorCode.share_session_not_found
 
 
 def test_a_frame_that_never_arrives_closes_its_connection(listener: Any) -> None:
@@ -655,3 +714,34 @@ def test_produce_and_fetch_are_listed_for_librdkafka_and_refused(listener: Any) 
     _, r = response_of(1, 4, fetched)
     assert r.responses[0].partitions[0].error_code == ErrorCode.invalid_request
     assert r.responses[0].partitions[0].records is None
+
+
+def test_a_session_reopened_on_another_connection_keeps_what_the_first_held(
+    listener: Any,
+) -> None:
+    """A client that reconnects opens its share session again (epoch 0) on the new connection:
+    the old connection's close releases nothing, the new one's releases what both held."""
+    kl, sessions = listener
+
+    async def scenario() -> None:
+        async def answer(reader: asyncio.StreamReader) -> bytes:
+            size = await asyncio.wait_for(reader.readexactly(4), 5)
+            return size + await reader.readexactly(struct.unpack(">i", size)[0])
+
+        first = await asyncio.open_connection("127.0.0.1", kl.port)
+        first[1].write(heartbeat(0) + share_fetch(0))  # offset 0 held
+        await answer(first[0])
+        await answer(first[0])
+        second = await asyncio.open_connection("127.0.0.1", kl.port)
+        second[1].write(share_fetch(0))  # reopened here: offset 1
+        assert response_of(78, 2, await answer(second[0]))[1].error_code == ErrorCode.none
+        first[1].close()
+        await first[1].wait_closed()
+        await asyncio.wait_for(first[0].read(), 5)  # the listener saw it close
+        assert sessions[0].released == []
+        second[1].close()
+        await second[1].wait_closed()
+        await asyncio.wait_for(sessions[0].released_event.wait(), 5)
+
+    run(kl, scenario())
+    assert sessions[0].released == [0, 1]
