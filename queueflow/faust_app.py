@@ -74,6 +74,7 @@ from queueflow.member.context import MemberContext
 from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
+from queueflow.protocol.roles import ControlAuth
 from queueflow.protocol.state_codec import decode_snapshot
 from queueflow.server.auth_health import AuthHealth
 from queueflow.server.connections import DirectLimits
@@ -89,6 +90,7 @@ from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
 from queueflow.server.transport import monotonic_ms
 from queueflow.settings import (
+    KafkaListenerLeaders,
     ProcessingGuarantee,
     ShareGroupSettings,
     did_you_mean,
@@ -1098,6 +1100,7 @@ class ShareGroups:
         try:  # the listener extra: pip install 'queueflow[listener]'
             from queueflow.listener import KafkaListener
             from queueflow.listener.auth import listener_security
+            from queueflow.listener.delegated import DelegatedMembership
         except ImportError as exc:
             raise ConfigurationError(
                 f"queueflow.kafka.listener={s.kafka_listener!r} needs kio: "
@@ -1109,9 +1112,43 @@ class ShareGroups:
             return dict(await partition_counts(self.kafka, list(self.leaders)))
 
         def session(
-            group: str, topic_names: list[str], client_id: str, on_ack: AcknowledgementCallback
+            group: str,
+            topic_names: list[str],
+            client_id: str,
+            on_ack: AcknowledgementCallback,
+            *,
+            member_id: str,
         ) -> ShareFetchSession:
-            return ShareFetchSession(ctx, group, topic_names, client_id, on_acknowledged=on_ack)
+            return ShareFetchSession(
+                ctx, group, topic_names, client_id, on_acknowledged=on_ack, member_id=member_id
+            )
+
+        per_partition = s.kafka_listener_leaders is KafkaListenerLeaders.PARTITION
+        worker_auth = ControlAuth.from_settings(s, self.app_id, "kafka-listener")
+
+        def delegate(
+            group: str,
+            topic_names: list[str],
+            client_id: str,
+            on_ack: AcknowledgementCallback,
+            *,
+            member_id: str,
+        ) -> ShareFetchSession:
+            assert self.kafka_listener is not None
+            membership = functools.partial(
+                DelegatedMembership,
+                worker_auth=worker_auth,
+                requester_name=self.kafka_listener.advertised_address,
+            )
+            return ShareFetchSession(
+                ctx,
+                group,
+                topic_names,
+                client_id,
+                on_acknowledged=on_ack,
+                member_id=member_id,
+                membership=membership,
+            )
 
         self.kafka_listener = KafkaListener(
             s.kafka_listener,
@@ -1126,8 +1163,33 @@ class ShareGroups:
             max_connections=s.direct_max_connections,
             monotonic=ctx.clock.monotonic,
             security=listener_security(s, self.kafka),
+            leaders=self._kafka_leaders if per_partition else None,
+            delegate=delegate if per_partition else None,
         )
         await self.kafka_listener.start()
+        if self.endpoint is not None:  # announced with the leaders' direct endpoint
+            self.endpoint.advertise_kafka_listener(self.kafka_listener.advertised_address)
+
+    def _kafka_leaders(
+        self,
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, tuple[int, str]]]:
+        """Who leads what for the Kafka-protocol listener: the share-partitions this worker is
+        live on (with its leader epoch), and the other leaders' listeners as their
+        announcements reached this worker's coordinator (none when it coordinates no
+        partition: those share-partitions are then served here, as by a gateway)."""
+        local = {
+            TopicPartition(topic, p): leader.fencing.partitions[p].epoch
+            for topic, leader in self.leaders.items()
+            for p in list(leader.fencing.partitions)
+            if leader.fencing.is_live(p)
+        }
+        known = (
+            {}
+            if self.coordinator is None
+            else self.coordinator.kafka_leaders(self.member_context.clock.now_ms())
+        )
+        remote = {TopicPartition(t, p): where for (t, p), where in known.items()}
+        return local, remote
 
     @property
     def exactly_once(self) -> bool:

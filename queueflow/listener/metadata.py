@@ -1,13 +1,13 @@
-"""Metadata and FindCoordinator answers: the listener names itself as the broker that leads
-every share-partition of the topics the app serves, and as the coordinator of every group
-(KIP-932 "Share group coordinator"; https://kafka.apache.org/protocol). Pure."""
+"""Metadata and FindCoordinator answers: every listener node of the app as a broker, each
+share-partition of the topics the app serves led by the node of the worker that leads it
+(:mod:`queueflow.listener.leadership`), and the asked listener as the coordinator of every
+group (KIP-932 "Share group coordinator"; https://kafka.apache.org/protocol). Pure."""
 
 from __future__ import annotations
 
 import datetime
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from kio.index import load_payload_module
@@ -16,21 +16,14 @@ from kio.static.constants import EntityType
 from kio.static.primitive import i32
 
 from queueflow.listener.apis import FIND_COORDINATOR, METADATA
+from queueflow.listener.leadership import Cluster, Node
+from queueflow.structs import TopicPartition
 
-__all__ = ["Node", "TopicIds", "find_coordinator_response", "metadata_response"]
+__all__ = ["Cluster", "Node", "TopicIds", "find_coordinator_response", "metadata_response"]
 
 _ZERO = datetime.timedelta(0)
 #: Namespace of the topic ids: the same on every worker of an app.
 _TOPIC_ID_NAMESPACE = uuid.UUID("6b0f2c8e-5c1d-4f6e-9a53-7d1e2b3c4a55")
-
-
-@dataclass(frozen=True, slots=True)
-class Node:
-    """The listener as a Kafka broker: its node id and the address clients connect to."""
-
-    node_id: int
-    host: str
-    port: int
 
 
 class TopicIds:
@@ -56,18 +49,19 @@ def metadata_response(
     version: int,
     request: Any,
     served: Mapping[str, int],
-    node: Node,
+    cluster: Cluster,
     topic_ids: TopicIds,
     cluster_id: str,
 ) -> Any:
     """The Metadata answer: each asked topic (all served ones when ``request.topics`` is
-    null) with its partitions led by ``node``; a topic the app doesn't serve gets
-    UNKNOWN_TOPIC_OR_PARTITION.
+    null) with each partition led by its leader's node (:meth:`Cluster.leader_of`), and the
+    nodes named as brokers; a topic the app doesn't serve gets UNKNOWN_TOPIC_OR_PARTITION.
 
     Args:
         version: the request's version (12 or 13).
         request: the kio MetadataRequest.
         served: topic -> partition count of the topics this app serves.
+        cluster: the listener nodes and who leads what.
     """
     m = load_payload_module(METADATA, version, EntityType.response)
     asked: list[tuple[str | None, uuid.UUID | None]]
@@ -89,34 +83,36 @@ def metadata_response(
                 )
             )
             continue
-        leader = i32(node.node_id)
+        partitions = []
+        for p in range(served[name]):
+            leader = cluster.leader_of(TopicPartition(name, p))
+            node_id = i32(leader.node.node_id)
+            partitions.append(
+                m.MetadataResponsePartition(
+                    error_code=ErrorCode.none,
+                    partition_index=i32(p),
+                    leader_id=node_id,
+                    leader_epoch=i32(leader.epoch),
+                    replica_nodes=(node_id,),
+                    isr_nodes=(node_id,),
+                )
+            )
         topics.append(
             m.MetadataResponseTopic(
                 error_code=ErrorCode.none,
                 name=name,
                 topic_id=topic_ids.id_of(name),
-                partitions=tuple(
-                    m.MetadataResponsePartition(
-                        error_code=ErrorCode.none,
-                        partition_index=i32(p),
-                        leader_id=leader,
-                        leader_epoch=i32(0),
-                        replica_nodes=(leader,),
-                        isr_nodes=(leader,),
-                    )
-                    for p in range(served[name])
-                ),
+                partitions=tuple(partitions),
             )
         )
     fields: dict[str, Any] = {
         "throttle_time": _ZERO,
-        "brokers": (
-            m.MetadataResponseBroker(
-                node_id=i32(node.node_id), host=node.host, port=i32(node.port)
-            ),
+        "brokers": tuple(
+            m.MetadataResponseBroker(node_id=i32(n.node_id), host=n.host, port=i32(n.port))
+            for n in cluster.nodes()
         ),
         "cluster_id": cluster_id,
-        "controller_id": i32(node.node_id),
+        "controller_id": i32(cluster.me.node_id),
         "topics": tuple(topics),
     }
     if version >= 13:

@@ -125,6 +125,9 @@ class LeaderEndpoint:
         self.ctx = ctx
         self.leaders = leaders
         self.address = ""
+        #: ``host:port`` of this worker's Kafka-protocol listener (``queueflow.kafka.listener``),
+        #: announced with the direct endpoint so that listeners name it in Metadata ("": none).
+        self.kafka_listener = ""
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         #: What was last announced per topic: (epoch, live partitions, lag, monotonic s).
@@ -195,6 +198,12 @@ class LeaderEndpoint:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def advertise_kafka_listener(self, address: str) -> None:
+        """Announce ``address`` (``host:port``) as this worker's Kafka-protocol listener from
+        the next :meth:`announce` on (at once: every topic is announced again)."""
+        self.kafka_listener = address
+        self._announced.clear()
+
     async def announce(self) -> None:
         """Tell the coordinator which partitions this worker is live on, per led topic, and
         their lag: at once when the partitions or the leader epoch changed, within
@@ -221,6 +230,7 @@ class LeaderEndpoint:
                 address=self.address,
                 sent_ms=self.ctx.clock.now_ms(),
                 lag=lag,
+                kafka_listener=self.kafka_listener,
             )
             payload = protocol.encode(message)
             coordinator = topics.coordinator_topic(self.ctx.app_id)

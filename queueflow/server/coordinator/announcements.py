@@ -32,11 +32,26 @@ class LeaderDirectory:
     Attributes:
         addresses: ``(topic, partition) -> (leader epoch, "host:port", received ms)``.
         lag: ``group -> (topic, partition) -> (lag, received ms)``.
+        kafka_listeners: direct endpoint ``host:port`` -> the ``host:port`` of the same
+            worker's Kafka-protocol listener (``queueflow.kafka.listener``), for the workers
+            that announced one.
     """
 
     def __init__(self) -> None:
         self.addresses: dict[tuple[str, int], tuple[int, str, int]] = {}
         self.lag: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
+        self.kafka_listeners: dict[str, str] = {}
+
+    def kafka_leaders(self, now_ms: int) -> dict[tuple[str, int], tuple[int, str]]:
+        """``(topic, partition) -> (leader epoch, host:port)`` of the Kafka-protocol listener
+        of each share-partition's leader known at ``now_ms`` (wall ms), for the leaders that
+        run one."""
+        out = {}
+        for key, known in self.addresses.items():
+            listener = self.kafka_listeners.get(known[1])
+            if listener and not _expired(known, now_ms):
+                out[key] = (known[0], listener)
+        return out
 
     def addresses_of(
         self, assignment: Iterable[TopicPartition], now_ms: int
@@ -78,6 +93,10 @@ def handle_announcement(
     replaces a lower one, an equal one refreshes it, and any replaces one expired. Its lag
     reports are kept. Logs ``share_partition_leader`` when a share-partition's address changes.
     """
+    if message.kafka_listener:
+        directory.kafka_listeners[message.address] = message.kafka_listener
+    else:
+        directory.kafka_listeners.pop(message.address, None)
     for group_id, partition, lag in message.lag:
         directory.lag.setdefault(group_id, {})[(message.topic, partition)] = (lag, now_ms)
     events = []

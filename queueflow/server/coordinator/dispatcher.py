@@ -101,6 +101,11 @@ class ShareGroupCoordinator:
         received wall ms)``."""
         return self.state.directory.addresses
 
+    def kafka_leaders(self, now_ms: int) -> dict[tuple[str, int], tuple[int, str]]:
+        """Leaders' Kafka-protocol listeners: ``(topic, partition) -> (leader epoch,
+        "host:port")``, as their announcements named them (wall ms ``now_ms``)."""
+        return self.state.directory.kafka_leaders(now_ms)
+
     @property
     def ticket_key(self) -> bytes:
         """The key of the assignment tickets (:mod:`queueflow.server.tickets`)."""
@@ -228,6 +233,8 @@ class ShareGroupCoordinator:
                 await self.perform(handle_announcement(self.state.directory, message, now))
             case protocol.HeartbeatRequest():
                 await self._heartbeat(message, now)
+            case protocol.MemberTicketRequest():
+                await self.perform(membership.handle_member_ticket(self.state, message, now))
             case _:
                 log.error("unexpected_coordinator_message", kind=type(message).__name__)
 
