@@ -71,6 +71,7 @@ from queueflow.kafka.transactions import check_ack_topics_readable, check_transa
 from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.agent.outputs import Outbound
 from queueflow.member.context import MemberContext
+from queueflow.member.membership import Membership
 from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
@@ -1107,6 +1108,11 @@ class ShareGroups:
                 f"pip install 'queueflow[listener]' ({exc})"
             ) from None
         ctx = self.member_context
+        per_partition = s.kafka_listener_leaders is KafkaListenerLeaders.PARTITION
+        # The listener's members heartbeat and ask for tickets as this worker: it authenticated
+        # their clients, and a client may join again through another worker's listener with the
+        # same member id (a member key would bind the id to the first listener's session).
+        worker_auth = ControlAuth.from_settings(s, self.app_id, "kafka-listener")
 
         async def served() -> dict[str, int]:
             return dict(await partition_counts(self.kafka, list(self.leaders)))
@@ -1120,11 +1126,14 @@ class ShareGroups:
             member_id: str,
         ) -> ShareFetchSession:
             return ShareFetchSession(
-                ctx, group, topic_names, client_id, on_acknowledged=on_ack, member_id=member_id
+                ctx,
+                group,
+                topic_names,
+                client_id,
+                on_acknowledged=on_ack,
+                member_id=member_id,
+                membership=functools.partial(Membership, sealer=worker_auth),
             )
-
-        per_partition = s.kafka_listener_leaders is KafkaListenerLeaders.PARTITION
-        worker_auth = ControlAuth.from_settings(s, self.app_id, "kafka-listener")
 
         def delegate(
             group: str,

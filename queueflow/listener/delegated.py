@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from typing import Any
 
 from queueflow.errors import ErrorCode, ShareGroupError
 from queueflow.member.membership import Membership
 from queueflow.member.transport import Requester
+from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
 from queueflow.protocol.roles import ControlAuth
@@ -61,15 +61,24 @@ class DelegatedMembership(Membership):
         settings: ShareGroupSettings,
         client_id: str,
         member_id: str | None = None,
-        *args: Any,
+        metrics: Metrics | None = None,
+        principal: str = "",
+        *,
         worker_auth: ControlAuth,
         requester_name: str = "",
-        **kwargs: Any,
     ) -> None:
         super().__init__(
-            requester, app_id, group, topics, settings, client_id, member_id, *args, **kwargs
+            requester,
+            app_id,
+            group,
+            topics,
+            settings,
+            client_id,
+            member_id,
+            metrics,
+            principal,
+            sealer=worker_auth,
         )
-        self.worker_auth = worker_auth
         self.requester_name = requester_name
         requester.start_ids_at(FIRST_REQUEST_ID + secrets.randbelow(FIRST_REQUEST_ID))
 
@@ -93,7 +102,7 @@ class DelegatedMembership(Membership):
             rid,
             protocol.encode(request),
             accept=self._from_current_coordinator,
-            sealer=self.worker_auth,
+            sealer=self.sealer,
         )
         if not isinstance(response, protocol.HeartbeatResponse):
             raise ShareGroupError(
