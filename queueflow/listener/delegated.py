@@ -80,6 +80,8 @@ class DelegatedMembership(Membership):
             sealer=worker_auth,
         )
         self.requester_name = requester_name
+        #: The coordinator said the member is not in the group (its last answer).
+        self.gone = False
         requester.start_ids_at(FIRST_REQUEST_ID + secrets.randbelow(FIRST_REQUEST_ID))
 
     async def _heartbeat(self, join: bool = False, leave: bool = False) -> None:
@@ -110,9 +112,12 @@ class DelegatedMembership(Membership):
                 f"the coordinator answered a member ticket request with {type(response).__name__}",
             )
         if response.error != ErrorCode.NONE.value:
-            if response.error == ErrorCode.UNKNOWN_MEMBER_ID.value:
-                self.ticket = b""  # no longer vouched for: its fetches are refused here too
+            # The last ticket is kept: the leaders refuse it for acquisitions once the member
+            # is removed or the ticket expired, and acknowledgements of records it holds count
+            # until their locks end, as the member's own (queueflow.server.tickets).
+            self.gone = response.error == ErrorCode.UNKNOWN_MEMBER_ID.value
             raise ShareGroupError(ErrorCode(response.error), response.error_message)
+        self.gone = False
         self.member_epoch = response.member_epoch
         self.ticket = response.ticket
         if response.heartbeat_interval_ms > 0:

@@ -22,6 +22,7 @@ from kio.schema.share_group_heartbeat.v1.response import (
 from kio.static.primitive import i32, i32Timedelta
 
 from queueflow.errors import ConfigurationError, ShareGroupError
+from queueflow.listener.delegated import DelegatedMembership
 from queueflow.listener.metadata import TopicIds
 from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.structs import TopicPartition
@@ -142,9 +143,12 @@ class MemberRegistry:
         ticket asked of the coordinator); None when unknown here and the coordinator does not
         have it. Each request of an acted-for member keeps it open."""
         member = self.get(group, member_id)
+        if member is not None and member.delegated:
+            if _gone(member):  # the coordinator no longer has it: it left or timed out
+                await self._close(member, "not in the group")
+                return None
+            member.last_seen = self._monotonic()
         if member is not None or group is None or not member_id or self._delegate is None:
-            if member is not None and member.delegated:
-                member.last_seen = self._monotonic()
             return member
         key = (group, member_id)
         starting = self._starting.get(key)
@@ -336,9 +340,13 @@ class MemberRegistry:
         )
 
     async def session_closed(self, member: KafkaMember) -> None:
-        """The member's share session closed (epoch -1): a member that left is closed now."""
+        """The member's share session closed (epoch -1): a member that left is closed now, and
+        so is one this listener acts for (the client is done here; a new share session acts
+        for it again)."""
         if member.leaving:
             await self._close(member, "left")
+        elif member.delegated:
+            await self._close(member, "share session closed")
 
     async def reap(self) -> None:
         """Close the members whose heartbeats stopped for the session timeout."""
@@ -365,3 +373,9 @@ class MemberRegistry:
         """Close every member (each leaves its group)."""
         for member in list(self.members.values()):
             await self._close(member, "listener closed")
+
+
+def _gone(member: KafkaMember) -> bool:
+    """The coordinator answered that the member this listener acts for is not in the group."""
+    membership = getattr(getattr(member.session, "router", None), "membership", None)
+    return isinstance(membership, DelegatedMembership) and membership.gone

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 from collections.abc import Iterator, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -286,7 +287,13 @@ def test_a_member_heartbeating_elsewhere_is_acted_for_here_with_its_own_member_i
     assert ghost_id == "ghost" and ghost_session.closed and kl.members.get("g", "ghost") is None
     # the next request of its share session is served by the same session
     (again,) = run(kl, fetch_two(1, member="elsewhere"))
-    assert response_of(78, 2, again)[1].error_code == ErrorCode.none and len(served.delegated) == 2
+    assert response_of(78, 2, again)[1].error_code == ErrorCode.none
+    assert len(served.delegated) == 2
+    # closing its share session here closes what acts for it (without leaving the group)
+    (_, closed) = run(kl, fetch_two(0, member="ghost2"), fetch_two(-1, member="ghost2"))
+    assert response_of(78, 2, closed)[1].error_code == ErrorCode.none
+    [_, _, (_, closing)] = served.delegated
+    assert closing.closed and closing.left is False and kl.members.get("g", "ghost2") is None
     # it now heartbeats here (its listener went away): it joins again, never leaving from here
     (moved, joined) = run(
         kl,
@@ -311,6 +318,21 @@ def test_an_acted_for_member_is_closed_after_a_session_timeout_without_requests(
     kl_loop(kl).run_until_complete(kl.members.reap())
     [(_, session)] = served.delegated
     assert kl.members.get("g", "elsewhere") is None and session.closed and session.left is False
+
+
+def test_an_acted_for_member_the_coordinator_no_longer_has_is_unknown_here(
+    cluster_listener: Any,
+) -> None:
+    kl, served, leadership = cluster_listener
+    leadership.local = {tp(0): 2, tp(1): 2}
+    run(kl, fetch_two(0, member="elsewhere"))
+    [(_, session)] = served.delegated
+    membership = delegated(StubRequester([]), ControlAuth(None, "kafka-listener"))
+    session.router = SimpleNamespace(membership=membership)  # type: ignore[attr-defined]
+    membership.gone = True  # its last ticket request: UNKNOWN_MEMBER_ID
+    (refused,) = run(kl, fetch_two(1, member="elsewhere"))
+    assert response_of(78, 2, refused)[1].error_code == ErrorCode.unknown_member_id
+    assert session.closed and session.left is False and kl.members.get("g", "elsewhere") is None
 
 
 # -- the delegated membership: tickets from the coordinator ----------------------------------
@@ -389,7 +411,8 @@ def test_the_ticket_of_a_member_comes_from_the_coordinator_sealed_as_a_worker() 
     # the member left: the coordinator no longer vouches for it, and neither does the listener
     with pytest.raises(ShareGroupError) as refused:
         asyncio.run(membership._heartbeat())
-    assert refused.value.code is QfErrorCode.UNKNOWN_MEMBER_ID and membership.ticket == b""
+    assert refused.value.code is QfErrorCode.UNKNOWN_MEMBER_ID and membership.gone
+    assert membership.ticket == b"ticket-4"  # kept: the leaders fence it themselves
     # leaving sends nothing: the member leaves where it heartbeats
     asyncio.run(membership.leave())
     assert len(requester.sent) == 2 and membership.assignment == set()
