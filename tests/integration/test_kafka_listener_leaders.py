@@ -5,7 +5,8 @@ Metadata through either listener (librdkafka's, confluent-kafka's ``AdminClient`
 nodes as leaders; Kafka's Java console share consumer, bootstrapped at one listener, fetches
 each share-partition from its leader's worker (the other worker's listener acts for the member
 with the ticket the coordinator gives for it) and handles every record once; when one worker
-stops (SIGTERM) the client moves to the other and handles what is produced next, once."""
+the member heartbeats to stops (SIGTERM) the client joins again through the other, with the
+same member id, and handles what is produced next, once."""
 
 from __future__ import annotations
 
@@ -48,7 +49,10 @@ def leaders_seen(port: int, topic: str) -> tuple[set[int], dict[int, int]]:
     admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
     metadata = admin.list_topics(topic, timeout=10)
     partitions = metadata.topics[topic].partitions
-    return set(metadata.brokers), {p: partitions[p].leader for p in partitions}
+    leaders = {p: partitions[p].leader for p in sorted(partitions)}
+    brokers = {b.id: f"{b.host}:{b.port}" for b in metadata.brokers.values()}
+    print(f"Metadata through 127.0.0.1:{port}: brokers {brokers}, partition leaders {leaders}")
+    return set(metadata.brokers), leaders
 
 
 def wait_split(ports: list[int], topic: str, nodes: set[int]) -> dict[int, int]:
@@ -120,20 +124,32 @@ def test_each_share_partition_is_fetched_from_its_leaders_worker_and_clients_mov
             workers[0].log_tail(),
             workers[1].log_tail(),
         )
-        # One worker stops; its share-partitions move to the other, and so does the client.
-        stopped, survivor = workers[1], workers[0]
-        stopped.stop()
-        wait_split([ports[0]], topic, {node_id_of(f"127.0.0.1:{ports[0]}")})
+        # The worker the member heartbeats to stops (it leaves the group: nothing is in flight);
+        # its share-partitions move to the other worker, and the client joins again there
+        # with the same member id and fetches everything from it.
+        [home] = joined
+        survivor = workers[1] if home is workers[0] else workers[0]
+        survivor_port = ports[workers.index(survivor)]
+        home.stop()
+        wait_split([survivor_port], topic, {node_id_of(f"127.0.0.1:{survivor_port}")})
         second = [f"b{i}" for i in range(SECOND)]
         asyncio.run(produce_records(kafka_bootstrap, topic, second, partitions=PARTITIONS))
         more = lines.take(SECOND, WAIT_S)
         assert sorted(more) == sorted(second), more  # each once, none lost
         assert lines.within(2.0) == []  # and nothing delivered twice
         asyncio.run(drained())
+        for name, worker in zip("ab", workers, strict=True):
+            for event in worker.events():
+                if event.get("event", "").startswith("kafka_member"):
+                    fields = {k: event.get(k) for k in ("member_id", "client_id", "reason")}
+                    print(f"worker {name}: {event['event']} {fields}")
         for worker in workers:
             log = worker.log_text()
             assert "kafka_frame_rejected" not in log and "kafka_request_failed" not in log, log
         assert survivor.events("kafka_listener_started")[0]["leaders"] == "partition"
+        [rejoined] = survivor.events("kafka_member_joined")
+        [first_join] = home.events("kafka_member_joined")
+        assert rejoined["member_id"] == first_join["member_id"], (rejoined, first_join)
     finally:
         if consumer is not None and lines is not None:
             stop_console_consumer(consumer, lines)
