@@ -1174,10 +1174,24 @@ class ShareGroups:
             security=listener_security(s, self.kafka),
             leaders=self._kafka_leaders if per_partition else None,
             delegate=delegate if per_partition else None,
+            coordinators=self._kafka_coordinator,
         )
         await self.kafka_listener.start()
         if self.endpoint is not None:  # announced with the leaders' direct endpoint
             self.endpoint.advertise_kafka_listener(self.kafka_listener.advertised_address)
+            if self.coordinator is not None:
+                self.endpoint.coordinator_partitions = self.coordinator.live_partitions
+
+    def _kafka_coordinator(self, group: str) -> str | None:
+        """``host:port`` of the Kafka-protocol listener of the worker serving ``group``'s
+        coordinator partition: this one's when it does, else as announced (None: unknown)."""
+        coordinator, listener = self.coordinator, self.kafka_listener
+        if coordinator is None or listener is None:
+            return None
+        partition = self.server_context.coordinator_partition(group)
+        if partition in dict(coordinator.live_partitions()):
+            return str(listener.advertised_address)
+        return coordinator.kafka_coordinator(group, self.member_context.clock.now_ms())
 
     def _kafka_leaders(
         self,

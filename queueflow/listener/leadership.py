@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from queueflow.structs import TopicPartition
 
-__all__ = ["Cluster", "Leader", "Node", "node_id_of"]
+__all__ = ["Cluster", "Leader", "Node", "node_at", "node_id_of"]
 
 #: The leader epoch of a share-partition whose leader is not known (Kafka: no epoch).
 NO_EPOCH = -1

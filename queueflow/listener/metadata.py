@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kio.index import load_payload_module
@@ -120,27 +120,39 @@ def metadata_response(
     return m.MetadataResponse(**fields)
 
 
-def find_coordinator_response(version: int, request: Any, node: Node) -> Any:
-    """The FindCoordinator answer: ``node`` for every group key (key type 0, which Kafka's
-    share consumers send for their share group); other key types (1: transactions, 2:
+def find_coordinator_response(
+    version: int, request: Any, node: Node | Callable[[str], Node]
+) -> Any:
+    """The FindCoordinator answer: for every group key (key type 0, which Kafka's share
+    consumers send for their share group) ``node``, or ``node(group)`` (the listener of the
+    worker serving the group's coordinator partition); other key types (1: transactions, 2:
     share-group state) get INVALID_REQUEST. v0-v3 ask for one key (librdkafka), v4+ for a
     batch (Java)."""
     m = load_payload_module(FIND_COORDINATOR, version, EntityType.response)
     key_type = getattr(request, "key_type", 0)  # v0: groups only
     ok = key_type == 0
-    answer: dict[str, Any] = {
-        "node_id": i32(node.node_id if ok else -1),
-        "host": node.host if ok else "",
-        "port": i32(node.port if ok else -1),
-        "error_code": ErrorCode.none if ok else ErrorCode.invalid_request,
-    }
-    if version >= 1:
-        answer["error_message"] = None if ok else f"key type {key_type} is not served here"
-    if version < 4:
+    node_of = node if callable(node) else (lambda _: node)
+
+    def answer(key: str) -> dict[str, Any]:
+        where = node_of(key) if ok else None
+        out: dict[str, Any] = {
+            "node_id": i32(-1 if where is None else where.node_id),
+            "host": "" if where is None else where.host,
+            "port": i32(-1 if where is None else where.port),
+            "error_code": ErrorCode.none if ok else ErrorCode.invalid_request,
+        }
         if version >= 1:
-            answer["throttle_time"] = _ZERO
-        return m.FindCoordinatorResponse(**answer)
+            out["error_message"] = None if ok else f"key type {key_type} is not served here"
+        return out
+
+    if version < 4:
+        one = answer(request.key)
+        if version >= 1:
+            one["throttle_time"] = _ZERO
+        return m.FindCoordinatorResponse(**one)
     return m.FindCoordinatorResponse(
         throttle_time=_ZERO,
-        coordinators=tuple(m.Coordinator(key=key, **answer) for key in request.coordinator_keys),
+        coordinators=tuple(
+            m.Coordinator(key=key, **answer(key)) for key in request.coordinator_keys
+        ),
     )

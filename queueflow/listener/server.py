@@ -22,7 +22,7 @@ from queueflow.listener.auth import (
 )
 from queueflow.listener.codec import SIZE, FrameError, decode_request, encode_response, peek_header
 from queueflow.listener.fetch import ShareFetcher
-from queueflow.listener.leadership import Cluster, Node, node_id_of
+from queueflow.listener.leadership import Cluster, Node, node_at, node_id_of
 from queueflow.listener.members import MemberRegistry, SessionFactory
 from queueflow.listener.metadata import (
     TopicIds,
@@ -101,6 +101,9 @@ class KafkaListener:
             listener named as the leader of everything.
         delegate: builds the session acting for a member that heartbeats to another listener
             (:mod:`queueflow.listener.delegated`); ``None``: such members are unknown here.
+        coordinators: ``group -> host:port`` of the listener of the worker serving the group's
+            coordinator partition (None: unknown, or it runs none), named in FindCoordinator
+            (with ``leaders``); otherwise this listener is named.
 
     Raises:
         ConfigurationError: an invalid ``listen``.
@@ -123,6 +126,7 @@ class KafkaListener:
         security: ListenerSecurity | None = None,
         leaders: Leaders | None = None,
         delegate: SessionFactory | None = None,
+        coordinators: Callable[[str], str | None] | None = None,
     ) -> None:
         self._host, self._port = parse_listener(listen)
         self._security = security or ListenerSecurity()
@@ -136,6 +140,7 @@ class KafkaListener:
         self.topic_ids = TopicIds(app_id)
         self.node = self._node()
         self._leaders = leaders
+        self._coordinators = coordinators
         self.members = MemberRegistry(
             factory,
             lambda: self._served_now,
@@ -167,6 +172,16 @@ class KafkaListener:
 
     def _node(self) -> Node:
         return Node(node_id_of(self.advertised_address), self._advertised, self._port)
+
+    def _coordinator_of(self, group: str) -> Node:
+        """The node FindCoordinator names for ``group``: the listener of the worker serving its
+        coordinator partition when known (not with the gateway), else this listener."""
+        if self._leaders is None or self._coordinators is None:
+            return self.node
+        address = self._coordinators(group)
+        if address is None or address == self.node.address:
+            return self.node
+        return node_at(address) or self.node
 
     def cluster(self) -> Cluster:
         """The listener nodes and who leads what, now (gateway: this listener leads all)."""
@@ -340,7 +355,7 @@ class KafkaListener:
                 version, body, self._served_now, self.cluster(), self.topic_ids, self.app_id
             )
         elif key == apis.FIND_COORDINATOR:
-            response = find_coordinator_response(version, body, self.node)
+            response = find_coordinator_response(version, body, self._coordinator_of)
         elif key == apis.SHARE_GROUP_HEARTBEAT:
             response = await self.members.heartbeat(body, request.client_id)
         else:

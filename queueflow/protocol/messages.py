@@ -440,6 +440,9 @@ class LeaderAnnouncement(_Message, tag="leader_announcement"):
     #: none; ``queueflow.kafka.listener``): listeners name it as the share-partitions' leader
     #: in Metadata. An older coordinator ignores it.
     kafka_listener: str = ""
+    #: ``(coordinator partition, coordinator epoch)`` of the coordinator partitions this worker
+    #: serves, live: listeners name its listener in FindCoordinator for their groups.
+    coordinator_partitions: list[tuple[_Int64, _Int64]] = msgspec.field(default_factory=list)
 
 
 class AlterShareGroupOffsetsRequest(_Message, tag="alter_offsets"):

@@ -32,7 +32,7 @@ from queueflow.errors import ShareGroupError
 from queueflow.listener import KafkaListener
 from queueflow.listener.delegated import FIRST_REQUEST_ID, DelegatedMembership
 from queueflow.listener.leadership import Cluster, Leader, Node, node_id_of
-from queueflow.listener.metadata import TopicIds, metadata_response
+from queueflow.listener.metadata import TopicIds, find_coordinator_response, metadata_response
 from queueflow.listener.server import Leaders
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.roles import ControlAuth
@@ -104,6 +104,17 @@ def request_frame_free(answer: Any) -> bytes:
     from queueflow.listener.codec import encode_response
 
     return encode_response(1, answer)
+
+
+def test_find_coordinator_names_the_listener_of_the_groups_coordinator_worker() -> None:
+    other = Node(OTHER_ID, "10.0.0.2", 9192)
+    body = request(10, 4, key_type=0, coordinator_keys=("g", "h"))
+    answer = find_coordinator_response(4, body, lambda key: other if key == "g" else ME)
+    _, decoded = response_of(10, 4, request_frame_free(answer))
+    assert [(c.key, c.node_id, c.host, c.port) for c in decoded.coordinators] == [
+        ("g", OTHER_ID, "10.0.0.2", 9192),
+        ("h", ME.node_id, "10.0.0.1", 9192),
+    ]
 
 
 # -- the listener: NOT_LEADER_OR_FOLLOWER and acting for members --------------------------------
@@ -183,6 +194,7 @@ def cluster_listener() -> Iterator[tuple[KafkaListener, Served, Leadership]]:
         monotonic=loop.time,
         leaders=leaders,
         delegate=served.delegate,
+        coordinators=lambda group: OTHER if group == "far" else None,
     )
     loop.run_until_complete(kl.start())
     kl.loop = loop  # type: ignore[attr-defined]
@@ -235,6 +247,15 @@ def kl_loop(kl: KafkaListener) -> asyncio.AbstractEventLoop:
 
 def partitions_of(answer: Any) -> dict[int, Any]:
     return {p.partition_index: p for t in answer.responses for p in t.partitions}
+
+
+def test_find_coordinator_names_the_coordinators_worker_when_known(cluster_listener: Any) -> None:
+    kl, _, _ = cluster_listener
+    body = request(10, 4, key_type=0, coordinator_keys=("far", "near"))
+    (answer,) = run(kl, request_frame(10, 4, body))
+    far, near = response_of(10, 4, answer)[1].coordinators
+    assert (far.node_id, far.host, far.port) == (OTHER_ID, "10.0.0.2", 9192)
+    assert (near.node_id, near.host, near.port) == (kl.node.node_id, "127.0.0.1", kl.port)
 
 
 def test_a_share_partition_led_elsewhere_is_not_fetched_here_and_the_leader_is_named(

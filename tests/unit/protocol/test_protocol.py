@@ -85,7 +85,9 @@ MESSAGES: list[Message] = [
     ),
     HeartbeatResponse("m-1", 1),
     MemberTicketRequest("g", "m-1", 3, 1 << 41, reply_key=b"k" * 32, requester="h:9192"),
-    LeaderAnnouncement("orders", [0, 2], 5, "h:1", kafka_listener="h:9192"),
+    LeaderAnnouncement(
+        "orders", [0, 2], 5, "h:1", kafka_listener="h:9192", coordinator_partitions=[(3, 7)]
+    ),
 ]
 IDS = [f"{type(m).__name__}{i}" for i, m in enumerate(MESSAGES)]
 
@@ -208,6 +210,7 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "sent_ms",
         "lag",
         "kafka_listener",
+        "coordinator_partitions",
     ),
     MemberTicketRequest: (
         "group",

@@ -251,6 +251,27 @@ def test_announcements_name_the_kafka_listener_of_each_leader_until_the_address_
     assert state.directory.kafka_leaders(T0) == {}
 
 
+def test_announcements_name_the_kafka_listener_of_each_coordinator_partition() -> None:
+    state = make_state()
+    directory = state.directory
+    a = protocol.LeaderAnnouncement(
+        TOPIC, [0], 2, "h:1", kafka_listener="h:9192", coordinator_partitions=[(0, 4), (1, 4)]
+    )
+    handle_announcement(directory, a, T0)
+    assert (directory.kafka_coordinator(0, T0), directory.kafka_coordinator(1, T0)) == (
+        "h:9192",
+        "h:9192",
+    )
+    # partition 1 moved to a worker without a listener at a newer coordinator epoch; an older
+    # epoch's claim on partition 0 loses
+    b = protocol.LeaderAnnouncement(TOPIC, [1], 2, "h:2", coordinator_partitions=[(1, 5), (0, 3)])
+    handle_announcement(directory, b, T0 + 1)
+    assert directory.kafka_coordinator(0, T0 + 1) == "h:9192"
+    assert directory.kafka_coordinator(1, T0 + 1) is None
+    assert directory.kafka_coordinator(0, T0 + LEADER_ADDRESS_TTL_MS + 1) is None
+    assert directory.kafka_coordinator(7, T0) is None
+
+
 def ticket_request(member: str, key: bytes = b"k" * 32) -> protocol.MemberTicketRequest:
     return protocol.MemberTicketRequest(
         group="g", member_id=member, reply_partition=3, request_id=11, reply_key=key
