@@ -71,9 +71,11 @@ from queueflow.kafka.transactions import check_ack_topics_readable, check_transa
 from queueflow.member.agent import Decoder, Handler, ShareAgent, ShareAgentOptions
 from queueflow.member.agent.outputs import Outbound
 from queueflow.member.context import MemberContext
+from queueflow.member.membership import Membership
 from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
 from queueflow.metrics import CONTENT_TYPE, Metrics, render_all
 from queueflow.protocol import topics
+from queueflow.protocol.roles import ControlAuth
 from queueflow.protocol.state_codec import decode_snapshot
 from queueflow.server.auth_health import AuthHealth
 from queueflow.server.connections import DirectLimits
@@ -89,6 +91,7 @@ from queueflow.server.log_offsets import LogOffsets
 from queueflow.server.ticker import LeaderTicker
 from queueflow.server.transport import monotonic_ms
 from queueflow.settings import (
+    KafkaListenerLeaders,
     ProcessingGuarantee,
     ShareGroupSettings,
     did_you_mean,
@@ -1098,20 +1101,63 @@ class ShareGroups:
         try:  # the listener extra: pip install 'queueflow[listener]'
             from queueflow.listener import KafkaListener
             from queueflow.listener.auth import listener_security
+            from queueflow.listener.delegated import DelegatedMembership
         except ImportError as exc:
             raise ConfigurationError(
                 f"queueflow.kafka.listener={s.kafka_listener!r} needs kio: "
                 f"pip install 'queueflow[listener]' ({exc})"
             ) from None
         ctx = self.member_context
+        per_partition = s.kafka_listener_leaders is KafkaListenerLeaders.PARTITION
+        # The listener's members heartbeat and ask for tickets as this worker: it authenticated
+        # their clients, and a client may join again through another worker's listener with the
+        # same member id (a member key would bind the id to the first listener's session).
+        worker_auth = ControlAuth.from_settings(s, self.app_id, "kafka-listener")
 
         async def served() -> dict[str, int]:
             return dict(await partition_counts(self.kafka, list(self.leaders)))
 
         def session(
-            group: str, topic_names: list[str], client_id: str, on_ack: AcknowledgementCallback
+            group: str,
+            topic_names: list[str],
+            client_id: str,
+            on_ack: AcknowledgementCallback,
+            *,
+            member_id: str,
         ) -> ShareFetchSession:
-            return ShareFetchSession(ctx, group, topic_names, client_id, on_acknowledged=on_ack)
+            return ShareFetchSession(
+                ctx,
+                group,
+                topic_names,
+                client_id,
+                on_acknowledged=on_ack,
+                member_id=member_id,
+                membership=functools.partial(Membership, sealer=worker_auth),
+            )
+
+        def delegate(
+            group: str,
+            topic_names: list[str],
+            client_id: str,
+            on_ack: AcknowledgementCallback,
+            *,
+            member_id: str,
+        ) -> ShareFetchSession:
+            assert self.kafka_listener is not None
+            membership = functools.partial(
+                DelegatedMembership,
+                worker_auth=worker_auth,
+                requester_name=self.kafka_listener.advertised_address,
+            )
+            return ShareFetchSession(
+                ctx,
+                group,
+                topic_names,
+                client_id,
+                on_acknowledged=on_ack,
+                member_id=member_id,
+                membership=membership,
+            )
 
         self.kafka_listener = KafkaListener(
             s.kafka_listener,
@@ -1126,8 +1172,47 @@ class ShareGroups:
             max_connections=s.direct_max_connections,
             monotonic=ctx.clock.monotonic,
             security=listener_security(s, self.kafka),
+            leaders=self._kafka_leaders if per_partition else None,
+            delegate=delegate if per_partition else None,
+            coordinators=self._kafka_coordinator,
         )
         await self.kafka_listener.start()
+        if self.endpoint is not None:  # announced with the leaders' direct endpoint
+            self.endpoint.advertise_kafka_listener(self.kafka_listener.advertised_address)
+            if self.coordinator is not None:
+                self.endpoint.coordinator_partitions = self.coordinator.live_partitions
+
+    def _kafka_coordinator(self, group: str) -> str | None:
+        """``host:port`` of the Kafka-protocol listener of the worker serving ``group``'s
+        coordinator partition: this one's when it does, else as announced (None: unknown)."""
+        coordinator, listener = self.coordinator, self.kafka_listener
+        if coordinator is None or listener is None:
+            return None
+        partition = self.server_context.coordinator_partition(group)
+        if partition in dict(coordinator.live_partitions()):
+            return str(listener.advertised_address)
+        return coordinator.kafka_coordinator(group, self.member_context.clock.now_ms())
+
+    def _kafka_leaders(
+        self,
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, tuple[int, str]]]:
+        """Who leads what for the Kafka-protocol listener: the share-partitions this worker is
+        live on (with its leader epoch), and the other leaders' listeners as their
+        announcements reached this worker's coordinator (none when it coordinates no
+        partition: those share-partitions are then served here, as by a gateway)."""
+        local = {
+            TopicPartition(topic, p): leader.fencing.partitions[p].epoch
+            for topic, leader in self.leaders.items()
+            for p in list(leader.fencing.partitions)
+            if leader.fencing.is_live(p)
+        }
+        known = (
+            {}
+            if self.coordinator is None
+            else self.coordinator.kafka_leaders(self.member_context.clock.now_ms())
+        )
+        remote = {TopicPartition(t, p): where for (t, p), where in known.items()}
+        return local, remote
 
     @property
     def exactly_once(self) -> bool:

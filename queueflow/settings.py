@@ -42,6 +42,7 @@ __all__ = [
     "AutoOffsetReset",
     "Choice",
     "EnvironmentVariable",
+    "KafkaListenerLeaders",
     "KeystoreType",
     "ListenerSecurityProtocol",
     "LogFormat",
@@ -153,6 +154,14 @@ class SslClientAuth(Choice):
     NONE = "none"
     REQUESTED = "requested"
     REQUIRED = "required"
+
+
+class KafkaListenerLeaders(Choice):
+    """``queueflow.kafka.listener.leaders``: which node the Kafka-protocol listener names as a
+    share-partition's leader in Metadata (docs/kafka-listener.md)."""
+
+    PARTITION = "partition"
+    GATEWAY = "gateway"
 
 
 class LogFormat(Choice):
@@ -738,6 +747,18 @@ SETTINGS: tuple[Setting, ...] = (
         read_by="leader",
     ),
     Setting(
+        "kafka_listener_leaders",
+        "queueflow.kafka.listener.leaders",
+        KafkaListenerLeaders.PARTITION,
+        doc="Which node the Kafka-protocol listener names as each share-partition's leader in "
+        "Metadata: `partition`: the listener of the worker that leads it (clients fetch each "
+        "share-partition from its leader's worker; a ShareFetch elsewhere gets "
+        "`NOT_LEADER_OR_FOLLOWER`); `gateway`: the listener asked, which serves every "
+        "share-partition over queueflow's own path (docs/kafka-listener.md \"Which node leads "
+        'a share-partition").',
+        read_by="leader",
+    ),
+    Setting(
         "leader_advertised_host",
         "queueflow.leader.advertised.host",
         "",
@@ -1196,6 +1217,9 @@ class ShareGroupSettings:
     )
     kafka_listener_ssl_client_auth: SslClientAuth = choice_default(
         "kafka_listener_ssl_client_auth", SslClientAuth
+    )
+    kafka_listener_leaders: KafkaListenerLeaders = choice_default(
+        "kafka_listener_leaders", KafkaListenerLeaders
     )
     leader_advertised_host: str = str_default("leader_advertised_host")
     direct_max_connections: int = int_default("direct_max_connections")

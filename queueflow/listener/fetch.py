@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import datetime
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import structlog
@@ -17,12 +17,14 @@ from kio.schema.errors import ErrorCode
 from kio.static.constants import EntityType
 from kio.static.primitive import i16, i32, i64
 
+from queueflow.errors import ErrorCode as QueueflowError
 from queueflow.errors import ShareGroupError
 from queueflow.listener.apis import SHARE_ACKNOWLEDGE, SHARE_FETCH
 from queueflow.listener.batches import answer_records
 from queueflow.listener.held import HeldRecords
+from queueflow.listener.leadership import Cluster
 from queueflow.listener.members import KafkaMember, MemberRegistry, ShareSession
-from queueflow.listener.metadata import Node, TopicIds
+from queueflow.listener.metadata import TopicIds
 from queueflow.member.session import FetchResult
 from queueflow.structs import AcknowledgeType, TopicPartition
 
@@ -94,24 +96,31 @@ class ShareFetcher:
     Args:
         members: the Kafka-protocol members.
         topic_ids: the listener's topic ids.
-        node: the listener (named as the leader in answers).
+        cluster: the listener nodes and who leads what, now
+            (:class:`~queueflow.listener.leadership.Cluster`): a share-partition led by another
+            node is not fetched here (``NOT_LEADER_OR_FOLLOWER`` naming that node).
         max_wait_cap_ms: the longest a ShareFetch is held, whatever it asks for.
     """
 
     def __init__(
-        self, members: MemberRegistry, topic_ids: TopicIds, node: Node, max_wait_cap_ms: int
+        self,
+        members: MemberRegistry,
+        topic_ids: TopicIds,
+        cluster: Callable[[], Cluster],
+        max_wait_cap_ms: int,
     ) -> None:
         self._members = members
         self._topic_ids = topic_ids
-        self._node = node
+        self._cluster = cluster
         self._cap_ms = max_wait_cap_ms
 
-    def _check_request(
+    async def _check_request(
         self, request: Any, opening_allowed: bool
     ) -> tuple[KafkaMember | None, ErrorCode, str | None]:
-        """A ShareFetch's or ShareAcknowledge's member, and what is wrong with its share
+        """A ShareFetch's or ShareAcknowledge's member (one heartbeating here, or one this
+        listener acts for: :meth:`MemberRegistry.acting_for`), and what is wrong with its share
         session epoch or its acknowledgement batches (``ErrorCode.none``: nothing)."""
-        member = self._members.get(request.group_id, request.member_id)
+        member = await self._members.acting_for(request.group_id, request.member_id, None)
         error, message = self._check_session(member, request.share_session_epoch, opening_allowed)
         if error is ErrorCode.none and (message := ack_batches_error(request.topics)):
             error = ErrorCode.invalid_request
@@ -170,10 +179,10 @@ class ShareFetcher:
         session that is assigned to the member is fetched (held up to ``MaxWaitMs`` when
         nothing is available) and its records returned as one record batch."""
         m = load_payload_module(SHARE_FETCH, version, EntityType.response)
-        member, error, message = self._check_request(request, opening_allowed=True)
+        member, error, message = await self._check_request(request, opening_allowed=True)
         epoch = request.share_session_epoch
         if error is not ErrorCode.none or member is None:
-            return self._fetch_answer(m, error, message, {}, {}, 0)
+            return self._fetch_answer(m, error, message, {}, {}, 0, self._cluster())
         async with member.lock:
             if epoch == 0:  # tied to this connection, as Kafka 4.x ties it
                 old = member.share_session
@@ -203,7 +212,7 @@ class ShareFetcher:
             else:
                 return await self._fetch(m, member, request, touched)
         await self._members.session_closed(member)
-        return self._fetch_answer(m, ErrorCode.none, None, {}, flushed, 0)
+        return self._fetch_answer(m, ErrorCode.none, None, {}, flushed, 0, self._cluster())
 
     async def _fetch(
         self, m: Any, member: KafkaMember, request: Any, touched: set[TopicPartition]
@@ -216,20 +225,34 @@ class ShareFetcher:
             share.next_epoch = _next_epoch(epoch)
         assigned = member.session.assignment
         fetched = sorted(share.partitions | touched)
-        per_partition = max(int(request.max_records) // max(len(fetched), 1), 1)
+        cluster = self._cluster()
+        # Led by another node: acknowledgements riding along are applied (through queueflow's
+        # path to the leader), nothing is acquired, and the client is sent to the leader.
+        moved = {tp for tp in fetched if cluster.moved(tp) is not None}
+        here = [tp for tp in fetched if tp not in moved]
+        per_partition = max(int(request.max_records) // max(len(here), 1), 1)
         wait_ms = min(int(request.max_wait.total_seconds() * 1000), self._cap_ms)
         outcomes = await asyncio.gather(
             *(
-                self._fetch_one(member, tp, per_partition if tp in assigned else 0, wait_ms)
+                self._fetch_one(
+                    member,
+                    tp,
+                    per_partition if tp in assigned and tp not in moved else 0,
+                    wait_ms if here else 0,
+                )
                 for tp in fetched
             )
         )
         acked = {tp: member.ack_errors.pop(tp, None) for tp in touched}
         results = dict(zip(fetched, outcomes, strict=True))
+        for tp in moved:
+            results[tp] = _not_leader(tp, cluster)
         lock_ms = max(
             (r.lock_timeout_ms for r in results.values() if isinstance(r, FetchResult)), default=0
         )
-        return self._fetch_answer(m, ErrorCode.none, None, results, acked, lock_ms, share.held)
+        return self._fetch_answer(
+            m, ErrorCode.none, None, results, acked, lock_ms, cluster, share.held
+        )
 
     async def _fetch_one(
         self, member: KafkaMember, tp: TopicPartition, max_records: int, wait_ms: int
@@ -241,11 +264,22 @@ class ShareFetcher:
         except ShareGroupError as exc:
             return exc
 
-    def _endpoints(self, m: Any) -> tuple[Any, ...]:
-        """The answer's ``NodeEndpoints``: this listener, the leader of every share-partition
-        (``m``: the kio response module of the API and version answered)."""
-        node = self._node
-        return (m.NodeEndpoint(node_id=i32(node.node_id), host=node.host, port=i32(node.port)),)
+    @staticmethod
+    def _endpoints(m: Any, cluster: Cluster, tps: Iterable[TopicPartition]) -> tuple[Any, ...]:
+        """The answer's ``NodeEndpoints``: this listener and the leaders of ``tps`` (KIP-951:
+        the nodes its ``CurrentLeader`` fields name; ``m``: the kio response module of the API
+        and version answered)."""
+        return tuple(
+            m.NodeEndpoint(node_id=i32(n.node_id), host=n.host, port=i32(n.port))
+            for n in cluster.nodes(tps)
+        )
+
+    @staticmethod
+    def _current_leader(m: Any, cluster: Cluster, tp: TopicPartition) -> Any:
+        leader = cluster.leader_of(tp)
+        return m.LeaderIdAndEpoch(
+            leader_id=i32(leader.node.node_id), leader_epoch=i32(leader.epoch)
+        )
 
     def _fetch_answer(
         self,
@@ -255,6 +289,7 @@ class ShareFetcher:
         results: dict[TopicPartition, FetchResult | ShareGroupError],
         acked: dict[TopicPartition, ShareGroupError | None],
         lock_ms: int,
+        cluster: Cluster,
         held: HeldRecords | None = None,
     ) -> Any:
         """A ShareFetch answer; the records returned are added to ``held`` (the share
@@ -277,9 +312,7 @@ class ShareFetcher:
                     partition_index=i32(tp.partition),
                     error_code=fetch_error,
                     acknowledge_error_code=i16(ack_error.value),
-                    current_leader=m.LeaderIdAndEpoch(
-                        leader_id=i32(self._node.node_id), leader_epoch=i32(0)
-                    ),
+                    current_leader=self._current_leader(m, cluster, tp),
                     records=data,
                     acquired_records=tuple(
                         m.AcquiredRecords(
@@ -302,7 +335,7 @@ class ShareFetcher:
                 )
                 for topic, parts in sorted(by_topic.items())
             ),
-            node_endpoints=self._endpoints(m),
+            node_endpoints=self._endpoints(m, cluster, results.keys() | acked.keys()),
         )
 
     async def connection_closed(self, connection: object) -> None:
@@ -353,7 +386,7 @@ class ShareFetcher:
         """Answer one ShareAcknowledge: the acknowledgements are sent to the leaders now; epoch
         -1 also closes the share session."""
         m = load_payload_module(SHARE_ACKNOWLEDGE, version, EntityType.response)
-        member, error, message = self._check_request(request, opening_allowed=False)
+        member, error, message = await self._check_request(request, opening_allowed=False)
         epoch = request.share_session_epoch
         results: dict[TopicPartition, ShareGroupError | None] = {}
         if error is ErrorCode.none and member is not None:
@@ -366,15 +399,14 @@ class ShareFetcher:
                     member.share_session.next_epoch = _next_epoch(epoch)
             if epoch == _FINAL:
                 await self._members.session_closed(member)
+        cluster = self._cluster()
         by_topic: dict[str, list[Any]] = {}
         for tp, result in sorted(results.items()):
             by_topic.setdefault(tp.topic, []).append(
                 m.PartitionData(
                     partition_index=i32(tp.partition),
                     error_code=kafka_error(result),
-                    current_leader=m.LeaderIdAndEpoch(
-                        leader_id=i32(self._node.node_id), leader_epoch=i32(0)
-                    ),
+                    current_leader=self._current_leader(m, cluster, tp),
                 )
             )
         extra: dict[str, Any] = {"acquisition_lock_timeout": _ZERO} if version >= 2 else {}
@@ -389,5 +421,19 @@ class ShareFetcher:
                 )
                 for topic, parts in sorted(by_topic.items())
             ),
-            node_endpoints=self._endpoints(m),
+            node_endpoints=self._endpoints(m, cluster, results),
         )
+
+
+def _not_leader(tp: TopicPartition, cluster: Cluster) -> ShareGroupError:
+    """The error of a share-partition fetched from a node that does not lead it (KIP-932
+    ``NOT_LEADER_OR_FOLLOWER``; the answer's ``CurrentLeader`` and ``NodeEndpoints`` name the
+    leader, KIP-951)."""
+    leader = cluster.moved(tp)
+    where = (
+        "another node" if leader is None else f"node {leader.node.node_id} ({leader.node.address})"
+    )
+    return ShareGroupError(
+        QueueflowError.NOT_LEADER_OR_FOLLOWER,
+        f"{tp.topic}[{tp.partition}] is led by {where}: fetch it there",
+    )

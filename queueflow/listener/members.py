@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -21,6 +22,7 @@ from kio.schema.share_group_heartbeat.v1.response import (
 from kio.static.primitive import i32, i32Timedelta
 
 from queueflow.errors import ConfigurationError, ShareGroupError
+from queueflow.listener.delegated import DelegatedMembership
 from queueflow.listener.held import HeldRecords
 from queueflow.listener.metadata import TopicIds
 from queueflow.member.session import AcknowledgementCallback, ShareFetchSession
@@ -30,9 +32,23 @@ __all__ = ["KafkaMember", "MemberRegistry", "SessionFactory", "ShareSession"]
 
 log = structlog.get_logger("queueflow.listener")
 
-#: Builds the queueflow session of a Kafka member: ``(group, topics, client_id,
-#: on_acknowledged)`` (the callback of :class:`ShareFetchSession`).
-SessionFactory = Callable[[str, list[str], str, AcknowledgementCallback], ShareFetchSession]
+
+class SessionFactory(Protocol):
+    """Builds the queueflow session of a Kafka member: ``(group, topics, client_id,
+    on_acknowledged, member_id=...)`` (the callback of :class:`ShareFetchSession`; the member
+    id is the Kafka member's, so that the listeners of other workers can act for it)."""
+
+    def __call__(
+        self,
+        group: str,
+        topics: list[str],
+        client_id: str,
+        on_acknowledged: AcknowledgementCallback,
+        /,
+        *,
+        member_id: str,
+    ) -> ShareFetchSession: ...
+
 
 _LEAVE = -1
 
@@ -75,6 +91,10 @@ class KafkaMember:
     #: It left (ShareGroupHeartbeat epoch -1) with its share session open: closed when the
     #: session closes (epoch -1) or after the session timeout.
     leaving: bool = False
+    #: It heartbeats to another worker's listener; this one acts for it at its share-partition
+    #: leaders here (queueflow.listener.delegated). Closed after a session timeout without
+    #: requests, never leaving the group.
+    delegated: bool = False
 
 
 class MemberRegistry:
@@ -88,6 +108,9 @@ class MemberRegistry:
         session_timeout_ms: a member not heard of for this long is closed (its records
             released), as the coordinator does with ``group.share.session.timeout.ms``.
         monotonic: the clock, in seconds.
+        delegate: builds the session that acts for a member of another worker's listener
+            (:mod:`queueflow.listener.delegated`); None: a ShareFetch of a member unknown here
+            is refused (``UNKNOWN_MEMBER_ID``).
     """
 
     def __init__(
@@ -98,8 +121,11 @@ class MemberRegistry:
         heartbeat_interval_ms: int,
         session_timeout_ms: int,
         monotonic: Callable[[], float],
+        delegate: SessionFactory | None = None,
     ) -> None:
         self._factory = factory
+        self._delegate = delegate
+        self._starting: dict[tuple[str, str], asyncio.Future[KafkaMember | None]] = {}
         self._served = served
         self._topic_ids = topic_ids
         self._interval = i32Timedelta.parse(datetime.timedelta(milliseconds=heartbeat_interval_ms))
@@ -112,6 +138,74 @@ class MemberRegistry:
         if group is None or member_id is None:
             return None
         return self.members.get((group, member_id))
+
+    async def acting_for(
+        self, group: str | None, member_id: str | None, client_id: str | None
+    ) -> KafkaMember | None:
+        """The member of a ShareFetch or ShareAcknowledge: one heartbeating here, else (with a
+        ``delegate`` factory) one this listener acts for, started on its first request (its
+        ticket asked of the coordinator); None when unknown here and the coordinator does not
+        have it. Each request of an acted-for member keeps it open."""
+        member = self.get(group, member_id)
+        if member is not None and member.delegated:
+            if _gone(member):  # the coordinator no longer has it: it left or timed out
+                await self._close(member, "not in the group")
+                return None
+            member.last_seen = self._monotonic()
+        if member is not None or group is None or not member_id or self._delegate is None:
+            return member
+        key = (group, member_id)
+        starting = self._starting.get(key)
+        if starting is None:
+            starting = self._starting[key] = asyncio.ensure_future(
+                self._start_delegated(group, member_id, client_id)
+            )
+            starting.add_done_callback(lambda _: self._starting.pop(key, None))
+        return await asyncio.shield(starting)
+
+    async def _start_delegated(
+        self, group: str, member_id: str, client_id: str | None
+    ) -> KafkaMember | None:
+        assert self._delegate is not None
+        ack_errors: dict[TopicPartition, ShareGroupError] = {}
+
+        def acknowledged(tp: TopicPartition, _: list[int], error: ShareGroupError | None) -> None:
+            if error is not None:
+                ack_errors[tp] = error
+
+        session = self._delegate(
+            group,
+            sorted(self._served()),
+            client_id or "kafka-share-consumer",
+            acknowledged,
+            member_id=member_id,
+        )
+        try:
+            await session.start()
+        except (ShareGroupError, ConfigurationError) as exc:
+            await session.close(leave=False)
+            log.info("kafka_member_unknown", group=group, member_id=member_id, reason=str(exc))
+            return None
+        except BaseException:
+            await session.close(leave=False)
+            raise
+        member = KafkaMember(
+            member_id,
+            group,
+            session,
+            last_seen=self._monotonic(),
+            ack_errors=ack_errors,
+            delegated=True,
+        )
+        self.members[(group, member_id)] = member
+        log.info(
+            "kafka_member_acting",
+            group=group,
+            member_id=member_id,
+            client_id=client_id,
+            assignment=sorted(session.assignment),
+        )
+        return member
 
     def _answer(
         self,
@@ -138,6 +232,11 @@ class MemberRegistry:
         group, member_id, epoch = request.group_id, request.member_id, request.member_epoch
         key = (group, member_id)
         member = self.members.get(key)
+        if member is not None and member.delegated and epoch != 0:
+            # It heartbeated to another listener, which is gone or no longer its coordinator:
+            # it joins again here (UNKNOWN_MEMBER_ID below), or leaves.
+            await self._close(member, "heartbeats here now")
+            member = None
         if epoch == _LEAVE:
             if member is not None and member.share_session is not None:
                 # As Kafka's brokers: the share session outlives the leave, so acknowledgements
@@ -198,7 +297,13 @@ class MemberRegistry:
             if error is not None:
                 ack_errors[tp] = error
 
-        session = self._factory(group, topics, client_id or "kafka-share-consumer", acknowledged)
+        session = self._factory(
+            group,
+            topics,
+            client_id or "kafka-share-consumer",
+            acknowledged,
+            member_id=member_id or str(uuid.uuid4()),
+        )
         try:
             await session.start()
         except BaseException:
@@ -239,9 +344,13 @@ class MemberRegistry:
         )
 
     async def session_closed(self, member: KafkaMember) -> None:
-        """The member's share session closed (epoch -1): a member that left is closed now."""
+        """The member's share session closed (epoch -1): a member that left is closed now, and
+        so is one this listener acts for (the client is done here; a new share session acts
+        for it again)."""
         if member.leaving:
             await self._close(member, "left")
+        elif member.delegated:
+            await self._close(member, "share session closed")
 
     async def reap(self) -> None:
         """Close the members whose heartbeats stopped for the session timeout."""
@@ -262,9 +371,15 @@ class MemberRegistry:
         )
         async with member.lock:
             await member.session.flush_all()
-            await member.session.close(leave=True)
+            await member.session.close(leave=not member.delegated)
 
     async def close_all(self) -> None:
         """Close every member (each leaves its group)."""
         for member in list(self.members.values()):
             await self._close(member, "listener closed")
+
+
+def _gone(member: KafkaMember) -> bool:
+    """The coordinator answered that the member this listener acts for is not in the group."""
+    membership = getattr(getattr(member.session, "router", None), "membership", None)
+    return isinstance(membership, DelegatedMembership) and membership.gone

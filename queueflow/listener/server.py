@@ -22,9 +22,9 @@ from queueflow.listener.auth import (
 )
 from queueflow.listener.codec import SIZE, FrameError, decode_request, encode_response, peek_header
 from queueflow.listener.fetch import CONNECTION, ShareFetcher
+from queueflow.listener.leadership import Cluster, Node, node_at, node_id_of
 from queueflow.listener.members import MemberRegistry, SessionFactory
 from queueflow.listener.metadata import (
-    Node,
     TopicIds,
     find_coordinator_response,
     metadata_response,
@@ -32,13 +32,18 @@ from queueflow.listener.metadata import (
 from queueflow.listener.refused import refused_fetch, refused_produce
 from queueflow.listener.sasl import SaslStage
 from queueflow.server.connections import DirectLimits
+from queueflow.structs import TopicPartition
 
-__all__ = ["KafkaListener", "parse_listener"]
+__all__ = ["KafkaListener", "Leaders", "parse_listener"]
 
 log = structlog.get_logger("queueflow.listener")
 
-#: Node id the listener gives itself in Metadata and FindCoordinator answers.
-NODE_ID = 0
+#: Who leads what, now: ``(local, remote)``, the share-partitions this worker is live on with
+#: its leader epoch, and the other leaders' ``tp -> (leader epoch, listener host:port)``
+#: (:meth:`~queueflow.listener.leadership.Cluster.build`).
+Leaders = Callable[
+    [], tuple[Mapping[TopicPartition, int], Mapping[TopicPartition, tuple[int, str]]]
+]
 #: How often members whose heartbeats stopped are looked for, in seconds.
 REAP_INTERVAL_S = 1.0
 #: The longest a ShareFetch is held (ms), whatever MaxWaitMs it asks for.
@@ -105,6 +110,14 @@ class KafkaListener:
         monotonic: the clock, in seconds.
         security: what clients must present (TLS, SASL; :func:`~queueflow.listener.auth.
             listener_security`); ``None``: PLAINTEXT.
+        leaders: who leads each share-partition (Metadata names its node, ShareFetch sends
+            clients there; :mod:`queueflow.listener.leadership`); ``None``: the gateway, this
+            listener named as the leader of everything.
+        delegate: builds the session acting for a member that heartbeats to another listener
+            (:mod:`queueflow.listener.delegated`); ``None``: such members are unknown here.
+        coordinators: ``group -> host:port`` of the listener of the worker serving the group's
+            coordinator partition (None: unknown, or it runs none), named in FindCoordinator
+            (with ``leaders``); otherwise this listener is named.
 
     Raises:
         ConfigurationError: an invalid ``listen``.
@@ -125,6 +138,9 @@ class KafkaListener:
         max_connections: int,
         monotonic: Callable[[], float],
         security: ListenerSecurity | None = None,
+        leaders: Leaders | None = None,
+        delegate: SessionFactory | None = None,
+        coordinators: Callable[[str], str | None] | None = None,
     ) -> None:
         self._host, self._port = parse_listener(listen)
         self._security = security or ListenerSecurity()
@@ -136,7 +152,9 @@ class KafkaListener:
         self._served = served
         self._served_now: Mapping[str, int] = {}
         self.topic_ids = TopicIds(app_id)
-        self.node = Node(NODE_ID, self._advertised, self._port)
+        self.node = self._node()
+        self._leaders = leaders
+        self._coordinators = coordinators
         self.members = MemberRegistry(
             _forwarding(factory),
             lambda: self._served_now,
@@ -144,8 +162,9 @@ class KafkaListener:
             heartbeat_interval_ms,
             session_timeout_ms,
             monotonic,
+            delegate=delegate,
         )
-        self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
+        self._fetcher = ShareFetcher(self.members, self.topic_ids, self.cluster, MAX_WAIT_CAP_MS)
         self._admin = AdminGateway(admin, self.topic_ids, lambda: self._served_now)
         self._limits = limits
         self._max_connections = max_connections
@@ -161,6 +180,31 @@ class KafkaListener:
         """The port listened on (the bound one when 0 was asked for)."""
         return self._port
 
+    @property
+    def advertised_address(self) -> str:
+        """``host:port`` clients are told to connect to (the bound port once started)."""
+        return f"{self._advertised}:{self._port}"
+
+    def _node(self) -> Node:
+        return Node(node_id_of(self.advertised_address), self._advertised, self._port)
+
+    def _coordinator_of(self, group: str) -> Node:
+        """The node FindCoordinator names for ``group``: the listener of the worker serving its
+        coordinator partition when known (not with the gateway), else this listener."""
+        if self._leaders is None or self._coordinators is None:
+            return self.node
+        address = self._coordinators(group)
+        if address is None or address == self.node.address:
+            return self.node
+        return node_at(address) or self.node
+
+    def cluster(self) -> Cluster:
+        """The listener nodes and who leads what, now (gateway: this listener leads all)."""
+        if self._leaders is None:
+            return Cluster(self.node, gateway=True)
+        local, remote = self._leaders()
+        return Cluster.build(self.node, local, remote)
+
     async def start(self) -> None:
         """Listen, and start closing members whose heartbeats stopped."""
         self._served_now = await self._served()
@@ -172,14 +216,15 @@ class KafkaListener:
         sockets = self._server.sockets
         if sockets and self._port == 0:
             self._port = int(sockets[0].getsockname()[1])
-            self.node = Node(NODE_ID, self._advertised, self._port)
-            self._fetcher = ShareFetcher(self.members, self.topic_ids, self.node, MAX_WAIT_CAP_MS)
+            self.node = self._node()
         self._reaper = asyncio.ensure_future(self._reap())
         log.info(
             "kafka_listener_started",
             host=self._host,
             port=self._port,
-            advertised=f"{self._advertised}:{self._port}",
+            advertised=self.advertised_address,
+            node_id=self.node.node_id,
+            leaders="gateway" if self._leaders is None else "partition",
             protocol=self._security.protocol.value,
             topics=sorted(self._served_now),
         )
@@ -330,10 +375,10 @@ class KafkaListener:
         elif key == apis.METADATA:
             self._served_now = await self._served()
             response = metadata_response(
-                version, body, self._served_now, self.node, self.topic_ids, self.app_id
+                version, body, self._served_now, self.cluster(), self.topic_ids, self.app_id
             )
         elif key == apis.FIND_COORDINATOR:
-            response = find_coordinator_response(version, body, self.node)
+            response = find_coordinator_response(version, body, self._coordinator_of)
         elif key == apis.SHARE_GROUP_HEARTBEAT:
             response = await self.members.heartbeat(body, request.client_id)
         else:

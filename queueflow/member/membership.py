@@ -25,6 +25,7 @@ from queueflow.member.transport import Requester
 from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
 from queueflow.protocol import topics as internal
+from queueflow.protocol.roles import ControlAuth
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
 
@@ -55,6 +56,11 @@ class Membership:
         client_id: shown by admin tooling.
         member_id: the member id (a new UUID when not given).
         metrics: where refused answers of a superseded coordinator are counted.
+        principal: the Kafka principal sent in heartbeats ("": not known).
+        sealer: seals the heartbeats instead of the member's own key (``None``): a worker
+            running a member for a client it authenticated (the Kafka-protocol listener) sends
+            them as the worker, so the member id is bound to no member key at the coordinator
+            (the client may join again through another worker's listener with the same id).
     """
 
     def __init__(
@@ -68,8 +74,10 @@ class Membership:
         member_id: str | None = None,
         metrics: Metrics | None = None,
         principal: str = "",
+        sealer: ControlAuth | None = None,
     ) -> None:
         self.requester = requester
+        self.sealer = sealer
         #: The Kafka principal sent in heartbeats (bound into the tickets; "": not known).
         self.principal = principal
         self.metrics = metrics
@@ -221,6 +229,7 @@ class Membership:
             rid,
             protocol.encode(request),
             accept=self._from_current_coordinator,
+            sealer=self.sealer,
         )
         if not isinstance(response, protocol.HeartbeatResponse):
             raise ShareGroupError(

@@ -151,6 +151,9 @@ class ShareFetchSession:
             group's (KIP-932 lets a consumer ask for its own, bounded by
             ``group.share.max.record.lock.duration.ms``).
         on_acknowledged: called after each answered acknowledgement batch.
+        member_id: the member id (default: a new UUID).
+        membership: builds the membership (:class:`Membership`'s arguments): another one acts
+            for a member that heartbeats elsewhere (queueflow.listener.delegated).
 
     Raises (from :meth:`start`):
         ConfigurationError: a subscribed topic does not exist.
@@ -165,6 +168,9 @@ class ShareFetchSession:
         client_id: str,
         lock_duration_ms: int | None = None,
         on_acknowledged: AcknowledgementCallback | None = None,
+        *,
+        member_id: str | None = None,
+        membership: Callable[..., Membership] = Membership,
     ) -> None:
         self.ctx = ctx
         self.group = group
@@ -179,7 +185,7 @@ class ShareFetchSession:
         self.partitions: dict[str, int] = {}
         #: Outcomes the leaders refused as stale (their records are delivered again).
         self.acks_dropped = 0
-        self.member_id = str(uuid.uuid4())
+        self.member_id = member_id or str(uuid.uuid4())
         s = ctx.settings
         # hmac: requests encrypted to the workers' key with this member's own key pair, and
         # replies sealed to it, keyed by a pseudonym of it rather than the member id
@@ -194,7 +200,7 @@ class ShareFetchSession:
             auth,
             metrics=ctx.metrics,
         )
-        self._membership = Membership(
+        self._membership = membership(
             self._requester,
             ctx.app_id,
             group,

@@ -151,6 +151,11 @@ class Requester:
         """Start the transport, with replies going to :meth:`on_reply`."""
         await self.transport.start(self.on_reply)
 
+    def start_ids_at(self, first: int) -> None:
+        """Number the next requests from ``first`` on (one member acting in two processes
+        keeps their ids apart: replies are matched by id)."""
+        self._next = first - 1
+
     def next_id(self) -> int:
         """A new request id (unique per member)."""
         self._next += 1
@@ -184,9 +189,12 @@ class Requester:
         request_id: int,
         payload: bytes,
         accept: Callable[[protocol.Message], bool] | None = None,
+        sealer: ControlAuth | None = None,
     ) -> protocol.Message:
         """Send a request and wait for its answer (the first one ``accept``, if given, returns
-        True for: others are dropped, e.g. a superseded coordinator's).
+        True for: others are dropped, e.g. a superseded coordinator's). ``sealer`` seals the
+        request instead of the member's own auth (a worker acting for a member asks the
+        coordinator in a worker envelope; the answer is still sealed to this member's key).
 
         Raises:
             ShareGroupError: ``REQUEST_TIMED_OUT`` when no answer comes within ``timeout_ms``;
@@ -200,7 +208,7 @@ class Requester:
             self._accept[request_id] = accept
         try:
             try:
-                sealed = self.auth.seal(payload, topic_dest(topic, partition))
+                sealed = (sealer or self.auth).seal(payload, topic_dest(topic, partition))
                 await self.transport.send(topic, partition, sealed)
             except UnknownTopicOrPartitionError:
                 raise ShareGroupError(

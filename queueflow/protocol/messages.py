@@ -11,6 +11,7 @@ ShareGroupHeartbeat          :class:`HeartbeatRequest` / :class:`HeartbeatRespon
 ShareFetch                   :class:`ShareFetchRequest` (``max_records`` > 0) / response
 ShareAcknowledge             :class:`ShareFetchRequest` with ``max_records == 0``
 (leader-internal)            :class:`ReleaseMember`, :class:`Tick`, :class:`Fence`
+(worker → coordinator)       :class:`MemberTicketRequest` / :class:`HeartbeatResponse`
 AlterShareGroupOffsets       :class:`AlterShareGroupOffsetsRequest` / :class:`AdminResponse`
 DeleteShareGroupOffsets      :class:`DeleteShareGroupOffsetsRequest` / :class:`AdminResponse`
 DeleteGroups (share groups)  :class:`DeleteShareGroupRequest` / :class:`AdminResponse`
@@ -27,7 +28,7 @@ Encoding
 --------
 Each message is a :class:`msgspec.Struct` of a tagged union: a compact JSON object whose ``kind``
 field names the message (``"fetch"``, ``"fetch_response"``, ``"release_member"``, ``"tick"``,
-``"fence"``, ``"heartbeat"``, ``"heartbeat_response"``, and the admin messages
+``"fence"``, ``"heartbeat"``, ``"heartbeat_response"``, ``"member_ticket"``, and the admin messages
 ``"alter_offsets"``, ``"delete_offsets"``, ``"delete_group"``, ``"admin_response"``,
 ``"reset_share_partition"``, ``"reset_share_partition_result"``,
 ``"describe_group_configs"``, ``"alter_group_configs"``). Versioning follows Kafka's
@@ -71,6 +72,7 @@ __all__ = [
     "HeartbeatRequest",
     "HeartbeatResponse",
     "LeaderAnnouncement",
+    "MemberTicketRequest",
     "Message",
     "ReleaseMember",
     "ResetSharePartition",
@@ -373,6 +375,31 @@ class HeartbeatResponse(_Message, tag="heartbeat_response"):
     coordinator_epoch: _Int64 = -1
 
 
+class MemberTicketRequest(_Message, tag="member_ticket"):
+    """Worker → coordinator: the current assignment ticket of a live member, for another worker
+    that acts for the member at its own share-partition leaders (the Kafka-protocol listener of
+    the worker a Kafka share consumer fetches from, when that is not the worker it heartbeats
+    to; docs/kafka-listener.md "Metadata names each share-partition's leader").
+
+    Only a worker may ask (its kind is not a member kind, so a member envelope carrying it is
+    refused ``wrong_role``). The coordinator answers with a :class:`HeartbeatResponse`, without
+    changing the group: the member's epoch, assignment, leader addresses and a ticket like the
+    member's own but binding ``reply_key`` (the requesting worker's key for this member), so the
+    leaders seal their answers to the requester; ``UNKNOWN_MEMBER_ID`` when the member is not in
+    the group (it left, timed out, or never joined).
+    """
+
+    kind: ClassVar[str] = "member_ticket"
+
+    group: str
+    member_id: str
+    reply_partition: _Int64
+    request_id: _Int64
+    reply_key: bytes = b""
+    #: Who asks (the requesting listener's ``host:port``), for log lines.
+    requester: str = ""
+
+
 class ShareFetchCancel(_Message, tag="fetch_cancel"):
     """Member → leader, on the direct path: answer the member's parked (long-poll) ShareFetch
     ``request_id`` of ``topic[partition]`` now, with whatever it already holds (its
@@ -409,6 +436,13 @@ class LeaderAnnouncement(_Message, tag="leader_announcement"):
     address: str
     sent_ms: _Int64 = 0
     lag: list[tuple[str, _Int64, _Int64]] = msgspec.field(default_factory=list)
+    #: The ``host:port`` Kafka clients reach this worker's Kafka-protocol listener at (empty:
+    #: none; ``queueflow.kafka.listener``): listeners name it as the share-partitions' leader
+    #: in Metadata. An older coordinator ignores it.
+    kafka_listener: str = ""
+    #: ``(coordinator partition, coordinator epoch)`` of the coordinator partitions this worker
+    #: serves, live: listeners name its listener in FindCoordinator for their groups.
+    coordinator_partitions: list[tuple[_Int64, _Int64]] = msgspec.field(default_factory=list)
 
 
 class AlterShareGroupOffsetsRequest(_Message, tag="alter_offsets"):
@@ -605,6 +639,7 @@ Message = (
     | Fence
     | HeartbeatRequest
     | HeartbeatResponse
+    | MemberTicketRequest
     | LeaderAnnouncement
     | ShareFetchCancel
     | AlterShareGroupOffsetsRequest

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import msgspec
 import structlog
@@ -125,6 +125,13 @@ class LeaderEndpoint:
         self.ctx = ctx
         self.leaders = leaders
         self.address = ""
+        #: ``host:port`` of this worker's Kafka-protocol listener (``queueflow.kafka.listener``),
+        #: announced with the direct endpoint so that listeners name it in Metadata ("": none).
+        self.kafka_listener = ""
+        #: The coordinator partitions this worker serves, live, with their coordinator epoch
+        #: (set by the app): announced so that listeners name this worker in FindCoordinator.
+        self.coordinator_partitions: Callable[[], list[tuple[int, int]]] = list
+        self._coordinators_announced: list[tuple[int, int]] = []
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         #: What was last announced per topic: (epoch, live partitions, lag, monotonic s).
@@ -195,6 +202,12 @@ class LeaderEndpoint:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    def advertise_kafka_listener(self, address: str) -> None:
+        """Announce ``address`` (``host:port``) as this worker's Kafka-protocol listener from
+        the next :meth:`announce` on (at once: every topic is announced again)."""
+        self.kafka_listener = address
+        self._announced.clear()
+
     async def announce(self) -> None:
         """Tell the coordinator which partitions this worker is live on, per led topic, and
         their lag: at once when the partitions or the leader epoch changed, within
@@ -206,6 +219,10 @@ class LeaderEndpoint:
         if lease_ms is not None and lease_ms <= 0:
             return  # it would refuse every request (see _answer)
         now = self.ctx.clock.monotonic()
+        coordinators = sorted(self.coordinator_partitions())
+        if coordinators != self._coordinators_announced:  # every topic's announcement is due
+            self._announced.clear()
+            self._coordinators_announced = coordinators
         for topic, leader in list(self.leaders.items()):
             live = tuple(sorted(p for p in leader.fencing.partitions if leader.fencing.is_live(p)))
             if not live:
@@ -221,6 +238,8 @@ class LeaderEndpoint:
                 address=self.address,
                 sent_ms=self.ctx.clock.now_ms(),
                 lag=lag,
+                kafka_listener=self.kafka_listener,
+                coordinator_partitions=coordinators,
             )
             payload = protocol.encode(message)
             coordinator = topics.coordinator_topic(self.ctx.app_id)

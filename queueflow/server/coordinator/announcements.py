@@ -32,11 +32,37 @@ class LeaderDirectory:
     Attributes:
         addresses: ``(topic, partition) -> (leader epoch, "host:port", received ms)``.
         lag: ``group -> (topic, partition) -> (lag, received ms)``.
+        kafka_listeners: direct endpoint ``host:port`` -> the ``host:port`` of the same
+            worker's Kafka-protocol listener (``queueflow.kafka.listener``), for the workers
+            that announced one.
+        coordinators: coordinator partition -> (coordinator epoch, direct endpoint
+            ``host:port`` of the worker serving it, received ms).
     """
 
     def __init__(self) -> None:
         self.addresses: dict[tuple[str, int], tuple[int, str, int]] = {}
         self.lag: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
+        self.kafka_listeners: dict[str, str] = {}
+        self.coordinators: dict[int, tuple[int, str, int]] = {}
+
+    def kafka_coordinator(self, partition: int, now_ms: int) -> str | None:
+        """``host:port`` of the Kafka-protocol listener of the worker serving coordinator
+        ``partition`` as known at ``now_ms`` (wall ms), None: unknown, or it runs none."""
+        known = self.coordinators.get(partition)
+        if known is None or _expired(known, now_ms):
+            return None
+        return self.kafka_listeners.get(known[1])
+
+    def kafka_leaders(self, now_ms: int) -> dict[tuple[str, int], tuple[int, str]]:
+        """``(topic, partition) -> (leader epoch, host:port)`` of the Kafka-protocol listener
+        of each share-partition's leader known at ``now_ms`` (wall ms), for the leaders that
+        run one."""
+        out = {}
+        for key, known in self.addresses.items():
+            listener = self.kafka_listeners.get(known[1])
+            if listener and not _expired(known, now_ms):
+                out[key] = (known[0], listener)
+        return out
 
     def addresses_of(
         self, assignment: Iterable[TopicPartition], now_ms: int
@@ -78,6 +104,14 @@ def handle_announcement(
     replaces a lower one, an equal one refreshes it, and any replaces one expired. Its lag
     reports are kept. Logs ``share_partition_leader`` when a share-partition's address changes.
     """
+    if message.kafka_listener:
+        directory.kafka_listeners[message.address] = message.kafka_listener
+    else:
+        directory.kafka_listeners.pop(message.address, None)
+    for partition, epoch in message.coordinator_partitions:
+        owner = directory.coordinators.get(partition)
+        if owner is None or epoch >= owner[0] or _expired(owner, now_ms):
+            directory.coordinators[partition] = (epoch, message.address, now_ms)
     for group_id, partition, lag in message.lag:
         directory.lag.setdefault(group_id, {})[(message.topic, partition)] = (lag, now_ms)
     events = []

@@ -101,6 +101,25 @@ class ShareGroupCoordinator:
         received wall ms)``."""
         return self.state.directory.addresses
 
+    def live_partitions(self) -> list[tuple[int, int]]:
+        """``(coordinator partition, coordinator epoch)`` of the partitions served, live."""
+        fencing = self.gate.fencing
+        return [
+            (p, fencing.partitions[p].epoch) for p in list(fencing.partitions) if fencing.is_live(p)
+        ]
+
+    def kafka_coordinator(self, group_id: str, now_ms: int) -> str | None:
+        """``host:port`` of the Kafka-protocol listener of the worker serving ``group_id``'s
+        coordinator partition, as its announcements named it (None: unknown, or none)."""
+        return self.state.directory.kafka_coordinator(
+            self.ctx.coordinator_partition(group_id), now_ms
+        )
+
+    def kafka_leaders(self, now_ms: int) -> dict[tuple[str, int], tuple[int, str]]:
+        """Leaders' Kafka-protocol listeners: ``(topic, partition) -> (leader epoch,
+        "host:port")``, as their announcements named them (wall ms ``now_ms``)."""
+        return self.state.directory.kafka_leaders(now_ms)
+
     @property
     def ticket_key(self) -> bytes:
         """The key of the assignment tickets (:mod:`queueflow.server.tickets`)."""
@@ -228,6 +247,8 @@ class ShareGroupCoordinator:
                 await self.perform(handle_announcement(self.state.directory, message, now))
             case protocol.HeartbeatRequest():
                 await self._heartbeat(message, now)
+            case protocol.MemberTicketRequest():
+                await self.perform(membership.handle_member_ticket(self.state, message, now))
             case _:
                 log.error("unexpected_coordinator_message", kind=type(message).__name__)
 

@@ -37,6 +37,7 @@ from queueflow.structs import TopicPartition
 __all__ = [
     "check_heartbeat",
     "handle_heartbeat",
+    "handle_member_ticket",
     "handle_tick",
     "rack_topics",
     "releases",
@@ -385,3 +386,67 @@ def handle_heartbeat(
         to_leaders=to_leaders,
         replies=(_reply(message, response),),
     )
+
+
+def handle_member_ticket(
+    state: CoordinatorState, message: protocol.MemberTicketRequest, now_ms: int
+) -> CoordinatorResult:
+    """A worker asks for the current ticket of a live member
+    (:class:`~queueflow.protocol.messages.MemberTicketRequest`): answered as a heartbeat of the
+    member would be (epoch, assignment, leader addresses, ticket), but nothing in the group
+    changes, and the ticket binds the requester's ``reply_key``. It expires when the member's
+    session would lapse without another heartbeat (its last heartbeat plus the session
+    timeout), so it vouches for no longer than the coordinator knows the member is there; a
+    leave or a timeout also fences it at the leaders (ReleaseMember). ``UNKNOWN_MEMBER_ID``
+    when the group does not have the member, or its session lapsed.
+    """
+    response = protocol.HeartbeatResponse(
+        member_id=message.member_id,
+        request_id=message.request_id,
+        heartbeat_interval_ms=state.ctx.settings.heartbeat_interval_ms,
+        coordinator_epoch=state.epoch(message.group),
+    )
+    reply = Reply(message.member_id, message.reply_partition, response, message.reply_key)
+    if len(message.reply_key) not in (0, PUBLIC_KEY_BYTES):
+        response.error = ErrorCode.INVALID_REQUEST.value
+        response.error_message = f"reply_key must be a {PUBLIC_KEY_BYTES}-byte X25519 public key"
+        unsealed = Reply(message.member_id, message.reply_partition, response)
+        return CoordinatorResult(replies=(unsealed,))
+    try:
+        group: ShareGroup | None = state.existing_group(message.group, now_ms)
+    except ShareGroupError:  # never stored, or corrupt (a heartbeat answers the latter)
+        group = None
+    member = None if group is None else group.members.get(message.member_id)
+    ttl_ms = (
+        -1
+        if group is None or member is None
+        else member.last_heartbeat_ms + group.session_timeout_ms - now_ms
+    )
+    if group is None or member is None or ttl_ms <= 0 or member.member_epoch <= 0:
+        response.error = ErrorCode.UNKNOWN_MEMBER_ID.value
+        response.error_message = (
+            f"member {message.member_id!r} is not in share group {message.group!r} (it left, "
+            "its session timed out, or it never joined)"
+        )
+        return CoordinatorResult(replies=(reply,))
+    response.heartbeat_interval_ms = group_configs.effective(state.ctx, group).heartbeat_interval_ms
+    response.member_epoch = member.member_epoch
+    response.assignment = {}
+    for t, p in member.assignment:
+        response.assignment.setdefault(t, []).append(p)
+    response.leaders = state.directory.addresses_of(member.assignment, now_ms)
+    response.ticket = issue_ticket(
+        state.ticket_key,
+        group=group.group_id,
+        member_id=member.member_id,
+        member_epoch=member.member_epoch,
+        partitions=((t, p) for t, p in member.assignment),
+        ttl_ms=ttl_ms,
+        now_ms=now_ms,
+        coordinator_epoch=state.epoch(group.group_id),
+        reply_key=message.reply_key,
+        config_version=group.config_version,
+        configs=group_configs.ticket_configs(state.ctx, group),
+        added_partitions=sorted(group.added_partitions.items()),
+    )
+    return CoordinatorResult(replies=(reply,))

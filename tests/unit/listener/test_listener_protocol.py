@@ -28,7 +28,8 @@ from queueflow.listener import KafkaListener, parse_listener
 from queueflow.listener.apis import SERVED, api_versions_response
 from queueflow.listener.batches import acquired_ranges, record_batch
 from queueflow.listener.codec import FrameError, decode_request, encode_response
-from queueflow.listener.metadata import Node, TopicIds, find_coordinator_response, metadata_response
+from queueflow.listener.leadership import Cluster, Node
+from queueflow.listener.metadata import TopicIds, find_coordinator_response, metadata_response
 from queueflow.member.session import FetchResult
 from queueflow.structs import AcknowledgeType, ShareRecord, TopicPartition
 
@@ -126,7 +127,7 @@ def test_metadata_names_the_listener_and_refuses_unserved_topics() -> None:
         allow_auto_topic_creation=True,
         include_topic_authorized_operations=False,
     )
-    answer = metadata_response(13, body, {TOPIC: 3}, node, ids, "app")
+    answer = metadata_response(13, body, {TOPIC: 3}, Cluster(node, gateway=True), ids, "app")
     _, decoded = response_of(3, 13, encode_response(1, answer))
     (broker,) = decoded.brokers
     assert (broker.node_id, broker.host, broker.port) == (0, "127.0.0.1", 9192)
@@ -254,7 +255,7 @@ class StubSession:
 def listener() -> Iterator[tuple[KafkaListener, list[StubSession]]]:
     sessions: list[StubSession] = []
 
-    def factory(group: str, topics: list[str], client_id: str, on_ack: Any) -> Any:
+    def factory(group: str, topics: list[str], client_id: str, on_ack: Any, **_: Any) -> Any:
         sessions.append(StubSession(group, topics, client_id, on_ack))
         return sessions[-1]
 
@@ -564,7 +565,8 @@ def test_metadata_of_all_topics_lists_the_served_ones() -> None:
         allow_auto_topic_creation=False,
         include_topic_authorized_operations=False,
     )
-    answer = metadata_response(12, body, {"b": 1, "a": 2}, Node(0, "h", 1), TopicIds("x"), "x")
+    gateway = Cluster(Node(0, "h", 1), gateway=True)
+    answer = metadata_response(12, body, {"b": 1, "a": 2}, gateway, TopicIds("x"), "x")
     _, decoded = response_of(3, 12, encode_response(1, answer))
     assert [(t.name, len(t.partitions)) for t in decoded.topics] == [("a", 2), ("b", 1)]
 

@@ -18,6 +18,7 @@ from queueflow.protocol.messages import (
     HeartbeatRequest,
     HeartbeatResponse,
     LeaderAnnouncement,
+    MemberTicketRequest,
     Message,
     ReleaseMember,
     ShareFetchCancel,
@@ -83,6 +84,10 @@ MESSAGES: list[Message] = [
         error_message="rejoin",
     ),
     HeartbeatResponse("m-1", 1),
+    MemberTicketRequest("g", "m-1", 3, 1 << 41, reply_key=b"k" * 32, requester="h:9192"),
+    LeaderAnnouncement(
+        "orders", [0, 2], 5, "h:1", kafka_listener="h:9192", coordinator_partitions=[(3, 7)]
+    ),
 ]
 IDS = [f"{type(m).__name__}{i}" for i, m in enumerate(MESSAGES)]
 
@@ -116,6 +121,8 @@ def test_every_kind_is_covered_and_kind_reads_the_tag() -> None:
         "fence",
         "heartbeat",
         "heartbeat_response",
+        "member_ticket",
+        "leader_announcement",
     }
     for m in MESSAGES:
         assert m.kind == type(m).__struct_config__.tag == json.loads(encode(m))["kind"]
@@ -195,7 +202,24 @@ SHAPES: dict[type[Any], tuple[str, ...]] = {
         "ticket",
         "coordinator_epoch",
     ),
-    LeaderAnnouncement: ("topic", "partitions", "leader_epoch", "address", "sent_ms", "lag"),
+    LeaderAnnouncement: (
+        "topic",
+        "partitions",
+        "leader_epoch",
+        "address",
+        "sent_ms",
+        "lag",
+        "kafka_listener",
+        "coordinator_partitions",
+    ),
+    MemberTicketRequest: (
+        "group",
+        "member_id",
+        "reply_partition",
+        "request_id",
+        "reply_key",
+        "requester",
+    ),
     ShareFetchCancel: ("member_id", "request_id", "topic", "partition"),
 }
 

@@ -236,6 +236,98 @@ def test_announcements_log_a_new_address_once_and_expire_after_the_ttl() -> None
     assert state.directory.fresh_lag("g", T0) == {tp: 40}
 
 
+def test_announcements_name_the_kafka_listener_of_each_leader_until_the_address_expires() -> None:
+    state = make_state()
+    with_listener = protocol.LeaderAnnouncement(TOPIC, [0, 1], 2, "h:1", kafka_listener="h:9192")
+    handle_announcement(state.directory, with_listener, T0)
+    handle_announcement(state.directory, protocol.LeaderAnnouncement(TOPIC, [2], 2, "h:2"), T0)
+    assert state.directory.kafka_leaders(T0) == {
+        (TOPIC, 0): (2, "h:9192"),
+        (TOPIC, 1): (2, "h:9192"),
+    }
+    assert state.directory.kafka_leaders(T0 + LEADER_ADDRESS_TTL_MS + 1) == {}
+    # the listener was turned off on that worker: its next announcement says so
+    handle_announcement(state.directory, protocol.LeaderAnnouncement(TOPIC, [0], 2, "h:1"), T0)
+    assert state.directory.kafka_leaders(T0) == {}
+
+
+def test_announcements_name_the_kafka_listener_of_each_coordinator_partition() -> None:
+    state = make_state()
+    directory = state.directory
+    a = protocol.LeaderAnnouncement(
+        TOPIC, [0], 2, "h:1", kafka_listener="h:9192", coordinator_partitions=[(0, 4), (1, 4)]
+    )
+    handle_announcement(directory, a, T0)
+    assert (directory.kafka_coordinator(0, T0), directory.kafka_coordinator(1, T0)) == (
+        "h:9192",
+        "h:9192",
+    )
+    # partition 1 moved to a worker without a listener at a newer coordinator epoch; an older
+    # epoch's claim on partition 0 loses
+    b = protocol.LeaderAnnouncement(TOPIC, [1], 2, "h:2", coordinator_partitions=[(1, 5), (0, 3)])
+    handle_announcement(directory, b, T0 + 1)
+    assert directory.kafka_coordinator(0, T0 + 1) == "h:9192"
+    assert directory.kafka_coordinator(1, T0 + 1) is None
+    assert directory.kafka_coordinator(0, T0 + LEADER_ADDRESS_TTL_MS + 1) is None
+    assert directory.kafka_coordinator(7, T0) is None
+
+
+def ticket_request(member: str, key: bytes = b"k" * 32) -> protocol.MemberTicketRequest:
+    return protocol.MemberTicketRequest(
+        group="g", member_id=member, reply_partition=3, request_id=11, reply_key=key
+    )
+
+
+def test_a_worker_gets_a_live_members_ticket_bound_to_its_key_and_the_group_is_untouched() -> None:
+    state = make_state()
+    beat(state, "a", 0, now=T0)
+    group = state.groups["g"]
+    epoch_before = group.group_epoch
+    result = membership.handle_member_ticket(state, ticket_request("a"), T0 + 1_000)
+    assert result.records == () and result.to_leaders == () and result.events == ()
+    assert group.group_epoch == epoch_before
+    [reply] = result.replies
+    assert (reply.recipient, reply.reply_partition, reply.reply_key) == ("a", 3, b"k" * 32)
+    response = reply.message
+    assert isinstance(response, protocol.HeartbeatResponse)
+    assert (response.error, response.request_id) == (ErrorCode.NONE.value, 11)
+    assert (response.member_epoch, response.assignment) == (1, {TOPIC: [0, 1]})
+    ticket = verify_ticket(state.ticket_key, response.ticket, now_ms=T0 + 1_000)
+    assert (ticket.member_id, ticket.member_epoch, ticket.reply_key) == ("a", 1, b"k" * 32)
+    # it vouches no longer than the member's session: its last heartbeat + the timeout
+    assert ticket.expires_ms == T0 + 10_000
+
+
+@pytest.mark.parametrize("case", ["unknown group", "unknown member", "lapsed", "left"])
+def test_a_ticket_of_a_member_not_in_the_group_is_refused(case: str) -> None:
+    state = make_state()
+    if case != "unknown group":
+        beat(state, "a", 0, now=T0)
+    if case == "left":
+        beat(state, "a", -1, now=T0 + 1)
+    member, now = ("b", T0) if case == "unknown member" else ("a", T0 + 1)
+    if case == "lapsed":
+        now = T0 + 10_000
+    result = membership.handle_member_ticket(state, ticket_request(member), now)
+    response = answer(result)
+    assert response.error == ErrorCode.UNKNOWN_MEMBER_ID.value
+    assert response.ticket == b""
+    assert result.records == ()
+
+
+def test_a_ticket_request_with_a_bad_reply_key_is_refused_unsealed() -> None:
+    state = make_state()
+    beat(state, "a", 0)
+    [reply] = membership.handle_member_ticket(state, ticket_request("a", b"short"), T0).replies
+    assert reply.message.error == ErrorCode.INVALID_REQUEST.value and reply.reply_key == b""
+
+
+def test_a_member_envelope_cannot_carry_a_ticket_request() -> None:
+    from queueflow.protocol.envelope import MEMBER_KINDS
+
+    assert "member_ticket" not in MEMBER_KINDS
+
+
 # -- admin ------------------------------------------------------------------------------------
 
 
