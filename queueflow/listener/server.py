@@ -55,8 +55,8 @@ def _forwarding(factory: SessionFactory) -> SessionFactory:
     client as they are, docs/kafka-listener.md) and parse them as lazy views: the listener
     reads only their offsets and delivery counts, so their records are never decoded."""
 
-    def build(*args: Any) -> Any:
-        session = factory(*args)
+    def build(*args: Any, **kwargs: Any) -> Any:
+        session = factory(*args, **kwargs)
         session.forward_batches = True
         session.lazy_records = True
         return session

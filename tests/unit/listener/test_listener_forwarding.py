@@ -97,9 +97,16 @@ def test_held_records_are_cut_by_acknowledgements() -> None:
 
 # -- over the in-process cluster -----------------------------------------------------------------
 def listener_of(cluster: Any, sessions: list[ShareFetchSession]) -> KafkaListener:
-    def factory(group: str, topics: list[str], client_id: str, on_ack: Any) -> ShareFetchSession:
+    def factory(
+        group: str, topics: list[str], client_id: str, on_ack: Any, *, member_id: str
+    ) -> ShareFetchSession:
         session = ShareFetchSession(
-            cluster.member_context, group, topics, client_id, on_acknowledged=on_ack
+            cluster.member_context,
+            group,
+            topics,
+            client_id,
+            on_acknowledged=on_ack,
+            member_id=member_id,
         )
         sessions.append(session)
         return session

@@ -241,6 +241,36 @@ def run(kl: KafkaListener, *frames: bytes) -> list[bytes]:
     return kl_loop(kl).run_until_complete(exchange(kl.port, *frames))
 
 
+class Connection:
+    """One client connection kept open across requests: a share session lives as long as the
+    connection that opened it (Kafka 4.x; ``KafkaListener`` closes it with the connection)."""
+
+    def __init__(self, kl: KafkaListener) -> None:
+        self.kl = kl
+        self.reader, self.writer = kl_loop(kl).run_until_complete(
+            asyncio.open_connection("127.0.0.1", kl.port)
+        )
+
+    def ask(self, *frames: bytes) -> list[bytes]:
+        """Send ``frames``; their answers, each within 5 s."""
+
+        async def exchange_here() -> list[bytes]:
+            for frame in frames:
+                self.writer.write(frame)
+            await self.writer.drain()
+            answers = []
+            for _ in frames:
+                size = await asyncio.wait_for(self.reader.readexactly(4), 5)
+                answers.append(size + await self.reader.readexactly(int.from_bytes(size, "big")))
+            return answers
+
+        return kl_loop(self.kl).run_until_complete(exchange_here())
+
+    def close(self) -> None:
+        self.writer.close()
+        kl_loop(self.kl).run_until_complete(self.writer.wait_closed())
+
+
 def kl_loop(kl: KafkaListener) -> asyncio.AbstractEventLoop:
     return kl.loop  # type: ignore[attr-defined,no-any-return]
 
@@ -295,7 +325,8 @@ def test_a_member_heartbeating_elsewhere_is_acted_for_here_with_its_own_member_i
     kl, served, leadership = cluster_listener
     leadership.local = {tp(0): 2, tp(1): 2}
     served.unknown = {"ghost"}
-    (opened, ghost) = run(kl, fetch_two(0, member="elsewhere"), fetch_two(0, member="ghost"))
+    conn = Connection(kl)
+    (opened, ghost) = conn.ask(fetch_two(0, member="elsewhere"), fetch_two(0, member="ghost"))
     answer = response_of(78, 2, opened)[1]
     assert answer.error_code == ErrorCode.none
     assert all(len(p.acquired_records) == 1 for p in partitions_of(answer).values())
@@ -307,7 +338,7 @@ def test_a_member_heartbeating_elsewhere_is_acted_for_here_with_its_own_member_i
     assert response_of(78, 2, ghost)[1].error_code == ErrorCode.unknown_member_id
     assert ghost_id == "ghost" and ghost_session.closed and kl.members.get("g", "ghost") is None
     # the next request of its share session is served by the same session
-    (again,) = run(kl, fetch_two(1, member="elsewhere"))
+    (again,) = conn.ask(fetch_two(1, member="elsewhere"))
     assert response_of(78, 2, again)[1].error_code == ErrorCode.none
     assert len(served.delegated) == 2
     # closing its share session here closes what acts for it (without leaving the group)
@@ -325,6 +356,7 @@ def test_a_member_heartbeating_elsewhere_is_acted_for_here_with_its_own_member_i
     assert session.closed and session.left is False
     assert response_of(76, 1, joined)[1].error_code == ErrorCode.none
     assert served.sessions[0].member_id == "elsewhere"
+    conn.close()
 
 
 def test_an_acted_for_member_is_closed_after_a_session_timeout_without_requests(
@@ -346,12 +378,14 @@ def test_an_acted_for_member_the_coordinator_no_longer_has_is_unknown_here(
 ) -> None:
     kl, served, leadership = cluster_listener
     leadership.local = {tp(0): 2, tp(1): 2}
-    run(kl, fetch_two(0, member="elsewhere"))
+    conn = Connection(kl)
+    conn.ask(fetch_two(0, member="elsewhere"))
     [(_, session)] = served.delegated
     membership = delegated(StubRequester([]), ControlAuth(None, "kafka-listener"))
     session.router = SimpleNamespace(membership=membership)  # type: ignore[attr-defined]
     membership.gone = True  # its last ticket request: UNKNOWN_MEMBER_ID
-    (refused,) = run(kl, fetch_two(1, member="elsewhere"))
+    (refused,) = conn.ask(fetch_two(1, member="elsewhere"))
+    conn.close()
     assert response_of(78, 2, refused)[1].error_code == ErrorCode.unknown_member_id
     assert session.closed and session.left is False and kl.members.get("g", "elsewhere") is None
 
