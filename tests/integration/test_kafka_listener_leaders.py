@@ -125,7 +125,8 @@ def test_each_share_partition_is_fetched_from_its_leaders_worker_and_clients_mov
             worker.start()
             wait_listening(port, WAIT_S)
         split = wait_split(ports, topic, nodes)
-        print(f"leaders: {split} (nodes {dict(zip('ab', sorted(nodes), strict=True))})")
+        named = {name: node_id_of(f"127.0.0.1:{port}") for name, port in zip("ab", ports)}
+        print(f"partition leaders {split}, worker nodes {named}")
         java_log = tmp_path / "console-share-consumer.err"
         consumer, lines = start_console_consumer(ports[0], topic, "g", java_log)
         got = lines.take(FIRST, WAIT_S)
