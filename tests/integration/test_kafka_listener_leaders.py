@@ -125,7 +125,9 @@ def test_each_share_partition_is_fetched_from_its_leaders_worker_and_clients_mov
             worker.start()
             wait_listening(port, WAIT_S)
         split = wait_split(ports, topic, nodes)
-        named = {name: node_id_of(f"127.0.0.1:{port}") for name, port in zip("ab", ports)}
+        named = {
+            name: node_id_of(f"127.0.0.1:{port}") for name, port in zip("ab", ports, strict=True)
+        }
         print(f"partition leaders {split}, worker nodes {named}")
         java_log = tmp_path / "console-share-consumer.err"
         consumer, lines = start_console_consumer(ports[0], topic, "g", java_log)
