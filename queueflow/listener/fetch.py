@@ -28,7 +28,13 @@ from queueflow.listener.metadata import TopicIds
 from queueflow.member.session import FetchResult
 from queueflow.structs import AcknowledgeType, TopicPartition
 
-__all__ = ["CONNECTION", "ShareFetcher", "kafka_error"]
+__all__ = [
+    "CLIENT_FETCH_ERRORS",
+    "CONNECTION",
+    "ShareFetcher",
+    "fetch_partition_error",
+    "kafka_error",
+]
 
 log = structlog.get_logger("queueflow.listener")
 _ZERO = datetime.timedelta(0)
@@ -80,6 +86,39 @@ def _outcome(kind: int) -> AcknowledgeType:
 def _next_epoch(epoch: int) -> int:
     """The epoch after ``epoch`` (KIP-932: it wraps from Integer.MAX_VALUE to 1)."""
     return 1 if epoch >= 2_147_483_647 else epoch + 1
+
+
+#: The share-partition errors of a ShareFetch answer that Kafka's clients handle: Java's
+#: ShareFetchCollector (4.3) refreshes its metadata for the first five and throws
+#: IllegalStateException, ending the consumer, for a code not listed here.
+CLIENT_FETCH_ERRORS = frozenset(
+    {
+        ErrorCode.none,
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.replica_not_available,
+        ErrorCode.kafka_storage_error,
+        ErrorCode.fenced_leader_epoch,
+        ErrorCode.offset_not_available,
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.unknown_topic_id,
+        ErrorCode.inconsistent_topic_id,
+        ErrorCode.topic_authorization_failed,
+        ErrorCode.unknown_leader_epoch,
+        ErrorCode.unknown_server_error,
+        ErrorCode.corrupt_message,
+    }
+)
+
+
+def fetch_partition_error(error: ShareGroupError | None) -> ErrorCode:
+    """The ``ErrorCode`` of a share-partition in a ShareFetch answer for the leader's
+    ``error``: Kafka's code of the same name when clients handle it there
+    (:data:`CLIENT_FETCH_ERRORS`), else ``NOT_LEADER_OR_FOLLOWER``, after which they refresh
+    their metadata and fetch again. A membership refusal (``UNKNOWN_MEMBER_ID``,
+    ``FENCED_MEMBER_EPOCH``: the member's heartbeat sorts it out) or ``REQUEST_TIMED_OUT`` (a
+    leader moving) thus never ends a Java consumer."""
+    code = kafka_error(error)
+    return code if code in CLIENT_FETCH_ERRORS else ErrorCode.not_leader_or_follower
 
 
 def kafka_error(error: ShareGroupError | None) -> ErrorCode:
@@ -299,13 +338,13 @@ class ShareFetcher:
             result = results.get(tp)
             if isinstance(result, FetchResult):
                 data, ranges = answer_records(result.records, result.batches)
-                fetch_error = kafka_error(result.error)
+                fetch_error = fetch_partition_error(result.error)
                 if held is not None:
                     for first, last, _count in ranges:
                         held.add(tp, first, last)
             else:
                 data, ranges = b"", []
-                fetch_error = kafka_error(result)
+                fetch_error = fetch_partition_error(result)
             ack_error = kafka_error(acked.get(tp))
             by_topic.setdefault(tp.topic, []).append(
                 m.PartitionData(

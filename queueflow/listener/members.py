@@ -189,6 +189,10 @@ class MemberRegistry:
         except BaseException:
             await session.close(leave=False)
             raise
+        joined = self.members.get((group, member_id))
+        if joined is not None:  # it joined here meanwhile: its own session serves it
+            await session.close(leave=False)
+            return joined
         member = KafkaMember(
             member_id,
             group,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -28,8 +29,8 @@ from queueflow.testing import produce as produce_records
 from tests.integration.test_kafka_listener import (
     LineReader,
     free_port,
-    start_console_consumer,
     stop_console_consumer,
+    tool_argv,
     wait_listening,
 )
 
@@ -53,6 +54,25 @@ def leaders_seen(port: int, topic: str) -> tuple[set[int], dict[int, int]]:
     brokers = {b.id: f"{b.host}:{b.port}" for b in metadata.brokers.values()}
     print(f"Metadata through 127.0.0.1:{port}: brokers {brokers}, partition leaders {leaders}")
     return set(metadata.brokers), leaders
+
+
+def start_console_consumer(
+    port: int, topic: str, group: str, stderr: Path
+) -> tuple[subprocess.Popen[str], LineReader]:
+    """Kafka's Java console share consumer on the listener at ``port`` (its warnings to
+    ``stderr``), and its line reader."""
+    with stderr.open("w") as errors:
+        consumer = subprocess.Popen(
+            tool_argv(
+                "console-share-consumer",
+                ["--bootstrap-server", f"127.0.0.1:{port}", "--topic", topic, "--group", group],
+            ),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    return consumer, LineReader(consumer)
 
 
 def wait_split(ports: list[int], topic: str, nodes: set[int]) -> dict[int, int]:
@@ -105,8 +125,12 @@ def test_each_share_partition_is_fetched_from_its_leaders_worker_and_clients_mov
             worker.start()
             wait_listening(port, WAIT_S)
         split = wait_split(ports, topic, nodes)
-        print(f"leaders: {split} (nodes {dict(zip('ab', sorted(nodes), strict=True))})")
-        consumer, lines = start_console_consumer(ports[0], topic, "g")
+        named = {
+            name: node_id_of(f"127.0.0.1:{port}") for name, port in zip("ab", ports, strict=True)
+        }
+        print(f"partition leaders {split}, worker nodes {named}")
+        java_log = tmp_path / "console-share-consumer.err"
+        consumer, lines = start_console_consumer(ports[0], topic, "g", java_log)
         got = lines.take(FIRST, WAIT_S)
         assert sorted(got) == sorted(first), got  # every record, each once
 
@@ -153,6 +177,7 @@ def test_each_share_partition_is_fetched_from_its_leaders_worker_and_clients_mov
     finally:
         if consumer is not None and lines is not None:
             stop_console_consumer(consumer, lines)
+            print(f"the Java client's warnings:\n{java_log.read_text()[-5000:]}")
         for worker in workers:
             worker.stop(timeout_s=60)
 

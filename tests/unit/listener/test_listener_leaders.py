@@ -31,9 +31,11 @@ from queueflow.errors import ErrorCode as QfErrorCode
 from queueflow.errors import ShareGroupError
 from queueflow.listener import KafkaListener
 from queueflow.listener.delegated import FIRST_REQUEST_ID, DelegatedMembership
+from queueflow.listener.fetch import CLIENT_FETCH_ERRORS, fetch_partition_error
 from queueflow.listener.leadership import Cluster, Leader, Node, node_id_of
 from queueflow.listener.metadata import TopicIds, find_coordinator_response, metadata_response
 from queueflow.listener.server import Leaders
+from queueflow.member.session import FetchResult
 from queueflow.protocol import messages as protocol
 from queueflow.protocol.roles import ControlAuth
 from queueflow.settings import ShareGroupSettings
@@ -388,6 +390,42 @@ def test_an_acted_for_member_the_coordinator_no_longer_has_is_unknown_here(
     conn.close()
     assert response_of(78, 2, refused)[1].error_code == ErrorCode.unknown_member_id
     assert session.closed and session.left is False and kl.members.get("g", "elsewhere") is None
+
+
+@pytest.mark.parametrize(
+    ("leader", "answered"),
+    [
+        (None, ErrorCode.none),
+        (QfErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.unknown_topic_or_partition),
+        (QfErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.not_leader_or_follower),
+        # what Java's ShareFetchCollector would end the consumer on: fetched again instead
+        (QfErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.not_leader_or_follower),
+        (QfErrorCode.FENCED_MEMBER_EPOCH, ErrorCode.not_leader_or_follower),
+        (QfErrorCode.REQUEST_TIMED_OUT, ErrorCode.not_leader_or_follower),
+    ],
+)
+def test_share_partition_errors_are_ones_kafka_clients_handle(
+    leader: QfErrorCode | None, answered: ErrorCode
+) -> None:
+    error = None if leader is None else ShareGroupError(leader, "x")
+    assert fetch_partition_error(error) is answered
+    assert answered in CLIENT_FETCH_ERRORS
+
+
+def test_a_leaders_membership_refusal_reaches_the_client_as_a_retriable_error(
+    cluster_listener: Any,
+) -> None:
+    kl, served, leadership = cluster_listener
+    leadership.local = {tp(0): 2, tp(1): 2}
+    run(kl, heartbeat(0))
+
+    async def refused(tp: TopicPartition, max_records: int, max_wait_ms: int) -> Any:
+        return FetchResult(error=ShareGroupError(QfErrorCode.UNKNOWN_MEMBER_ID, "removed"))
+
+    served.sessions[0].fetch = refused  # type: ignore[method-assign]
+    (answer,) = run(kl, fetch_two(0))
+    parts = partitions_of(response_of(78, 2, answer)[1])
+    assert {p.error_code for p in parts.values()} == {ErrorCode.not_leader_or_follower}
 
 
 # -- the delegated membership: tickets from the coordinator ----------------------------------
