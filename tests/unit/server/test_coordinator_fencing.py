@@ -285,7 +285,9 @@ class _Requester:
     def next_id(self) -> int:
         return 1
 
-    async def call(self, topic: str, partition: int, rid: int, payload: bytes, accept: Any) -> Any:
+    async def call(
+        self, topic: str, partition: int, rid: int, payload: bytes, accept: Any, **_: Any
+    ) -> Any:
         for answer in self.answers:  # both coordinators answer; the first accepted one wins
             if accept(answer):
                 return answer
