@@ -398,18 +398,16 @@ class ShareFetcher:
     async def _close_share(self, member: KafkaMember, share: ShareSession, why: str) -> None:
         """Close ``member``'s share session (``member.lock`` held; the request's own
         acknowledgements already applied): the records it returned and that were not
-        acknowledged are RELEASEd at once rather than when their locks end, their delivery
-        given back (``undelivered``: the delivery count goes down, the record is not
-        Archived), as Kafka's share-partition releases a closed session's records
-        (``SharePartition.releaseAcquiredRecords``, ``DeliveryCountOps.DECREASE``)."""
+        acknowledged are RELEASEd at once rather than when their locks end. The delivery
+        counts, as with a client's own RELEASE (the next delivery has the count one higher; at
+        ``share.delivery.count.limit`` the record is Archived): what Kafka 4.3.1's brokers do
+        when a share consumer's connection closes (tests/integration/
+        test_kafka_listener_bytes.py compares them)."""
         member.share_session = None
         held = share.held.runs()
         for tp, runs in held.items():
             for first, last in runs:
-                for offset in range(first, last + 1):
-                    member.session.acknowledge(
-                        tp, offset, AcknowledgeType.RELEASE, undelivered=True
-                    )
+                member.session.acknowledge_range(tp, first, last, AcknowledgeType.RELEASE)
         errors = await member.session.flush_all() if held else {}
         log.info(
             "kafka_share_session_closed",

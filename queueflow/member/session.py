@@ -402,7 +402,7 @@ class ShareFetchSession:
             )
             before = self.undecodable
             result.lock_deadline = deadline
-            result.records = await self._read(tp, response, deadline, result)
+            result.records = await self._read(tp, response, result)
             result.undecodable = self.undecodable - before
         return result
 
@@ -468,22 +468,15 @@ class ShareFetchSession:
         await self.router.end_long_polls(tp)
 
     async def _read(
-        self,
-        tp: TopicPartition,
-        response: protocol.ShareFetchResponse,
-        lock_deadline: float,
-        result: FetchResult,
+        self, tp: TopicPartition, response: protocol.ShareFetchResponse, result: FetchResult
     ) -> list[ShareRecord]:
         """Take the records the answer carried (:func:`~queueflow.member.reader.carried_records`)
         and read the other acquired ranges (``read_committed`` if the leader says so); GAP the
         gaps, RELEASE every acquired offset if the read fails (rather than wait for their
-        locks). Every record gets ``lock_deadline`` and its delivery time: the carried ones
-        from the parser as it builds them, the ones read apart afterwards; ``result.batches``
-        the carried bytes (:attr:`forward_batches`)."""
+        locks). Every record gets ``result.lock_deadline`` and its delivery time: the carried
+        ones from the parser as it builds them, the ones read apart afterwards."""
         try:
-            records, gaps, undecodable = await self._take_or_read(
-                tp, response, lock_deadline, result
-            )
+            records, gaps, undecodable = await self._take_or_read(tp, response, result)
         except Exception:
             for first, last, _count in response.acquired:
                 for offset in range(first, last + 1):  # no handler saw them
@@ -497,42 +490,13 @@ class ShareFetchSession:
         return records
 
     async def _take_or_read(
-        self,
-        tp: TopicPartition,
-        response: protocol.ShareFetchResponse,
-        lock_deadline: float,
-        result: FetchResult,
+        self, tp: TopicPartition, response: protocol.ShareFetchResponse, result: FetchResult
     ) -> ReadResult:
-        """The acquired records: those the answer carried, the rest read from Kafka; each
-        with ``lock_deadline`` and its delivery time set (the carried bytes kept in
-        ``result.batches`` with :attr:`forward_batches`)."""
-        rest = response.acquired
-        carried: ReadResult = ([], [], [])
-        if response.records:
-            try:
-                carried, rest = carried_records(
-                    response.records,
-                    tp.topic,
-                    tp.partition,
-                    rest,
-                    response.records_end,
-                    check_crcs=self.ctx.settings.check_crcs,
-                    lazy=self.lazy_records,
-                    lock_deadline=lock_deadline,
-                    delivered_at=self.ctx.clock.monotonic(),
-                )
-            except Exception as exc:  # unreadable bytes: read every acquired offset instead
-                self._log.warning(
-                    "carried_records_unreadable",
-                    topic=tp.topic,
-                    partition=tp.partition,
-                    error=repr(exc),
-                    note="the member reads the acquired records from the broker instead",
-                )
-                carried, rest = ([], [], []), response.acquired
-            else:
-                if self.forward_batches:
-                    result.batches = response.records
+        """The acquired records: those the answer carried (their bytes kept in
+        ``result.batches`` with :attr:`forward_batches`), the rest read from Kafka; each with
+        ``result.lock_deadline`` and its delivery time set."""
+        lock_deadline = result.lock_deadline
+        carried, rest = _take_carried(self, tp, response, result)
         if not rest:
             return carried
         try:
@@ -563,6 +527,44 @@ class ShareFetchSession:
         """Handle the leader's answer to a request's acknowledgements; returns its error
         (:func:`_acknowledged`)."""
         return _acknowledged(self, tp, acks, response)
+
+
+def _take_carried(
+    session: ShareFetchSession,
+    tp: TopicPartition,
+    response: protocol.ShareFetchResponse,
+    result: FetchResult,
+) -> tuple[ReadResult, list[protocol.WireAcquired]]:
+    """The acquired records ``response`` carried (:func:`~queueflow.member.reader.
+    carried_records`) and the acquired ranges left to read; their bytes kept in
+    ``result.batches`` with ``session.forward_batches``. Bytes that don't parse are logged and
+    every acquired offset is left to read."""
+    if not response.records:
+        return ([], [], []), response.acquired
+    try:
+        carried = carried_records(
+            response.records,
+            tp.topic,
+            tp.partition,
+            response.acquired,
+            response.records_end,
+            check_crcs=session.ctx.settings.check_crcs,
+            lazy=session.lazy_records,
+            lock_deadline=result.lock_deadline,
+            delivered_at=session.ctx.clock.monotonic(),
+        )
+    except Exception as exc:  # unreadable bytes: read every acquired offset instead
+        session._log.warning(
+            "carried_records_unreadable",
+            topic=tp.topic,
+            partition=tp.partition,
+            error=repr(exc),
+            note="the member reads the acquired records from the broker instead",
+        )
+        return ([], [], []), response.acquired
+    if session.forward_batches:
+        result.batches = response.records
+    return carried
 
 
 def _reject_undecodable(session: ShareFetchSession, record: ShareRecord, reason: str) -> None:

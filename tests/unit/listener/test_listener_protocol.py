@@ -206,7 +206,7 @@ class StubSession:
         self.ranges: list[tuple[int, int, AcknowledgeType]] = []  # acknowledge_range calls
         self.next_offset = 0
         self.closed = False
-        self.released: list[int] = []  # RELEASEd undelivered (a closed connection's records)
+        self.released: list[int] = []  # a closed share session's records, RELEASEd
         self.released_event = asyncio.Event()
 
     async def start(self) -> None:
@@ -218,14 +218,9 @@ class StubSession:
     def prepare(self, tp: TopicPartition) -> None:
         pass
 
-    def acknowledge(
-        self, tp: TopicPartition, offset: int, kind: AcknowledgeType, *, undelivered: bool = False
-    ) -> None:
+    def acknowledge(self, tp: TopicPartition, offset: int, kind: AcknowledgeType) -> None:
         self.acked.append((offset, kind))
         self.pending.append(offset)
-        if undelivered:
-            self.released.append(offset)
-            self.released_event.set()
 
     def acknowledge_range(
         self, tp: TopicPartition, first: int, last: int, kind: AcknowledgeType
@@ -233,6 +228,9 @@ class StubSession:
         self.ranges.append((first, last, kind))
         for offset in range(first, last + 1):
             self.acknowledge(tp, offset, kind)
+            if kind is AcknowledgeType.RELEASE:  # only the listener releases here
+                self.released.append(offset)
+                self.released_event.set()
 
     async def flush(self, tp: TopicPartition) -> None:
         return None
@@ -477,8 +475,7 @@ def test_the_final_epoch_releases_what_the_session_held_and_was_not_acknowledged
     listener: Any,
 ) -> None:
     """As Kafka's brokers (releaseSession on the final epoch): the request's own
-    acknowledgements first, then the rest of what the session returned is RELEASEd, its
-    delivery given back."""
+    acknowledgements first, then the rest of what the session returned is RELEASEd."""
     kl, sessions = listener
     answers = run(
         kl,
@@ -502,7 +499,7 @@ def test_a_closed_connection_closes_its_share_session_and_releases_what_it_held(
 ) -> None:
     """As Kafka 4.x brokers: the share session belongs to the connection that opened it; when
     that connection closes, the records returned and not acknowledged are RELEASEd at once,
-    their delivery given back (undelivered), and the member stays in its group."""
+    and the member stays in its group."""
     kl, sessions = listener
     answers = run(
         kl,
