@@ -2,7 +2,7 @@
 "Record batches: forwarded as the broker stored them"), and a client's closed connection
 releases its records at once ("A client that disconnects"), on the real broker:
 
-* compressed batches (gzip, from an idempotent producer) reach a raw Kafka client as the
+* compressed batches (gzip, snappy, lz4 and zstd, from an idempotent producer) reach a raw Kafka client as the
   broker stored them (compression and producer id kept), and librdkafka's and Java's share
   consumers deliver every record once from them, a partly RELEASEd batch coming back with only
   its RELEASEd records;
@@ -59,10 +59,9 @@ from queueflow.listener.metadata import TopicIds
 from queueflow.testing import LeaderWorker
 
 WAIT_S = 60.0
-#: Producers' codecs. gzip only: a queueflow leader reads the topic with aiokafka (its log-end
-#: waits decode records), which needs the lz4, zstandard or cramjam packages for the others
-#: (not installed here; docs/kafka-listener.md "What doesn't work yet").
-CODECS = ("gzip",)
+#: Producers' codecs: a queueflow leader reads the topic with aiokafka (its log-end waits decode
+#: records), with cramjam (a dependency, through aiokafka's extras) for snappy, lz4 and zstd.
+CODECS = ("gzip", "snappy", "lz4", "zstd")
 PER_CODEC = 40
 #: Kafka's codec ids in a batch's attributes (bits 0-2).
 CODEC_IDS = {"gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
