@@ -2,10 +2,10 @@
 "Record batches: forwarded as the broker stored them"), and a client's closed connection
 releases its records at once ("A client that disconnects"), on the real broker:
 
-* compressed batches (gzip, snappy, lz4 and zstd, from an idempotent producer) reach a raw Kafka client as the
-  broker stored them (compression and producer id kept), and librdkafka's and Java's share
-  consumers deliver every record once from them, a partly RELEASEd batch coming back with only
-  its RELEASEd records;
+* compressed batches (gzip, snappy, lz4 and zstd, from an idempotent producer) reach a raw
+  Kafka client as the broker stored them (compression and producer id kept), and librdkafka's
+  and Java's share consumers deliver every record once from them, a partly RELEASEd batch
+  coming back with only its RELEASEd records;
 * two Kafka-protocol members on one partition (Java with ``max.poll.records=5``, librdkafka)
   get whole batches that also hold the other's records: each record is delivered once;
 * a librdkafka share consumer killed (SIGKILL) with records acquired: another member gets
