@@ -27,7 +27,6 @@ from queueflow.member.membership import Membership
 from queueflow.member.transport import Requester
 from queueflow.metrics import Metrics
 from queueflow.protocol import messages as protocol
-from queueflow.protocol import topics as internal
 from queueflow.protocol.roles import ControlAuth
 from queueflow.settings import ShareGroupSettings
 from queueflow.structs import TopicPartition
@@ -98,19 +97,7 @@ class DelegatedMembership(Membership):
             reply_key=self.requester.reply_key.public if self.requester.reply_key else b"",
             requester=self.requester_name,
         )
-        response = await self.requester.call(
-            internal.coordinator_topic(self.app_id),
-            self.coordinator_partition,
-            rid,
-            protocol.encode(request),
-            accept=self._from_current_coordinator,
-            sealer=self.sealer,
-        )
-        if not isinstance(response, protocol.HeartbeatResponse):
-            raise ShareGroupError(
-                ErrorCode.INVALID_REQUEST,
-                f"the coordinator answered a member ticket request with {type(response).__name__}",
-            )
+        response = await self._ask_coordinator(request, rid, "a member ticket request")
         if response.error != ErrorCode.NONE.value:
             # The last ticket is kept: the leaders refuse it for acquisitions once the member
             # is removed or the ticket expired, and acknowledgements of records it holds count

@@ -223,19 +223,7 @@ class Membership:
             reply_key=self.requester.reply_key.public if self.requester.reply_key else b"",
             principal=self.principal,
         )
-        response = await self.requester.call(
-            internal.coordinator_topic(self.app_id),
-            self.coordinator_partition,
-            rid,
-            protocol.encode(request),
-            accept=self._from_current_coordinator,
-            sealer=self.sealer,
-        )
-        if not isinstance(response, protocol.HeartbeatResponse):
-            raise ShareGroupError(
-                ErrorCode.INVALID_REQUEST,
-                f"the coordinator answered a heartbeat with {type(response).__name__}",
-            )
+        response = await self._ask_coordinator(request, rid, "a heartbeat")
         if response.error == ErrorCode.UNKNOWN_MEMBER_ID.value and not leave:
             # The coordinator dropped us (session timeout): rejoin; our records were released.
             self._log.warning("member_rejoining", reason=response.error_message)
@@ -260,6 +248,31 @@ class Membership:
             self.assignment = new
             self.assignment_changed.set()
         return None
+
+    async def _ask_coordinator(
+        self, request: protocol.Message, rid: int, what: str
+    ) -> protocol.HeartbeatResponse:
+        """Send ``request`` (request id ``rid``) to the group's coordinator partition and wait
+        for the current coordinator's answer.
+
+        Raises:
+            ShareGroupError: ``INVALID_REQUEST`` when it answers ``what`` with anything but a
+                HeartbeatResponse; the requester's errors (``REQUEST_TIMED_OUT``).
+        """
+        response = await self.requester.call(
+            internal.coordinator_topic(self.app_id),
+            self.coordinator_partition,
+            rid,
+            protocol.encode(request),
+            accept=self._from_current_coordinator,
+            sealer=self.sealer,
+        )
+        if not isinstance(response, protocol.HeartbeatResponse):
+            raise ShareGroupError(
+                ErrorCode.INVALID_REQUEST,
+                f"the coordinator answered {what} with {type(response).__name__}",
+            )
+        return response
 
     def _from_current_coordinator(self, reply: protocol.Message) -> bool:
         """Drop (log, count) a heartbeat answer of a coordinator older than the newest this
