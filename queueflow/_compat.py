@@ -266,6 +266,17 @@ def mark_worker_failed(app: Any, reason: BaseException) -> bool:
     return True
 
 
+def restart_table_recovery(app: Any) -> None:
+    """Make Faust's table recovery start over: it seeks every active changelog partition to
+    where its recovery starts and reads again, as after a rebalance during recovery.
+
+    Uses ``app.tables.recovery.signal_recovery_start`` (``faust.tables.recovery.Recovery``:
+    set by its ``on_rebalance``; a recovery waiting on the changelogs raises ``RebalanceAgain``
+    and its loop runs the recovery again with the same assignment).
+    """
+    app.tables.recovery.signal_recovery_start.set()
+
+
 def table_recovery(app: Any) -> tuple[bool, int]:
     """Whether a Faust app's table recovery is in progress, and how many changelog records its
     active tables have still to read (0 when not recovering).

@@ -799,6 +799,9 @@ class ShareGroups:
         self._batches = KafkaBatchFetcher(self.kafka)
         self._runtime = FaustRuntime(app)
         self._recovery_watch = RecoveryWatch(self.settings.recovery_stall_ms)
+        # Half-way to the stall, recovery is started over once (see _watch_recovery).
+        self._recovery_restart_watch = RecoveryWatch(self.settings.recovery_stall_ms // 2)
+        self._recovery_restarted = False
         self._stopping_stalled = False
         # The fences task's pace (_fences_interval_s): fast until this monotonic ms, woken by
         # an assignment; the stall guard's last run (a long gap is a stall).
@@ -1416,10 +1419,27 @@ class ShareGroups:
             await self.endpoint.announce()
 
     async def _watch_recovery(self, now: int) -> None:
-        """Stop the worker when Faust's table recovery makes no progress for
-        ``queueflow.leader.recovery.stall.ms`` (see :class:`RecoveryWatch`): it would keep
-        its partitions and serve nothing; stopped, its partitions move to another worker."""
+        """Start Faust's table recovery over once when it has made no progress for half of
+        ``queueflow.leader.recovery.stall.ms``, and stop the worker when it has made none for
+        all of it (see :class:`RecoveryWatch`): it would keep its partitions and serve nothing;
+        stopped, its partitions move to another worker."""
         recovering, remaining = _compat.table_recovery(self.app)
+        halfway = self._recovery_restart_watch.check(recovering, remaining, now)
+        if halfway is None:
+            self._recovery_restarted = False
+        elif not self._recovery_restarted and not self._stopping_stalled:
+            # Faust's recovery has been seen to wait for good for changelog records its
+            # consumer had already passed (a rebuilt store, a partition both active and
+            # standby): reading again from the recovery offsets gets them.
+            self._recovery_restarted = True
+            log.warning(
+                "leader_recovery_restarted",
+                stalled_ms=halfway,
+                remaining=remaining,
+                note="Faust's table recovery made no progress: starting it over; the worker "
+                "stops if it still makes none by queueflow.leader.recovery.stall.ms",
+            )
+            _compat.restart_table_recovery(self.app)
         stalled = self._recovery_watch.check(recovering, remaining, now)
         if stalled is None or self._stopping_stalled:
             return
