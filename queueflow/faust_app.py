@@ -1105,6 +1105,7 @@ class ShareGroups:
             from queueflow.listener import KafkaListener
             from queueflow.listener.auth import listener_security
             from queueflow.listener.delegated import DelegatedMembership
+            from queueflow.listener.members import SessionFactory
         except ImportError as exc:
             raise ConfigurationError(
                 f"queueflow.kafka.listener={s.kafka_listener!r} needs kio: "
@@ -1120,23 +1121,31 @@ class ShareGroups:
         async def served() -> dict[str, int]:
             return dict(await partition_counts(self.kafka, list(self.leaders)))
 
-        def session(
-            group: str,
-            topic_names: list[str],
-            client_id: str,
-            on_ack: AcknowledgementCallback,
-            *,
-            member_id: str,
-        ) -> ShareFetchSession:
-            return ShareFetchSession(
-                ctx,
-                group,
-                topic_names,
-                client_id,
-                on_acknowledged=on_ack,
-                member_id=member_id,
-                membership=functools.partial(Membership, sealer=worker_auth),
-            )
+        def sessions(membership: Callable[..., Membership]) -> SessionFactory:
+            """Sessions of Kafka-protocol members whose membership ``membership`` builds."""
+
+            def session(
+                group: str,
+                topic_names: list[str],
+                client_id: str,
+                on_ack: AcknowledgementCallback,
+                *,
+                member_id: str,
+            ) -> ShareFetchSession:
+                return ShareFetchSession(
+                    ctx,
+                    group,
+                    topic_names,
+                    client_id,
+                    on_acknowledged=on_ack,
+                    member_id=member_id,
+                    membership=membership,
+                )
+
+            return session
+
+        # A member heartbeating here: sealed as the worker, so it can rejoin elsewhere.
+        session = sessions(functools.partial(Membership, sealer=worker_auth))
 
         def delegate(
             group: str,
@@ -1146,21 +1155,14 @@ class ShareGroups:
             *,
             member_id: str,
         ) -> ShareFetchSession:
+            # A member heartbeating to another listener, acted for with its ticket.
             assert self.kafka_listener is not None
             membership = functools.partial(
                 DelegatedMembership,
                 worker_auth=worker_auth,
                 requester_name=self.kafka_listener.advertised_address,
             )
-            return ShareFetchSession(
-                ctx,
-                group,
-                topic_names,
-                client_id,
-                on_acknowledged=on_ack,
-                member_id=member_id,
-                membership=membership,
-            )
+            return sessions(membership)(group, topic_names, client_id, on_ack, member_id=member_id)
 
         self.kafka_listener = KafkaListener(
             s.kafka_listener,

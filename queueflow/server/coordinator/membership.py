@@ -16,7 +16,7 @@ needs the partition counts (and maybe racks) of its topics, which the dispatcher
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from queueflow.engine.group import HeartbeatResult, ShareGroup
 from queueflow.errors import ErrorCode, ShareGroupError
@@ -291,20 +291,46 @@ def _ticket(
     """The assignment ticket of a member that joined or heartbeated (see
     :mod:`queueflow.server.tickets`): its epoch, share-partitions and the group's configs,
     valid for one session timeout."""
+    return _group_ticket(
+        state,
+        group,
+        message.member_id,
+        result.member_epoch,
+        result.assignment,
+        group.session_timeout_ms,
+        now_ms,
+        message.reply_key,
+        message.principal,
+    )
+
+
+def _group_ticket(
+    state: CoordinatorState,
+    group: ShareGroup,
+    member_id: str,
+    member_epoch: int,
+    assignment: Iterable[tuple[str, int]],
+    ttl_ms: int,
+    now_ms: int,
+    reply_key: bytes,
+    principal: str = "",
+) -> bytes:
+    """A ticket for ``member_id`` at ``member_epoch`` holding ``assignment``, valid ``ttl_ms``
+    from ``now_ms``, with the group's configs and this coordinator's epoch."""
     return issue_ticket(
         state.ticket_key,
         group=group.group_id,
-        member_id=message.member_id,
-        member_epoch=result.member_epoch,
-        partitions=((t, p) for t, p in result.assignment),
-        ttl_ms=group.session_timeout_ms,
+        member_id=member_id,
+        member_epoch=member_epoch,
+        partitions=((t, p) for t, p in assignment),
+        ttl_ms=ttl_ms,
         now_ms=now_ms,
         coordinator_epoch=state.epoch(group.group_id),
-        reply_key=message.reply_key,
+        reply_key=reply_key,
         config_version=group.config_version,
         configs=group_configs.ticket_configs(state.ctx, group),
         added_partitions=sorted(group.added_partitions.items()),
-        principal=message.principal,
+        principal=principal,
     )
 
 
@@ -435,18 +461,14 @@ def handle_member_ticket(
     for t, p in member.assignment:
         response.assignment.setdefault(t, []).append(p)
     response.leaders = state.directory.addresses_of(member.assignment, now_ms)
-    response.ticket = issue_ticket(
-        state.ticket_key,
-        group=group.group_id,
-        member_id=member.member_id,
-        member_epoch=member.member_epoch,
-        partitions=((t, p) for t, p in member.assignment),
-        ttl_ms=ttl_ms,
-        now_ms=now_ms,
-        coordinator_epoch=state.epoch(group.group_id),
-        reply_key=message.reply_key,
-        config_version=group.config_version,
-        configs=group_configs.ticket_configs(state.ctx, group),
-        added_partitions=sorted(group.added_partitions.items()),
+    response.ticket = _group_ticket(
+        state,
+        group,
+        member.member_id,
+        member.member_epoch,
+        member.assignment,
+        ttl_ms,
+        now_ms,
+        message.reply_key,
     )
     return CoordinatorResult(replies=(reply,))
