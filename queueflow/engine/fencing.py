@@ -562,3 +562,10 @@ class RecoveryWatch:
             return None
         stalled = now_ms - self._since
         return stalled if stalled >= self.limit_ms else None
+
+    def rearm(self, now_ms: int) -> None:
+        """Count the period again from ``now_ms`` (ms) at the same remaining count: after
+        acting on a report (restarting recovery), the next report comes one ``limit_ms``
+        later if there is still no progress."""
+        if self._since is not None:
+            self._since = now_ms

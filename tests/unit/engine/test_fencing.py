@@ -223,6 +223,24 @@ def test_recovery_watch_reports_recovery_stuck_at_the_same_remaining_count() -> 
     assert RecoveryWatch(0).check(True, 8, 10**9) is None  # 0: never
 
 
+def test_recovery_watch_rearmed_reports_again_one_limit_later() -> None:
+    """After the worker acted on a report (restarted recovery), the watch counts the period
+    again from then; progress still starts it over."""
+    watch = RecoveryWatch(limit_ms=1000)
+    assert watch.check(True, 8, 0) is None
+    assert watch.check(True, 8, 1000) == 1000
+    watch.rearm(1000)
+    assert watch.check(True, 8, 1999) is None
+    assert watch.check(True, 8, 2000) == 1000
+    watch.rearm(2000)
+    assert watch.check(True, 5, 2500) is None  # progress
+    assert watch.check(True, 5, 3499) is None
+    assert watch.check(True, 5, 3500) == 1000
+    idle = RecoveryWatch(limit_ms=1000)
+    idle.rearm(10)  # not recovering: nothing to rearm
+    assert idle.check(True, 3, 20) is None
+
+
 def test_recovery_watch_refuses_a_negative_limit() -> None:
     with pytest.raises(ValueError, match="limit_ms"):
         RecoveryWatch(-1)
