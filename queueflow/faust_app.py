@@ -1051,6 +1051,8 @@ class ShareGroups:
                 table.partitions = counts[name]
                 table.changelog_topic.partitions = counts[name]
                 await retry_unready(request_topic.maybe_declare)
+                # Now, not at Faust's table start: see _declare_changelog.
+                await self._declare_changelog(table)
         if self.coordinator is not None:
             await self._prepare_coordinator_topic()
         if self.leaders or self.coordinator is not None:  # a member-only worker creates nothing
@@ -1101,6 +1103,18 @@ class ShareGroups:
         self.server_context.coordinator_partitions = count
         log.info("coordinator_partitions", topic=name, partitions=count)
         await retry_unready(self._coordinator_topic.maybe_declare)
+        await self._declare_changelog(self._groups_table)
+
+    @staticmethod
+    async def _declare_changelog(table: Any) -> None:
+        """Create a state table's changelog topic before Faust's consumer first reads the
+        cluster's metadata. Faust creates it when the table starts, after the consumer has
+        subscribed: a worker whose first metadata came in between did not see the topic for
+        minutes (aiokafka refreshes it every ``metadata_max_age_ms``), and as the group's
+        leader its assignor left the changelog's partitions unassigned ("Ignoring missing
+        topic"), so a worker led a share-partition without recovering its state (seen in
+        ``make partition-test``)."""
+        await retry_unready(table.changelog_topic.maybe_declare)
 
     async def _start_kafka_listener(self) -> None:
         """Start the Kafka-protocol listener (``queueflow.kafka.listener``;
@@ -1299,10 +1313,32 @@ class ShareGroups:
         _compat.filter_consumer_records(self.app, self._drop_junk, "queueflow-junk")
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()
-            leader.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
+            led = {tp.partition for tp in assigned if tp.topic == name}
+            leader.assign(self._with_state(topic, led, epoch), epoch)
         if self.coordinator is not None:  # the coordinator epoch: see engine.fencing
             name = self._coordinator_topic.get_topic_name()
             self.coordinator.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
+
+    def _with_state(self, topic: str, partitions: set[int], epoch: int) -> set[int]:
+        """The share-partitions of ``topic`` this worker may lead: those whose state changelog
+        partition Faust assigned it as active too (so its table recovery reads their state).
+        Any other is left unled (``leader_state_unassigned``) until the next rebalance:
+        led from an unrecovered store, its records would be handed out again from the start."""
+        state = _compat.active_changelog_partitions(self._tables[topic])
+        missing = partitions - state
+        if missing:
+            log.error(
+                "leader_state_unassigned",
+                topic=topic,
+                partitions=sorted(missing),
+                generation=epoch,
+                changelog=self._tables[topic].changelog_topic.get_topic_name(),
+                detail="Faust assigned this worker these request-topic partitions without "
+                "their state changelog partitions (did the group leader's metadata lack the "
+                "changelog topic? 'Ignoring missing topic' in its log); they are not led "
+                "until the next rebalance",
+            )
+        return partitions & state
 
     def _drop_junk(self, tp: Any, records: list[Any]) -> list[Any]:
         """The records of a fetched batch of ``tp`` to make stream events of: on a request or

@@ -34,6 +34,9 @@ __all__ = ["BENCHMARKS", "windows"]
 
 #: Seconds a run may take before it is given up as stuck.
 TIMEOUT_S = 300.0
+#: The largest batch a window is planned to overrun by (records produced beyond the windows'
+#: own: a handler call never gets more than a fetch acquires).
+SLACK_RECORDS = 2_000
 
 
 async def windows(records: int, repeats: int, batch: bool) -> list[tuple[int, float, float]]:
@@ -41,7 +44,9 @@ async def windows(records: int, repeats: int, batch: bool) -> list[tuple[int, fl
 
     Returns:
         ``(records handled so far, perf_counter, process_time)`` at the end of the warm-up and
-        of every window (a batch may end a window a few records late).
+        of every window: ``repeats + 1`` marks. A window ends with the first handler call that
+        reaches ``records`` records in it, so a batch larger than a window (adaptive
+        acquisition on a loaded machine) makes it longer, never merges two windows.
     """
     settings = ShareGroupSettings(
         auto_offset_reset=AutoOffsetReset.EARLIEST,
@@ -52,7 +57,9 @@ async def windows(records: int, repeats: int, batch: bool) -> list[tuple[int, fl
         # floor: it would be measured instead of the dispatch.
         member_max_acquisition_rate=0,
     )
-    total = records * (repeats + 1)
+    windows = repeats + 1
+    # Room for every window to overrun by a batch of up to SLACK_RECORDS records.
+    total = windows * (records + SLACK_RECORDS)
     marks: list[tuple[int, float, float]] = []
     done = asyncio.Event()
     handled = 0
@@ -61,10 +68,10 @@ async def windows(records: int, repeats: int, batch: bool) -> list[tuple[int, fl
     def count(k: int) -> None:
         nonlocal handled, next_mark
         handled += k
-        if handled >= next_mark:
+        if handled >= next_mark and not done.is_set():
             marks.append((handled, time.perf_counter(), time.process_time()))
-            next_mark += records
-            if handled >= total:
+            next_mark = handled + records
+            if len(marks) == windows:
                 done.set()
 
     async def per_record(record: ShareRecord) -> None:

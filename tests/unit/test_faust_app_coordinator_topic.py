@@ -46,7 +46,8 @@ def prepared(
 ) -> tuple[Any, list[int], list[dict[str, Any]]]:
     """Build an app (nothing listens at its broker), let its coordinator topic be prepared
     against ``existing`` topics; returns the share groups, the partitions each declared topic
-    had when declared, and the log events."""
+    had when declared (the coordinator topic, then the group changelog), and the log
+    events."""
     app = queueflow.App(
         APP, broker="kafka://localhost:1", store="memory://", share_settings=share_settings
     )
@@ -57,11 +58,18 @@ def prepared(
         assert sorted(names) == sorted([COORDINATOR, CHANGELOG])
         return {n: c for n, c in existing.items() if n in names}
 
+    changelog = groups._groups_table.changelog_topic
+
     async def declare() -> None:
         declared.append(groups._coordinator_topic.partitions)
 
+    async def declare_changelog() -> None:  # before Faust's consumer reads metadata
+        assert declared, "the changelog is declared after the coordinator topic"
+        declared.append(changelog.partitions)
+
     monkeypatch.setattr(faust_app, "topic_partition_counts", counts)
     monkeypatch.setattr(groups._coordinator_topic, "maybe_declare", declare)
+    monkeypatch.setattr(changelog, "maybe_declare", declare_changelog)
     with capture_logs() as logs:
         loop.run_until_complete(groups._prepare_coordinator_topic())
     return groups, declared, logs
@@ -81,20 +89,20 @@ def test_a_new_app_creates_the_topic_with_the_setting(
     loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     groups, declared, logs = prepared(loop, monkeypatch, {})
-    assert sizes(groups) == (8, 8, 8, 8) and declared == [8]
+    assert sizes(groups) == (8, 8, 8, 8) and declared == [8, 8]
     assert not [e for e in logs if e["event"] == "coordinator_partitions_mismatch"]
 
     groups, declared, _ = prepared(
         loop, monkeypatch, {}, **{"queueflow.coordinator.topic.num.partitions": 3}
     )
-    assert sizes(groups) == (3, 3, 3, 3) and declared == [3]
+    assert sizes(groups) == (3, 3, 3, 3) and declared == [3, 3]
 
 
 def test_an_app_made_before_sharding_keeps_its_one_partition_and_says_so(
     loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     groups, declared, logs = prepared(loop, monkeypatch, {COORDINATOR: 1, CHANGELOG: 1})
-    assert sizes(groups) == (1, 1, 1, 1) and declared == [1]
+    assert sizes(groups) == (1, 1, 1, 1) and declared == [1, 1]
     (warning,) = [e for e in logs if e["event"] == "coordinator_partitions_mismatch"]
     assert warning["log_level"] == "warning"
     assert (warning["partitions"], warning["configured"]) == (1, 8)
@@ -107,7 +115,7 @@ def test_the_group_changelog_decides_when_only_it_exists(
     # The coordinator topic was deleted (it holds requests only); the groups' state is hashed
     # by the changelog's count, so the topic is re-created with it.
     groups, declared, _ = prepared(loop, monkeypatch, {CHANGELOG: 4})
-    assert sizes(groups) == (4, 4, 4, 4) and declared == [4]
+    assert sizes(groups) == (4, 4, 4, 4) and declared == [4, 4]
 
 
 def test_a_topic_and_changelog_that_disagree_stop_the_worker(
