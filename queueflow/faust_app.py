@@ -1314,17 +1314,21 @@ class ShareGroups:
         for topic, leader in self.leaders.items():
             name = self._request_topics[topic].get_topic_name()
             led = {tp.partition for tp in assigned if tp.topic == name}
-            leader.assign(self._with_state(topic, led, epoch), epoch)
+            leader.assign(self._with_state(self._tables[topic], name, led, epoch), epoch)
         if self.coordinator is not None:  # the coordinator epoch: see engine.fencing
             name = self._coordinator_topic.get_topic_name()
-            self.coordinator.assign({tp.partition for tp in assigned if tp.topic == name}, epoch)
+            owned = {tp.partition for tp in assigned if tp.topic == name}
+            self.coordinator.assign(self._with_state(self._groups_table, name, owned, epoch), epoch)
 
-    def _with_state(self, topic: str, partitions: set[int], epoch: int) -> set[int]:
-        """The share-partitions of ``topic`` this worker may lead: those whose state changelog
-        partition Faust assigned it as active too (so its table recovery reads their state).
-        Any other is left unled (``leader_state_unassigned``) until the next rebalance:
-        led from an unrecovered store, its records would be handed out again from the start."""
-        state = _compat.active_changelog_partitions(self._tables[topic])
+    @staticmethod
+    def _with_state(table: Any, topic: str, partitions: set[int], epoch: int) -> set[int]:
+        """The ``partitions`` of control topic ``topic`` (a request or the coordinator topic)
+        this worker may serve: those whose partition of ``table``'s changelog Faust assigned it
+        as active too (so its table recovery reads their state). Any other is left unserved
+        (``leader_state_unassigned``) until the next rebalance: served from an unrecovered
+        store, a share-partition would hand its records out again from the start, a group
+        would lose its members and assignments."""
+        state = _compat.active_changelog_partitions(table)
         missing = partitions - state
         if missing:
             log.error(
@@ -1332,11 +1336,11 @@ class ShareGroups:
                 topic=topic,
                 partitions=sorted(missing),
                 generation=epoch,
-                changelog=self._tables[topic].changelog_topic.get_topic_name(),
-                detail="Faust assigned this worker these request-topic partitions without "
-                "their state changelog partitions (did the group leader's metadata lack the "
-                "changelog topic? 'Ignoring missing topic' in its log); they are not led "
-                "until the next rebalance",
+                changelog=table.changelog_topic.get_topic_name(),
+                detail="Faust assigned this worker these partitions without their state "
+                "changelog partitions (did the group leader's metadata lack the changelog "
+                "topic? 'Ignoring missing topic' in its log); they are not served until the "
+                "next rebalance",
             )
         return partitions & state
 

@@ -47,12 +47,36 @@ def test_partitions_without_their_state_changelog_are_not_led(
 ) -> None:
     groups = leader_app()
     monkeypatch.setattr(_compat, "active_changelog_partitions", lambda table: {0, 2})
+    request_topic = groups._request_topics["orders"].get_topic_name()
     with capture_logs() as logs:
-        assert groups._with_state("orders", {0, 1, 2}, 7) == {0, 2}
+        assert groups._with_state(groups._tables["orders"], request_topic, {0, 1, 2}, 7) == {
+            0,
+            2,
+        }
     (error,) = [e for e in logs if e["event"] == "leader_state_unassigned"]
     assert error["log_level"] == "error"
-    assert (error["topic"], error["partitions"], error["generation"]) == ("orders", [1], 7)
+    assert (error["topic"], error["partitions"], error["generation"]) == (request_topic, [1], 7)
     assert error["changelog"].endswith("share-state-orders-changelog")
+
+
+def test_coordinator_partitions_without_their_group_changelog_are_not_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    groups = leader_app()
+    seen: list[str] = []
+
+    def active(table: Any) -> set[int]:
+        seen.append(table.changelog_topic.get_topic_name())
+        return {3} if table is groups._groups_table else {0, 1, 2}
+
+    monkeypatch.setattr(_compat, "active_changelog_partitions", active)
+    coordinator = groups._coordinator_topic.get_topic_name()
+    with capture_logs() as logs:
+        served = groups._with_state(groups._groups_table, coordinator, {3, 5}, 4)
+    assert served == {3}
+    assert seen == [groups._groups_table.changelog_topic.get_topic_name()]
+    (error,) = [e for e in logs if e["event"] == "leader_state_unassigned"]
+    assert (error["topic"], error["partitions"]) == (coordinator, [5])
 
 
 def test_partitions_with_their_state_changelog_are_led_quietly(
@@ -61,7 +85,8 @@ def test_partitions_with_their_state_changelog_are_led_quietly(
     groups = leader_app()
     monkeypatch.setattr(_compat, "active_changelog_partitions", lambda table: {0, 1, 2, 3})
     with capture_logs() as logs:
-        assert groups._with_state("orders", {1, 3}, 2) == {1, 3}
+        table = groups._tables["orders"]
+        assert groups._with_state(table, "orders-requests", {1, 3}, 2) == {1, 3}
     assert not logs
 
 
