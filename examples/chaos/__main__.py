@@ -201,9 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if nemesis is not None:
             nemesis.release()
     summary["seed"] = config.seed
-    if broker is not None and summary["lost"] == 0 and not args.keep_broker_data:
+    # A failed run keeps its topics (state changelogs, DLQ) for a post-mortem replay.
+    drop_data = not failed(summary) and not args.keep_broker_data
+    if broker is not None and drop_data:
         shutil.rmtree(broker.log_dirs, ignore_errors=True)  # topic data; broker.log stays
-    if cluster is not None and summary["lost"] == 0 and not args.keep_broker_data:
+    if cluster is not None and drop_data:
         for node in cluster.nodes:
             shutil.rmtree(node.log_dirs, ignore_errors=True)
     print_summary(summary)
