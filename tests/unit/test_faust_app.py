@@ -5,7 +5,6 @@ Faust RocksDB table."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,19 +41,9 @@ BROKER = "kafka://localhost:1"  # nothing listens: these tests never start an ap
 
 
 @pytest.fixture(autouse=True)
-def loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[asyncio.AbstractEventLoop]:
-    """Faust's services take the current event loop (creating one if need be): give them one
-    that is closed afterwards; tests run coroutines on it."""
-    monkeypatch.delenv("QUEUEFLOW_ROLE", raising=False)
-    for name in LEADER_GROUP_DEFAULTS:
-        monkeypatch.delenv(name.upper(), raising=False)
-    event_loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(event_loop)
-    try:
-        yield event_loop
-    finally:
-        asyncio.set_event_loop(None)
-        event_loop.close()
+def loop(faust_loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+    """Every test here gets Faust's event loop (conftest ``faust_loop``)."""
+    return faust_loop
 
 
 def make_app(name: str = "qf-unit", **kwargs: Any) -> queueflow.App:

@@ -6,7 +6,6 @@ logged, never acted on."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,6 @@ from structlog.testing import capture_logs
 import queueflow
 from queueflow import faust_app
 from queueflow.errors import ConfigurationError
-from queueflow.faust_app import LEADER_GROUP_DEFAULTS
 from queueflow.protocol import topics
 
 APP = "qf-shard"
@@ -23,19 +21,13 @@ COORDINATOR, CHANGELOG = topics.coordinator_topic(APP), topics.groups_changelog(
 
 
 @pytest.fixture(autouse=True)
-def loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[asyncio.AbstractEventLoop]:
-    """Faust's services take the current event loop: give them one, closed afterwards."""
-    monkeypatch.delenv("QUEUEFLOW_ROLE", raising=False)
+def loop(
+    faust_loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> asyncio.AbstractEventLoop:
+    """Faust's event loop (conftest ``faust_loop``), and no coordinator partition count from
+    the environment."""
     monkeypatch.delenv("QUEUEFLOW_COORDINATOR_TOPIC_NUM_PARTITIONS", raising=False)
-    for name in LEADER_GROUP_DEFAULTS:
-        monkeypatch.delenv(name.upper(), raising=False)
-    event_loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(event_loop)
-    try:
-        yield event_loop
-    finally:
-        asyncio.set_event_loop(None)
-        event_loop.close()
+    return faust_loop
 
 
 def prepared(

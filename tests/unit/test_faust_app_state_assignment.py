@@ -6,7 +6,6 @@ before its consumer reads the cluster's metadata (docs/operations.md
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,22 +13,12 @@ from structlog.testing import capture_logs
 
 import queueflow
 from queueflow import _compat, faust_app
-from queueflow.faust_app import LEADER_GROUP_DEFAULTS
 
 
 @pytest.fixture(autouse=True)
-def loop(monkeypatch: pytest.MonkeyPatch) -> Iterator[asyncio.AbstractEventLoop]:
-    """Faust's services take the current event loop: give them one, closed afterwards."""
-    monkeypatch.delenv("QUEUEFLOW_ROLE", raising=False)
-    for name in LEADER_GROUP_DEFAULTS:
-        monkeypatch.delenv(name.upper(), raising=False)
-    event_loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(event_loop)
-    try:
-        yield event_loop
-    finally:
-        asyncio.set_event_loop(None)
-        event_loop.close()
+def loop(faust_loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+    """Every test here gets Faust's event loop (conftest ``faust_loop``)."""
+    return faust_loop
 
 
 def leader_app() -> Any:
