@@ -1480,8 +1480,8 @@ class ShareGroups:
                 self._recovery_restarts = 0
         elif not self._stopping_stalled:
             # Faust's recovery has been seen to wait for good for changelog records its
-            # consumer never delivered (a rebuilt store, a partition both active and standby;
-            # make partition-test, CI on 3.9.1); started over, it read them within a second.
+            # consumer never delivered (CI on 3.9.1; in make partition-test a changelog first
+            # assigned late, see _declare_changelog); started over, it read them in a second.
             self._recovery_restarts += 1
             self._recovery_restart_watch.rearm(now)
             log.warning(
