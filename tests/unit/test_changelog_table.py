@@ -5,7 +5,6 @@ successor's (docs/architecture.md "Standby stores and late snapshots")."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,15 +25,9 @@ KEY = snapshot_key("g", 2)
 
 
 @pytest.fixture(autouse=True)
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """Faust's services take the current event loop: give them one closed afterwards."""
-    event_loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(event_loop)
-    try:
-        yield event_loop
-    finally:
-        asyncio.set_event_loop(None)
-        event_loop.close()
+def loop(faust_loop: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+    """Every test here gets Faust's event loop (conftest ``faust_loop``)."""
+    return faust_loop
 
 
 @pytest.fixture
